@@ -1,0 +1,3 @@
+from glmfb.cli import main
+
+main()

@@ -1,0 +1,202 @@
+"""The ``glmfb`` command line: thin commands and one error boundary.
+
+Every :class:`~glmfb.errors.GlmfbError` becomes one line on stderr and its exit code; click's
+usage errors become one line and exit 2; anything unexpected becomes one line and exit 3
+(``GLMFB_DEBUG=1`` shows the traceback). Commands never compute: they call an engine.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import click
+import typer
+from typer.core import TyperGroup
+
+from glmfb.commands.common import JsonOpt, console, dump_json, emit_run, interactive
+from glmfb.errors import GlmfbError, UsageError
+from glmfb.verdict import ExitCode
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    sys.stderr.write(f"glmfb: error: {message}\n")
+    sys.stderr.flush()
+    return typer.Exit(code)
+
+
+class _BoundaryGroup(TyperGroup):
+    """The one place errors turn into exit codes."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except GlmfbError as exc:
+            raise _fail(str(exc), int(exc.exit_code)) from None
+        except click.exceptions.UsageError as exc:
+            command = f"glmfb {exc.ctx.info_name} --help" if exc.ctx and exc.ctx.parent else "glmfb --help"
+            raise _fail(f"{exc.format_message()} (see {command})", int(ExitCode.USAGE)) from None
+        except (click.exceptions.Exit, click.exceptions.Abort, typer.Exit):
+            raise
+        except KeyboardInterrupt:
+            raise _fail("interrupted", 130) from None
+        except Exception as exc:
+            if os.environ.get("GLMFB_DEBUG"):
+                raise
+            raise _fail(
+                f"internal error: {type(exc).__name__}: {exc} (rerun with GLMFB_DEBUG=1 for the traceback)",
+                int(ExitCode.HARNESS_ERROR),
+            ) from None
+
+
+app = typer.Typer(
+    cls=_BoundaryGroup,
+    name="glmfb",
+    help="Dense-feedback benchmarking and diagnostics: which layer regressed, where, and why.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.command("run")
+def run_command(
+    paths: Annotated[
+        list[str] | None, typer.Argument(help="Probe definition files or folders (default: probes/).")
+    ] = None,
+    as_json: JsonOpt = False,
+    out: Annotated[Path, typer.Option("--out", help="Folder for reports/<run-id>/.")] = Path("reports"),
+    select: Annotated[
+        list[str] | None, typer.Option("-k", "--select", help="Run only probes whose name matches (glob or substring).")
+    ] = None,
+) -> None:
+    """Run the probe definitions of a suite and write reports/<run-id>/run.json."""
+    from glmfb import suite
+    from glmfb.io import write_json_atomic
+
+    search = paths or ["probes"]
+    definitions = suite.select(suite.load_definitions(suite.discover(search)), select or [])
+    suite.ensure_definitions(definitions, search)
+    run_id = suite.new_run_id()
+    report_dir = out / run_id
+    report_dir.mkdir(parents=True, exist_ok=True)
+    notes = console(stderr=True)
+    show_progress = interactive()
+
+    if show_progress:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                       TimeElapsedColumn(), console=notes, transient=True)
+        task = bar.add_task("probes", total=len(definitions))
+        context = suite.RunContext(run_id, report_dir, on_progress=lambda m: bar.update(task, description=m))
+        with bar:
+            run = suite.run_suite(
+                definitions, context,
+                on_start=lambda d: bar.update(task, description=f"{d.probe.value} {d.name}"),
+                on_done=lambda d, v: bar.advance(task),
+            )
+    else:
+        context = suite.RunContext(run_id, report_dir)
+        run = suite.run_suite(
+            definitions, context,
+            on_done=lambda d, v: notes.print(f"{v.outcome.value:>12}  {d.probe.value:<5} {d.name}"),
+        )
+    run_file = report_dir / "run.json"
+    write_json_atomic(run_file, run.to_dict())
+    notes.print(f"run written to {run_file}")
+    emit_run(run, as_json)
+
+
+def _latest_run(out: Path = Path("reports")) -> Path:
+    runs = sorted(out.glob("*/run.json"), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise UsageError("no run given and none found under reports/", "pass a run.json, or - for stdin")
+    return runs[-1]
+
+
+@app.command("gate")
+def gate_command(
+    source: Annotated[
+        str | None, typer.Argument(metavar="[RUN_JSON | -]", help="A run or verdict JSON file, or - for stdin (default: the newest reports/*/run.json).")
+    ] = None,
+    policy: Annotated[Path | None, typer.Option("--policy", help="TOML policy file.")] = None,
+    junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
+    summary: Annotated[
+        Path | None, typer.Option("--summary", help="Write a Markdown summary here (default: $GITHUB_STEP_SUMMARY when set, appended).")
+    ] = None,
+) -> None:
+    """Turn a run (or one verdict) into a CI exit code, a JUnit file and a summary."""
+    from glmfb.gate import evaluate, load_policy
+    from glmfb.io import read_json, write_text_atomic
+    from glmfb.report.terminal import render_gate
+    from glmfb.verdict import SchemaError, load_document
+
+    path = source if source is not None else str(_latest_run())
+    data = read_json(path)
+    try:
+        run = load_document(data)
+    except SchemaError as exc:
+        raise UsageError(f"{'standard input' if path == '-' else path} is not a glmfb run or verdict: {exc}") from None
+    result = evaluate(run, load_policy(policy) if policy is not None else None)
+    if junit is not None:
+        from glmfb.report.junit import render_junit
+
+        write_text_atomic(junit, render_junit(result))
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary is not None or step_summary:
+        from glmfb.report.markdown import render_markdown
+
+        text = render_markdown(result)
+        if summary is not None:
+            write_text_atomic(summary, text)
+        elif step_summary:
+            with open(step_summary, "a", encoding="utf-8") as handle:
+                handle.write(text)
+    console().print(render_gate(result))
+    raise typer.Exit(int(result.exit_code))
+
+
+@app.command("schema")
+def schema_command() -> None:
+    """Print the JSON Schema (draft 2020-12) of verdict and run documents."""
+    from glmfb.verdict import json_schema
+
+    dump_json(json_schema())
+
+
+PROBE_COMMAND_MODULES = (
+    "glmfb.commands.diff",
+    "glmfb.commands.bench",
+    "glmfb.commands.gil",
+    "glmfb.commands.gap",
+)
+
+
+def _register_probe_commands() -> None:
+    """Each probe's commands live in glmfb/commands/<probe>.py, with ``register(app)``."""
+    import importlib
+
+    for name in PROBE_COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue  # TODO(foundation): make strict once every probe module has landed
+        module.register(app)
+
+
+_register_probe_commands()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="glmfb")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""What every command shares: options declared once, output, progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, NoReturn
+
+import typer
+
+from glmfb.verdict import Run, Verdict
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print exactly one JSON document on stdout; human text goes to stderr.")
+]
+ArgOpt = Annotated[
+    list[str] | None,
+    typer.Option("--arg", help="key=value passed to the target factory (JSON where it parses). Repeatable."),
+]
+BaselineArgOpt = Annotated[
+    list[str] | None, typer.Option("--baseline-arg", help="key=value for the baseline only. Repeatable.")
+]
+CandidateArgOpt = Annotated[
+    list[str] | None, typer.Option("--candidate-arg", help="key=value for the candidate only. Repeatable.")
+]
+
+
+def console(stderr: bool = False) -> Console:
+    from rich.console import Console
+
+    from glmfb.report.terminal import theme
+
+    return Console(stderr=stderr, theme=theme(), highlight=False)
+
+
+def interactive() -> bool:
+    """Whether to show progress bars: stderr is a terminal and we are not in CI."""
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def dump_json(data: object) -> None:
+    from glmfb.io import dumps_json
+
+    sys.stdout.write(dumps_json(data))
+    sys.stdout.flush()
+
+
+def emit_verdict(verdict: Verdict, as_json: bool) -> NoReturn:
+    """Show a verdict (JSON or rich) and exit with its code."""
+    if as_json:
+        dump_json(verdict.to_dict())
+    else:
+        from glmfb.report.terminal import render_verdict
+
+        console().print(render_verdict(verdict))
+    raise typer.Exit(int(verdict.exit_code))
+
+
+def emit_run(run: Run, as_json: bool) -> NoReturn:
+    if as_json:
+        dump_json(run.to_dict())
+    else:
+        from glmfb.report.terminal import render_run
+
+        console().print(render_run(run))
+    raise typer.Exit(int(run.exit_code))
+
+
+@contextmanager
+def progress_messages(enabled: bool | None = None) -> Iterator[Callable[[str], None]]:
+    """A callback for engines' progress messages: a live status line on a terminal, else quiet."""
+    if enabled is None:
+        enabled = interactive()
+    if not enabled:
+        yield lambda message: None
+        return
+    with console(stderr=True).status("starting") as status:
+        yield lambda message: status.update(message)

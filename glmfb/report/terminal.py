@@ -1,0 +1,119 @@
+"""Rich renderables for verdicts, runs and gate results. They return what to show; the CLI
+decides where it goes. Styles are semantic names (``status.fail``), set in :data:`THEME`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from glmfb.report.text import expectation_text, format_metric, format_where, status_label
+from glmfb.verdict import Run, Status, Verdict
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+    from rich.theme import Theme
+
+    from glmfb.gate import GateResult
+
+STYLES = {
+    "status.pass": "bold green",
+    "status.warn": "bold yellow",
+    "status.fail": "bold red",
+    "status.inconclusive": "bold magenta",
+    "status.error": "bold white on red",
+    "verdict.label": "dim",
+    "verdict.why": "",
+    "verdict.next": "cyan",
+    "verdict.unexpected": "bold red",
+    "table.header": "bold",
+}
+
+
+def theme() -> Theme:
+    from rich.theme import Theme
+
+    return Theme(STYLES)
+
+
+def _status_text(verdict: Verdict) -> RenderableType:
+    from rich.text import Text
+
+    style = f"status.{verdict.outcome.value}"
+    if verdict.expect_met is None:
+        style = f"status.{verdict.status.value}"
+    return Text(status_label(verdict), style=style)
+
+
+def render_verdict(verdict: Verdict) -> RenderableType:
+    """A panel: status and layer, where, why, metric, expectation, next, artifacts."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="verdict.label", no_wrap=True)
+    grid.add_column()
+    grid.add_row("status", _status_text(verdict))
+    grid.add_row("layer", verdict.layer.value)
+    if verdict.where:
+        grid.add_row("where", format_where(verdict.where))
+    grid.add_row("why", Text(verdict.why, style="verdict.why"))
+    if verdict.metric is not None:
+        grid.add_row("metric", format_metric(verdict.metric))
+    if verdict.expect is not None:
+        style = "" if verdict.expect_met else "verdict.unexpected"
+        grid.add_row("expect", Text(expectation_text(verdict), style=style))
+    for index, step in enumerate(verdict.next):
+        grid.add_row("next" if index == 0 else "", Text(step, style="verdict.next"))
+    for name, path in verdict.artifacts.items():
+        grid.add_row(name, path)
+    grid.add_row("took", f"{verdict.duration_s:.2f} s")
+    title = f"glmfb {verdict.probe.value}: {verdict.name}"
+    border = f"status.{verdict.outcome.value}"
+    return Panel(Group(grid), title=title, title_align="left", border_style=border)
+
+
+def render_run(run: Run) -> RenderableType:
+    """A summary table of a run, followed by a panel for each verdict that is not a pass."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=f"glmfb run {run.id}", header_style="table.header", expand=False)
+    for column in ("probe", "name", "status", "layer", "metric", "where"):
+        table.add_column(column, overflow="fold")
+    for verdict in run.verdicts:
+        table.add_row(
+            verdict.probe.value,
+            verdict.name,
+            _status_text(verdict),
+            verdict.layer.value,
+            format_metric(verdict.metric),
+            format_where(verdict.where),
+        )
+    summary = run.summary
+    counts = ", ".join(f"{summary[s.value]} {s.value}" for s in Status if summary[s.value])
+    if summary["expect_met"] or summary["expect_unmet"]:
+        counts += f"; expectations: {summary['expect_met']} met, {summary['expect_unmet']} unmet"
+    parts: list[RenderableType] = [table, Text(counts or "no verdicts")]
+    if run.interrupted:
+        parts.append(Text("interrupted: probes not run are marked error", style="status.error"))
+    parts.extend(render_verdict(v) for v in run.verdicts if v.outcome is not Status.PASS)
+    return Group(*parts)
+
+
+def render_gate(result: GateResult) -> RenderableType:
+    from rich.console import Group
+    from rich.text import Text
+
+    from glmfb.gate import GateDecision
+
+    word = "passed" if result.passed else f"failed (exit {int(result.exit_code)})"
+    counts = ", ".join(f"{result.count(d)} {d.value}" for d in GateDecision if result.count(d))
+    style = "status.pass" if result.passed else "status.fail"
+    lines: list[RenderableType] = [Text(f"glmfb gate {word}: {counts}", style=style)]
+    for row in result.rows:
+        if row.decision is not GateDecision.OK:
+            suffix = f" (allowed: {row.reason})" if row.reason else ""
+            lines.append(Text(f"  {row.decision.value}: {row.verdict.name}: {row.verdict.why}{suffix}"))
+    return Group(*lines)

@@ -1,0 +1,173 @@
+"""Target references: ``package.module:attr`` or ``path/to/file.py:attr``, plus ``--arg k=v``.
+
+What the attribute must be depends on the probe (DESIGN.md, Targets); this module only finds
+it, checks that it is callable, and turns ``k=v`` strings into keyword arguments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from glmfb.errors import TargetError, UsageError
+
+
+def parse_arg(text: str) -> tuple[str, Any]:
+    """``"k=v"`` -> ``("k", v)`` with ``v`` parsed as JSON where it parses, else the string."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise UsageError(f"--arg {text!r} is not key=value", "write it as --arg name=value")
+    try:
+        value: Any = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key, value
+
+
+def parse_args(items: Iterable[str]) -> dict[str, Any]:
+    """Several ``k=v`` strings as a dict; a later key overrides an earlier one."""
+    return dict(parse_arg(item) for item in items)
+
+
+def side_args(
+    common: Iterable[str], baseline: Iterable[str], candidate: Iterable[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Keyword arguments of each side of a comparison: ``--arg`` goes to both, the others to one."""
+    shared = parse_args(common)
+    return {**shared, **parse_args(baseline)}, {**shared, **parse_args(candidate)}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A resolvable reference and the keyword arguments its factory is called with."""
+
+    ref: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    base_dir: Path | None = None  # relative file paths are tried here too (probe definitions)
+
+    def load(self) -> Callable[..., Any]:
+        return resolve(self.ref, base_dir=self.base_dir)
+
+    def describe(self) -> str:
+        if not self.args:
+            return self.ref
+        rendered = " ".join(f"--arg {k}={json.dumps(v)}" for k, v in self.args.items())
+        return f"{self.ref} {rendered}"
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """``"a/b.py:f"`` -> ``("a/b.py", "f")``; the attribute may be dotted (``Class.make``)."""
+    location, sep, attr = ref.rpartition(":")
+    if not sep or not location or not attr:
+        raise TargetError(
+            f"target {ref!r} has no ':attr'",
+            "write it as package.module:attr or path/to/file.py:attr",
+        )
+    return location, attr
+
+
+def is_file_ref(location: str) -> bool:
+    return location.endswith(".py") or "/" in location or "\\" in location
+
+
+def resolve(ref: str, *, base_dir: Path | None = None) -> Callable[..., Any]:
+    """The callable a target reference names. Raises :class:`TargetError` with one clear line."""
+    location, attr = split_ref(ref)
+    if is_file_ref(location):
+        module = _import_file(_find_file(location, base_dir), ref)
+    else:
+        module = _import_module(location, ref)
+    obj: Any = module
+    walked: list[str] = []
+    for part in attr.split("."):
+        walked.append(part)
+        if not hasattr(obj, part):
+            available = sorted(n for n in dir(obj) if not n.startswith("_"))[:8]
+            raise TargetError(
+                f"{location} has no attribute {'.'.join(walked)!r}",
+                f"available: {', '.join(available)}" if available else "check the name",
+            )
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TargetError(
+            f"target {ref!r} is a {type(obj).__name__}, not callable",
+            "point it at a factory function or class",
+        )
+    return obj  # type: ignore[no-any-return]
+
+
+def _find_file(location: str, base_dir: Path | None) -> Path:
+    path = Path(location)
+    candidates = [path] if path.is_absolute() else [Path.cwd() / path]
+    if base_dir is not None and not path.is_absolute():
+        candidates.append(base_dir / path)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
+    raise TargetError(f"target file {location} not found", f"looked in {', '.join(str(c.parent) for c in candidates)}")
+
+
+def _import_error_line(exc: BaseException) -> str:
+    text = "".join(str(exc).strip().splitlines()[-1:]) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"
+
+
+def _import_module(name: str, ref: str) -> ModuleType:
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
+            raise TargetError(
+                f"cannot import {name!r} for target {ref!r}: no module named {exc.name!r}",
+                "check the module path, or run from the directory that holds the package",
+            ) from exc
+        raise TargetError(f"importing {name!r} failed: {_import_error_line(exc)}") from exc
+    except Exception as exc:  # an error inside the user's module
+        raise TargetError(f"importing {name!r} failed: {_import_error_line(exc)}") from exc
+
+
+def _package_root(path: Path) -> tuple[Path, str]:
+    """The directory to put on sys.path and the dotted name of the module at ``path``."""
+    parts = [path.stem]
+    directory = path.parent
+    while (directory / "__init__.py").is_file():
+        parts.insert(0, directory.name)
+        directory = directory.parent
+    return directory, ".".join(parts)
+
+
+def _import_file(path: Path, ref: str) -> ModuleType:
+    root, dotted = _package_root(path)
+    if "." in dotted:  # inside a package: import it as such, so relative imports work
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+        return _import_module(dotted, ref)
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
+    module_name = f"glmfb_target_{path.stem}_{digest}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise TargetError(f"cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[module_name]
+        raise TargetError(f"importing {path} failed: {_import_error_line(exc)}") from exc
+    return module

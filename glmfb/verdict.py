@@ -1,0 +1,622 @@
+"""The verdict contract: what every probe answers, as frozen dataclasses and versioned JSON.
+
+Format history (never renumber; a change bumps the version and keeps a reader for the old one):
+
+- ``glmfb.verdict/1``, ``glmfb.run/1``: first version.
+
+Reading a document validates it against :func:`json_schema` and names the first offending
+field (``verdicts[3].metric.value: expected number or null, got 'fast'``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import Enum, IntEnum
+from typing import Any
+
+VERDICT_SCHEMA = "glmfb.verdict/1"
+RUN_SCHEMA = "glmfb.run/1"
+
+
+class Status(str, Enum):
+    """How a probe came out. Only ``pass`` and ``warn`` are green."""
+
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"
+    ERROR = "error"
+
+
+class Layer(str, Enum):
+    """The layer of the stack a verdict is about; ``harness`` when the probe itself broke."""
+
+    NUMERICS = "numerics"
+    KERNEL = "kernel"
+    RUNTIME = "runtime"
+    TRANSFER = "transfer"
+    HARNESS = "harness"
+
+
+class ProbeKind(str, Enum):
+    DIFF = "diff"
+    BENCH = "bench"
+    GIL = "gil"
+    GAP = "gap"
+
+
+class ExitCode(IntEnum):
+    """Process exit codes: a public contract, never renumbered."""
+
+    OK = 0
+    REGRESSION = 1
+    USAGE = 2
+    HARNESS_ERROR = 3
+    INCONCLUSIVE = 4
+
+
+STATUS_EXIT_CODE: dict[Status, ExitCode] = {
+    Status.PASS: ExitCode.OK,
+    Status.WARN: ExitCode.OK,
+    Status.FAIL: ExitCode.REGRESSION,
+    Status.ERROR: ExitCode.HARNESS_ERROR,
+    Status.INCONCLUSIVE: ExitCode.INCONCLUSIVE,
+}
+
+# For a run, the first code that applies in this order (2 comes from usage, before any verdict).
+EXIT_CODE_PRECEDENCE = (
+    ExitCode.USAGE,
+    ExitCode.HARNESS_ERROR,
+    ExitCode.REGRESSION,
+    ExitCode.INCONCLUSIVE,
+    ExitCode.OK,
+)
+
+
+def combine_exit_codes(codes: Iterable[ExitCode]) -> ExitCode:
+    """The exit code of a set of outcomes: the first of 2, 3, 1, 4 present, else 0."""
+    present = set(codes)
+    for code in EXIT_CODE_PRECEDENCE:
+        if code in present:
+            return code
+    return ExitCode.OK
+
+
+# --------------------------------------------------------------------------------------------
+# JSON normalization
+# --------------------------------------------------------------------------------------------
+
+
+def to_json_value(value: Any) -> Any:
+    """Turn a value into plain JSON data: tuples to lists, enums and numpy scalars to Python,
+    non-finite floats to the strings "nan", "inf", "-inf" (JSON has no NaN)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, Enum):
+        return to_json_value(value.value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, Mapping):
+        return {str(k): to_json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json_value(v) for v in value]
+    item = getattr(value, "item", None)  # numpy / torch scalars
+    if callable(item):
+        try:
+            return to_json_value(item())
+        except (TypeError, ValueError):
+            pass
+    if hasattr(value, "tolist"):
+        return to_json_value(value.tolist())
+    if hasattr(value, "__fspath__"):
+        return str(value)
+    raise TypeError(f"cannot store a {type(value).__name__} in a verdict: {value!r}")
+
+
+def _finite_or_none(value: Any) -> float | None:
+    if value is None:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+# --------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Metric:
+    """The headline number of a verdict, with its unit, threshold and confidence interval."""
+
+    name: str
+    value: float | None
+    unit: str = ""
+    threshold: float | None = None
+    ci: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "value", _finite_or_none(self.value))
+        object.__setattr__(self, "threshold", _finite_or_none(self.threshold))
+        if self.ci is not None:
+            low, high = (_finite_or_none(x) for x in self.ci)
+            ci = None if low is None or high is None else (low, high)
+            object.__setattr__(self, "ci", ci)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "value": self.value,
+            "unit": self.unit,
+            "threshold": self.threshold,
+            "ci": list(self.ci) if self.ci is not None else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Metric:
+        ci = data.get("ci")
+        return cls(
+            name=data["name"],
+            value=data.get("value"),
+            unit=data.get("unit", ""),
+            threshold=data.get("threshold"),
+            ci=(ci[0], ci[1]) if ci is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """The diagnosis a probe definition expects: a status, a layer, and ``where`` keys.
+
+    String values in ``where`` match exactly or as a glob (``layers.*.mlp.up_proj``).
+    """
+
+    status: Status | None = None
+    layer: Layer | None = None
+    where: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status is not None:
+            object.__setattr__(self, "status", Status(self.status))
+        if self.layer is not None:
+            object.__setattr__(self, "layer", Layer(self.layer))
+        object.__setattr__(self, "where", to_json_value(dict(self.where)))
+
+    def mismatches(self, verdict: Verdict) -> list[str]:
+        """What differs between this expectation and ``verdict``, one phrase each."""
+        problems: list[str] = []
+        if self.status is not None and verdict.status != self.status:
+            problems.append(f"status: expected {self.status.value}, got {verdict.status.value}")
+        if self.layer is not None and verdict.layer != self.layer:
+            problems.append(f"layer: expected {self.layer.value}, got {verdict.layer.value}")
+        for key, expected in self.where.items():
+            got = verdict.where.get(key)
+            if not _where_value_matches(expected, got):
+                problems.append(f"where.{key}: expected {expected!r}, got {got!r}")
+        return problems
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        if self.status is not None:
+            data["status"] = self.status.value
+        if self.layer is not None:
+            data["layer"] = self.layer.value
+        if self.where:
+            data["where"] = dict(self.where)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Expectation:
+        return cls(
+            status=Status(data["status"]) if data.get("status") is not None else None,
+            layer=Layer(data["layer"]) if data.get("layer") is not None else None,
+            where=dict(data.get("where") or {}),
+        )
+
+
+def _where_value_matches(expected: Any, got: Any) -> bool:
+    if isinstance(expected, str) and isinstance(got, str):
+        return expected == got or fnmatch.fnmatchcase(got, expected)
+    return bool(expected == got)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a probe found: status, layer, where, why, with evidence and the next check.
+
+    Built once and never changed; JSON-like fields are normalized to plain JSON data when
+    built, so ``Verdict.from_dict(v.to_dict()) == v`` holds.
+    """
+
+    probe: ProbeKind
+    name: str
+    status: Status
+    layer: Layer
+    why: str
+    where: Mapping[str, Any] = field(default_factory=dict)
+    metric: Metric | None = None
+    evidence: tuple[Mapping[str, Any], ...] = ()
+    next: tuple[str, ...] = ()
+    artifacts: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+    expect: Expectation | None = None
+    expect_met: bool | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "probe", ProbeKind(self.probe))
+        object.__setattr__(self, "status", Status(self.status))
+        object.__setattr__(self, "layer", Layer(self.layer))
+        if not self.name:
+            raise ValueError("a verdict needs a non-empty name")
+        object.__setattr__(self, "where", to_json_value(dict(self.where)))
+        evidence = tuple(to_json_value(dict(item)) for item in self.evidence)
+        for index, item in enumerate(evidence):
+            if not isinstance(item.get("kind"), str):
+                raise ValueError(f"evidence[{index}] needs a string 'kind'")
+        object.__setattr__(self, "evidence", evidence)
+        object.__setattr__(self, "next", tuple(str(step) for step in self.next))
+        object.__setattr__(
+            self, "artifacts", {str(k): str(v) for k, v in dict(self.artifacts).items()}
+        )
+        object.__setattr__(self, "env", to_json_value(dict(self.env)))
+        duration = _finite_or_none(self.duration_s)
+        object.__setattr__(self, "duration_s", max(0.0, duration or 0.0))
+
+    # ---- derived -------------------------------------------------------------------------
+
+    @property
+    def outcome(self) -> Status:
+        """The status that counts for exit codes and gates: with an expectation, a met one is
+        a pass and an unmet one a fail (like a strict xfail); without, the status itself."""
+        if self.expect_met is None:
+            return self.status
+        return Status.PASS if self.expect_met else Status.FAIL
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return STATUS_EXIT_CODE[self.outcome]
+
+    def with_expectation(self, expect: Expectation) -> Verdict:
+        """This verdict judged against ``expect``."""
+        return replace(self, expect=expect, expect_met=not expect.mismatches(self))
+
+    # ---- constructors --------------------------------------------------------------------
+
+    @classmethod
+    def harness_error(
+        cls,
+        probe: ProbeKind | str,
+        name: str,
+        why: str,
+        *,
+        next: Iterable[str] = (),
+        evidence: Iterable[Mapping[str, Any]] = (),
+        env: Mapping[str, Any] | None = None,
+        duration_s: float = 0.0,
+    ) -> Verdict:
+        """A verdict for a probe that could not run: status error, layer harness."""
+        return cls(
+            probe=ProbeKind(probe),
+            name=name,
+            status=Status.ERROR,
+            layer=Layer.HARNESS,
+            why=why,
+            next=tuple(next),
+            evidence=tuple(evidence),
+            env=env or {},
+            duration_s=duration_s,
+        )
+
+    # ---- JSON ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "schema": VERDICT_SCHEMA,
+            "probe": self.probe.value,
+            "name": self.name,
+            "status": self.status.value,
+            "layer": self.layer.value,
+            "where": dict(self.where),
+            "why": self.why,
+            "metric": self.metric.to_dict() if self.metric is not None else None,
+            "evidence": [dict(item) for item in self.evidence],
+            "next": list(self.next),
+            "artifacts": dict(self.artifacts),
+            "env": dict(self.env),
+            "duration_s": self.duration_s,
+        }
+        if self.expect is not None:
+            data["expect"] = self.expect.to_dict()
+            data["expect_met"] = self.expect_met
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
+        """Build a verdict from JSON data, validating it first (raises :class:`SchemaError`)."""
+        validate(data, VERDICT_JSON_SCHEMA)
+        return cls._from_valid_dict(data)
+
+    @classmethod
+    def _from_valid_dict(cls, data: Mapping[str, Any]) -> Verdict:
+        metric = data.get("metric")
+        expect = data.get("expect")
+        return cls(
+            probe=ProbeKind(data["probe"]),
+            name=data["name"],
+            status=Status(data["status"]),
+            layer=Layer(data["layer"]),
+            why=data["why"],
+            where=data.get("where") or {},
+            metric=Metric.from_dict(metric) if metric is not None else None,
+            evidence=tuple(data.get("evidence") or ()),
+            next=tuple(data.get("next") or ()),
+            artifacts=data.get("artifacts") or {},
+            env=data.get("env") or {},
+            duration_s=data.get("duration_s", 0.0),
+            expect=Expectation.from_dict(expect) if expect is not None else None,
+            expect_met=data.get("expect_met"),
+        )
+
+
+@dataclass(frozen=True)
+class Run:
+    """A set of verdicts from one ``glmfb run`` (or one probe command)."""
+
+    id: str
+    started: str
+    verdicts: tuple[Verdict, ...] = ()
+    finished: str | None = None
+    env: Mapping[str, Any] = field(default_factory=dict)
+    interrupted: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "verdicts", tuple(self.verdicts))
+        object.__setattr__(self, "env", to_json_value(dict(self.env)))
+
+    @property
+    def summary(self) -> dict[str, int]:
+        """Counts of outcomes (expectations applied), plus met and unmet expectations."""
+        counts = {status.value: 0 for status in Status}
+        for verdict in self.verdicts:
+            counts[verdict.outcome.value] += 1
+        expected = [v for v in self.verdicts if v.expect_met is not None]
+        counts["expect_met"] = sum(1 for v in expected if v.expect_met)
+        counts["expect_unmet"] = sum(1 for v in expected if not v.expect_met)
+        counts["total"] = len(self.verdicts)
+        return counts
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return combine_exit_codes(v.exit_code for v in self.verdicts)
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "schema": RUN_SCHEMA,
+            "id": self.id,
+            "started": self.started,
+            "finished": self.finished,
+            "interrupted": self.interrupted,
+            "env": dict(self.env),
+            "verdicts": [v.to_dict() for v in self.verdicts],
+            "summary": self.summary,
+        }
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Run:
+        validate(data, RUN_JSON_SCHEMA)
+        return cls(
+            id=data["id"],
+            started=data["started"],
+            finished=data.get("finished"),
+            interrupted=bool(data.get("interrupted", False)),
+            env=data.get("env") or {},
+            verdicts=tuple(Verdict._from_valid_dict(v) for v in data["verdicts"]),
+        )
+
+
+def load_document(data: Any) -> Run:
+    """A run from parsed JSON that holds either a run or a single verdict."""
+    if not isinstance(data, Mapping):
+        raise SchemaError("(document)", f"expected a JSON object, got {_json_type(data)}")
+    schema = data.get("schema")
+    if schema == RUN_SCHEMA:
+        return Run.from_dict(data)
+    if schema == VERDICT_SCHEMA:
+        verdict = Verdict.from_dict(data)
+        return Run(id=f"verdict-{verdict.name}", started="", verdicts=(verdict,))
+    raise SchemaError(
+        "schema",
+        f"expected {RUN_SCHEMA!r} or {VERDICT_SCHEMA!r}, got {schema!r}",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# JSON Schema (draft 2020-12) and a validator for the subset it uses
+# --------------------------------------------------------------------------------------------
+
+_SCALAR = {"type": ["string", "number", "integer", "boolean", "null"]}
+
+_WHERE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Only the keys that apply.",
+    "properties": {
+        "request": {"type": "string"},
+        "module": {"type": "string"},
+        "position": {"type": "integer"},
+        "kernel": {"type": "string"},
+        "shape": {"type": "string"},
+        "thread": {"type": "string"},
+        "function": {"type": "string"},
+        "file": {"type": "string"},
+        "line": {"type": "integer"},
+    },
+    "additionalProperties": _SCALAR,
+}
+
+_METRIC_SCHEMA: dict[str, Any] = {
+    "type": ["object", "null"],
+    "required": ["name", "value"],
+    "properties": {
+        "name": {"type": "string"},
+        "value": {"type": ["number", "null"]},
+        "unit": {"type": "string"},
+        "threshold": {"type": ["number", "null"]},
+        "ci": {
+            "type": ["array", "null"],
+            "items": {"type": "number"},
+            "minItems": 2,
+            "maxItems": 2,
+        },
+    },
+    "additionalProperties": False,
+}
+
+_EXPECT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "status": {"enum": [s.value for s in Status]},
+        "layer": {"enum": [layer.value for layer in Layer]},
+        "where": {"type": "object", "additionalProperties": _SCALAR},
+    },
+    "additionalProperties": False,
+}
+
+VERDICT_JSON_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://glmfb.dev/schema/verdict-1.json",
+    "title": VERDICT_SCHEMA,
+    "type": "object",
+    "required": ["schema", "probe", "name", "status", "layer", "why"],
+    "properties": {
+        "schema": {"const": VERDICT_SCHEMA},
+        "probe": {"enum": [p.value for p in ProbeKind]},
+        "name": {"type": "string", "minLength": 1},
+        "status": {"enum": [s.value for s in Status]},
+        "layer": {"enum": [layer.value for layer in Layer]},
+        "where": _WHERE_SCHEMA,
+        "why": {"type": "string"},
+        "metric": _METRIC_SCHEMA,
+        "evidence": {
+            "type": "array",
+            "items": {"type": "object", "required": ["kind"], "properties": {"kind": {"type": "string"}}},
+        },
+        "next": {"type": "array", "items": {"type": "string"}},
+        "artifacts": {"type": "object", "additionalProperties": {"type": "string"}},
+        "env": {"type": "object"},
+        "duration_s": {"type": "number", "minimum": 0},
+        "expect": _EXPECT_SCHEMA,
+        "expect_met": {"type": ["boolean", "null"]},
+    },
+    "additionalProperties": False,
+}
+
+RUN_JSON_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://glmfb.dev/schema/run-1.json",
+    "title": RUN_SCHEMA,
+    "type": "object",
+    "required": ["schema", "id", "started", "verdicts"],
+    "properties": {
+        "schema": {"const": RUN_SCHEMA},
+        "id": {"type": "string", "minLength": 1},
+        "started": {"type": "string"},
+        "finished": {"type": ["string", "null"]},
+        "interrupted": {"type": "boolean"},
+        "env": {"type": "object"},
+        "verdicts": {"type": "array", "items": VERDICT_JSON_SCHEMA},
+        "summary": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+    },
+    "additionalProperties": False,
+}
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of both documents, verdict and run."""
+    verdict = {k: v for k, v in VERDICT_JSON_SCHEMA.items() if not k.startswith("$")}
+    run = {k: v for k, v in RUN_JSON_SCHEMA.items() if not k.startswith("$")}
+    run["properties"] = {**run["properties"], "verdicts": {"type": "array", "items": {"$ref": "#/$defs/verdict"}}}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://glmfb.dev/schema/glmfb-1.json",
+        "title": "glmfb verdict and run documents",
+        "oneOf": [{"$ref": "#/$defs/verdict"}, {"$ref": "#/$defs/run"}],
+        "$defs": {"verdict": verdict, "run": run},
+    }
+
+
+class SchemaError(ValueError):
+    """A document does not match its schema; ``path`` names the first offending field."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+_JSON_TYPES = {
+    "object": lambda v: isinstance(v, Mapping),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+}
+
+
+def _json_type(value: Any) -> str:
+    for name in ("null", "boolean", "integer", "number", "string", "array", "object"):
+        if _JSON_TYPES[name](value):
+            return name
+    return type(value).__name__
+
+
+def validate(data: Any, schema: Mapping[str, Any], path: str = "") -> None:
+    """Check ``data`` against the subset of JSON Schema used here; raise on the first problem."""
+    where = path or "(document)"
+    if "const" in schema and data != schema["const"]:
+        raise SchemaError(where, f"expected {schema['const']!r}, got {data!r}")
+    if "enum" in schema and data not in schema["enum"]:
+        raise SchemaError(where, f"expected one of {', '.join(schema['enum'])}, got {data!r}")
+    types = schema.get("type")
+    if types is not None:
+        allowed = [types] if isinstance(types, str) else list(types)
+        if not any(_JSON_TYPES[t](data) for t in allowed):
+            raise SchemaError(where, f"expected {' or '.join(allowed)}, got {_json_type(data)} {data!r:.60}")
+    if isinstance(data, (int, float)) and not isinstance(data, bool):
+        if isinstance(data, float) and not math.isfinite(data):
+            raise SchemaError(where, f"expected a finite number, got {data!r}")
+        if "minimum" in schema and data < schema["minimum"]:
+            raise SchemaError(where, f"expected at least {schema['minimum']}, got {data!r}")
+    if isinstance(data, str) and len(data) < schema.get("minLength", 0):
+        raise SchemaError(where, "expected a non-empty string")
+    if isinstance(data, Mapping):
+        for key in schema.get("required", ()):
+            if key not in data:
+                raise SchemaError(f"{path}.{key}" if path else key, "required field is missing")
+        properties = schema.get("properties", {})
+        additional = schema.get("additionalProperties", True)
+        for key, value in data.items():
+            child = f"{path}.{key}" if path else str(key)
+            if key in properties:
+                validate(value, properties[key], child)
+            elif additional is False:
+                raise SchemaError(child, "unknown field")
+            elif isinstance(additional, Mapping):
+                validate(value, additional, child)
+    if isinstance(data, list):
+        if len(data) < schema.get("minItems", 0) or len(data) > schema.get("maxItems", len(data)):
+            raise SchemaError(where, f"expected {schema.get('minItems')} items, got {len(data)}")
+        items = schema.get("items")
+        if items is not None:
+            for index, item in enumerate(data):
+                validate(item, items, f"{path}[{index}]")
