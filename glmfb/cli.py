@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -27,18 +26,34 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _usage_error_types() -> tuple[type[BaseException], ...]:
+    """click's UsageError, from the click that typer uses (recent typer vendors its own)."""
+    types: list[type[BaseException]] = []
+    for module_name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            module = __import__(module_name, fromlist=["UsageError"])
+        except ImportError:
+            continue
+        types.append(module.UsageError)
+    return tuple(types)
+
+
+_USAGE_ERRORS = _usage_error_types()
+
+
 class _BoundaryGroup(TyperGroup):
     """The one place errors turn into exit codes."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
         except GlmfbError as exc:
             raise _fail(str(exc), int(exc.exit_code)) from None
-        except click.exceptions.UsageError as exc:
-            command = f"glmfb {exc.ctx.info_name} --help" if exc.ctx and exc.ctx.parent else "glmfb --help"
-            raise _fail(f"{exc.format_message()} (see {command})", int(ExitCode.USAGE)) from None
-        except (click.exceptions.Exit, click.exceptions.Abort, typer.Exit):
+        except _USAGE_ERRORS as exc:
+            sub = getattr(ctx, "invoked_subcommand", None)
+            command = f"glmfb {sub} --help" if sub else "glmfb --help"
+            raise _fail(f"{exc.format_message()} (see {command})", int(ExitCode.USAGE)) from None  # type: ignore[attr-defined]
+        except (typer.Exit, typer.Abort):
             raise
         except KeyboardInterrupt:
             raise _fail("interrupted", 130) from None
@@ -65,12 +80,18 @@ app = typer.Typer(
 @app.command("run")
 def run_command(
     paths: Annotated[
-        list[str] | None, typer.Argument(help="Probe definition files or folders (default: probes/).")
+        list[str] | None,
+        typer.Argument(help="Probe definition files or folders (default: probes/)."),
     ] = None,
     as_json: JsonOpt = False,
-    out: Annotated[Path, typer.Option("--out", help="Folder for reports/<run-id>/.")] = Path("reports"),
+    out: Annotated[Path, typer.Option("--out", help="Folder for reports/<run-id>/.")] = Path(
+        "reports"
+    ),
     select: Annotated[
-        list[str] | None, typer.Option("-k", "--select", help="Run only probes whose name matches (glob or substring).")
+        list[str] | None,
+        typer.Option(
+            "-k", "--select", help="Run only probes whose name matches (glob or substring)."
+        ),
     ] = None,
 ) -> None:
     """Run the probe definitions of a suite and write reports/<run-id>/run.json."""
@@ -89,20 +110,30 @@ def run_command(
     if show_progress:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                       TimeElapsedColumn(), console=notes, transient=True)
+        bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=notes,
+            transient=True,
+        )
         task = bar.add_task("probes", total=len(definitions))
-        context = suite.RunContext(run_id, report_dir, on_progress=lambda m: bar.update(task, description=m))
+        context = suite.RunContext(
+            run_id, report_dir, on_progress=lambda m: bar.update(task, description=m)
+        )
         with bar:
             run = suite.run_suite(
-                definitions, context,
+                definitions,
+                context,
                 on_start=lambda d: bar.update(task, description=f"{d.probe.value} {d.name}"),
                 on_done=lambda d, v: bar.advance(task),
             )
     else:
         context = suite.RunContext(run_id, report_dir)
         run = suite.run_suite(
-            definitions, context,
+            definitions,
+            context,
             on_done=lambda d, v: notes.print(f"{v.outcome.value:>12}  {d.probe.value:<5} {d.name}"),
         )
     run_file = report_dir / "run.json"
@@ -114,19 +145,29 @@ def run_command(
 def _latest_run(out: Path = Path("reports")) -> Path:
     runs = sorted(out.glob("*/run.json"), key=lambda p: p.stat().st_mtime)
     if not runs:
-        raise UsageError("no run given and none found under reports/", "pass a run.json, or - for stdin")
+        raise UsageError(
+            "no run given and none found under reports/", "pass a run.json, or - for stdin"
+        )
     return runs[-1]
 
 
 @app.command("gate")
 def gate_command(
     source: Annotated[
-        str | None, typer.Argument(metavar="[RUN_JSON | -]", help="A run or verdict JSON file, or - for stdin (default: the newest reports/*/run.json).")
+        str | None,
+        typer.Argument(
+            metavar="[RUN_JSON | -]",
+            help="A run or verdict JSON file, or - for stdin (default: the newest reports/*/run.json).",
+        ),
     ] = None,
     policy: Annotated[Path | None, typer.Option("--policy", help="TOML policy file.")] = None,
     junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
     summary: Annotated[
-        Path | None, typer.Option("--summary", help="Write a Markdown summary here (default: $GITHUB_STEP_SUMMARY when set, appended).")
+        Path | None,
+        typer.Option(
+            "--summary",
+            help="Write a Markdown summary here (default: $GITHUB_STEP_SUMMARY when set, appended).",
+        ),
     ] = None,
 ) -> None:
     """Turn a run (or one verdict) into a CI exit code, a JUnit file and a summary."""
@@ -140,7 +181,9 @@ def gate_command(
     try:
         run = load_document(data)
     except SchemaError as exc:
-        raise UsageError(f"{'standard input' if path == '-' else path} is not a glmfb run or verdict: {exc}") from None
+        raise UsageError(
+            f"{'standard input' if path == '-' else path} is not a glmfb run or verdict: {exc}"
+        ) from None
     result = evaluate(run, load_policy(policy) if policy is not None else None)
     if junit is not None:
         from glmfb.report.junit import render_junit

@@ -49,7 +49,10 @@ def git_revision(directory: str | None = None) -> str | None:
             return None
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=directory, capture_output=True, text=True, timeout=5,
+            cwd=directory,
+            capture_output=True,
+            text=True,
+            timeout=5,
         )
         return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):

@@ -97,7 +97,9 @@ def _rule_table(table: Any, where: str) -> frozenset[Status]:
         raise InputError(f"policy {where}: expected a table")
     unknown = set(table) - _RULE_KEYS
     if unknown:
-        raise InputError(f"policy {where}: unknown key {sorted(unknown)[0]!r}", "only fail_on is allowed here")
+        raise InputError(
+            f"policy {where}: unknown key {sorted(unknown)[0]!r}", "only fail_on is allowed here"
+        )
     if "fail_on" not in table:
         raise InputError(f"policy {where}: missing fail_on")
     return _statuses(table["fail_on"], f"{where}.fail_on")
@@ -111,21 +113,32 @@ def parse_policy(document: Mapping[str, Any], source: str = "policy") -> Policy:
             f"{source}: unknown key {sorted(unknown)[0]!r}",
             f"known keys: {', '.join(sorted(_TOP_KEYS))}",
         )
-    fail_on = _statuses(document["fail_on"], "fail_on") if "fail_on" in document else DEFAULT_FAIL_ON
+    fail_on = (
+        _statuses(document["fail_on"], "fail_on") if "fail_on" in document else DEFAULT_FAIL_ON
+    )
     max_inconclusive = document.get("max_inconclusive", 0)
-    if not isinstance(max_inconclusive, int) or isinstance(max_inconclusive, bool) or max_inconclusive < 0:
-        raise InputError(f"{source}: max_inconclusive must be a non-negative integer, got {max_inconclusive!r}")
+    if (
+        not isinstance(max_inconclusive, int)
+        or isinstance(max_inconclusive, bool)
+        or max_inconclusive < 0
+    ):
+        raise InputError(
+            f"{source}: max_inconclusive must be a non-negative integer, got {max_inconclusive!r}"
+        )
     probes = document.get("probes", {})
     if not isinstance(probes, dict):
         raise InputError(f"{source}: probes must be a table of [probes.<kind>] tables")
     per_probe: dict[str, frozenset[Status]] = {}
     for kind, table in probes.items():
         if kind not in _PROBE_KINDS:
-            raise InputError(f"{source}: unknown probe kind probes.{kind}", f"use {', '.join(sorted(_PROBE_KINDS))}")
+            raise InputError(
+                f"{source}: unknown probe kind probes.{kind}",
+                f"use {', '.join(sorted(_PROBE_KINDS))}",
+            )
         per_probe[kind] = _rule_table(table, f"probes.{kind}")
     names = document.get("names", {})
     if not isinstance(names, dict):
-        raise InputError(f"{source}: names must be a table of [names.\"<glob>\"] tables")
+        raise InputError(f'{source}: names must be a table of [names."<glob>"] tables')
     per_name = {pattern: _rule_table(table, f"names.{pattern}") for pattern, table in names.items()}
     allow_tables = document.get("allow", [])
     if not isinstance(allow_tables, list):
@@ -137,12 +150,17 @@ def parse_policy(document: Mapping[str, Any], source: str = "policy") -> Policy:
             raise InputError(f"{source}: {where} must be a table")
         unknown = set(table) - _ALLOW_KEYS
         if unknown:
-            raise InputError(f"{source}: unknown key {where}.{sorted(unknown)[0]}", "use name and reason")
+            raise InputError(
+                f"{source}: unknown key {where}.{sorted(unknown)[0]}", "use name and reason"
+            )
         name, reason = table.get("name"), table.get("reason")
         if not isinstance(name, str) or not name:
             raise InputError(f"{source}: {where} needs a name")
         if not isinstance(reason, str) or not reason.strip():
-            raise InputError(f"{source}: {where} ({name}) needs a reason", "say why it may fail, and where it is tracked")
+            raise InputError(
+                f"{source}: {where} ({name}) needs a reason",
+                "say why it may fail, and where it is tracked",
+            )
         allow.append(Allowance(name=name, reason=reason.strip()))
     return Policy(fail_on, max_inconclusive, per_probe, per_name, tuple(allow))
 

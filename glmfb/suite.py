@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
+import os
 import sys
 import time
 import traceback
@@ -49,8 +50,18 @@ ENGINES: dict[ProbeKind, str] = {
 
 DEFINITION_KEYS = frozenset(
     {
-        "name", "probe", "description", "baseline", "candidate", "target", "command",
-        "args", "baseline_args", "candidate_args", "options", "expect",
+        "name",
+        "probe",
+        "description",
+        "baseline",
+        "candidate",
+        "target",
+        "command",
+        "args",
+        "baseline_args",
+        "candidate_args",
+        "options",
+        "expect",
     }
 )
 EXPECT_KEYS = frozenset({"status", "layer", "where"})
@@ -84,8 +95,9 @@ class ProbeDefinition:
         path = Path(value)
         if path.is_absolute():
             return path
-        beside = self.base_dir / path
-        return beside if beside.exists() or not (Path.cwd() / path).exists() else Path.cwd() / path
+        beside = Path(os.path.normpath(self.base_dir / path))
+        in_cwd = Path.cwd() / path
+        return in_cwd if not beside.exists() and in_cwd.exists() else beside
 
     def side_args(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """Keyword arguments for the baseline and the candidate."""
@@ -144,7 +156,9 @@ def discover(paths: Sequence[str | Path]) -> list[Path]:
         elif path.is_dir():
             found.extend(sorted(p for p in path.rglob("*.toml") if p.is_file()))
         else:
-            raise InputError(f"{path}: no such file or directory", "give a probes/ folder or .toml files")
+            raise InputError(
+                f"{path}: no such file or directory", "give a probes/ folder or .toml files"
+            )
     return found
 
 
@@ -213,7 +227,9 @@ def _definition_from_table(path: Path, index: int, table: Mapping[str, Any]) -> 
         raw = table["expect"]
         unknown = set(raw) - EXPECT_KEYS
         if unknown:
-            raise InputError(f"{label}: unknown key expect.{sorted(unknown)[0]}", "use status, layer, where")
+            raise InputError(
+                f"{label}: unknown key expect.{sorted(unknown)[0]}", "use status, layer, where"
+            )
         try:
             expect = Expectation(
                 status=Status(raw["status"]) if "status" in raw else None,
@@ -239,11 +255,17 @@ def _definition_from_table(path: Path, index: int, table: Mapping[str, Any]) -> 
     )
 
 
-def select(definitions: Sequence[ProbeDefinition], patterns: Sequence[str]) -> list[ProbeDefinition]:
+def select(
+    definitions: Sequence[ProbeDefinition], patterns: Sequence[str]
+) -> list[ProbeDefinition]:
     """Definitions whose name matches any glob (all when no patterns)."""
     if not patterns:
         return list(definitions)
-    return [d for d in definitions if any(fnmatch.fnmatchcase(d.name, p) or p in d.name for p in patterns)]
+    return [
+        d
+        for d in definitions
+        if any(fnmatch.fnmatchcase(d.name, p) or p in d.name for p in patterns)
+    ]
 
 
 # --------------------------------------------------------------------------------------------

@@ -102,7 +102,7 @@ def resolve(ref: str, *, base_dir: Path | None = None) -> Callable[..., Any]:
             f"target {ref!r} is a {type(obj).__name__}, not callable",
             "point it at a factory function or class",
         )
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 def _find_file(location: str, base_dir: Path | None) -> Path:
@@ -113,7 +113,10 @@ def _find_file(location: str, base_dir: Path | None) -> Path:
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
-    raise TargetError(f"target file {location} not found", f"looked in {', '.join(str(c.parent) for c in candidates)}")
+    raise TargetError(
+        f"target file {location} not found",
+        f"looked in {', '.join(str(c.parent) for c in candidates)}",
+    )
 
 
 def _import_error_line(exc: BaseException) -> str:

@@ -29,7 +29,9 @@ def parse_shape(text: str | list[int] | tuple[int, ...]) -> tuple[int, ...]:
     try:
         dims = tuple(int(p) for p in parts)
     except ValueError:
-        raise UsageError(f"shape {text!r} does not parse", "write it as 8x4096 (positive integers joined by x)") from None
+        raise UsageError(
+            f"shape {text!r} does not parse", "write it as 8x4096 (positive integers joined by x)"
+        ) from None
     if not dims or any(d <= 0 for d in dims):
         raise UsageError(f"shape {text!r} has a non-positive dimension", "write it as 8x4096")
     return dims

@@ -507,7 +507,11 @@ VERDICT_JSON_SCHEMA: dict[str, Any] = {
         "metric": _METRIC_SCHEMA,
         "evidence": {
             "type": "array",
-            "items": {"type": "object", "required": ["kind"], "properties": {"kind": {"type": "string"}}},
+            "items": {
+                "type": "object",
+                "required": ["kind"],
+                "properties": {"kind": {"type": "string"}},
+            },
         },
         "next": {"type": "array", "items": {"type": "string"}},
         "artifacts": {"type": "object", "additionalProperties": {"type": "string"}},
@@ -543,7 +547,10 @@ def json_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of both documents, verdict and run."""
     verdict = {k: v for k, v in VERDICT_JSON_SCHEMA.items() if not k.startswith("$")}
     run = {k: v for k, v in RUN_JSON_SCHEMA.items() if not k.startswith("$")}
-    run["properties"] = {**run["properties"], "verdicts": {"type": "array", "items": {"$ref": "#/$defs/verdict"}}}
+    run["properties"] = {
+        **run["properties"],
+        "verdicts": {"type": "array", "items": {"$ref": "#/$defs/verdict"}},
+    }
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://glmfb.dev/schema/glmfb-1.json",
@@ -591,7 +598,9 @@ def validate(data: Any, schema: Mapping[str, Any], path: str = "") -> None:
     if types is not None:
         allowed = [types] if isinstance(types, str) else list(types)
         if not any(_JSON_TYPES[t](data) for t in allowed):
-            raise SchemaError(where, f"expected {' or '.join(allowed)}, got {_json_type(data)} {data!r:.60}")
+            raise SchemaError(
+                where, f"expected {' or '.join(allowed)}, got {_json_type(data)} {data!r:.60}"
+            )
     if isinstance(data, (int, float)) and not isinstance(data, bool):
         if isinstance(data, float) and not math.isfinite(data):
             raise SchemaError(where, f"expected a finite number, got {data!r}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -17,17 +16,24 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 JsonOpt = Annotated[
-    bool, typer.Option("--json", help="Print exactly one JSON document on stdout; human text goes to stderr.")
+    bool,
+    typer.Option(
+        "--json", help="Print exactly one JSON document on stdout; human text goes to stderr."
+    ),
 ]
 ArgOpt = Annotated[
     list[str] | None,
-    typer.Option("--arg", help="key=value passed to the target factory (JSON where it parses). Repeatable."),
+    typer.Option(
+        "--arg", help="key=value passed to the target factory (JSON where it parses). Repeatable."
+    ),
 ]
 BaselineArgOpt = Annotated[
-    list[str] | None, typer.Option("--baseline-arg", help="key=value for the baseline only. Repeatable.")
+    list[str] | None,
+    typer.Option("--baseline-arg", help="key=value for the baseline only. Repeatable."),
 ]
 CandidateArgOpt = Annotated[
-    list[str] | None, typer.Option("--candidate-arg", help="key=value for the candidate only. Repeatable.")
+    list[str] | None,
+    typer.Option("--candidate-arg", help="key=value for the candidate only. Repeatable."),
 ]
 
 

@@ -56,19 +56,22 @@ def render_junit(result: GateResult) -> str:
             kinds.append("skipped")
         else:
             kinds.append("passed")
-    counts = {
+    counts: dict[str, str] = {
         "tests": str(len(kinds)),
         "failures": str(kinds.count("failure")),
         "errors": str(kinds.count("error")),
         "skipped": str(kinds.count("skipped")),
         "time": f"{sum(row.verdict.duration_s for row in result.rows):.3f}",
     }
-    suites = ET.Element("testsuites", name="glmfb", **counts)
-    suite = ET.SubElement(suites, "testsuite", name=f"glmfb.{result.run.id}", **counts)
-    for row, kind in zip(result.rows, kinds):
+    suites = ET.Element("testsuites", {"name": "glmfb", **counts})
+    suite = ET.SubElement(suites, "testsuite", {"name": f"glmfb.{result.run.id}", **counts})
+    for row, kind in zip(result.rows, kinds, strict=True):
         verdict = row.verdict
         case = ET.SubElement(
-            suite, "testcase", classname=f"glmfb.{verdict.probe.value}", name=verdict.name,
+            suite,
+            "testcase",
+            classname=f"glmfb.{verdict.probe.value}",
+            name=verdict.name,
             time=f"{verdict.duration_s:.3f}",
         )
         case.append(_properties(verdict))

@@ -115,5 +115,7 @@ def render_gate(result: GateResult) -> RenderableType:
     for row in result.rows:
         if row.decision is not GateDecision.OK:
             suffix = f" (allowed: {row.reason})" if row.reason else ""
-            lines.append(Text(f"  {row.decision.value}: {row.verdict.name}: {row.verdict.why}{suffix}"))
+            lines.append(
+                Text(f"  {row.decision.value}: {row.verdict.name}: {row.verdict.why}{suffix}")
+            )
     return Group(*lines)

@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from glmfb import suite
+from glmfb.cli import app
+from glmfb.verdict import Layer, ProbeKind, Run, Status, Verdict
+
+runner = CliRunner()
+
+
+def verdict(name: str, status: Status) -> Verdict:
+    return Verdict(probe=ProbeKind.GAP, name=name, status=status, layer=Layer.TRANSFER, why="w")
+
+
+def run_json(*statuses: Status) -> str:
+    run = Run(
+        id="r", started="s", verdicts=tuple(verdict(f"v{i}", s) for i, s in enumerate(statuses))
+    )
+    return json.dumps(run.to_dict())
+
+
+def glmfb(
+    *args: str, stdin: str | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run(
+        [sys.executable, "-m", "glmfb", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=60,
+    )
+
+
+def test_gate_bad_json_on_stdin_is_one_line_exit_2() -> None:
+    result = glmfb("gate", "-", stdin="{bad")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("glmfb: error:")
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("statuses", "code"),
+    [
+        ([Status.PASS, Status.WARN], 0),
+        ([Status.PASS, Status.FAIL], 1),
+        ([Status.ERROR, Status.FAIL], 3),
+        ([Status.INCONCLUSIVE], 4),
+    ],
+)
+def test_gate_exit_codes(statuses: list[Status], code: int) -> None:
+    result = runner.invoke(app, ["gate", "-"], input=run_json(*statuses))
+    assert result.exit_code == code, result.output
+
+
+def test_gate_writes_junit_and_summary(tmp_path: Path) -> None:
+    run_file = tmp_path / "run.json"
+    run_file.write_text(run_json(Status.PASS, Status.FAIL, Status.FAIL))
+    junit, summary = tmp_path / "junit.xml", tmp_path / "summary.md"
+    result = runner.invoke(
+        app, ["gate", str(run_file), "--junit", str(junit), "--summary", str(summary)]
+    )
+    assert result.exit_code == 1
+    import xml.etree.ElementTree as ET
+
+    assert ET.parse(junit).getroot().get("failures") == "2"
+    assert "glmfb gate failed" in summary.read_text()
+
+
+def test_gate_rejects_unknown_policy_key(tmp_path: Path) -> None:
+    policy = tmp_path / "p.toml"
+    policy.write_text("fail_onn = ['warn']\n")
+    result = runner.invoke(app, ["gate", "-", "--policy", str(policy)], input=run_json(Status.PASS))
+    assert result.exit_code == 2
+    assert "unknown key 'fail_onn'" in result.output
+
+
+def test_gate_names_bad_field_and_reads_single_verdict() -> None:
+    data = json.loads(run_json(Status.PASS))
+    data["verdicts"][0]["status"] = "great"
+    result = runner.invoke(app, ["gate", "-"], input=json.dumps(data))
+    assert result.exit_code == 2 and "verdicts[0].status" in result.output
+    single = json.dumps(verdict("one", Status.FAIL).to_dict())
+    assert runner.invoke(app, ["gate", "-"], input=single).exit_code == 1
+
+
+def test_schema_command_prints_json() -> None:
+    result = runner.invoke(app, ["schema"])
+    assert result.exit_code == 0
+    schema = json.loads(result.stdout)
+    assert set(schema["$defs"]) == {"verdict", "run"}
+
+
+def test_run_without_definitions_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "probes").mkdir()
+    result = glmfb("run", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "no probe definitions found" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_run_writes_run_json_and_json_stdout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_suite import DEFINITIONS, fake_engine
+
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    (probes / "p.toml").write_text(DEFINITIONS)
+    monkeypatch.setattr(suite, "load_engine", lambda kind: fake_engine)
+    out = tmp_path / "reports"
+    result = runner.invoke(app, ["run", str(probes), "--json", "--out", str(out)])
+    assert result.exit_code == 1  # one unmet expectation
+    document = json.loads(result.stdout)
+    assert document["schema"] == "glmfb.run/1"
+    files = list(out.glob("*/run.json"))
+    assert len(files) == 1
+    assert json.loads(files[0].read_text()) == document
+    assert not list(out.glob("*/.run.json*"))  # no temporary file left behind
+
+
+def test_usage_error_is_one_line() -> None:
+    result = glmfb("gate", "--policy")
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_help_and_gate_import_neither_torch_nor_pandas(tmp_path: Path) -> None:
+    run_file = tmp_path / "run.json"
+    run_file.write_text(run_json(Status.PASS))
+    for args in (["--help"], ["gate", str(run_file)]):
+        code = (
+            "import sys\nfrom glmfb.cli import app\n"
+            f"try:\n    app({args!r}, prog_name='glmfb')\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'pandas', 'numpy') if m in sys.modules))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+        assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

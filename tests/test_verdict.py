@@ -1,0 +1,172 @@
+from __future__ import annotations
+
+import json
+import math
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from strategies import verdicts
+
+from glmfb.verdict import (
+    ExitCode,
+    Expectation,
+    Layer,
+    Metric,
+    ProbeKind,
+    Run,
+    SchemaError,
+    Status,
+    Verdict,
+    json_schema,
+    load_document,
+)
+
+SCHEMA = json_schema()
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+
+
+def make(status: Status = Status.PASS, **kwargs: object) -> Verdict:
+    fields: dict[str, object] = {
+        "probe": ProbeKind.BENCH,
+        "name": "k",
+        "status": status,
+        "layer": Layer.KERNEL,
+        "why": "because",
+    }
+    fields.update(kwargs)
+    return Verdict(**fields)  # type: ignore[arg-type]
+
+
+def test_schema_is_valid_draft_2020_12() -> None:
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+
+
+@settings(max_examples=300, deadline=None)
+@given(verdicts())
+def test_round_trip_and_schema(verdict: Verdict) -> None:
+    data = json.loads(json.dumps(verdict.to_dict(), allow_nan=False))
+    VALIDATOR.validate(data)
+    assert Verdict.from_dict(data) == verdict
+
+
+@settings(max_examples=50, deadline=None)
+@given(verdicts(), verdicts())
+def test_run_round_trip_and_schema(first: Verdict, second: Verdict) -> None:
+    run = Run(id="r1", started="2026-11-29T00:00:00+00:00", verdicts=(first, second))
+    data = json.loads(json.dumps(run.to_dict(), allow_nan=False))
+    VALIDATOR.validate(data)
+    again = Run.from_dict(data)
+    assert again == run
+    assert again.summary == run.summary
+
+
+def test_every_status_and_layer_validates() -> None:
+    for status in Status:
+        for layer in Layer:
+            VALIDATOR.validate(make(status, layer=layer).to_dict())
+
+
+def test_non_finite_values_are_made_json_safe() -> None:
+    verdict = make(
+        metric=Metric("gap", math.nan, "ratio", ci=(0.1, math.inf)),
+        evidence=[{"kind": "x", "max_abs": math.inf, "rmse": math.nan}],
+    )
+    data = verdict.to_dict()
+    json.dumps(data, allow_nan=False)
+    assert data["metric"]["value"] is None and data["metric"]["ci"] is None
+    assert data["evidence"][0]["max_abs"] == "inf"
+    assert data["evidence"][0]["rmse"] == "nan"
+
+
+def test_numpy_and_tuples_are_normalized() -> None:
+    import numpy as np
+
+    verdict = make(
+        where={"position": np.int64(7)},
+        evidence=[{"kind": "t", "shape": (2, 3), "v": np.float32(0.5)}],
+    )
+    assert verdict.where["position"] == 7 and type(verdict.where["position"]) is int
+    assert verdict.evidence[0]["shape"] == [2, 3]
+    assert Verdict.from_dict(verdict.to_dict()) == verdict
+
+
+@pytest.mark.parametrize(
+    ("mutate", "path"),
+    [
+        (lambda d: d.pop("status"), "status"),
+        (lambda d: d.update(status="great"), "status"),
+        (lambda d: d.update(metric={"name": "x", "value": "fast"}), "metric.value"),
+        (lambda d: d.update(where={"position": "six"}), "where.position"),
+        (lambda d: d.update(evidence=[{"kind": "a"}, {"no": 1}]), "evidence[1].kind"),
+        (lambda d: d.update(surprise=1), "surprise"),
+        (lambda d: d.update(schema="glmfb.verdict/9"), "schema"),
+    ],
+)
+def test_validation_names_the_first_offending_field(mutate, path: str) -> None:  # type: ignore[no-untyped-def]
+    data = make().to_dict()
+    mutate(data)
+    with pytest.raises(SchemaError) as info:
+        Verdict.from_dict(data)
+    assert info.value.path == path
+
+
+def test_run_validation_path_includes_verdict_index() -> None:
+    run = Run(id="r", started="s", verdicts=(make(), make()))
+    data = run.to_dict()
+    data["verdicts"][1]["layer"] = "gpu"
+    with pytest.raises(SchemaError, match=r"verdicts\[1\]\.layer"):
+        Run.from_dict(data)
+
+
+def test_load_document_accepts_a_single_verdict() -> None:
+    run = load_document(make(Status.FAIL).to_dict())
+    assert len(run.verdicts) == 1 and run.exit_code is ExitCode.REGRESSION
+
+
+def test_load_document_rejects_other_json() -> None:
+    with pytest.raises(SchemaError):
+        load_document([1, 2])
+    with pytest.raises(SchemaError, match="schema"):
+        load_document({"hello": 1})
+
+
+@pytest.mark.parametrize(
+    ("statuses", "code"),
+    [
+        ([Status.PASS, Status.WARN], ExitCode.OK),
+        ([Status.PASS, Status.FAIL, Status.INCONCLUSIVE], ExitCode.REGRESSION),
+        ([Status.FAIL, Status.ERROR], ExitCode.HARNESS_ERROR),
+        ([Status.INCONCLUSIVE, Status.INCONCLUSIVE], ExitCode.INCONCLUSIVE),
+        ([Status.PASS, Status.INCONCLUSIVE], ExitCode.INCONCLUSIVE),
+        ([], ExitCode.OK),
+    ],
+)
+def test_run_exit_code_precedence(statuses: list[Status], code: ExitCode) -> None:
+    run = Run(id="r", started="s", verdicts=tuple(make(s) for s in statuses))
+    assert run.exit_code is code
+
+
+def test_expectation_turns_expected_failure_into_a_pass() -> None:
+    expect = Expectation(status=Status.FAIL, layer=Layer.KERNEL, where={"kernel": "gated_norm*"})
+    met = make(Status.FAIL, where={"kernel": "gated_norm_tiled"}).with_expectation(expect)
+    assert met.expect_met is True and met.outcome is Status.PASS and met.exit_code is ExitCode.OK
+    unmet = make(Status.FAIL, where={"kernel": "softmax"}).with_expectation(expect)
+    assert unmet.expect_met is False and unmet.outcome is Status.FAIL
+    assert expect.mismatches(unmet) == ["where.kernel: expected 'gated_norm*', got 'softmax'"]
+    passed_instead = make(Status.PASS).with_expectation(expect)
+    assert passed_instead.outcome is Status.FAIL
+    run = Run(id="r", started="s", verdicts=(met, unmet))
+    assert run.summary["expect_met"] == 1 and run.summary["expect_unmet"] == 1
+    assert run.exit_code is ExitCode.REGRESSION
+
+
+def test_verdict_is_checked_when_built() -> None:
+    with pytest.raises(ValueError):
+        make(status="great")
+    with pytest.raises(ValueError):
+        make(name="")
+    with pytest.raises(ValueError, match="kind"):
+        make(evidence=[{"value": 1}])
+    with pytest.raises(TypeError):
+        make(evidence=[{"kind": "x", "obj": object()}])
