@@ -587,45 +587,91 @@ def _json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def validate(data: Any, schema: Mapping[str, Any], path: str = "") -> None:
-    """Check ``data`` against the subset of JSON Schema used here; raise on the first problem."""
-    where = path or "(document)"
+class _Invalid(Exception):
+    """Raised deep in validation; each level on the way up adds its path segment."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.segments: list[str | int] = []
+
+
+def _format_path(segments: list[str | int]) -> str:
+    path = ""
+    for segment in reversed(segments):
+        if isinstance(segment, int):
+            path += f"[{segment}]"
+        else:
+            path += f".{segment}" if path else segment
+    return path or "(document)"
+
+
+def validate(data: Any, schema: Mapping[str, Any]) -> None:
+    """Check ``data`` against the subset of JSON Schema used here; raise :class:`SchemaError`
+    naming the first offending field (paths are only built on failure: reading a large run
+    stays fast)."""
+    try:
+        _check(data, schema)
+    except _Invalid as exc:
+        raise SchemaError(_format_path(exc.segments), exc.problem) from None
+
+
+def _check(data: Any, schema: Mapping[str, Any]) -> None:
     if "const" in schema and data != schema["const"]:
-        raise SchemaError(where, f"expected {schema['const']!r}, got {data!r}")
+        raise _Invalid(f"expected {schema['const']!r}, got {data!r}")
     if "enum" in schema and data not in schema["enum"]:
-        raise SchemaError(where, f"expected one of {', '.join(schema['enum'])}, got {data!r}")
+        raise _Invalid(f"expected one of {', '.join(schema['enum'])}, got {data!r}")
     types = schema.get("type")
     if types is not None:
-        allowed = [types] if isinstance(types, str) else list(types)
-        if not any(_JSON_TYPES[t](data) for t in allowed):
-            raise SchemaError(
-                where, f"expected {' or '.join(allowed)}, got {_json_type(data)} {data!r:.60}"
-            )
-    if isinstance(data, (int, float)) and not isinstance(data, bool):
-        if isinstance(data, float) and not math.isfinite(data):
-            raise SchemaError(where, f"expected a finite number, got {data!r}")
-        if "minimum" in schema and data < schema["minimum"]:
-            raise SchemaError(where, f"expected at least {schema['minimum']}, got {data!r}")
-    if isinstance(data, str) and len(data) < schema.get("minLength", 0):
-        raise SchemaError(where, "expected a non-empty string")
-    if isinstance(data, Mapping):
+        if isinstance(types, str):
+            types = (types,)
+        for name in types:
+            if _JSON_TYPES[name](data):
+                break
+        else:
+            raise _Invalid(f"expected {' or '.join(types)}, got {_json_type(data)} {data!r:.60}")
+    kind = type(data)
+    if kind is dict or (kind is not list and isinstance(data, Mapping)):
         for key in schema.get("required", ()):
             if key not in data:
-                raise SchemaError(f"{path}.{key}" if path else key, "required field is missing")
-        properties = schema.get("properties", {})
+                invalid = _Invalid("required field is missing")
+                invalid.segments.append(key)
+                raise invalid
+        properties = schema.get("properties", _EMPTY)
         additional = schema.get("additionalProperties", True)
         for key, value in data.items():
-            child = f"{path}.{key}" if path else str(key)
-            if key in properties:
-                validate(value, properties[key], child)
-            elif additional is False:
-                raise SchemaError(child, "unknown field")
-            elif isinstance(additional, Mapping):
-                validate(value, additional, child)
-    if isinstance(data, list):
+            sub = properties.get(key)
+            if sub is None:
+                if additional is True:
+                    continue
+                if additional is False:
+                    invalid = _Invalid("unknown field")
+                    invalid.segments.append(key)
+                    raise invalid
+                sub = additional
+            try:
+                _check(value, sub)
+            except _Invalid as exc:
+                exc.segments.append(key)
+                raise
+    elif kind is list:
         if len(data) < schema.get("minItems", 0) or len(data) > schema.get("maxItems", len(data)):
-            raise SchemaError(where, f"expected {schema.get('minItems')} items, got {len(data)}")
+            raise _Invalid(f"expected {schema.get('minItems')} items, got {len(data)}")
         items = schema.get("items")
         if items is not None:
             for index, item in enumerate(data):
-                validate(item, items, f"{path}[{index}]")
+                try:
+                    _check(item, items)
+                except _Invalid as exc:
+                    exc.segments.append(index)
+                    raise
+    elif kind is float or kind is int:
+        if kind is float and not math.isfinite(data):
+            raise _Invalid(f"expected a finite number, got {data!r}")
+        if "minimum" in schema and data < schema["minimum"]:
+            raise _Invalid(f"expected at least {schema['minimum']}, got {data!r}")
+    elif kind is str and len(data) < schema.get("minLength", 0):
+        raise _Invalid("expected a non-empty string")
+
+
+_EMPTY: Mapping[str, Any] = {}

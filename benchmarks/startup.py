@@ -1,0 +1,77 @@
+"""Start-up time of `glmfb --help` and of `glmfb gate` on a 1,000-verdict run, each beside
+`python -c pass`, measured interleaved in one run (median and p90 of N rounds).
+
+    python benchmarks/startup.py [--rounds 30]
+
+Target (issue 2): under 0.3 s each on the 2-core development machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from glmfb.verdict import Layer, Metric, ProbeKind, Run, Status, Verdict
+
+
+def thousand_verdict_run() -> Run:
+    statuses = [Status.PASS, Status.WARN, Status.PASS, Status.PASS, Status.INCONCLUSIVE]
+    verdicts = tuple(
+        Verdict(
+            probe=ProbeKind.BENCH,
+            name=f"kernel-{i}",
+            status=statuses[i % len(statuses)],
+            layer=Layer.KERNEL,
+            why="ratio of medians within the threshold",
+            where={"kernel": f"k{i}", "shape": "8x4096"},
+            metric=Metric("change", 0.01, "ratio", 0.05, (-0.01, 0.03)),
+            evidence=[{"kind": "samples", "n": 200, "median_s": 1.3e-4}],
+            next=["glmfb bench a.py:k b.py:k --shape 8x4096"],
+        )
+        for i in range(1000)
+    )
+    return Run(id="bench-startup", started="2026-11-29T00:00:00+00:00", verdicts=verdicts)
+
+
+def time_command(argv: list[str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    options = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        run_file = Path(folder) / "run.json"
+        run_file.write_text(json.dumps(thousand_verdict_run().to_dict()))
+        commands = {
+            "python -c pass": [sys.executable, "-c", "pass"],
+            "glmfb --help": [sys.executable, "-m", "glmfb", "--help"],
+            "glmfb gate (1,000 verdicts)": [sys.executable, "-m", "glmfb", "gate", str(run_file)],
+        }
+        times: dict[str, list[float]] = {name: [] for name in commands}
+        for name, argv in commands.items():  # warm the file cache once
+            time_command(argv)
+        for _ in range(options.rounds):
+            for name, argv in commands.items():
+                times[name].append(time_command(argv))
+    baseline = statistics.median(times["python -c pass"])
+    print(f"{'command':<30} {'median s':>9} {'p90 s':>7} {'x python':>9}  (rounds: {options.rounds})")
+    for name, samples in times.items():
+        median = statistics.median(samples)
+        p90 = sorted(samples)[int(0.9 * (len(samples) - 1))]
+        print(f"{name:<30} {median:>9.3f} {p90:>7.3f} {median / baseline:>9.1f}")
+    worst = max(statistics.median(s) for n, s in times.items() if n != "python -c pass")
+    print(f"target: under 0.300 s each -> {'met' if worst < 0.3 else 'NOT met'} (slowest median {worst:.3f} s)")
+
+
+if __name__ == "__main__":
+    main()
