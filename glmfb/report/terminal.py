@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from glmfb.report.text import expectation_text, format_metric, format_where, status_label
+from glmfb.report.text import (
+    expectation_text,
+    expected_label,
+    format_metric,
+    format_where,
+    status_label,
+)
 from glmfb.verdict import Run, Status, Verdict
 
 if TYPE_CHECKING:
@@ -80,17 +86,24 @@ def render_run(run: Run) -> RenderableType:
     from rich.text import Text
 
     table = Table(title=f"glmfb run {run.id}", header_style="table.header", expand=False)
-    for column in ("probe", "name", "status", "layer", "metric", "where"):
+    with_expectations = any(v.expect is not None for v in run.verdicts)
+    columns = ["probe", "name", "status", "layer", "metric", "where"]
+    if with_expectations:
+        columns.insert(3, "expected")
+    for column in columns:
         table.add_column(column, overflow="fold")
     for verdict in run.verdicts:
-        table.add_row(
+        cells: list[RenderableType] = [
             verdict.probe.value,
             verdict.name,
             _status_text(verdict),
             verdict.layer.value,
             format_metric(verdict.metric),
             format_where(verdict.where),
-        )
+        ]
+        if with_expectations:
+            cells.insert(3, expected_label(verdict))
+        table.add_row(*cells)
     summary = run.summary
     counts = ", ".join(f"{summary[s.value]} {s.value}" for s in Status if summary[s.value])
     if summary["expect_met"] or summary["expect_unmet"]:
@@ -98,7 +111,12 @@ def render_run(run: Run) -> RenderableType:
     parts: list[RenderableType] = [table, Text(counts or "no verdicts")]
     if run.interrupted:
         parts.append(Text("interrupted: probes not run are marked error", style="status.error"))
-    parts.extend(render_verdict(v) for v in run.verdicts if v.outcome is not Status.PASS)
+    # Details for anything that is not a plain pass: expected failures show their diagnosis.
+    parts.extend(
+        render_verdict(v)
+        for v in run.verdicts
+        if v.outcome is not Status.PASS or v.status is not Status.PASS
+    )
     return Group(*parts)
 
 

@@ -63,4 +63,17 @@ def expectation_text(verdict: Verdict) -> str:
     problems = verdict.expect.mismatches(verdict)
     if not problems:
         return "expectation met"
-    return "expected " + "; ".join(problems)
+    return "expectation not met: " + "; ".join(problems)
+
+
+def expected_label(verdict: Verdict) -> str:
+    """``fail, layer kernel, where kernel=*tiled*``: the expectation in a table cell."""
+    if verdict.expect is None:
+        return ""
+    expect = verdict.expect
+    parts = [expect.status.value if expect.status is not None else "any status"]
+    if expect.layer is not None:
+        parts.append(f"layer {expect.layer.value}")
+    if expect.where:
+        parts.append(format_where(expect.where))
+    return ", ".join(parts)
