@@ -138,8 +138,20 @@ def run_command(
         )
     run_file = report_dir / "run.json"
     write_json_atomic(run_file, run.to_dict())
-    notes.print(f"run written to {run_file}")
+    _write_run_reports(run, report_dir)
+    notes.print(f"run written to {run_file} (report.html, junit.xml beside it)")
     emit_run(run, as_json)
+
+
+def _write_run_reports(run: Any, report_dir: Path) -> None:
+    """report.html and junit.xml (default gate policy) beside run.json."""
+    from glmfb.gate import evaluate
+    from glmfb.io import write_text_atomic
+    from glmfb.report.html import render_html
+    from glmfb.report.junit import render_junit
+
+    write_text_atomic(report_dir / "report.html", render_html(run))
+    write_text_atomic(report_dir / "junit.xml", render_junit(evaluate(run)))
 
 
 def _latest_run(out: Path = Path("reports")) -> Path:

@@ -127,7 +127,13 @@ def test_run_writes_run_json_and_json_stdout(
     files = list(out.glob("*/run.json"))
     assert len(files) == 1
     assert json.loads(files[0].read_text()) == document
-    assert not list(out.glob("*/.run.json*"))  # no temporary file left behind
+    assert not list(out.glob("*/.*.tmp"))  # no temporary file left behind
+    html = (files[0].parent / "report.html").read_text()
+    assert "wrong-diagnosis" in html and "expectation not met" in html
+    import xml.etree.ElementTree as ET
+
+    # the unmet expectation and the inconclusive verdict both fail the default gate
+    assert ET.parse(files[0].parent / "junit.xml").getroot().get("failures") == "2"
 
 
 def test_usage_error_is_one_line() -> None:
