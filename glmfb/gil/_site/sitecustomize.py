@@ -1,0 +1,103 @@
+"""The glmfb starvation heartbeat, injected into a traced Python process without ptrace.
+
+glmfb puts this folder first on ``PYTHONPATH`` and sets ``GLMFB_GIL_HEARTBEAT`` to a file
+prefix. At start-up a daemon thread named ``glmfb-heartbeat`` sleeps 1 ms in a loop and records
+how late each wake-up was (a thread that must wait for the GIL wakes up late). Every 100 ms it
+appends ``(wake_monotonic_s, lateness_s)`` pairs of doubles to ``<prefix>.bin`` and rewrites
+``<prefix>.json`` (pid, its own native thread id, the process's thread names) atomically.
+
+Only the standard library; any failure disables the heartbeat and never breaks the program.
+A ``sitecustomize`` further down ``sys.path`` (the user's own) is still imported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_ENV = "GLMFB_GIL_HEARTBEAT"
+_PERIOD_S = float(os.environ.get("GLMFB_GIL_HEARTBEAT_PERIOD_S", "0.001"))
+_FLUSH_S = 0.1
+
+
+def _start(prefix: str) -> None:
+    import json
+    import threading
+    import time
+    from array import array
+
+    header_path = prefix + ".json"
+    data_path = prefix + ".bin"
+
+    def write_header(native_id: int, names: dict[str, str]) -> None:
+        tmp = f"{header_path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(
+                {
+                    "schema": "glmfb.heartbeat/1",
+                    "pid": os.getpid(),
+                    "heartbeat_tid": native_id,
+                    "period_s": _PERIOD_S,
+                    "threads": names,
+                    "argv": list(sys.argv),
+                },
+                handle,
+            )
+        os.replace(tmp, header_path)
+
+    def thread_names() -> dict[str, str]:
+        return {str(t.native_id): t.name for t in threading.enumerate() if t.native_id is not None}
+
+    def beat() -> None:
+        native_id = threading.get_native_id()
+        names = thread_names()
+        write_header(native_id, names)
+        out = open(data_path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the thread
+        samples = array("d")
+        monotonic = time.monotonic
+        sleep = time.sleep
+        next_flush = monotonic() + _FLUSH_S
+        while True:
+            before = monotonic()
+            sleep(_PERIOD_S)
+            after = monotonic()
+            samples.append(after)
+            samples.append(after - before - _PERIOD_S)
+            if after >= next_flush:
+                out.write(samples.tobytes())
+                del samples[:]
+                current = thread_names()
+                if current != names:
+                    names.update(current)  # keep threads that ended: they may be in samples
+                    write_header(native_id, names)
+                next_flush = after + _FLUSH_S
+
+    thread = threading.Thread(target=beat, name="glmfb-heartbeat", daemon=True)
+    thread.start()
+
+
+def _chain_user_sitecustomize() -> None:
+    """Import the next ``sitecustomize`` on sys.path, as if this one were not there."""
+    import importlib
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    saved_path = list(sys.path)
+    saved_module = sys.modules.pop("sitecustomize", None)
+    try:
+        sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+        importlib.import_module("sitecustomize")
+    except ImportError:
+        pass
+    finally:
+        sys.path[:] = saved_path
+        if saved_module is not None:
+            sys.modules["sitecustomize"] = saved_module
+
+
+_prefix = os.environ.pop(_ENV, None)  # popped: child processes do not start their own
+if _prefix:
+    try:
+        _start(_prefix)
+    except Exception as exc:  # never break the traced program
+        sys.stderr.write(f"glmfb: heartbeat disabled: {type(exc).__name__}: {exc}\n")
+_chain_user_sitecustomize()

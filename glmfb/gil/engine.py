@@ -1,0 +1,327 @@
+"""``trace_gil``: run (or attach to) a Python program, sample the GIL holder with py-spy, measure
+starvation with an injected heartbeat, watch GIL waiters in /proc, and decide a verdict."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from glmfb.errors import UsageError
+from glmfb.gil import heartbeat as hb
+from glmfb.gil import pyspy
+from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
+from glmfb.gil.process import Launched, describe_returncode, wait_until
+from glmfb.gil.procwatch import GilWaitSampler
+from glmfb.gil.rules import Observations, decide
+from glmfb.verdict import ProbeKind, Verdict
+
+STARTUP_TIMEOUT_S = 10.0  # for the heartbeat to appear (interpreter start, imports)
+STOP_GRACE_S = 5.0
+TRACE_STOP_GRACE_S = 30.0  # viztracer writes its trace on SIGTERM; large traces take a while
+
+
+def trace_gil(
+    config: GilConfig,
+    artifact_dir: Path,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> Verdict:
+    """Trace one program's GIL and return the verdict. Never raises for a probe failure: a
+    program that cannot start, exits non-zero or crashes gives an error verdict."""
+    started = time.perf_counter()
+    artifact_dir = Path(artifact_dir)
+    try:
+        artifact_dir.mkdir(parents=True, exist_ok=True)
+        verdict = _Session(config, artifact_dir, progress or (lambda message: None)).run()
+    except UsageError:
+        raise
+    except Exception as exc:  # a broken probe is an error verdict, never a pass
+        frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
+        verdict = Verdict.harness_error(
+            ProbeKind.GIL, config.name, f"glmfb gil broke: {type(exc).__name__}: {exc}",
+            evidence=[{"kind": "traceback", "text": "".join(frames[-6:])}],
+        )
+    from dataclasses import replace
+
+    from glmfb.env import fingerprint
+
+    return replace(verdict, duration_s=time.perf_counter() - started, env=fingerprint())
+
+
+def python_command(config: GilConfig) -> list[str]:
+    """The argv that runs the program: the command itself, or the runner for a target."""
+    if config.command:
+        return list(config.command)
+    assert config.target is not None
+    target = config.target
+    argv = [
+        sys.executable, "-m", "glmfb.gil.runner", "--target", target.ref,
+        "--args", json.dumps(dict(target.args)), "--duration", repr(config.duration_s),
+    ]
+    if target.base_dir is not None:
+        argv += ["--base-dir", str(target.base_dir)]
+    return argv
+
+
+def reproduce_command(config: GilConfig, *, trace: bool = False) -> str:
+    """The ``glmfb gil`` command line that reruns this probe (in trace mode with ``trace``)."""
+    options = f"--rate {config.rate_hz} --duration {config.duration_s:g}"
+    if trace:
+        options += " --trace"
+    if config.pid is not None:
+        return f"glmfb gil {options} --pid {config.pid}"
+    if config.target is not None:
+        args = " ".join(f"--arg {k}={json.dumps(v)}" for k, v in config.target.args.items())
+        return f"glmfb gil {options} --target {config.target.ref} {args}".rstrip()
+    return f"glmfb gil {options} -- {shlex.join(config.command)}"
+
+
+class _Session:
+    def __init__(self, config: GilConfig, artifact_dir: Path, progress: Callable[[str], None]) -> None:
+        self.config = config
+        self.dir = artifact_dir
+        self.progress = progress
+        self.heartbeat_prefix = artifact_dir / "heartbeat"
+        self.pyspy_output = artifact_dir / "gil-samples.txt"
+        self.trace_output = artifact_dir / "gil-trace.json"
+        self.missing: list[dict[str, str]] = []
+        for stale in (self.pyspy_output, self.trace_output,
+                      self.heartbeat_prefix.with_suffix(".bin"), self.heartbeat_prefix.with_suffix(".json")):
+            stale.unlink(missing_ok=True)
+
+    # ---- running -----------------------------------------------------------------------
+
+    def run(self) -> Verdict:
+        config = self.config
+        launched: Launched | None = None
+        if config.pid is not None:
+            pid = config.pid
+            if not os.path.isdir(f"/proc/{pid}"):
+                raise UsageError(f"--pid {pid}: no such process")
+            self.missing.append({"signal": "heartbeat", "reason": "attached by --pid: no heartbeat can be injected"})
+        else:
+            started = self._launch()
+            if isinstance(started, Verdict):
+                return started
+            launched = started
+            pid = launched.pid
+        try:
+            return self._observe(pid, launched)
+        finally:
+            if launched is not None:
+                launched.stop(grace_s=0.5)
+                launched.close()
+
+    def _launch(self) -> Launched | Verdict:
+        config = self.config
+        argv = python_command(config)
+        if config.trace:
+            argv = self._under_viztracer(argv)
+        env = dict(os.environ)
+        env.update(dict(config.env))
+        if config.target is not None:  # the runner imports glmfb: make sure it can
+            root = str(Path(__file__).resolve().parents[2])
+            env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        if config.heartbeat:
+            env = hb.injection_env(self.heartbeat_prefix, env)
+        self.progress(f"starting {shlex.join(argv)[:80]}")
+        try:
+            return Launched(
+                argv, env=env, cwd=config.cwd,
+                stdout_path=self.dir / "stdout.txt", stderr_path=self.dir / "stderr.txt",
+            )
+        except FileNotFoundError:
+            return self._error(f"command not found: {argv[0]!r}", ["check the command after --, and PATH"])
+        except PermissionError:
+            return self._error(f"command not executable: {argv[0]!r}", ["check its permissions"])
+        except OSError as exc:
+            return self._error(f"cannot start {argv[0]!r}: {exc}", [])
+
+    def _under_viztracer(self, argv: list[str]) -> list[str]:
+        """``python [-m mod | script] args`` -> the same under viztracer, writing the trace."""
+        if not argv or not Path(argv[0]).name.startswith("python") or len(argv) < 2:
+            raise UsageError(
+                "--trace needs a command of the form 'python script.py ...' or 'python -m module ...'",
+                "or give a Python target (--target file.py:factory)",
+            )
+        interpreter, rest = argv[0], argv[1:]
+        tracer = [interpreter, "-m", "viztracer", "--quiet", "--output_file", str(self.trace_output)]
+        if rest[0] == "-m":
+            return [*tracer, "-m", *rest[1:]]
+        if rest[0].startswith("-"):
+            raise UsageError(f"--trace cannot pass the interpreter option {rest[0]!r} through viztracer")
+        return [*tracer, "--", *rest]
+
+    def _error(self, why: str, next_steps: list[str], evidence: list[dict[str, Any]] | None = None) -> Verdict:
+        return Verdict.harness_error(ProbeKind.GIL, self.config.name, why, next=next_steps, evidence=evidence or [])
+
+    def _observe(self, pid: int, launched: Launched | None) -> Verdict:
+        config = self.config
+        python_pid = pid
+        header: dict[str, Any] | None = None
+        if launched is not None and config.heartbeat:
+            self.progress("waiting for the heartbeat")
+            wait_until(
+                lambda: hb.read_header(self.heartbeat_prefix) is not None or launched.poll() is not None,
+                STARTUP_TIMEOUT_S,
+            )
+            header = hb.read_header(self.heartbeat_prefix)
+            if header is not None:
+                python_pid = int(header["pid"])
+        if launched is not None and launched.poll() is not None and header is None:
+            return self._early_exit(launched)
+
+        sampler = GilWaitSampler(python_pid, config.rate_hz)
+        sampler.start()
+        spy = self._start_pyspy(python_pid)
+        sampling_started = time.monotonic()
+        self.progress(f"sampling for {config.duration_s:g} s")
+        if launched is not None:
+            returncode = launched.wait(config.duration_s)
+            if returncode is None:
+                grace = TRACE_STOP_GRACE_S if config.trace else STOP_GRACE_S
+                launched.stop(grace_s=grace, first_signal=signal.SIGTERM)
+        else:
+            wait_until(lambda: not os.path.isdir(f"/proc/{pid}"), config.duration_s, poll_s=0.05)
+        sampler.stop()
+        self._stop_pyspy(spy)
+
+        if launched is not None and not launched.stopped_by_glmfb:
+            code = launched.poll()
+            if code is not None and code != 0:
+                return self._crashed(launched, code)
+        return self._decide(python_pid, sampler, sampling_started, launched)
+
+    def _early_exit(self, launched: Launched) -> Verdict:
+        code = launched.poll()
+        assert code is not None
+        if code != 0:
+            return self._crashed(launched, code)
+        return self._error(
+            "the program exited before the heartbeat started (it ran too briefly, or is not a "
+            "Python program that reads sitecustomize)",
+            ["give a program that runs for the --duration", "python -S and -I skip sitecustomize"],
+            [{"kind": "process", "returncode": code, "stderr_tail": launched.stderr_tail()}],
+        )
+
+    def _crashed(self, launched: Launched, code: int) -> Verdict:
+        tail = launched.stderr_tail()
+        why = f"the traced program {describe_returncode(code)}"
+        if tail:
+            why += f": {tail.splitlines()[-1][:200]}"
+        return self._error(
+            why,
+            [f"run it alone to see its output: {launched.stderr_path}"],
+            [{"kind": "process", "returncode": code, "description": describe_returncode(code),
+              "stderr_tail": tail, "stderr": str(launched.stderr_path)}],
+        )
+
+    # ---- py-spy ------------------------------------------------------------------------
+
+    def _start_pyspy(self, pid: int) -> subprocess.Popen[bytes] | None:
+        config = self.config
+        if not config.use_pyspy:
+            self.missing.append({"signal": "holder sampling", "reason": "py-spy disabled (--no-pyspy)"})
+            return None
+        executable = pyspy.find_pyspy()
+        if executable is None:
+            self.missing.append({"signal": "holder sampling", "reason": "py-spy is not installed (pip install py-spy)"})
+            return None
+        command = pyspy.record_command(executable, pid, self.pyspy_output, rate_hz=config.rate_hz, native=config.native)
+        self._pyspy_stderr = open(self.dir / "py-spy.log", "wb")  # noqa: SIM115 - closed in _stop_pyspy
+        return subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=self._pyspy_stderr,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def _stop_pyspy(self, spy: subprocess.Popen[bytes] | None) -> None:
+        if spy is None:
+            return
+        try:
+            spy.wait(timeout=5.0)  # it writes its output once the traced process is gone
+        except subprocess.TimeoutExpired:
+            spy.send_signal(signal.SIGINT)
+            try:
+                spy.wait(timeout=10.0)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                spy.wait()
+        finally:
+            self._pyspy_stderr.close()
+        if not self.pyspy_output.is_file():
+            log = (self.dir / "py-spy.log").read_text("utf-8", "replace")
+            self.missing.append({"signal": "holder sampling", "reason": pyspy.explain_failure(log)})
+
+    # ---- deciding ----------------------------------------------------------------------
+
+    def _decide(
+        self, pid: int, sampler: GilWaitSampler, started_s: float, launched: Launched | None
+    ) -> Verdict:
+        config = self.config
+        beat = hb.read_heartbeat(self.heartbeat_prefix) if config.heartbeat and config.pid is None else None
+        if config.heartbeat and config.pid is None and beat is None:
+            self.missing.append({"signal": "heartbeat", "reason": "the program never started the heartbeat (not Python, or run with -S/-I)"})
+        names: dict[int, str] = dict(beat.thread_names) if beat else {}
+        holders = None
+        if self.pyspy_output.is_file():
+            samples = pyspy.parse_raw(self.pyspy_output.read_text("utf-8", "replace"))
+            for sample in samples:
+                if sample.thread_name:
+                    names.setdefault(sample.thread_id, sample.thread_name)
+            exclude = {beat.thread_id} if beat else {tid for tid, n in names.items() if n == HEARTBEAT_THREAD}
+            holders = pyspy.profile_holders(samples, native=config.native, names=names, exclude_tids=exclude)
+            if not samples:
+                self.missing.append({"signal": "holder sampling", "reason": "py-spy recorded no GIL-holding samples"})
+
+        waiting: list[dict[str, Any]] = []
+        windows: list[dict[str, Any]] = []
+        if beat is not None and sampler.error is None:
+            counts, ticks = sampler.waiting_counts(beat.thread_id)
+            for tid, count in counts.most_common(8):
+                waiting.append({
+                    "thread": names.get(tid, f"thread {tid}"), "tid": tid,
+                    "waiting_share": round(count / ticks, 4) if ticks else 0.0,
+                })
+            for window in beat.windows(config.starvation_p99_ms / 1e3)[:50]:
+                seen = sampler.waiting_between(beat.thread_id, window.start_s, window.end_s)
+                windows.append({
+                    "start_s": round(window.start_s - started_s, 4),
+                    "duration_ms": round(1e3 * window.duration_s, 2),
+                    "max_lateness_ms": round(1e3 * window.max_lateness_s, 2),
+                    "waiting_threads": [names.get(t, f"thread {t}") for t, _ in seen.most_common(4)],
+                })
+            windows.sort(key=lambda w: -w["max_lateness_ms"])
+        elif sampler.error is not None:
+            self.missing.append({"signal": "GIL waiters", "reason": sampler.error})
+
+        blame = None
+        artifacts: dict[str, str] = {}
+        if self.pyspy_output.is_file():
+            artifacts["pyspy_raw"] = str(self.pyspy_output)
+        if config.trace:
+            if self.trace_output.is_file():
+                from glmfb.gil.trace import overlap_blame
+
+                artifacts["trace"] = str(self.trace_output)
+                starved = {w["thread"] for w in waiting if w["waiting_share"] > 0}
+                blame = overlap_blame(self.trace_output, starved, config.starvation_p99_ms / 1e3)
+            else:
+                self.missing.append({"signal": "trace", "reason": "viztracer wrote no trace"})
+        if launched is not None:
+            artifacts["stderr"] = str(launched.stderr_path)
+        return decide(
+            Observations(
+                config=config, heartbeat=beat, holders=holders, waiting=waiting, windows=windows,
+                blame=blame, missing=self.missing, artifacts=artifacts,
+                reproduce_trace=reproduce_command(config, trace=True) if config.pid is None else "",
+            )
+        )

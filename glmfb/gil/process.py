@@ -1,0 +1,107 @@
+"""Starting the traced program in its own process group, and leaving nothing behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+
+def describe_returncode(returncode: int) -> str:
+    """``exited with status 3`` or ``was killed by signal 11 (SIGSEGV)``."""
+    if returncode < 0:
+        number = -returncode
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = "unknown signal"
+        return f"was killed by signal {number} ({name})"
+    return f"exited with status {returncode}"
+
+
+class Launched:
+    """A child process started in a new session (its own process group)."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None,
+        stdout_path: Path,
+        stderr_path: Path,
+    ) -> None:
+        self.stdout_path = stdout_path
+        self.stderr_path = stderr_path
+        self._stdout: IO[bytes] = open(stdout_path, "wb")  # noqa: SIM115 - closed in close()
+        self._stderr: IO[bytes] = open(stderr_path, "wb")  # noqa: SIM115
+        try:
+            self.process = subprocess.Popen(
+                list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                stdout=self._stdout, stderr=self._stderr, start_new_session=True,
+            )
+        except BaseException:
+            self.close()
+            raise
+        self.pid = self.process.pid
+        self.stopped_by_glmfb = False
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def wait(self, timeout_s: float) -> int | None:
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, grace_s: float = 5.0, first_signal: int = signal.SIGTERM) -> None:
+        """Signal the whole group, then SIGKILL whatever is left (also after the leader exited)."""
+        if self.process.poll() is None:
+            self.stopped_by_glmfb = True
+            self._signal_group(first_signal)
+            if self.wait(grace_s) is None:
+                self._signal_group(signal.SIGKILL)
+                self.wait(5.0)
+        self._signal_group(signal.SIGKILL)  # grandchildren left in the group
+
+    def _signal_group(self, number: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, number)
+
+    def group_alive(self) -> bool:
+        try:
+            os.killpg(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def close(self) -> None:
+        for handle in (getattr(self, "_stdout", None), getattr(self, "_stderr", None)):
+            if handle is not None:
+                handle.close()
+
+    def stderr_tail(self, limit: int = 600) -> str:
+        try:
+            data = self.stderr_path.read_bytes()[-4 * limit :].decode("utf-8", "replace")
+        except OSError:
+            return ""
+        lines = [line for line in data.splitlines() if line.strip()]
+        return "\n".join(lines[-6:])[-limit:]
+
+
+def wait_until(predicate: object, timeout_s: float, poll_s: float = 0.01) -> bool:
+    """Poll ``predicate()`` until true or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if callable(predicate) and predicate():
+            return True
+        time.sleep(poll_s)
+    return bool(callable(predicate) and predicate())

@@ -1,0 +1,225 @@
+"""Driving ``py-spy record --gil --idle --threads [--native] -f raw`` and reading what it wrote.
+
+With ``--gil`` py-spy keeps only the thread holding the GIL at each sample; ``--idle`` keeps it
+even when the OS says the thread is blocked (without it a holder blocked in a native call is
+dropped on some systems). Raw output does not mark a sample idle, so the active/idle split comes
+from ``--native``: a holder whose native frames below its innermost Python frame end in a
+blocking call (``clock_nanosleep``, ``poll``, ``pthread_cond_wait``...) is blocked while holding
+the GIL; one computing is active. Without ``--native`` the split is unknown and said so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Native functions in which a thread is blocked (not on a CPU).
+BLOCKING_NATIVE = frozenset(
+    {
+        "clock_nanosleep", "nanosleep", "usleep", "sleep", "select", "pselect", "pselect6",
+        "poll", "ppoll", "epoll_wait", "epoll_pwait", "read", "__libc_read", "recv", "recvfrom",
+        "recvmsg", "accept", "accept4", "connect", "pthread_cond_wait", "pthread_cond_timedwait",
+        "pthread_cond_clockwait", "sem_wait", "sem_timedwait", "sem_clockwait", "pthread_join",
+        "__futex_abstimed_wait_common", "__futex_abstimed_wait_common64", "futex_wait",
+        "__lll_lock_wait", "waitpid", "wait4", "pause", "sigwait", "sigtimedwait",
+        "sigwaitinfo", "msgrcv", "ioctl", "flock", "fcntl", "fsync", "fdatasync",
+    }
+)
+# Frames of the binding machinery between Python and the called native function.
+_PLUMBING_PREFIXES = (
+    "_ctypes", "_call_function_pointer", "ffi_", "Py", "_Py", "cfunction", "method_vectorcall",
+    "0x", "PyCFuncPtr", "call_function", "vectorcall", "pybind11::", "_PyEval",
+)
+_PLUMBING_FILES = ("callproc.c", "_ctypes.c", "ceval.c", "call.c", "methodobject.c")
+_LINE_RE = re.compile(r"^(?P<stack>.*) (?P<count>\d+)$")
+_THREAD_RE = re.compile(r"^thread \((?P<tid>\d+|0x[0-9a-fA-F]+)\)(?:: (?P<name>.*))?$")
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str
+    file: str
+    line: int | None
+    native: bool
+
+    def label(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line is not None else self.file
+        return f"{self.function} ({where})"
+
+    @property
+    def short_function(self) -> str:
+        """``make_dispatch.<locals>.intranode_dispatch`` -> ``intranode_dispatch``."""
+        return self.function.rsplit(".", 1)[-1] if not self.function.startswith("<") else self.function
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One distinct stack of the raw output and how many samples it got."""
+
+    thread_id: int
+    thread_name: str | None
+    frames: tuple[Frame, ...]  # outermost first
+    count: int
+
+    @property
+    def python_frames(self) -> tuple[Frame, ...]:
+        return tuple(f for f in self.frames if not f.native)
+
+    @property
+    def native_tail(self) -> tuple[Frame, ...]:
+        """Native frames below the innermost Python frame (the call it is inside)."""
+        last_python = max((i for i, f in enumerate(self.frames) if not f.native), default=-1)
+        return self.frames[last_python + 1 :]
+
+    def blocked(self) -> bool:
+        return any(f.function in BLOCKING_NATIVE for f in self.native_tail)
+
+    def native_call(self) -> str | None:
+        """The native function the innermost Python frame called, past ctypes/pybind plumbing."""
+        for frame in self.native_tail:
+            if frame.function.startswith(_PLUMBING_PREFIXES) or frame.file.startswith(("libffi", "libpython")):
+                continue
+            if frame.file.split(":")[0] in _PLUMBING_FILES:
+                continue
+            return frame.function
+        return None
+
+
+def _parse_frame(text: str) -> Frame:
+    function, sep, rest = text.rpartition(" (")
+    if not sep or not rest.endswith(")"):
+        return Frame(text, "", None, native=True)
+    location = rest[:-1]
+    file, colon, line = location.rpartition(":")
+    if colon and line.isdigit():
+        python = file.endswith(".py") or file.startswith("<") or "<frozen" in file
+        return Frame(function, file, int(line), native=not python)
+    return Frame(function, location, None, native=True)
+
+
+def parse_raw(text: str) -> list[Sample]:
+    """Samples from py-spy's raw (collapsed stack) format, as written with ``--threads``."""
+    samples: list[Sample] = []
+    for raw_line in text.splitlines():
+        match = _LINE_RE.match(raw_line.strip())
+        if not match:
+            continue
+        parts = match["stack"].split(";")
+        thread = _THREAD_RE.match(parts[0])
+        if thread is None:
+            continue
+        tid_text = thread["tid"]
+        tid = int(tid_text, 16) if tid_text.startswith("0x") else int(tid_text)
+        frames = tuple(_parse_frame(p) for p in parts[1:] if p)
+        samples.append(Sample(tid, thread["name"], frames, int(match["count"])))
+    return samples
+
+
+@dataclass
+class CallSite:
+    thread_id: int
+    thread_name: str
+    function: str
+    file: str
+    line: int
+    samples: int = 0
+    idle: int = 0
+    lines: Counter[int] = field(default_factory=Counter)
+    native_calls: Counter[str] = field(default_factory=Counter)
+    stacks: Counter[tuple[str, ...]] = field(default_factory=Counter)
+
+
+@dataclass(frozen=True)
+class HolderProfile:
+    """Who held the GIL in the samples, split active/idle where native frames allow."""
+
+    total_samples: int
+    threads: tuple[dict[str, Any], ...]  # per thread: thread, tid, samples, share, active, idle
+    sites: tuple[CallSite, ...]  # ranked by samples
+    native: bool
+
+
+def profile_holders(
+    samples: list[Sample], *, native: bool, names: dict[int, str], exclude_tids: set[int]
+) -> HolderProfile:
+    """Aggregate GIL-holder samples per thread and per innermost Python call site."""
+    total = sum(s.count for s in samples)
+    per_thread: dict[int, dict[str, Any]] = {}
+    sites: dict[tuple[int, str, str], CallSite] = {}
+    for sample in samples:
+        name = sample.thread_name or names.get(sample.thread_id) or f"thread {sample.thread_id}"
+        record = per_thread.setdefault(
+            sample.thread_id, {"thread": name, "tid": sample.thread_id, "samples": 0, "idle": 0}
+        )
+        record["samples"] += sample.count
+        blocked = native and sample.blocked()
+        if blocked:
+            record["idle"] += sample.count
+        python = sample.python_frames
+        if sample.thread_id in exclude_tids or not python:
+            continue
+        inner = python[-1]
+        key = (sample.thread_id, inner.function, inner.file)
+        site = sites.get(key)
+        if site is None:
+            site = sites[key] = CallSite(sample.thread_id, name, inner.function, inner.file, inner.line or 0)
+        site.samples += sample.count
+        site.idle += sample.count if blocked else 0
+        site.lines[inner.line or 0] += sample.count
+        call = sample.native_call() if native else None
+        if call:
+            site.native_calls[call] += sample.count
+        site.stacks[tuple(f.label() for f in python)] += sample.count
+    for site in sites.values():
+        site.line = site.lines.most_common(1)[0][0]
+    threads = []
+    for record in sorted(per_thread.values(), key=lambda r: -r["samples"]):
+        share = record["samples"] / total if total else 0.0
+        threads.append(
+            {
+                **record,
+                "share": round(share, 4),
+                "active": record["samples"] - record["idle"] if native else None,
+                "idle": record["idle"] if native else None,
+                "excluded": record["tid"] in exclude_tids,
+            }
+        )
+    ranked = tuple(sorted(sites.values(), key=lambda s: -s.samples))
+    return HolderProfile(total, tuple(threads), ranked, native)
+
+
+def find_pyspy() -> str | None:
+    """The py-spy executable: on PATH, or beside this interpreter (a virtualenv's bin/)."""
+    beside = Path(sys.executable).parent / "py-spy"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("py-spy")
+
+
+def record_command(
+    pyspy: str, pid: int, output: Path, *, rate_hz: int, native: bool
+) -> list[str]:
+    command = [
+        pyspy, "record", "--pid", str(pid), "--gil", "--idle", "--threads", "--full-filenames",
+        "--rate", str(rate_hz), "--format", "raw", "--output", str(output),
+    ]
+    if native:
+        command.append("--native")
+    return command
+
+
+def explain_failure(stderr: str) -> str:
+    """One line on why py-spy produced nothing, from its stderr."""
+    lowered = stderr.lower()
+    if "permission denied" in lowered or "operation not permitted" in lowered:
+        return "ptrace refused (run as root, or set kernel.yama.ptrace_scope=0, or add CAP_SYS_PTRACE)"
+    if "no such process" in lowered:
+        return "the process exited before py-spy attached"
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    return lines[-1][:200] if lines else "py-spy exited without output"

@@ -1,0 +1,57 @@
+"""The child process of the target form: build the target's callable, call it in a loop.
+
+``python -m glmfb.gil.runner --target REF --args JSON --duration S [--base-dir DIR]``.
+Bad targets print one line on stderr and exit 3 (glmfb turns that into an error verdict).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="glmfb.gil.runner")
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--args", default="{}")
+    parser.add_argument("--duration", type=float, required=True)
+    parser.add_argument("--base-dir", default=None)
+    options = parser.parse_args(argv)
+
+    from glmfb.errors import GlmfbError
+    from glmfb.targets import Target
+
+    try:
+        target = Target(
+            options.target,
+            json.loads(options.args),
+            Path(options.base_dir) if options.base_dir else None,
+        )
+        factory = target.load()
+        work = factory(**target.args)
+    except GlmfbError as exc:
+        sys.stderr.write(f"glmfb-runner: error: {exc}\n")
+        return 3
+    except Exception as exc:
+        sys.stderr.write(f"glmfb-runner: error: the factory {options.target} raised {type(exc).__name__}: {exc}\n")
+        return 3
+    if not callable(work):
+        sys.stderr.write(
+            f"glmfb-runner: error: {options.target} returned a {type(work).__name__}, "
+            "not a zero-argument callable\n"
+        )
+        return 3
+    deadline = time.perf_counter() + options.duration
+    calls = 0
+    while time.perf_counter() < deadline:
+        work()
+        calls += 1
+    sys.stderr.write(f"glmfb-runner: {calls} calls in {options.duration:g} s\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

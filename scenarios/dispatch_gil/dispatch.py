@@ -1,0 +1,120 @@
+"""CONTEXT.md bug 2 in miniature: an MoE dispatch call that keeps the GIL beside a KV-transfer
+thread that must submit a small job every millisecond.
+
+``intranode_dispatch`` stands in for DeepEP's native dispatch: a libc ``usleep`` reached through
+``ctypes``. Through ``ctypes.PyDLL`` the call keeps the GIL while it blocks (the bug); through
+``ctypes.CDLL`` ctypes releases the GIL around it (the fix, what ``py::gil_scoped_release``
+does in a pybind11 binding). The ``kv-transfer`` thread copies a small buffer every ~1 ms and
+counts how late each submission was.
+
+Run it as a program (``python dispatch.py --mode hold --duration 3``) or as a glmfb target
+(``dispatch.py:make`` with ``mode=hold``), whose callable runs one dispatch per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+DISPATCH_US = 20_000  # one dispatch blocks this long inside the native call
+TRANSFER_PERIOD_S = 0.001
+JOB_BYTES = 64 * 1024
+
+
+def _libc(mode: str) -> ctypes.CDLL:
+    name = ctypes.util.find_library("c") or "libc.so.6"
+    if mode == "hold":
+        return ctypes.PyDLL(name)  # keeps the GIL during the foreign call
+    if mode == "release":
+        return ctypes.CDLL(name)  # releases the GIL during the foreign call
+    raise ValueError(f"mode must be 'hold' or 'release', got {mode!r}")
+
+
+class KvTransfer:
+    """A transfer engine's Python side: submits a small copy every millisecond."""
+
+    def __init__(self) -> None:
+        self.source = bytes(JOB_BYTES)
+        self.destination = bytearray(JOB_BYTES)
+        self.lateness_s: list[float] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="kv-transfer", daemon=True)
+
+    def _submit(self) -> None:
+        self.destination[:] = self.source
+
+    def _loop(self) -> None:
+        due = time.perf_counter()
+        while not self.stop.is_set():
+            due += TRANSFER_PERIOD_S
+            delay = due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            now = time.perf_counter()
+            self.lateness_s.append(max(0.0, now - due))
+            if now - due > 0.1:  # fell far behind: restart the schedule instead of bursting
+                due = now
+            self._submit()
+
+
+def make_dispatch(mode: str, dispatch_us: int = DISPATCH_US) -> Callable[[], None]:
+    usleep = _libc(mode).usleep
+    usleep.argtypes = [ctypes.c_uint]
+
+    def intranode_dispatch() -> None:
+        usleep(dispatch_us)
+
+    return intranode_dispatch
+
+
+def make(mode: str = "hold", dispatch_us: int = DISPATCH_US) -> Callable[[], None]:
+    """glmfb target: start the kv-transfer thread, return one dispatch per call."""
+    transfer = KvTransfer()
+    transfer.thread.start()
+    return make_dispatch(mode, dispatch_us)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--mode", choices=("hold", "release"), default="hold")
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds")
+    parser.add_argument("--dispatch-us", type=int, default=DISPATCH_US)
+    options = parser.parse_args(argv)
+
+    transfer = KvTransfer()
+    dispatch = make_dispatch(options.mode, options.dispatch_us)
+    deadline = time.perf_counter() + options.duration
+    calls = 0
+
+    def dispatch_loop() -> None:
+        nonlocal calls
+        while time.perf_counter() < deadline:
+            dispatch()
+            calls += 1
+
+    worker = threading.Thread(target=dispatch_loop, name="moe-dispatch")
+    transfer.thread.start()
+    worker.start()
+    worker.join()
+    transfer.stop.set()
+    transfer.thread.join()
+    late = sorted(transfer.lateness_s)
+    summary = {
+        "mode": options.mode,
+        "dispatch_calls": calls,
+        "transfer_jobs": len(late),
+        "transfer_p50_ms": 1e3 * late[len(late) // 2] if late else None,
+        "transfer_p99_ms": 1e3 * late[int(len(late) * 0.99)] if late else None,
+    }
+    print(json.dumps(summary), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
