@@ -1,0 +1,622 @@
+"""The bench engine: measure, decide, explain, and answer with a Verdict.
+
+:func:`run_bench` compares two kernel factories in one process (or measures one target for
+``--save``); :func:`compare_saved` compares two saved result files. Both return a Verdict and
+never raise for a broken kernel: a factory that raises, a non-callable, a NaN result become an
+error verdict (layer harness). Bad user input (a target that does not resolve) raises
+:class:`~glmfb.errors.UsageError` subclasses, which the CLI turns into exit code 2.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from glmfb.bench.config import BenchConfig, SavedCompareConfig
+from glmfb.bench.decision import (
+    LOOK_CONFIDENCE,
+    Change,
+    aa_biased,
+    combine,
+    decide_with_floor,
+    look_schedule,
+    noise_floor,
+    normal_change,
+    paired_change,
+    samples_needed,
+    unpaired_change,
+)
+from glmfb.bench.runner import (
+    Blocks,
+    InterleavedRunner,
+    KernelError,
+    Side,
+    calibrate,
+    kernel_name,
+    load_side,
+    run_single,
+    warm_up,
+)
+from glmfb.env import differences, fingerprint
+from glmfb.errors import GlmfbError, InputError, UsageError
+from glmfb.stats import Decision
+from glmfb.units import format_shape
+from glmfb.verdict import Layer, Metric, ProbeKind, Status, Verdict
+
+AA_SHARE = 0.15  # of each shape's budget, at most, for the A/A noise-floor calibration
+AA_BLOCKS = 40
+FIRST_LOOK_BLOCKS = 16
+MIN_BLOCKS = 6
+
+
+@dataclass
+class ShapeResult:
+    """Everything measured for one shape."""
+
+    shape: str
+    calls_per_sample: int
+    blocks: Blocks
+    change: Change | None
+    decision: Decision
+    aa: Change | None
+    floor: float
+    looks: int
+    baseline_median_s: float
+    candidate_median_s: float
+    declared: dict[str, dict[str, float | None]] = field(default_factory=dict)
+
+    @property
+    def ratio_of_medians(self) -> float:
+        return self.candidate_median_s / self.baseline_median_s - 1.0
+
+
+def _pct(value: float) -> str:
+    return f"{value * 100:+.1f}%"
+
+
+def _ci(low: float, high: float) -> str:
+    return f"[{low * 100:+.1f}, {high * 100:+.1f}]"
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _harness_verdict(name: str, exc: BaseException, started: float, env: dict[str, Any]) -> Verdict:
+    if isinstance(exc, GlmfbError):
+        why = str(exc)
+        evidence: list[dict[str, Any]] = []
+    else:
+        why = f"the bench harness raised {type(exc).__name__}: {exc}"
+        frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
+        evidence = [{"kind": "traceback", "text": "".join(frames[-6:])}]
+    return Verdict.harness_error(
+        ProbeKind.BENCH, name, why, evidence=evidence, env=env,
+        duration_s=time.perf_counter() - started,
+        next=("call the factory and its kernel by hand: k = factory(shape); k()",),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# In-process comparison
+# --------------------------------------------------------------------------------------------
+
+
+def run_bench(config: BenchConfig) -> Verdict:
+    """Measure per :class:`BenchConfig` and return the verdict (see the module docstring)."""
+    started = time.perf_counter()
+    import torch
+
+    threads_before = torch.get_num_threads()
+    env: dict[str, Any] = {}
+    try:
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        env = fingerprint()
+        from glmfb.bench.timers import make_timer
+
+        try:
+            timer = make_timer(config.device, cuda_graph=config.cuda_graph)
+        except (RuntimeError, ValueError) as exc:
+            raise UsageError(str(exc)) from exc
+        env["device"] = timer.device if timer.device == "cpu" else env.get("device", "cuda")
+        if config.candidate is None:
+            return _measure_only(config, timer, env, started)
+        return _compare(config, timer, env, started)
+    except UsageError:
+        raise
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # KernelError and anything unexpected: an error verdict
+        return _harness_verdict(config.name, exc, started, env)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _load_pair(config: BenchConfig, shape: tuple[int, ...]) -> tuple[Side, Side]:
+    assert config.candidate is not None
+    baseline = load_side("baseline", config.baseline, shape, config.input_sets)
+    candidate = load_side("candidate", config.candidate, shape, config.input_sets)
+    return baseline, candidate
+
+
+def _measure_shape(
+    config: BenchConfig, timer: Any, shape: tuple[int, ...], budget_s: float, seed: int
+) -> ShapeResult:
+    label = format_shape(shape)
+    config.progress(f"bench {label}: loading and warming up")
+    baseline, candidate = _load_pair(config, shape)
+    warm_up(baseline)
+    warm_up(candidate)
+    calls = calibrate(timer, [baseline, candidate], config.sample_s)
+    loops = {
+        "baseline": timer.prepare(baseline.kernels, calls),
+        "candidate": timer.prepare(candidate.kernels, calls),
+    }
+    begin = time.perf_counter()
+    deadline = begin + budget_s
+
+    config.progress(f"bench {label}: A/A noise floor")
+    aa_blocks = Blocks()
+    InterleavedRunner(
+        timer, {"baseline": loops["baseline"], "again": loops["baseline"]},
+        {"baseline": baseline, "again": baseline}, seed,
+    ).run(aa_blocks, AA_BLOCKS, begin + AA_SHARE * budget_s, names=("baseline", "again"))
+    aa = paired_change(aa_blocks.baseline, aa_blocks.candidate, seed=seed) if len(aa_blocks) >= MIN_BLOCKS else None
+    floor = noise_floor(aa) if aa is not None else 0.0
+
+    runner = InterleavedRunner(timer, loops, {"baseline": baseline, "candidate": candidate}, seed + 1)
+    blocks = Blocks()
+    schedule = look_schedule(FIRST_LOOK_BLOCKS)
+    change: Change | None = None
+    decision = Decision.UNDECIDED
+    looks = 0
+    for index, target in enumerate(schedule):
+        last = index == len(schedule) - 1
+        runner.run(blocks, 1 << 40 if last else target, deadline)
+        if len(blocks) >= MIN_BLOCKS:
+            looks += 1
+            change = paired_change(blocks.baseline, blocks.candidate, confidence=LOOK_CONFIDENCE, seed=seed)
+            decision = decide_with_floor(change, config.threshold, floor)
+            config.progress(
+                f"bench {label}: {len(blocks)} blocks, {_pct(change.estimate.value)} "
+                f"{_ci(*change.estimate.ci)}: {decision.value}"
+            )
+        if decision is not Decision.UNDECIDED or time.perf_counter() >= deadline:
+            break
+    base_samples = blocks.samples_of("baseline") or [math.nan]
+    cand_samples = blocks.samples_of("candidate") or [math.nan]
+    declared = {
+        side.label: {"flops_per_call": side.flops_per_call, "bytes_per_call": side.bytes_per_call}
+        for side in (baseline, candidate)
+    }
+    return ShapeResult(
+        shape=label, calls_per_sample=calls, blocks=blocks, change=change, decision=decision,
+        aa=aa, floor=floor, looks=looks, baseline_median_s=_median(base_samples),
+        candidate_median_s=_median(cand_samples), declared=declared,
+    )
+
+
+def _compare(config: BenchConfig, timer: Any, env: dict[str, Any], started: float) -> Verdict:
+    assert config.candidate is not None
+    per_shape_s = config.budget_s / len(config.shapes)
+    results = [
+        _measure_shape(config, timer, shape, per_shape_s, config.seed + 7 * index)
+        for index, shape in enumerate(config.shapes)
+    ]
+    baseline_name = kernel_name(config.baseline.ref)
+    candidate_name = kernel_name(config.candidate.ref)
+    artifacts: dict[str, str] = {}
+    if config.save is not None:
+        _save(config, timer, env, results)
+        artifacts["samples"] = str(config.save)
+
+    decided = [r for r in results if r.change is not None]
+    if len(decided) < len(results):
+        short = ", ".join(r.shape for r in results if r.change is None)
+        return Verdict(
+            probe=ProbeKind.BENCH, name=config.name, status=Status.INCONCLUSIVE, layer=Layer.KERNEL,
+            where={"kernel": candidate_name, "shape": short.split(", ")[0]},
+            why=f"the budget of {config.budget_s:g} s did not fit {MIN_BLOCKS} ABBA blocks on {short}",
+            evidence=tuple(_shape_evidence(r, None, None) for r in results),
+            next=(f"rerun with --budget {max(config.budget_s * 4, 30):g}",),
+            artifacts=artifacts, env=env, duration_s=time.perf_counter() - started,
+        )
+    changes = [r.change for r in decided if r.change is not None]
+    combined = combine(changes, [r.decision for r in decided], confidence=LOOK_CONFIDENCE)
+    for result, final in zip(decided, combined.decisions, strict=True):
+        result.decision = final
+
+    regressions = [r for r in decided if r.decision is Decision.REGRESSION]
+    improvements = [r for r in decided if r.decision is Decision.IMPROVEMENT]
+    undecided = [r for r in decided if r.decision is Decision.UNDECIDED]
+
+    def size(r: ShapeResult) -> float:
+        return r.change.estimate.value if r.change is not None else 0.0
+
+    if regressions:
+        status, focus = Status.FAIL, max(regressions, key=size)
+    elif undecided:
+        status, focus = Status.INCONCLUSIVE, undecided[0]
+    elif improvements:
+        status, focus = Status.PASS, min(improvements, key=size)
+    else:
+        status, focus = Status.PASS, max(decided, key=lambda r: abs(size(r)))
+    assert focus.change is not None
+
+    evidence: list[dict[str, Any]] = []
+    explanation_clause = ""
+    rule_next: tuple[str, ...] = ()
+    focus_shape = config.shapes[[format_shape(s) for s in config.shapes].index(focus.shape)]
+    shows_effect = status is Status.FAIL or (bool(improvements) and status is Status.PASS)
+    if config.profile and shows_effect:
+        config.progress(f"bench {focus.shape}: profiling both sides")
+        op_evidence, explanation_clause, rule_next = _profile(config, timer, focus_shape, focus, status)
+        evidence.append(op_evidence)
+    roofline = _roofline(timer.device, decided)
+    if roofline is not None:
+        evidence.append(roofline)
+
+    total = len(decided)
+    geomean = combined.geomean
+    summary = f"geomean {_pct(geomean.value)} {_ci(*geomean.ci)}"
+    per_shape = f"on {focus.shape} {_pct(focus.change.estimate.value)} {_ci(*focus.change.estimate.ci)}"
+    if status is Status.FAIL:
+        headline = (
+            f"{candidate_name} is slower than {baseline_name} on {len(regressions)} of {total} "
+            f"shape{'s' if total > 1 else ''} ({summary}); {per_shape}"
+        )
+    elif status is Status.INCONCLUSIVE:
+        headline = _inconclusive_why(config, candidate_name, baseline_name, undecided, total)
+    elif improvements:
+        speedup = 1.0 / (1.0 + focus.change.estimate.value)
+        headline = (
+            f"{candidate_name} is faster than {baseline_name} on {len(improvements)} of {total} "
+            f"shape{'s' if total > 1 else ''} ({summary}); {per_shape}, a {speedup:.2f}x speed-up"
+        )
+    else:
+        headline = (
+            f"{candidate_name} and {baseline_name} are equivalent within ±{config.threshold:.0%} "
+            f"on {total} shape{'s' if total > 1 else ''} ({summary})"
+        )
+    floor_note = ""
+    if focus.aa is not None and aa_biased(focus.aa):
+        floor_note = (f" The A/A calibration read {_pct(focus.aa.estimate.value)} between the "
+                      "baseline and itself; effects smaller than that are not called.")
+    if focus.floor > config.threshold:
+        floor_note = (f" The A/A noise floor here, ±{focus.floor:.1%}, exceeds the threshold; "
+                      "effects were judged against it.")
+    why = headline + (f": {explanation_clause}." if explanation_clause else ".") + floor_note
+
+    evidence[:0] = [
+        _shape_evidence(r, combined.significant[i], combined.decisions[i]) for i, r in enumerate(decided)
+    ]
+    evidence.insert(0, {
+        "kind": "summary", "shapes": total, "slower": len(regressions), "faster": len(improvements),
+        "undecided": len(undecided), "geomean_change": geomean.value, "geomean_ci": list(geomean.ci),
+        "confidence": LOOK_CONFIDENCE, "threshold": config.threshold,
+        "statistic": "median of paired ABBA block ratios, percentile bootstrap over blocks",
+        "fdr": "Benjamini-Hochberg at 0.05 across shapes",
+    })
+    evidence.append({
+        "kind": "harness", **timer.describe(), "threads": env.get("threads"),
+        "input_sets": config.input_sets, "sample_s": config.sample_s,
+        "order": "randomized balanced ABBA/BAAB blocks", "budget_s": config.budget_s,
+    })
+    metric_name = "time_change" if total == 1 else "geomean_time_change"
+    metric_estimate = focus.change.estimate if total == 1 else geomean
+    next_steps = list(rule_next)
+    shapes_args = " ".join(f"--shape {format_shape(s)}" for s in config.shapes)
+    refs = f"{config.baseline.describe()} {config.candidate.describe()}"
+    if status is Status.INCONCLUSIVE:
+        next_steps.append(f"glmfb bench {refs} {shapes_args} --budget {_suggest_budget(config, undecided):g}")
+    elif status is Status.FAIL:
+        next_steps.append(f"glmfb bench {refs} --shape {focus.shape} --json  # reproduce on the worst shape")
+    return Verdict(
+        probe=ProbeKind.BENCH,
+        name=config.name,
+        status=status,
+        layer=Layer.KERNEL,
+        where={"kernel": candidate_name, "shape": focus.shape},
+        why=why,
+        metric=Metric(metric_name, metric_estimate.value, "fraction", config.threshold, metric_estimate.ci),
+        evidence=tuple(evidence),
+        next=tuple(next_steps),
+        artifacts=artifacts,
+        env=env,
+        duration_s=time.perf_counter() - started,
+    )
+
+
+def _needed(result: ShapeResult, threshold: float) -> float:
+    return samples_needed(result.change, threshold) if result.change is not None else math.inf
+
+
+def _suggest_budget(config: BenchConfig, undecided: Sequence[ShapeResult]) -> float:
+    per_shape = config.budget_s / len(config.shapes)
+    worst = 0.0
+    for result in undecided:
+        needed = _needed(result, config.threshold)
+        rate = result.blocks.blocks_per_s
+        if math.isfinite(needed) and rate > 0:
+            worst = max(worst, needed / rate)
+    if worst == 0.0:
+        return round(config.budget_s * 4, 1)
+    return round(max(config.budget_s, worst * len(config.shapes) / (1 - AA_SHARE) + per_shape), 1)
+
+
+def _inconclusive_why(
+    config: BenchConfig, candidate: str, baseline: str, undecided: Sequence[ShapeResult], total: int
+) -> str:
+    result = undecided[0]
+    assert result.change is not None
+    needed = _needed(result, config.threshold)
+    estimate = result.change.estimate
+    head = (
+        f"the budget of {config.budget_s:g} s ran out before {candidate} vs {baseline} was decided "
+        f"on {len(undecided)} of {total} shape{'s' if total > 1 else ''}: on {result.shape} "
+        f"{_pct(estimate.value)} {_ci(*estimate.ci)} straddles ±{config.threshold:.0%} after "
+        f"{len(result.blocks)} blocks"
+    )
+    if math.isfinite(needed) and result.blocks.blocks_per_s > 0:
+        seconds = needed / result.blocks.blocks_per_s
+        return f"{head}; about {needed:,.0f} blocks (~{seconds:,.0f} s of measuring) would decide it"
+    return f"{head}; the change sits on the threshold, so no sample size decides it (move the threshold)"
+
+
+def _shape_evidence(
+    result: ShapeResult, significant: bool | None, decision: Decision | None
+) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "kind": "shape",
+        "shape": result.shape,
+        "decision": (decision or result.decision).value,
+        "blocks": len(result.blocks),
+        "looks": result.looks,
+        "calls_per_sample": result.calls_per_sample,
+        "baseline_median_s": result.baseline_median_s,
+        "candidate_median_s": result.candidate_median_s,
+        "ratio_of_medians_change": result.ratio_of_medians,
+        "noise_floor": result.floor,
+        "measuring_s": result.blocks.elapsed_s,
+    }
+    if result.change is not None:
+        data.update(
+            change=result.change.estimate.value,
+            ci=list(result.change.estimate.ci),
+            confidence=result.change.estimate.confidence,
+            pvalue=result.change.pvalue,
+        )
+    if significant is not None:
+        data["fdr_significant"] = significant
+    if result.aa is not None:
+        data["aa_change"] = result.aa.estimate.value
+        data["aa_ci"] = list(result.aa.estimate.ci)
+        data["aa_blocks"] = result.aa.samples
+    return data
+
+
+def _profile(
+    config: BenchConfig, timer: Any, shape: tuple[int, ...], focus: ShapeResult, status: Status
+) -> tuple[dict[str, Any], str, tuple[str, ...]]:
+    from glmfb.bench.opdiff import diff_ops, explain, profile_ops
+
+    baseline, candidate = _load_pair(config, shape)
+    slower_side_s = max(focus.baseline_median_s, focus.candidate_median_s)
+    calls = max(3, min(50, int(0.2 / slower_side_s) if slower_side_s > 0 else 3))
+    for side in (baseline, candidate):
+        warm_up(side, min_calls=1, min_s=0.0)
+    base_ops = profile_ops(baseline.kernels, calls, timer.device)
+    cand_ops = profile_ops(candidate.kernels, calls, timer.device)
+    deltas = diff_ops(base_ops, cand_ops)
+    slower = status is Status.FAIL
+    explanation = explain(deltas, slower)
+    evidence = {
+        "kind": "op_diff",
+        "shape": focus.shape,
+        "profiled_calls": calls,
+        "rule": explanation.rule,
+        "repeated_reductions": list(explanation.repeated_reductions),
+        "ops": [d.to_dict() for d in deltas[:10]],
+    }
+    return evidence, explanation.clause, explanation.next
+
+
+def _roofline(device: str, results: Sequence[ShapeResult]) -> dict[str, Any] | None:
+    if not any(v["flops_per_call"] or v["bytes_per_call"] for r in results for v in r.declared.values()):
+        return None
+    from glmfb.bench.roofline import measure_ceilings, place
+
+    ceilings = measure_ceilings(device)
+    rows = []
+    for result in results:
+        for label, median in (("baseline", result.baseline_median_s), ("candidate", result.candidate_median_s)):
+            declared = result.declared[label]
+            if not (declared["flops_per_call"] or declared["bytes_per_call"]) or not median > 0:
+                continue
+            placement = place(median, declared["flops_per_call"], declared["bytes_per_call"], ceilings)
+            rows.append({"shape": result.shape, "side": label, **placement.to_dict(),
+                         "summary": placement.describe()})
+    return {"kind": "roofline", "ceilings": ceilings.to_dict(), "placements": rows}
+
+
+def _save(config: BenchConfig, timer: Any, env: dict[str, Any], results: Sequence[ShapeResult]) -> None:
+    from glmfb.bench.saved import write_saved
+    from glmfb.suite import utc_now
+
+    assert config.save is not None
+    sides = {"baseline": {"ref": config.baseline.ref, "kernel": kernel_name(config.baseline.ref),
+                          "args": dict(config.baseline.args)}}
+    if config.candidate is not None:
+        sides["candidate"] = {"ref": config.candidate.ref, "kernel": kernel_name(config.candidate.ref),
+                              "args": dict(config.candidate.args)}
+    shapes = {
+        r.shape: {"calls_per_sample": r.calls_per_sample,
+                  **{label: r.blocks.samples_of(label) for label in sides}}
+        for r in results
+    }
+    write_saved(config.save, env=env, created=utc_now(), device=timer.device,
+                threads=int(env.get("threads") or 0), timer=timer.describe(), sides=sides, shapes=shapes)
+
+
+# --------------------------------------------------------------------------------------------
+# One target, measured to be saved
+# --------------------------------------------------------------------------------------------
+
+
+def _measure_only(config: BenchConfig, timer: Any, env: dict[str, Any], started: float) -> Verdict:
+    if config.save is None:
+        raise UsageError("one target given and no --save", "give BASELINE and CANDIDATE, or --save FILE")
+    per_shape_s = config.budget_s / len(config.shapes)
+    results: list[ShapeResult] = []
+    name = kernel_name(config.baseline.ref)
+    for shape in config.shapes:
+        label = format_shape(shape)
+        config.progress(f"bench {label}: measuring {name}")
+        side = load_side("baseline", config.baseline, shape, config.input_sets)
+        warm_up(side)
+        calls = calibrate(timer, [side], config.sample_s)
+        loop = timer.prepare(side.kernels, calls)
+        begin = time.perf_counter()
+        values = run_single(timer, loop, side, 1 << 40, begin + per_shape_s)
+        blocks = Blocks(raw=[("baseline", v) for v in values], elapsed_s=time.perf_counter() - begin)
+        results.append(ShapeResult(label, calls, blocks, None, Decision.UNDECIDED, None, 0.0, 0,
+                                   _median(values), math.nan))
+    _save(config, timer, env, results)
+    medians = ", ".join(f"{r.shape} {r.baseline_median_s * 1e6:.4g} µs" for r in results)
+    return Verdict(
+        probe=ProbeKind.BENCH, name=config.name, status=Status.PASS, layer=Layer.KERNEL,
+        where={"kernel": name},
+        why=f"measured {name} only (nothing compared): median per call {medians}; samples saved to "
+            f"{config.save}",
+        metric=Metric("median_time", results[0].baseline_median_s, "s"),
+        evidence=tuple({"kind": "measurement", "shape": r.shape, "samples": len(r.blocks.raw),
+                        "calls_per_sample": r.calls_per_sample, "median_s": r.baseline_median_s}
+                       for r in results),
+        next=(f"glmfb bench OLD.json {config.save}  # compare with another saved run",),
+        artifacts={"samples": str(config.save)}, env=env, duration_s=time.perf_counter() - started,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Saved files
+# --------------------------------------------------------------------------------------------
+
+
+def compare_saved(config: SavedCompareConfig) -> Verdict:
+    """Compare two saved sides (glmfb ``--save`` files or pytest-benchmark JSON), unpaired."""
+    started = time.perf_counter()
+    from glmfb.bench.saved import SavedSide
+    from glmfb.bench.saved import load_side as load_saved
+
+    baseline = load_saved(config.baseline)
+    candidate = load_saved(config.candidate)
+    keys = [k for k in baseline.keys if k in set(candidate.keys)]
+    if not keys:
+        raise InputError(
+            f"{config.baseline} and {config.candidate} have no shape or benchmark in common",
+            f"baseline has {', '.join(baseline.keys[:5])}; candidate has {', '.join(candidate.keys[:5])}",
+        )
+    approximate: list[str] = []
+
+    def change_for(key: str, index: int) -> Change:
+        def side_values(side: SavedSide) -> tuple[list[float] | None, float, float, int]:
+            if key in side.samples:
+                values = side.samples[key]
+                return values, _median(values), 0.0, len(values)
+            summary = side.summaries[key]
+            return None, summary.median_s, summary.relative_se, summary.rounds
+
+        a_values, a_median, a_se, a_n = side_values(baseline)
+        b_values, b_median, b_se, b_n = side_values(candidate)
+        if a_values is not None and b_values is not None:
+            return unpaired_change(a_values, b_values, confidence=0.95, seed=index)
+        approximate.append(key)
+        if a_values is not None:
+            a_se = 1.2533 * _robust_sd(a_values) / math.sqrt(a_n) / a_median
+        if b_values is not None:
+            b_se = 1.2533 * _robust_sd(b_values) / math.sqrt(b_n) / b_median
+        return normal_change(b_median / a_median, math.hypot(a_se, b_se), min(a_n, b_n), seed=index)
+
+    changes = [change_for(key, i) for i, key in enumerate(keys)]
+    decisions = [decide_with_floor(c, config.threshold, 0.0) for c in changes]
+    combined = combine(changes, decisions)
+    regress = [i for i, d in enumerate(combined.decisions) if d is Decision.REGRESSION]
+    improve = [i for i, d in enumerate(combined.decisions) if d is Decision.IMPROVEMENT]
+    undecided = [i for i, d in enumerate(combined.decisions) if d is Decision.UNDECIDED]
+    if regress:
+        status, focus = Status.FAIL, max(regress, key=lambda i: changes[i].estimate.value)
+    elif undecided:
+        status, focus = Status.INCONCLUSIVE, undecided[0]
+    elif improve:
+        status, focus = Status.PASS, min(improve, key=lambda i: changes[i].estimate.value)
+    else:
+        status, focus = Status.PASS, 0
+    geomean = combined.geomean
+    total = len(keys)
+    verb = {Status.FAIL: f"slower on {len(regress)} of {total}",
+            Status.INCONCLUSIVE: f"undecided on {len(undecided)} of {total}",
+            Status.PASS: f"faster on {len(improve)} of {total}" if improve else
+            f"equivalent within ±{config.threshold:.0%} on all {total}"}[status]
+    estimate = changes[focus].estimate
+    why = (
+        f"{candidate.source} vs {baseline.source}: {verb} ({'shapes' if baseline.format != 'pytest-benchmark' else 'benchmarks'}), "
+        f"geomean {_pct(geomean.value)} {_ci(*geomean.ci)}; {keys[focus]} {_pct(estimate.value)} "
+        f"{_ci(*estimate.ci)}. Compared across processes: noisier than an in-process A/B run"
+    )
+    env_diff = differences(baseline.env, candidate.env)
+    if env_diff:
+        listed = "; ".join(f"{k}: {a} vs {b}" for k, a, b in ((k, *v) for k, v in env_diff.items()))
+        why += f"; the environments differ ({listed}), so part of the change may be the environment"
+        if status is Status.PASS:
+            status = Status.WARN
+    if approximate:
+        why += f"; {len(approximate)} comparison(s) from medians and IQR only (no raw samples)"
+    evidence: list[dict[str, Any]] = [{
+        "kind": "saved_comparison", "baseline": baseline.source, "candidate": candidate.source,
+        "formats": [baseline.format, candidate.format], "in_process": False,
+        "statistic": "ratio of medians, each side bootstrapped on its own",
+        "geomean_change": geomean.value, "geomean_ci": list(geomean.ci),
+        "approximate": approximate,
+    }]
+    for i, key in enumerate(keys):
+        evidence.append({
+            "kind": "shape", "shape": key, "change": changes[i].estimate.value,
+            "ci": list(changes[i].estimate.ci), "pvalue": changes[i].pvalue,
+            "decision": combined.decisions[i].value, "fdr_significant": combined.significant[i],
+        })
+    if env_diff:
+        evidence.append({"kind": "env_mismatch",
+                         "differences": {k: [a, b] for k, (a, b) in env_diff.items()}})
+    where: dict[str, Any] = {"kernel": candidate.kernel}
+    if baseline.format != "pytest-benchmark":
+        where["shape"] = keys[focus]
+    else:
+        where["function"] = keys[focus]
+    return Verdict(
+        probe=ProbeKind.BENCH, name=config.name, status=status, layer=Layer.KERNEL, where=where,
+        why=why + ".",
+        metric=Metric("time_change" if total == 1 else "geomean_time_change",
+                      estimate.value if total == 1 else geomean.value, "fraction", config.threshold,
+                      estimate.ci if total == 1 else geomean.ci),
+        evidence=tuple(evidence),
+        next=("rerun both kernels in one process for a paired measurement: glmfb bench BASELINE "
+              "CANDIDATE --shape ...",),
+        env=fingerprint(), duration_s=time.perf_counter() - started,
+    )
+
+
+def _robust_sd(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    q1, q3 = ordered[n // 4], ordered[(3 * n) // 4]
+    return (q3 - q1) / 1.349
+
+
+__all__ = ["KernelError", "compare_saved", "run_bench"]
