@@ -21,7 +21,7 @@ from glmfb.gil import pyspy
 from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
 from glmfb.gil.process import Launched, describe_returncode, wait_until
 from glmfb.gil.procwatch import GilWaitSampler
-from glmfb.gil.rules import Observations, decide
+from glmfb.gil.rules import MIN_WAITING_SHARE, Observations, decide
 from glmfb.verdict import ProbeKind, Verdict
 
 STARTUP_TIMEOUT_S = 10.0  # for the heartbeat to appear (interpreter start, imports)
@@ -279,8 +279,9 @@ class _Session:
                     names.setdefault(sample.thread_id, sample.thread_name)
             exclude = {beat.thread_id} if beat else {tid for tid, n in names.items() if n == HEARTBEAT_THREAD}
             holders = pyspy.profile_holders(samples, native=config.native, names=names, exclude_tids=exclude)
-            if not samples:
-                self.missing.append({"signal": "holder sampling", "reason": "py-spy recorded no GIL-holding samples"})
+            log = (self.dir / "py-spy.log").read_text("utf-8", "replace")
+            if not samples and not pyspy.sampled_cleanly(log):
+                self.missing.append({"signal": "holder sampling", "reason": pyspy.explain_failure(log)})
 
         waiting: list[dict[str, Any]] = []
         windows: list[dict[str, Any]] = []
@@ -312,8 +313,15 @@ class _Session:
                 from glmfb.gil.trace import overlap_blame
 
                 artifacts["trace"] = str(self.trace_output)
-                starved = {w["thread"] for w in waiting if w["waiting_share"] > 0}
-                blame = overlap_blame(self.trace_output, starved, config.starvation_p99_ms / 1e3)
+                starved = {w["thread"] for w in waiting if w["waiting_share"] >= MIN_WAITING_SHARE}
+                heartbeat_windows = (
+                    [(w.start_s, w.end_s) for w in beat.windows(config.starvation_p99_ms / 1e3)]
+                    if beat is not None else []
+                )
+                blame = overlap_blame(
+                    self.trace_output, starved, config.starvation_p99_ms / 1e3,
+                    extra_windows_s=heartbeat_windows,
+                )
             else:
                 self.missing.append({"signal": "trace", "reason": "viztracer wrote no trace"})
         if launched is not None:

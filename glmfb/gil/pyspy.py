@@ -214,6 +214,19 @@ def record_command(
     return command
 
 
+_SUMMARY_RE = re.compile(r"Samples: (?P<samples>\d+) Errors: (?P<errors>\d+)")
+
+
+def sampled_cleanly(log: str) -> bool:
+    """Whether py-spy's log reports a finished recording without sampling errors.
+
+    With ``--gil``, ``Samples: 0 Errors: 0`` means no thread held the GIL at any sample
+    instant (every thread waited with the GIL released): an observation, not a failure.
+    """
+    match = _SUMMARY_RE.search(log)
+    return match is not None and int(match["errors"]) == 0
+
+
 def explain_failure(stderr: str) -> str:
     """One line on why py-spy produced nothing, from its stderr."""
     lowered = stderr.lower()

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,10 @@ from glmfb.gil.pyspy import CallSite, HolderProfile
 from glmfb.verdict import Layer, Metric, ProbeKind, Status, Verdict
 
 MIN_HEARTBEAT_TICKS = 50
+MIN_COVERED_S = 0.5
+_LIBRARY_PREFIXES = tuple(
+    {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"], sysconfig.get_paths()["purelib"]}
+)
 IDLE_MAJORITY = 0.5  # a holder blocked in this share of its samples holds the GIL while idle
 WARN_IDLE_SHARE = 0.2  # without starvation, still worth a warning
 MIN_WAITING_SHARE = 0.05  # a thread seen waiting for the GIL in this share of ticks is starved
@@ -45,6 +50,26 @@ class Observations:
     duration_s: float = 0.0
 
 
+def heartbeat_is_usable(heartbeat: Heartbeat) -> bool:
+    """Enough ticks, or few ticks that cover a long time: a heavily starved heartbeat wakes
+    rarely, and that is the signal, not a lack of data."""
+    covered_s = heartbeat.ticks * heartbeat.period_s + sum(max(0.0, x) for x in heartbeat.lateness_s)
+    return heartbeat.ticks >= MIN_HEARTBEAT_TICKS or (heartbeat.ticks >= 3 and covered_s >= MIN_COVERED_S)
+
+
+def _is_library(file: str) -> bool:
+    return file.startswith(_LIBRARY_PREFIXES) or "site-packages" in file or file.startswith("<")
+
+
+def caller_frame(stack: tuple[str, ...]) -> str | None:
+    """The innermost frame outside the standard library and installed packages."""
+    for label in reversed(stack):
+        location = label.rpartition(" (")[2].rstrip(")")
+        if not _is_library(location.rpartition(":")[0]):
+            return label
+    return None
+
+
 def holder_evidence(site: CallSite, total: int) -> dict[str, Any]:
     native = site.native_calls.most_common(1)
     stack = site.stacks.most_common(1)[0][0] if site.stacks else ()
@@ -62,6 +87,7 @@ def holder_evidence(site: CallSite, total: int) -> dict[str, Any]:
         "active_share": round(1.0 - idle_share, 4),
         "idle_share": round(idle_share, 4),
         "native_frame": native[0][0] if native else None,
+        "caller": caller_frame(stack),
         "stack": list(stack[-8:]),
     }
 
@@ -91,8 +117,13 @@ def _holder(observations: Observations) -> CallSite | None:
     return top
 
 
-def starved_threads(observations: Observations, starved: bool) -> list[str]:
-    names = [w["thread"] for w in observations.waiting if w["waiting_share"] >= MIN_WAITING_SHARE]
+def starved_threads(observations: Observations, starved: bool, holder: CallSite | None) -> list[str]:
+    """Threads seen waiting for the GIL often enough (never the holder itself), and the
+    heartbeat when it was late beyond the threshold."""
+    names = [
+        w["thread"] for w in observations.waiting
+        if w["waiting_share"] >= MIN_WAITING_SHARE and (holder is None or w["tid"] != holder.thread_id)
+    ]
     if starved:
         names.append(HEARTBEAT_THREAD)
     return names
@@ -102,12 +133,12 @@ def decide(observations: Observations) -> Verdict:
     config = observations.config
     heartbeat = observations.heartbeat
     threshold_ms = config.starvation_p99_ms
-    beat_ok = heartbeat is not None and heartbeat.ticks >= MIN_HEARTBEAT_TICKS
+    beat_ok = heartbeat is not None and heartbeat_is_usable(heartbeat)
     p99_ms = heartbeat.percentile_ms(99) if beat_ok and heartbeat is not None else None
     starved = p99_ms is not None and p99_ms > threshold_ms
     holder = _holder(observations)
     total = observations.holders.total_samples if observations.holders else 0
-    starved_names = starved_threads(observations, starved)
+    starved_names = starved_threads(observations, starved, holder)
 
     evidence: list[dict[str, Any]] = []
     if heartbeat is not None:
@@ -174,13 +205,19 @@ def decide(observations: Observations) -> Verdict:
         else:
             stack = holder.stacks.most_common(1)[0][0] if holder.stacks else ()
             hot = " <- ".join(reversed(stack[-3:]))
+            caller = caller_frame(stack)
+            if caller is not None and caller not in stack[-3:]:
+                hot += f", called from {caller}"
             split = (
                 f"active (computing) in {100 * (1 - idle_share):.0f}% of its samples"
                 if native_known else "active/idle split unknown without --native"
             )
+            native = holder.native_calls.most_common(1)
+            inside = f", mostly inside native {native[0][0]}" if native else ""
             why = (
                 f"{function} on thread {holder.thread_name} hogs the interpreter: it held the GIL "
-                f"in {100 * holder.samples / total:.0f}% of samples, {split}; {late}. Hot frames: {hot}."
+                f"in {100 * holder.samples / total:.0f}% of samples, {split}{inside}; {late}. "
+                f"Hot frames: {hot}."
             )
             next_steps.append(
                 f"move the work in {function} ({display_path(holder.file)}:{holder.line}) off the GIL (a native "
