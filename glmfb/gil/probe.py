@@ -19,7 +19,12 @@ import sys
 from typing import Any
 
 from glmfb.errors import InputError
-from glmfb.gil.config import DEFAULT_DURATION_S, DEFAULT_RATE_HZ, DEFAULT_STARVATION_P99_MS, GilConfig
+from glmfb.gil.config import (
+    DEFAULT_DURATION_S,
+    DEFAULT_RATE_HZ,
+    DEFAULT_STARVATION_P99_MS,
+    GilConfig,
+)
 from glmfb.gil.engine import trace_gil
 from glmfb.suite import ProbeDefinition, RunContext
 from glmfb.targets import Target
