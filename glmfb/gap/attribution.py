@@ -1,0 +1,185 @@
+"""What ate the time of a failing gap: the GIL, seen by the gil probe run on the candidate side.
+
+The gil probe (:mod:`glmfb.gil`) runs the candidate target in a child process, samples which
+thread holds the GIL (py-spy) and which threads wait for it (/proc), and measures a canary
+thread's wake-up lateness. Here its verdict is read into a :class:`GilFinding`: the holder
+(thread, function, file, line, idle share) and the starved thread. When the gil probe is
+missing or breaks, the finding says so and the gap verdict names the missing signal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from glmfb.gap.config import GapConfig
+
+IDLE_MAJORITY = 0.5  # a holder blocked in this share of its samples holds the GIL while idle
+CANARY_PREFIX = "glmfb-"  # threads the gil probe injects, never the starved thread we name
+
+
+@dataclass(frozen=True)
+class GilFinding:
+    """The gil probe's answer about the candidate, or why there is none."""
+
+    available: bool
+    status: str | None = None  # the gil verdict's status
+    reason: str | None = None  # why no answer (probe missing, broke, found nothing)
+    holder_thread: str | None = None
+    holder_function: str | None = None
+    holder_file: str | None = None
+    holder_line: int | None = None
+    holder_idle_share: float | None = None
+    holder_share: float | None = None
+    native_frame: str | None = None
+    starved_thread: str | None = None
+    starved_waiting_share: float | None = None
+    canary_p50_ms: float | None = None
+    canary_p99_ms: float | None = None
+    canary_max_ms: float | None = None
+    gil_why: str | None = None
+    next: tuple[str, ...] = ()
+    artifacts: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def holder_known(self) -> bool:
+        return self.holder_function is not None
+
+    @property
+    def idle_in_native(self) -> bool:
+        return self.holder_idle_share is not None and self.holder_idle_share >= IDLE_MAJORITY
+
+    @property
+    def starved(self) -> bool:
+        return self.status == "fail"
+
+    def sentence(self) -> str:
+        """The finding in one sentence, in the terms of its evidence."""
+        if not self.available:
+            return f"The GIL signal is missing: {self.reason}."
+        if not self.holder_known:
+            return f"The gil probe ({self.status}) named no GIL holder: {self.reason or self.gil_why}."
+        waited = ""
+        if self.starved_thread is not None:
+            share = (f" in {self.starved_waiting_share:.0%} of samples"
+                     if self.starved_waiting_share is not None else "")
+            waited = f"the {self.starved_thread} thread waited for the GIL{share}"
+            if self.canary_p99_ms is not None:
+                waited += f" (a canary thread woke p99 {self.canary_p99_ms:.0f} ms late)"
+        elif self.canary_p99_ms is not None:
+            waited = f"a canary thread woke p99 {self.canary_p99_ms:.0f} ms late"
+        location = f"{self.holder_file}:{self.holder_line}" if self.holder_file else "unknown file"
+        held = f"held by {self.holder_function} ({location}) on thread {self.holder_thread}"
+        if self.holder_idle_share is not None:
+            if self.idle_in_native:
+                native = f" ({self.native_frame})" if self.native_frame else ""
+                held += f", idle in a native call{native} in {self.holder_idle_share:.0%} of its samples"
+            else:
+                held += f", computing in {1 - self.holder_idle_share:.0%} of its samples"
+        if waited:
+            return f"{waited[0].upper()}{waited[1:]}, {held}."
+        return f"The GIL was {held}, but no thread was starved beyond the gil probe's threshold."
+
+    def to_evidence(self) -> dict[str, Any]:
+        return {
+            "kind": "gil_attribution",
+            "available": self.available,
+            "status": self.status,
+            "reason": self.reason,
+            "holder_thread": self.holder_thread,
+            "holder_function": self.holder_function,
+            "holder_file": self.holder_file,
+            "holder_line": self.holder_line,
+            "holder_share": self.holder_share,
+            "holder_idle_share": self.holder_idle_share,
+            "native_frame": self.native_frame,
+            "starved_thread": self.starved_thread,
+            "starved_waiting_share": self.starved_waiting_share,
+            "canary_p50_ms": self.canary_p50_ms,
+            "canary_p99_ms": self.canary_p99_ms,
+            "canary_max_ms": self.canary_max_ms,
+            "gil_why": self.gil_why,
+        }
+
+
+def _evidence(items: Sequence[Mapping[str, Any]], kind: str) -> Mapping[str, Any] | None:
+    return next((item for item in items if item.get("kind") == kind), None)
+
+
+def _starved_thread(starvation: Mapping[str, Any] | None, holder_thread: str | None) -> tuple[str | None, float | None]:
+    """The thread (not the holder, not glmfb's canary) seen waiting for the GIL most often."""
+    if starvation is None:
+        return None, None
+    waiting = [
+        w for w in starvation.get("waiting_for_gil") or ()
+        if isinstance(w, Mapping) and isinstance(w.get("thread"), str)
+        and w["thread"] != holder_thread and not w["thread"].startswith(CANARY_PREFIX)
+    ]
+    if not waiting:
+        return None, None
+    top = max(waiting, key=lambda w: float(w.get("waiting_share") or 0.0))
+    share = top.get("waiting_share")
+    return top["thread"], float(share) if share is not None else None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def finding_from_verdict(verdict: Any) -> GilFinding:
+    """Read a gil verdict (glmfb.verdict.Verdict with probe gil) into a finding."""
+    evidence = list(verdict.evidence)
+    holder = _evidence(evidence, "gil_holder")
+    starvation = _evidence(evidence, "starvation")
+    status = verdict.status.value
+    if status == "error":
+        return GilFinding(available=False, status=status, reason=f"the gil probe could not run: {verdict.why}",
+                          artifacts=dict(verdict.artifacts))
+    holder_thread = holder.get("thread") if holder else None
+    starved_thread, waiting_share = _starved_thread(starvation, holder_thread)
+    line = holder.get("line") if holder else None
+    return GilFinding(
+        available=True,
+        status=status,
+        reason=None if holder else "no thread held the GIL often enough to name it",
+        holder_thread=holder_thread,
+        holder_function=holder.get("function") if holder else None,
+        holder_file=holder.get("file") if holder else None,
+        holder_line=int(line) if isinstance(line, int) else None,
+        holder_idle_share=_number(holder.get("idle_share")) if holder else None,
+        holder_share=_number(holder.get("share_of_samples")) if holder else None,
+        native_frame=holder.get("native_frame") if holder else None,
+        starved_thread=starved_thread,
+        starved_waiting_share=waiting_share,
+        canary_p50_ms=_number(starvation.get("p50_ms")) if starvation else None,
+        canary_p99_ms=_number(starvation.get("p99_ms")) if starvation else None,
+        canary_max_ms=_number(starvation.get("max_ms")) if starvation else None,
+        gil_why=verdict.why,
+        next=tuple(verdict.next),
+        artifacts=dict(verdict.artifacts),
+    )
+
+
+def trace_candidate_gil(
+    config: GapConfig, artifact_dir: Path, progress: Callable[[str], None] = lambda message: None
+) -> GilFinding:
+    """Run the gil probe on the candidate target; never raises for a probe failure."""
+    try:
+        from glmfb.gil import GilConfig, trace_gil
+    except ImportError as exc:
+        return GilFinding(available=False, reason=f"the gil probe is not installed ({exc})")
+    try:
+        gil_config = GilConfig(
+            name=f"{config.name}/gil",
+            target=config.candidate,
+            # The gil probe samples from the child's start: imports and the target's setup
+            # come first, so the window is the setup allowance plus the steady-state time.
+            duration_s=config.gil_startup_s + config.gil_duration_s,
+            rate_hz=round(config.gil_rate_hz),
+        )
+        verdict = trace_gil(gil_config, artifact_dir=artifact_dir, progress=progress)
+    except Exception as exc:  # the attribution degrades; the gap itself stands
+        return GilFinding(available=False, reason=f"the gil probe broke: {type(exc).__name__}: {exc}")
+    return finding_from_verdict(verdict)
