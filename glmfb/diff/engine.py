@@ -1,0 +1,494 @@
+"""The diff probe, end to end: a frozen config in, a :class:`Verdict` out. Never prints.
+
+Each side is a capture directory or a target. Targets are first captured (live mode) into the
+report folder, so the comparison itself is always capture against capture, streaming. Live
+mode then measures local error (``localize``) and bisects the shortest failing prefix
+(``minimize``).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from glmfb.diff.capture import OUTPUT, LoadedSide, TargetRaised, load_side, run_requests
+from glmfb.diff.compare import RequestResult, TapResult, compare_captures
+from glmfb.diff.diagnosis import Findings, diagnose
+from glmfb.diff.localize import LocalError, local_errors
+from glmfb.diff.metrics import (
+    DEFAULT_CHUNK_ELEMENTS,
+    PairComparer,
+    PositionErrors,
+    TokenMetrics,
+    Tolerances,
+    is_logits,
+    position_dim,
+    position_errors,
+    token_metrics,
+)
+from glmfb.diff.minimize import MinimalPrefix, shortest_failing_prefix
+from glmfb.diff.requests import Request, read_requests, write_requests
+from glmfb.diff.shape import (
+    ErrorShape,
+    GrowthFit,
+    PrecisionSignature,
+    classify,
+    growth_fit,
+    is_spike,
+    position_curve,
+    precision_signature,
+)
+from glmfb.diff.store import MANIFEST, CaptureReader, CaptureWriter, Manifest
+from glmfb.env import differences, fingerprint, git_revision
+from glmfb.errors import UsageError
+from glmfb.targets import Target, is_file_ref, split_ref
+from glmfb.verdict import Layer, Metric, ProbeKind, Status, Verdict
+
+Progress = Callable[[str], None]
+EVIDENCE_ROWS = 200  # the per-module table in the verdict is cut here (the CSV has every row)
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    target: str
+    requests: Path
+    out: Path
+    args: Mapping[str, Any] = field(default_factory=dict)
+    taps: tuple[str, ...] = ()
+    base_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class DiffConfig:
+    """Everything one diff needs. Sides are capture directories or target references."""
+
+    name: str
+    baseline: str
+    candidate: str
+    report_dir: Path
+    baseline_args: Mapping[str, Any] = field(default_factory=dict)
+    candidate_args: Mapping[str, Any] = field(default_factory=dict)
+    requests: Path | None = None
+    tolerances: Tolerances = field(default_factory=Tolerances)
+    taps: tuple[str, ...] = ()
+    base_dir: Path | None = None
+    localize: bool = True
+    minimize: bool = True
+    max_suspects: int = 16
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+
+
+# --------------------------------------------------------------------------------------------
+# Capture
+# --------------------------------------------------------------------------------------------
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def capture(side: LoadedSide, requests: Sequence[Request], out: Path, taps: Sequence[str],
+            progress: Progress | None = None, label: str = "") -> Manifest:
+    """Run the requests through a loaded target and write a capture directory."""
+    writer = CaptureWriter(
+        out, target=side.target.ref, args=side.target.args, kind=side.kind, tap_globs=taps,
+        env=fingerprint(), git=git_revision(), created=_utc_now(),
+    )
+    run_requests(side, requests, taps, writer, progress, label)
+    return writer.finish()
+
+
+def run_capture(config: CaptureConfig, progress: Progress | None = None) -> Manifest:
+    """``glmfb capture``: a target over a request set into ``config.out``. A target that
+    raises is a :class:`~glmfb.errors.HarnessError` naming the exception."""
+    from glmfb.errors import HarnessError
+
+    requests = read_requests(config.requests)
+    target = Target(config.target, dict(config.args), config.base_dir)
+    try:
+        side = load_side(target)
+        return capture(side, requests, config.out, config.taps, progress)
+    except TargetRaised as exc:
+        raise HarnessError(str(exc), "fix the target, or run it alone with GLMFB_DEBUG=1") from exc
+
+
+# --------------------------------------------------------------------------------------------
+# Diff
+# --------------------------------------------------------------------------------------------
+
+
+def _capture_dir(ref: str, base_dir: Path | None) -> Path | None:
+    """The capture directory a side names, or None when it is a target reference."""
+    candidates = [Path(ref)]
+    if base_dir is not None and not Path(ref).is_absolute():
+        candidates.append(base_dir / ref)
+    for path in candidates:
+        if path.is_dir():
+            return path
+    if (":" not in ref or ref.endswith(MANIFEST)) and not ref.endswith(".py"):
+        return Path(ref)  # not a target either: let the reader say what is missing
+    return None
+
+
+def portable_ref(ref: str, base_dir: Path | None) -> str:
+    """A target reference usable from the current directory (definitions use relative paths)."""
+    location, attr = split_ref(ref)
+    relative = is_file_ref(location) and base_dir is not None and not Path(location).is_absolute()
+    if relative and base_dir is not None and not Path(location).exists() and (base_dir / location).exists():
+        return f"{os.path.relpath(base_dir / location)}:{attr}"
+    return ref
+
+
+def run_diff(config: DiffConfig, progress: Progress | None = None) -> Verdict:
+    """Compare the two sides; a target that raises gives an error verdict (layer harness)."""
+    started = time.perf_counter()
+    env = fingerprint()
+    try:
+        verdict = _run_diff(config, env, progress)
+    except TargetRaised as exc:
+        return Verdict.harness_error(
+            ProbeKind.DIFF, config.name, f"the target raised: {exc}",
+            next=["fix the target, or rerun with GLMFB_DEBUG=1 to see the traceback"],
+            env=env, duration_s=time.perf_counter() - started,
+        )
+    from dataclasses import replace
+
+    return replace(verdict, duration_s=time.perf_counter() - started)
+
+
+@dataclass
+class _Live:
+    baseline: LoadedSide
+    candidate: LoadedSide
+    requests: dict[str, Request]
+
+
+def _run_diff(config: DiffConfig, env: Mapping[str, Any], progress: Progress | None) -> Verdict:
+    import torch
+
+    config.report_dir.mkdir(parents=True, exist_ok=True)
+    dirs = [_capture_dir(ref, config.base_dir) for ref in (config.baseline, config.candidate)]
+    live: _Live | None = None
+    if None in dirs:
+        if config.requests is None:
+            raise UsageError("a target side needs --requests FILE", "or give two capture directories")
+        requests = read_requests(config.requests)
+        sides: list[LoadedSide] = []
+        for index, (ref, args, label) in enumerate(
+            ((config.baseline, config.baseline_args, "baseline"), (config.candidate, config.candidate_args, "candidate"))
+        ):
+            if dirs[index] is not None:
+                continue
+            side = load_side(Target(ref, dict(args), config.base_dir))
+            out = config.report_dir / "captures" / label
+            capture(side, requests, out, config.taps, progress, f"{label} ")
+            dirs[index] = out
+            sides.append(side)
+        if len(sides) == 2:
+            live = _Live(sides[0], sides[1], {r.id: r for r in requests})
+    readers = [CaptureReader(d) for d in dirs if d is not None]
+    baseline, candidate = readers
+    with PairComparer(config.chunk_elements) as comparer, torch.no_grad():
+        results = compare_captures(baseline, candidate, config.tolerances, comparer, progress)
+        return _analyse(config, env, baseline, candidate, results, live, comparer, progress)
+
+
+def _worst(results: Sequence[RequestResult]) -> RequestResult:
+    failing = [r for r in results if r.failed]
+    pool = failing or list(results)
+
+    def score(result: RequestResult) -> tuple[float, float]:
+        first = result.first_divergent
+        return (result.output_error, first.metrics.rel_l2 if first else 0.0)
+
+    return max(pool, key=score)
+
+
+def _module_label(tap: TapResult, request: RequestResult) -> str:
+    calls = sum(1 for t in request.taps if t.tap.module == tap.tap.module and t.tap.key == "t0")
+    return f"{tap.tap.module}#{tap.tap.call}" if calls > 1 else tap.tap.module
+
+
+def _analyse(config: DiffConfig, env: Mapping[str, Any], baseline: CaptureReader, candidate: CaptureReader,
+             results: Sequence[RequestResult], live: _Live | None, comparer: PairComparer,
+             progress: Progress | None) -> Verdict:
+    failed = any(r.failed for r in results)
+    worst = _worst(results)
+    first = worst.first_divergent
+    evidence: list[dict[str, Any]] = [_requests_table(results)]
+    artifacts: dict[str, str] = {}
+    csv_path = config.report_dir / "diff-modules.csv"
+    _write_module_csv(csv_path, worst)
+    artifacts["modules_csv"] = str(csv_path)
+    evidence.append(_modules_table(worst, csv_path))
+
+    local: list[LocalError] = []
+    localized: LocalError | None = None
+    if failed and live is not None and config.localize and live.baseline.kind == "module" and live.candidate.kind == "module":
+        local = _localize(config, live, worst, comparer, progress)
+        localized = next((entry for entry in local if entry.failed), None)
+        evidence.append({
+            "kind": "local_error", "request": worst.id,
+            "note": "each module run on the baseline's inputs; local = the error it adds by itself",
+            "rows": [_local_row(entry, worst) for entry in local],
+        })
+
+    module: str | None = None
+    tap_for_positions: TapResult | None = first
+    if localized is not None:
+        module = localized.module if _calls(worst, localized.module) == 1 else f"{localized.module}#{localized.call}"
+    elif first is not None and not first.is_output:
+        module = _module_label(first, worst)
+
+    positions: PositionErrors | None = localized.positions if localized is not None else None
+    positions_tap = localized.tap if localized is not None else None
+    if positions is None and tap_for_positions is not None:
+        positions = _tap_positions(baseline, candidate, tap_for_positions, worst.length)
+        positions_tap = tap_for_positions.tap.name
+    position = positions.first_failing if positions is not None else None
+    if positions is not None:
+        xs, ys = position_curve(list(positions.rel_l2))
+        evidence.append({
+            "kind": "error_by_position", "request": worst.id, "tap": positions_tap,
+            "local": localized is not None, "first_failing_position": position,
+            "failing_positions": int((positions.outside > 0).sum()),
+            "positions": xs, "rel_l2": ys,
+        })
+
+    nonfinite = next((t for r in results for t in r.taps if t.metrics.nonfinite_mismatch), None)
+    fit = growth_fit([r.length or 0 for r in results], [r.output_error for r in results], "requests")
+    if fit is None and positions is not None:
+        fit = growth_fit(*position_curve(list(positions.rel_l2)), "positions")
+    spike = positions is not None and is_spike(list(positions.rel_l2), int((positions.outside > 0).sum()))
+    any_error = any(t.metrics.max_abs > 0 for r in results for t in r.taps)
+    shape = classify(fit, nonfinite=nonfinite is not None, spike=spike, any_error=any_error)
+    evidence.append({"kind": "error_shape", "shape": shape.value, "fit": fit.to_dict() if fit else None,
+                     "measure": "relative L2 error of the final outputs per request"})
+
+    signature = _signature(localized, first, positions, positions_tap) if failed else None
+    if signature is not None:
+        evidence.append({"kind": "precision_signature", **signature.to_dict()})
+
+    tokens = _tokens(baseline, candidate, worst)
+    if tokens is not None:
+        evidence.append({"kind": "tokens", "request": worst.id, "tap": tokens[0], **tokens[1].to_row()})
+
+    rerun: str | None = None
+    if failed and live is not None and config.minimize:
+        minimal = _minimize(config, live, worst, comparer, progress)
+        if minimal is not None:
+            path = config.report_dir / f"minimal-{_safe(worst.id)}.jsonl"
+            write_requests(path, [minimal.request])
+            artifacts["minimal_requests"] = str(path)
+            rerun = _rerun_command(config, path)
+            evidence.append({
+                "kind": "minimal_reproducer", "request": worst.id, "length": minimal.length,
+                "original_length": minimal.original_length, "file": str(path),
+                "tried": [{"length": n, "failed": f} for n, f in minimal.tried], "command": rerun,
+            })
+
+    env_diff = differences(baseline.manifest.env, candidate.manifest.env)
+    if env_diff:
+        evidence.append({"kind": "env_differences", "note": "the captures were made in different environments",
+                         "differences": {k: list(v) for k, v in env_diff.items()}})
+    evidence.append({"kind": "tolerances", **config.tolerances.describe()})
+
+    findings = Findings(
+        failed=failed, requests=len(results), failing_requests=sum(r.failed for r in results),
+        request=worst.id if failed else None, module=module,
+        tap=(localized.tap if localized else (first.tap.name if first else None)), position=position,
+        local=(localized is not None) if local else None,
+        first_divergent=first.tap.name if first else None, shape=shape, fit=fit, signature=signature,
+        dtype=first.tap.dtype if first else None, tokens=tokens[1] if tokens else None,
+        nonfinite_tap=nonfinite.tap.name if nonfinite else None,
+        output_rel_l2=max(r.output_error for r in results), rerun=rerun,
+    )
+    why, next_steps, rule = diagnose(findings)
+    evidence.append({"kind": "diagnosis_rule", "rule": rule})
+    where: dict[str, Any] = {}
+    if failed:
+        where["request"] = worst.id
+        if module is not None:
+            where["module"] = module
+        if position is not None:
+            where["position"] = position
+        if first is not None:
+            where["shape"] = "x".join(str(d) for d in first.tap.shape)
+    return Verdict(
+        probe=ProbeKind.DIFF, name=config.name, status=Status.FAIL if failed else Status.PASS,
+        layer=Layer.NUMERICS, why=why, where=where,
+        metric=Metric("output_rel_l2", worst.output_error, unit="ratio"),
+        evidence=tuple(evidence), next=tuple(next_steps), artifacts=artifacts, env=env,
+    )
+
+
+def _calls(request: RequestResult, module: str) -> int:
+    return max((t.tap.call + 1 for t in request.taps if t.tap.module == module), default=1)
+
+
+def _localize(config: DiffConfig, live: _Live, worst: RequestResult, comparer: PairComparer,
+              progress: Progress | None) -> list[LocalError]:
+    suspects: list[tuple[str, int, int]] = []
+    for tap in worst.failing_taps:
+        key = (tap.tap.module, tap.tap.call, _calls(worst, tap.tap.module))
+        if not tap.is_output and key not in suspects:
+            suspects.append(key)
+    suspects = suspects[: config.max_suspects]
+    if progress is not None:
+        progress(f"measuring local error of {len(suspects)} modules on {worst.id}")
+    return local_errors(live.baseline, live.candidate, live.requests[worst.id], suspects, config.tolerances, comparer)
+
+
+def _minimize(config: DiffConfig, live: _Live, worst: RequestResult, comparer: PairComparer,
+              progress: Progress | None) -> MinimalPrefix | None:
+    modules = sorted({t.tap.module for t in worst.failing_taps if not t.is_output})
+    return shortest_failing_prefix(live.baseline, live.candidate, live.requests[worst.id], modules,
+                                   config.tolerances, comparer, progress)
+
+
+def _tap_positions(baseline: CaptureReader, candidate: CaptureReader, tap: TapResult, length: int | None) -> PositionErrors | None:
+    dim = position_dim(tap.tap.shape, length)
+    if dim is None:
+        return None
+    other = next(t for r in candidate.requests for t in r.taps if t.file == tap.tap.file and t.key == tap.tap.key)
+    tolerance_metrics = tap.metrics
+    from glmfb.diff.metrics import Tolerance
+
+    return position_errors(baseline.load(tap.tap), candidate.load(other), dim,
+                           Tolerance(tolerance_metrics.rtol, tolerance_metrics.atol))
+
+
+def _signature(localized: LocalError | None, first: TapResult | None, positions: PositionErrors | None,
+               positions_tap: str | None) -> PrecisionSignature | None:
+    """The observed relative error at the first positions (before it accumulates) of the
+    module where the error starts; the whole tensor's relative L2 error without positions."""
+    if positions is not None and len(positions.rel_l2):
+        count = max(1, min(8, len(positions.rel_l2) // 8))
+        early = sorted(float(x) for x in positions.rel_l2[:count] if math.isfinite(x) and x > 0)
+        if early:
+            kind = "local error" if localized is not None else "error"
+            return precision_signature(early[len(early) // 2], f"{kind} of {positions_tap}, median of the first {count} positions")
+    if localized is not None and localized.metrics is not None:
+        return precision_signature(localized.metrics.rel_l2, f"local error of {localized.tap}")
+    if first is not None:
+        return precision_signature(first.metrics.rel_l2, f"error of {first.tap.name}")
+    return None
+
+
+def _tokens(baseline: CaptureReader, candidate: CaptureReader, request: RequestResult) -> tuple[str, TokenMetrics] | None:
+    for tap in request.outputs:
+        if not is_logits(tap.tap.name, tap.tap.shape, request.length) or not tap.tap.dtype.startswith(("float", "bfloat")):
+            continue
+        dim = position_dim(tap.tap.shape, request.length)
+        if dim is None or dim == len(tap.tap.shape) - 1:
+            continue
+        other = next(t for r in candidate.requests for t in r.taps if t.file == tap.tap.file and t.key == tap.tap.key)
+        return tap.tap.name, token_metrics(baseline.load(tap.tap), candidate.load(other), dim)
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------------
+
+
+def _requests_table(results: Sequence[RequestResult]) -> dict[str, Any]:
+    rows = []
+    for result in results:
+        first = result.first_divergent
+        rows.append({
+            "request": result.id, "length": result.length, "status": "fail" if result.failed else "pass",
+            "first_divergent": first.tap.name if first else None,
+            "failing_taps": len(result.failing_taps), "taps": len(result.taps),
+            "output_rel_l2": result.output_error,
+            "output_max_abs": max((t.metrics.max_abs for t in result.outputs), default=0.0),
+        })
+    return {"kind": "requests", "rows": rows}
+
+
+MODULE_COLUMNS = ("order", "tap", "module", "call", "shape", "dtype", "status", "max_abs", "max_rel", "rmse",
+                  "cosine", "rel_l2", "outside_fraction", "nan_baseline", "nan_candidate", "inf_baseline",
+                  "inf_candidate", "worst_index", "rtol", "atol")
+
+
+def _module_rows(request: RequestResult) -> list[dict[str, Any]]:
+    rows = []
+    for order, tap in enumerate(request.taps):
+        m = tap.metrics
+        rows.append({
+            "order": order, "tap": tap.tap.name, "module": tap.tap.module, "call": tap.tap.call,
+            "shape": "x".join(str(d) for d in tap.tap.shape), "dtype": tap.tap.dtype,
+            "status": "fail" if tap.failed else "pass", "max_abs": m.max_abs, "max_rel": m.max_rel,
+            "rmse": m.rmse, "cosine": m.cosine, "rel_l2": m.rel_l2, "outside_fraction": m.outside_fraction,
+            "nan_baseline": m.nan_baseline, "nan_candidate": m.nan_candidate, "inf_baseline": m.inf_baseline,
+            "inf_candidate": m.inf_candidate, "worst_index": list(m.worst_index), "rtol": m.rtol, "atol": m.atol,
+        })
+    return rows
+
+
+def _modules_table(request: RequestResult, csv_path: Path) -> dict[str, Any]:
+    rows = _module_rows(request)
+    table: dict[str, Any] = {"kind": "modules", "request": request.id, "csv": str(csv_path), "rows": rows[:EVIDENCE_ROWS]}
+    if len(rows) > EVIDENCE_ROWS:
+        table["truncated"] = f"{len(rows) - EVIDENCE_ROWS} more rows in the CSV"
+    return table
+
+
+def _write_module_csv(path: Path, request: RequestResult) -> None:
+    from glmfb.io import atomic_writer
+
+    with atomic_writer(path) as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(MODULE_COLUMNS))
+        writer.writeheader()
+        for row in _module_rows(request):
+            row["worst_index"] = "x".join(str(i) for i in row["worst_index"])
+            writer.writerow(row)
+
+
+def _local_row(entry: LocalError, request: RequestResult) -> dict[str, Any]:
+    inherited = next((t.metrics for t in request.taps if t.tap.name == entry.tap), None)
+    row: dict[str, Any] = {"module": entry.module, "call": entry.call, "tap": entry.tap,
+                           "local_exceeds_tolerance": entry.failed}
+    if entry.metrics is not None:
+        row.update(local_rel_l2=entry.metrics.rel_l2, local_max_abs=entry.metrics.max_abs,
+                   local_outside_fraction=entry.metrics.outside_fraction)
+    if inherited is not None:
+        row.update(total_rel_l2=inherited.rel_l2, total_max_abs=inherited.max_abs)
+    if entry.note:
+        row["note"] = entry.note
+    return row
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+def _rerun_command(config: DiffConfig, requests: Path) -> str:
+    parts = ["glmfb", "diff", portable_ref(config.baseline, config.base_dir),
+             portable_ref(config.candidate, config.base_dir), "--requests", str(requests)]
+    for flag, args in (("--baseline-arg", config.baseline_args), ("--candidate-arg", config.candidate_args)):
+        for key, value in args.items():
+            import json
+
+            parts += [flag, f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
+    tolerances = config.tolerances
+    if tolerances.rtol is not None:
+        parts += ["--rtol", repr(tolerances.rtol)]
+    if tolerances.atol is not None:
+        parts += ["--atol", repr(tolerances.atol)]
+    for glob, rtol, atol in tolerances.per_tap:
+        parts += ["--tol", f"{glob}={'' if rtol is None else rtol},{'' if atol is None else atol}"]
+    for glob in config.taps:
+        parts += ["--tap", glob]
+    return shlex.join(parts)
+
+
+__all__ = ["OUTPUT", "CaptureConfig", "DiffConfig", "ErrorShape", "GrowthFit", "run_capture", "run_diff"]

@@ -1,0 +1,485 @@
+"""Tensor metrics: one fused, chunked pass per tensor pair; per-position and token metrics.
+
+The fused pass reads both tensors in chunks (a few hundred thousand elements, so that a chunk
+stays in cache while every metric is computed from it) into preallocated buffers and keeps
+running sums in Python floats (float64). Per chunk: three dot products (for cosine and the
+norms), the difference and its square sum, the largest absolute difference and its index,
+and, only when some difference exceeds ``atol``, the count outside ``atol + rtol * |b|`` and
+the largest relative error. Dot products of finite values are finite, so the NaN / Inf
+counts cost nothing unless a norm comes out non-finite, in which case the chunk is redone on
+a slow path that counts and masks them.
+
+"Baseline" is ``b`` in ``atol + rtol * |b|`` and in relative errors, as in
+``torch.testing.assert_close(candidate, baseline)``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from glmfb.diff.store import TensorLocation
+
+DEFAULT_CHUNK_ELEMENTS = 1 << 20  # 1 Mi elements: 4 MiB of float32 per side
+
+# Default tolerances by dtype (those of torch.testing.assert_close), as (rtol, atol).
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-7, 1e-7),
+    "float32": (1.3e-6, 1e-5),
+    "bfloat16": (1.6e-2, 1e-5),
+    "float16": (1e-3, 1e-5),
+}
+EXACT = (0.0, 0.0)  # integers and bools compare exactly
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: float
+    atol: float
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """Dtype defaults, a global override, and per-tap-glob overrides (the first match wins)."""
+
+    rtol: float | None = None
+    atol: float | None = None
+    per_tap: tuple[tuple[str, float | None, float | None], ...] = ()
+
+    def for_tap(self, name: str, dtype: str) -> Tolerance:
+        rtol, atol = DEFAULT_TOLERANCES.get(dtype, EXACT)
+        if self.rtol is not None:
+            rtol = self.rtol
+        if self.atol is not None:
+            atol = self.atol
+        for glob, tap_rtol, tap_atol in self.per_tap:
+            if fnmatch.fnmatchcase(name, glob):
+                rtol = tap_rtol if tap_rtol is not None else rtol
+                atol = tap_atol if tap_atol is not None else atol
+                break
+        return Tolerance(rtol, atol)
+
+    def describe(self) -> dict[str, Any]:
+        return {"rtol": self.rtol, "atol": self.atol,
+                "per_tap": [{"glob": g, "rtol": r, "atol": a} for g, r, a in self.per_tap]}
+
+
+@dataclass(frozen=True)
+class TensorMetrics:
+    """How far a candidate tensor is from its baseline."""
+
+    numel: int
+    max_abs: float
+    max_rel: float
+    rmse: float
+    cosine: float
+    rel_l2: float
+    outside: int  # elements with |c - b| > atol + rtol * |b| (NaN mismatches included)
+    nan_baseline: int
+    nan_candidate: int
+    inf_baseline: int
+    inf_candidate: int
+    worst_index: tuple[int, ...]
+    worst_baseline: float
+    worst_candidate: float
+    rtol: float
+    atol: float
+
+    @property
+    def outside_fraction(self) -> float:
+        return self.outside / self.numel if self.numel else 0.0
+
+    @property
+    def nonfinite_mismatch(self) -> bool:
+        return (self.nan_baseline, self.inf_baseline) != (self.nan_candidate, self.inf_candidate)
+
+    @property
+    def failed(self) -> bool:
+        return self.outside > 0
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "max_abs": self.max_abs, "max_rel": self.max_rel, "rmse": self.rmse,
+            "cosine": self.cosine, "rel_l2": self.rel_l2, "outside_fraction": self.outside_fraction,
+            "outside": self.outside, "numel": self.numel,
+            "nan": [self.nan_baseline, self.nan_candidate], "inf": [self.inf_baseline, self.inf_candidate],
+            "worst_index": list(self.worst_index), "worst_baseline": self.worst_baseline,
+            "worst_candidate": self.worst_candidate, "rtol": self.rtol, "atol": self.atol,
+        }
+
+
+def _unravel(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
+    index: list[int] = []
+    for dim in reversed(shape):
+        index.append(flat % dim if dim else 0)
+        flat = flat // dim if dim else 0
+    return tuple(reversed(index))
+
+
+class _Accumulator:
+    """Running sums of one tensor pair, in float64."""
+
+    def __init__(self) -> None:
+        self.ab = self.aa = self.bb = self.dd = 0.0
+        self.max_abs = -1.0
+        self.worst = 0
+        self.worst_values = (0.0, 0.0)
+        self.max_rel = 0.0
+        self.outside = 0
+        self.nan_a = self.nan_b = self.inf_a = self.inf_b = 0
+
+
+class PairComparer:
+    """Compares tensor pairs chunk by chunk with buffers allocated once and reused."""
+
+    def __init__(self, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> None:
+        import torch
+
+        self.chunk = chunk_elements
+        # two slots of (baseline, candidate) raw buffers: one being read, one being computed on
+        self._raw = [torch.empty(chunk_elements * 8, dtype=torch.uint8) for _ in range(4)]
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="glmfb-diff-read")
+        self._work: dict[torch.dtype, dict[str, torch.Tensor]] = {}
+
+    def close(self) -> None:
+        self._reader.shutdown(wait=True)
+
+    def __enter__(self) -> PairComparer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _buffers(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        import torch
+
+        if dtype not in self._work:
+            n = self.chunk
+            self._work[dtype] = {
+                "a": torch.empty(n, dtype=dtype), "b": torch.empty(n, dtype=dtype),
+                "d": torch.empty(n, dtype=dtype), "absb": torch.empty(n, dtype=dtype),
+                "tmp": torch.empty(n, dtype=dtype), "mask": torch.empty(n, dtype=torch.bool),
+            }
+        return self._work[dtype]
+
+    # ---- entry points -----------------------------------------------------------------------
+
+    def compare_files(self, baseline: TensorLocation, candidate: TensorLocation, tolerance: Tolerance) -> TensorMetrics:
+        """Stream two stored tensors (same shape and dtype) through the fused pass.
+
+        A reader thread fills the next pair of raw buffers while this thread computes on the
+        current pair (file reads and torch ops both release the GIL)."""
+        import torch
+
+        from glmfb.diff.store import read_exact
+
+        stored = getattr(torch, baseline.dtype)
+        compute = _compute_dtype(stored)
+        work = self._buffers(compute)
+        acc = _Accumulator()
+        itemsize = baseline.itemsize
+        total = baseline.nbytes // itemsize if itemsize else 0
+        spans = [(start, min(self.chunk, total - start)) for start in range(0, total, self.chunk)]
+        with open(baseline.path, "rb", buffering=0) as file_b, open(candidate.path, "rb", buffering=0) as file_c:
+            file_b.seek(baseline.offset)
+            file_c.seek(candidate.offset)
+
+            def read(slot: int, count: int) -> int:
+                read_exact(file_b, self._raw[2 * slot], count * itemsize)
+                read_exact(file_c, self._raw[2 * slot + 1], count * itemsize)
+                return slot
+
+            pending = self._reader.submit(read, 0, spans[0][1]) if spans else None
+            for number, (start, count) in enumerate(spans):
+                assert pending is not None
+                slot = pending.result()
+                if number + 1 < len(spans):
+                    pending = self._reader.submit(read, 1 - slot, spans[number + 1][1])
+                nbytes = count * itemsize
+                raw_b = self._raw[2 * slot][:nbytes].view(stored)
+                raw_c = self._raw[2 * slot + 1][:nbytes].view(stored)
+                if stored == compute:
+                    b, c = raw_b, raw_c
+                else:
+                    b, c = work["a"][:count], work["b"][:count]
+                    b.copy_(raw_b)
+                    c.copy_(raw_c)
+                self._chunk(acc, b, c, work, count, start, tolerance)
+        return _finish(acc, total, baseline.shape, tolerance)
+
+    def compare_tensors(self, baseline: torch.Tensor, candidate: torch.Tensor, tolerance: Tolerance) -> TensorMetrics:
+        """The same pass over two in-memory tensors (live mode, minimizer)."""
+        if baseline.shape != candidate.shape:
+            raise ValueError(f"shapes differ: {tuple(baseline.shape)} vs {tuple(candidate.shape)}")
+        compute = _compute_dtype(baseline.dtype)
+        work = self._buffers(compute)
+        flat_b = baseline.detach().reshape(-1)
+        flat_c = candidate.detach().reshape(-1).to(baseline.dtype)
+        acc = _Accumulator()
+        total = flat_b.numel()
+        for start in range(0, total, self.chunk):
+            count = min(self.chunk, total - start)
+            b, c = work["a"][:count], work["b"][:count]
+            b.copy_(flat_b[start:start + count])
+            c.copy_(flat_c[start:start + count])
+            self._chunk(acc, b, c, work, count, start, tolerance)
+        return _finish(acc, total, tuple(baseline.shape), tolerance)
+
+    # ---- the fused pass over one chunk ------------------------------------------------------
+
+    def _chunk(self, acc: _Accumulator, b: torch.Tensor, c: torch.Tensor, work: Mapping[str, torch.Tensor],
+               count: int, start: int, tolerance: Tolerance) -> None:
+        import torch
+
+        bc = float(torch.dot(b, c))
+        bb = float(torch.dot(b, b))
+        cc = float(torch.dot(c, c))
+        if not (math.isfinite(bb) and math.isfinite(cc)):
+            self._chunk_nonfinite(acc, b, c, work, count, start, tolerance)
+            return
+        acc.ab += bc
+        acc.aa += bb
+        acc.bb += cc
+        d = work["d"][:count]
+        torch.sub(c, b, out=d)
+        acc.dd += float(torch.dot(d, d))
+        d.abs_()
+        largest = float(torch.max(d))
+        if largest > acc.max_abs:
+            index = int(torch.argmax(d))  # only when the running maximum moves
+            acc.max_abs, acc.worst = largest, start + index
+            acc.worst_values = (float(b[index]), float(c[index]))
+        if largest == 0.0:
+            return
+        absb, tmp, mask = work["absb"][:count], work["tmp"][:count], work["mask"][:count]
+        torch.abs(b, out=absb)
+        if largest > tolerance.atol:
+            torch.add(d, absb, alpha=-tolerance.rtol, out=tmp)  # |c - b| - rtol |b|
+            torch.gt(tmp, tolerance.atol, out=mask)
+            acc.outside += int(torch.count_nonzero(mask))
+        absb.clamp_min_(torch.finfo(b.dtype).tiny)
+        torch.div(d, absb, out=tmp)
+        acc.max_rel = max(acc.max_rel, float(torch.max(tmp)))
+
+    def _chunk_nonfinite(self, acc: _Accumulator, b: torch.Tensor, c: torch.Tensor,
+                         work: Mapping[str, torch.Tensor], count: int, start: int, tolerance: Tolerance) -> None:
+        import torch
+
+        acc.nan_a += int(torch.isnan(b).sum())
+        acc.nan_b += int(torch.isnan(c).sum())
+        acc.inf_a += int(torch.isinf(b).sum())
+        acc.inf_b += int(torch.isinf(c).sum())
+        finite = torch.isfinite(b) & torch.isfinite(c)
+        bf = torch.where(finite, b, 0).to(torch.float64)
+        cf = torch.where(finite, c, 0).to(torch.float64)
+        acc.ab += float(torch.dot(bf, cf))
+        acc.aa += float(torch.dot(bf, bf))
+        acc.bb += float(torch.dot(cf, cf))
+        d = (cf - bf).abs()
+        acc.dd += float(torch.dot(d, d))
+        mismatch_nonfinite = ~finite & (b != c)  # equal infinities match; NaN never does
+        outside = (d > tolerance.atol + tolerance.rtol * bf.abs()) | mismatch_nonfinite
+        acc.outside += int(outside.sum())
+        score = torch.where(mismatch_nonfinite, math.inf, d)
+        index = int(torch.argmax(score))
+        largest = float(score[index])
+        if largest > acc.max_abs:
+            acc.max_abs, acc.worst = largest, start + index
+            acc.worst_values = (float(b[index]), float(c[index]))
+        rel = score / (bf.abs() + torch.finfo(torch.float64).tiny)
+        acc.max_rel = max(acc.max_rel, float(rel.max()))
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    import torch
+
+    if dtype == torch.float64 or not (dtype.is_floating_point or dtype.is_complex):
+        return torch.float64
+    return torch.float32
+
+
+def _finish(acc: _Accumulator, numel: int, shape: Sequence[int], tolerance: Tolerance) -> TensorMetrics:
+    if acc.aa > 0 and acc.bb > 0:
+        cosine = acc.ab / math.sqrt(acc.aa * acc.bb)
+    else:
+        cosine = 1.0 if acc.aa == acc.bb else 0.0
+    rel_l2 = math.sqrt(acc.dd / acc.aa) if acc.aa > 0 else 0.0 if acc.dd == 0 else math.inf
+    return TensorMetrics(
+        numel=numel,
+        max_abs=max(acc.max_abs, 0.0),
+        max_rel=acc.max_rel,
+        rmse=math.sqrt(acc.dd / numel) if numel else 0.0,
+        cosine=cosine,
+        rel_l2=rel_l2,
+        outside=acc.outside,
+        nan_baseline=acc.nan_a, nan_candidate=acc.nan_b, inf_baseline=acc.inf_a, inf_candidate=acc.inf_b,
+        worst_index=_unravel(acc.worst, shape) if numel else (),
+        worst_baseline=acc.worst_values[0], worst_candidate=acc.worst_values[1],
+        rtol=tolerance.rtol, atol=tolerance.atol,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Error by position
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PositionErrors:
+    """Per token position: relative L2 error, largest absolute error, elements outside."""
+
+    dim: int
+    rel_l2: np.ndarray
+    max_abs: np.ndarray
+    outside: np.ndarray
+
+    @property
+    def first_failing(self) -> int | None:
+        import numpy as np
+
+        failing = np.flatnonzero(self.outside > 0)
+        return int(failing[0]) if failing.size else None
+
+
+def position_dim(shape: Sequence[int], length: int | None) -> int | None:
+    """The dimension that indexes token positions: the first of size ``length`` after
+    leading batch dimensions of size one (None when there is none)."""
+    if length is None:
+        return None
+    for dim, size in enumerate(shape):
+        if size == length:
+            return dim
+        if size != 1:
+            return None
+    return None
+
+
+def position_errors(baseline: torch.Tensor, candidate: torch.Tensor, dim: int, tolerance: Tolerance,
+                    block_elements: int = 1 << 22) -> PositionErrors:
+    """Errors per position along ``dim``, in float64, a block of positions at a time."""
+    import numpy as np
+    import torch
+
+    b_rows = baseline.detach().movedim(dim, 0).reshape(baseline.shape[dim], -1)
+    c_rows = candidate.detach().movedim(dim, 0).reshape(candidate.shape[dim], -1)
+    positions, width = b_rows.shape
+    step = max(1, block_elements // max(width, 1))
+    rel = np.zeros(positions)
+    max_abs = np.zeros(positions)
+    outside = np.zeros(positions, dtype=np.int64)
+    for start in range(0, positions, step):
+        b = b_rows[start:start + step].to(torch.float64)
+        c = c_rows[start:start + step].to(torch.float64)
+        d = (c - b).abs()
+        finite = torch.isfinite(d)
+        d_finite = torch.where(finite, d, 0.0)
+        norm_b = b.norm(dim=1)
+        norm_d = d_finite.norm(dim=1)
+        block_rel = torch.where(norm_b > 0, norm_d / norm_b.clamp_min(1e-300), torch.where(norm_d > 0, math.inf, 0.0))
+        block_rel = torch.where(finite.all(dim=1), block_rel, math.inf)
+        end = start + b.shape[0]
+        rel[start:end] = block_rel.numpy()
+        max_abs[start:end] = torch.where(finite, d, math.inf).amax(dim=1).numpy() if width else 0.0
+        bad = (d > tolerance.atol + tolerance.rtol * b.abs()) | (~finite & (b != c))
+        outside[start:end] = bad.sum(dim=1).numpy()
+    return PositionErrors(dim, rel, max_abs, outside)
+
+
+# --------------------------------------------------------------------------------------------
+# Token level (logits)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenMetrics:
+    """Differences of next-token distributions, per position, from two logits tensors."""
+
+    positions: int
+    first_argmax_diff: int | None
+    argmax_agreement: float
+    topk: int
+    topk_overlap_mean: float
+    topk_overlap_min: float
+    kl_max: float
+    kl_mean: float
+    kl_max_position: int
+    logprob_change_max: float
+    logprob_change_position: int
+    logprob_change_token: int
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "positions": self.positions, "first_argmax_diff": self.first_argmax_diff,
+            "argmax_agreement": self.argmax_agreement, "topk": self.topk,
+            "topk_overlap_mean": self.topk_overlap_mean, "topk_overlap_min": self.topk_overlap_min,
+            "kl_max": self.kl_max, "kl_mean": self.kl_mean, "kl_max_position": self.kl_max_position,
+            "logprob_change_max": self.logprob_change_max,
+            "logprob_change_position": self.logprob_change_position,
+            "logprob_change_token": self.logprob_change_token,
+        }
+
+
+def token_metrics(baseline: torch.Tensor, candidate: torch.Tensor, dim: int, topk: int = 5,
+                  block_positions: int = 256) -> TokenMetrics:
+    """Token-level comparison of logits whose positions lie along ``dim`` and vocabulary last."""
+    import torch
+
+    b_rows = baseline.detach().movedim(dim, 0).reshape(baseline.shape[dim], -1)
+    c_rows = candidate.detach().movedim(dim, 0).reshape(candidate.shape[dim], -1)
+    positions, vocab = b_rows.shape
+    k = max(1, min(topk, vocab))
+    first_diff: int | None = None
+    agree = 0
+    overlaps: list[float] = []
+    kl_all: list[torch.Tensor] = []
+    best_change, best_pos, best_tok = -1.0, 0, 0
+    for start in range(0, positions, block_positions):
+        lb = torch.log_softmax(b_rows[start:start + block_positions].to(torch.float64), dim=-1)
+        lc = torch.log_softmax(c_rows[start:start + block_positions].to(torch.float64), dim=-1)
+        arg_b, arg_c = lb.argmax(dim=-1), lc.argmax(dim=-1)
+        same = arg_b == arg_c
+        agree += int(same.sum())
+        if first_diff is None and not bool(same.all()):
+            first_diff = start + int((~same).nonzero()[0, 0])
+        top_b = lb.topk(k, dim=-1).indices
+        top_c = lc.topk(k, dim=-1).indices
+        common = (top_b.unsqueeze(-1) == top_c.unsqueeze(-2)).any(dim=-1).sum(dim=-1)
+        overlaps.extend((common.to(torch.float64) / k).tolist())
+        kl = (lb.exp() * (lb - lc)).sum(dim=-1).clamp_min(0.0)
+        kl_all.append(kl)
+        change = (lb - lc).abs()
+        flat = int(torch.argmax(torch.nan_to_num(change, nan=math.inf)))
+        value = float(change.reshape(-1)[flat])
+        if value > best_change or math.isnan(value):
+            best_change, best_pos, best_tok = value, start + flat // vocab, flat % vocab
+    kl_cat = torch.cat(kl_all) if kl_all else torch.zeros(1, dtype=torch.float64)
+    return TokenMetrics(
+        positions=positions,
+        first_argmax_diff=first_diff,
+        argmax_agreement=agree / positions if positions else 1.0,
+        topk=k,
+        topk_overlap_mean=sum(overlaps) / len(overlaps) if overlaps else 1.0,
+        topk_overlap_min=min(overlaps) if overlaps else 1.0,
+        kl_max=float(kl_cat.max()),
+        kl_mean=float(kl_cat.mean()),
+        kl_max_position=int(kl_cat.argmax()),
+        logprob_change_max=max(best_change, 0.0),
+        logprob_change_position=best_pos,
+        logprob_change_token=best_tok,
+    )
+
+
+def is_logits(name: str, shape: Sequence[int], length: int | None) -> bool:
+    """Final outputs that hold next-token logits: named so, or shaped [.., L, V] for tokens."""
+    if "logits" in name.lower():
+        return len(shape) >= 2
+    return (name == "output" and length is not None and len(shape) >= 2
+            and shape[-2] == length and shape[-1] > 1)
