@@ -9,23 +9,7 @@ import typer
 
 from glmfb.commands.common import ArgOpt, JsonOpt, emit_verdict, progress_messages
 from glmfb.errors import UsageError
-
-
-def parse_milliseconds(text: str) -> float:
-    """``"10"``, ``"10ms"``, ``"0.01s"`` -> 10.0 (milliseconds)."""
-    raw = text.strip().lower()
-    scale = 1.0
-    if raw.endswith("ms"):
-        raw = raw[:-2]
-    elif raw.endswith("s"):
-        raw, scale = raw[:-1], 1e3
-    try:
-        value = float(raw) * scale
-    except ValueError:
-        raise UsageError(f"{text!r} is not a duration", "write it as 10ms, 10 (ms) or 0.01s") from None
-    if not value > 0:
-        raise UsageError(f"the starvation threshold must be positive, got {text!r}")
-    return value
+from glmfb.gil.config import parse_milliseconds
 
 
 def gil_command(

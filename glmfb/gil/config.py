@@ -56,3 +56,20 @@ class GilConfig:
             raise UsageError(f"the starvation threshold must be positive, got {self.starvation_p99_ms} ms")
         if self.pid is not None and self.pid <= 0:
             raise UsageError(f"--pid must be a positive process id, got {self.pid}")
+
+
+def parse_milliseconds(text: str) -> float:
+    """``"10"``, ``"10ms"``, ``"0.01s"`` -> 10.0 (milliseconds)."""
+    raw = text.strip().lower()
+    scale = 1.0
+    if raw.endswith("ms"):
+        raw = raw[:-2]
+    elif raw.endswith("s"):
+        raw, scale = raw[:-1], 1e3
+    try:
+        value = float(raw) * scale
+    except ValueError:
+        raise UsageError(f"{text!r} is not a duration", "write it as 10ms, 10 (ms) or 0.01s") from None
+    if not value > 0:
+        raise UsageError(f"the starvation threshold must be positive, got {text!r}")
+    return value

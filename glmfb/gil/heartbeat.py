@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from array import array
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ class Heartbeat:
         if not self.lateness_s:
             return float("nan")
         ordered = sorted(self.lateness_s)
-        index = min(len(ordered) - 1, max(0, round(q / 100.0 * len(ordered) + 0.5) - 1))
+        index = min(len(ordered) - 1, max(0, math.ceil(q / 100.0 * len(ordered)) - 1))
         return 1e3 * max(0.0, ordered[index])
 
     def summary(self) -> dict[str, Any]:

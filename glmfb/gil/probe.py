@@ -18,12 +18,13 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from glmfb.errors import InputError
+from glmfb.errors import InputError, UsageError
 from glmfb.gil.config import (
     DEFAULT_DURATION_S,
     DEFAULT_RATE_HZ,
     DEFAULT_STARVATION_P99_MS,
     GilConfig,
+    parse_milliseconds,
 )
 from glmfb.gil.engine import trace_gil
 from glmfb.suite import ProbeDefinition, RunContext
@@ -36,11 +37,9 @@ KNOWN_OPTIONS = frozenset({"duration", "rate", "starvation_p99", "trace", "nativ
 def _milliseconds(value: Any, label: str) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
-    from glmfb.commands.gil import parse_milliseconds
-
     try:
         return parse_milliseconds(str(value))
-    except Exception as exc:
+    except UsageError as exc:
         raise InputError(f"{label}: {exc}") from None
 
 

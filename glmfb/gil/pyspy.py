@@ -83,9 +83,10 @@ class Sample:
     def native_call(self) -> str | None:
         """The native function the innermost Python frame called, past ctypes/pybind plumbing."""
         for frame in self.native_tail:
-            if frame.function.startswith(_PLUMBING_PREFIXES) or frame.file.startswith(("libffi", "libpython")):
+            basename = os.path.basename(frame.file)
+            if frame.function.startswith(_PLUMBING_PREFIXES) or basename.startswith("libffi"):
                 continue
-            if frame.file.split(":")[0] in _PLUMBING_FILES:
+            if basename in _PLUMBING_FILES:
                 continue
             return frame.function
         return None

@@ -1,0 +1,267 @@
+"""glmfb gil on real programs: py-spy, the injected heartbeat and /proc, end to end.
+
+Each test traces a real child process for one to two seconds. The planted effects are far
+beyond this machine's noise: a 20 ms native call holding the GIL against 1 ms ticks, a regex
+or json.dumps holding it for 100-400 ms.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from glmfb.gil import GilConfig, trace_gil
+from glmfb.gil import engine as gil_engine
+from glmfb.targets import Target
+from glmfb.verdict import Layer, Status, Verdict
+
+ROOT = Path(__file__).resolve().parents[1]
+DISPATCH = ROOT / "scenarios" / "dispatch_gil" / "dispatch.py"
+
+pytestmark = pytest.mark.slow
+
+
+def _evidence(verdict: Verdict, kind: str) -> dict[str, object]:
+    return next(dict(e) for e in verdict.evidence if e["kind"] == kind)
+
+
+def _program(tmp_path: Path, name: str, body: str, tail: str = "") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body) + textwrap.dedent(tail))
+    return path
+
+
+def _gone(pid: int, within_s: float = 3.0) -> bool:
+    """Whether ``pid`` stops running within ``within_s`` (a SIGKILL lands asynchronously)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state == "Z":  # a zombie waiting for its new parent to reap it runs nothing
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
+def test_holding_dispatch_names_the_call_the_thread_and_the_starved_transfer(tmp_path: Path) -> None:
+    config = GilConfig(
+        name="hold", command=(sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30"), duration_s=2
+    )
+    verdict = trace_gil(config, tmp_path)
+    assert verdict.status is Status.FAIL, verdict.why
+    assert verdict.layer is Layer.RUNTIME
+    assert verdict.where["thread"] == "moe-dispatch"
+    assert verdict.where["function"] == "intranode_dispatch"
+    assert str(verdict.where["file"]).endswith("dispatch_gil/dispatch.py")
+    assert verdict.why.startswith("intranode_dispatch holds the GIL inside a native call")
+    holder = _evidence(verdict, "gil_holder")
+    assert holder["idle_share"] >= 0.8  # type: ignore[operator]
+    assert holder["native_frame"] == "usleep"
+    starvation = _evidence(verdict, "starvation")
+    assert "kv-transfer" in starvation["threads"]  # type: ignore[operator]
+    assert starvation["p99_ms"] > 15  # type: ignore[operator]
+    assert verdict.metric is not None and verdict.metric.name == "starvation_p99"
+    assert Path(verdict.artifacts["pyspy_raw"]).is_file()
+    assert Verdict.from_dict(verdict.to_dict()) == verdict
+
+
+def test_releasing_dispatch_passes(tmp_path: Path) -> None:
+    config = GilConfig(
+        name="release", command=(sys.executable, str(DISPATCH), "--mode", "release", "--duration", "30"), duration_s=2
+    )
+    verdict = trace_gil(config, tmp_path)
+    assert verdict.status is Status.PASS, verdict.why
+    assert _evidence(verdict, "starvation")["p99_ms"] < 10  # type: ignore[operator]
+
+
+TICKER = """
+def tick(stop):
+    while not stop.is_set():
+        time.sleep(0.001)
+
+stop = threading.Event()
+threads = [threading.Thread(target=work, args=(stop,), name=WORKER),
+           threading.Thread(target=tick, args=(stop,), name="ticker")]
+for t in threads:
+    t.start()
+time.sleep(30)
+"""
+
+
+def test_regex_backtracking_is_named_with_its_thread(tmp_path: Path) -> None:
+    program = _program(tmp_path, "scan.py", """
+        import re, threading, time
+        PATTERN = re.compile(r"(a+)+$")  # catastrophic backtracking on a near miss
+        WORKER = "log-scanner"
+
+        def work(stop):
+            line = "a" * 21 + "!"
+            while not stop.is_set():
+                PATTERN.match(line)
+    """, TICKER)
+    verdict = trace_gil(GilConfig(name="regex", command=(sys.executable, str(program)), duration_s=2), tmp_path / "a")
+    assert verdict.status is Status.FAIL, verdict.why
+    assert verdict.where["thread"] == "log-scanner"
+    assert verdict.where["function"] == "work"
+    assert "ticker" in _evidence(verdict, "starvation")["threads"]  # type: ignore[operator]
+    holder = _evidence(verdict, "gil_holder")
+    assert holder["active_share"] >= 0.8  # type: ignore[operator]
+    assert "sre" in str(holder["native_frame"]).lower()
+    assert "hogs the interpreter" in verdict.why
+
+
+def test_json_dumps_of_a_huge_object_is_named_with_its_caller(tmp_path: Path) -> None:
+    program = _program(tmp_path, "snap.py", """
+        import json, threading, time
+        SNAPSHOT = {f"request-{i}": {"tokens": list(range(64)), "score": i / 7} for i in range(20000)}
+        WORKER = "serializer"
+
+        def work(stop):
+            while not stop.is_set():
+                json.dumps(SNAPSHOT)
+    """, TICKER)
+    verdict = trace_gil(GilConfig(name="json", command=(sys.executable, str(program)), duration_s=2), tmp_path / "a")
+    assert verdict.status is Status.FAIL, verdict.why
+    assert verdict.where["thread"] == "serializer"
+    assert verdict.where["function"] == "iterencode"
+    assert str(verdict.where["file"]).endswith("json/encoder.py")
+    holder = _evidence(verdict, "gil_holder")
+    assert str(holder["caller"]).startswith("work (")
+    assert "ticker" in _evidence(verdict, "starvation")["threads"]  # type: ignore[operator]
+
+
+def test_target_form_runs_the_callable_in_a_child(tmp_path: Path) -> None:
+    config = GilConfig(
+        name="target", target=Target(f"{DISPATCH}:make", {"mode": "hold"}), duration_s=2
+    )
+    verdict = trace_gil(config, tmp_path)
+    assert verdict.status is Status.FAIL, verdict.why
+    assert verdict.where["function"] == "intranode_dispatch"
+    assert "kv-transfer" in _evidence(verdict, "starvation")["threads"]  # type: ignore[operator]
+
+
+def test_bad_target_is_an_error_verdict(tmp_path: Path) -> None:
+    config = GilConfig(name="bad", target=Target(f"{DISPATCH}:no_such_factory"), duration_s=1)
+    verdict = trace_gil(config, tmp_path)
+    assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
+    assert "exited with status 3" in verdict.why and "no_such_factory" in verdict.why
+
+
+def test_without_pyspy_starvation_is_inconclusive_and_names_the_missing_signal(tmp_path: Path) -> None:
+    command = (sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30")
+    verdict = trace_gil(GilConfig(name="nospy", command=command, duration_s=1.5, use_pyspy=False), tmp_path)
+    assert verdict.status is Status.INCONCLUSIVE, verdict.why
+    assert "py-spy disabled" in verdict.why
+    assert _evidence(verdict, "missing_signal")["signal"] == "holder sampling"
+    assert "kv-transfer" in _evidence(verdict, "starvation")["threads"]  # type: ignore[operator]
+
+
+def test_ptrace_refused_is_named_and_never_a_silent_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Root may always ptrace here, so a stand-in py-spy fails the way a refused attach does.
+    fake = tmp_path / "py-spy"
+    fake.write_text("#!/bin/sh\necho 'Error: Permission denied (os error 13)' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(gil_engine.pyspy, "find_pyspy", lambda: str(fake))
+    command = (sys.executable, str(DISPATCH), "--mode", "release", "--duration", "30")
+    verdict = trace_gil(GilConfig(name="refused", command=command, duration_s=1), tmp_path / "a")
+    assert verdict.status is Status.WARN, verdict.why
+    assert "ptrace refused" in verdict.why
+
+
+def test_command_not_found_is_an_error_verdict(tmp_path: Path) -> None:
+    verdict = trace_gil(GilConfig(name="nf", command=("no-such-command-glmfb",), duration_s=1), tmp_path)
+    assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
+    assert "command not found: 'no-such-command-glmfb'" in verdict.why
+
+
+def test_non_zero_exit_is_an_error_naming_the_status_and_leaves_nothing(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    program = _program(tmp_path, "fails.py", f"""
+        import subprocess, sys, time
+        child = subprocess.Popen(["sleep", "300"])
+        open({str(pid_file)!r}, "w").write(str(child.pid))
+        time.sleep(0.3)
+        sys.exit(3)
+    """)
+    verdict = trace_gil(GilConfig(name="exit3", command=(sys.executable, str(program)), duration_s=3), tmp_path / "a")
+    assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
+    assert "exited with status 3" in verdict.why
+    assert _gone(int(pid_file.read_text()))
+
+
+def test_segfault_is_an_error_naming_the_signal_and_leaves_nothing(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    program = _program(tmp_path, "crash.py", f"""
+        import ctypes, subprocess, time
+        child = subprocess.Popen(["sleep", "300"])
+        open({str(pid_file)!r}, "w").write(str(child.pid))
+        time.sleep(0.3)
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+    """)
+    verdict = trace_gil(GilConfig(name="segv", command=(sys.executable, str(program)), duration_s=3), tmp_path / "a")
+    assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
+    assert "killed by signal 11 (SIGSEGV)" in verdict.why
+    assert _gone(int(pid_file.read_text()))
+
+
+def test_a_program_outliving_the_duration_is_stopped_with_its_children(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    program = _program(tmp_path, "forever.py", f"""
+        import subprocess, time
+        child = subprocess.Popen(["sleep", "300"])
+        open({str(pid_file)!r}, "w").write(str(child.pid))
+        while True:
+            time.sleep(0.01)
+    """)
+    started = time.monotonic()
+    verdict = trace_gil(GilConfig(name="forever", command=(sys.executable, str(program)), duration_s=1), tmp_path / "a")
+    assert time.monotonic() - started < 15
+    assert verdict.status is Status.PASS, verdict.why
+    assert _gone(int(pid_file.read_text()))
+
+
+def test_attach_by_pid_samples_the_holder_but_cannot_pass(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(0.5)  # let it start its threads
+        verdict = trace_gil(GilConfig(name="attach", pid=process.pid, duration_s=1.5), tmp_path)
+    finally:
+        process.kill()
+        process.wait()
+    assert verdict.status is Status.INCONCLUSIVE, verdict.why
+    assert verdict.where["function"] == "intranode_dispatch"
+    assert "attached by --pid" in verdict.why
+
+
+def test_trace_mode_writes_a_perfetto_trace_and_ranks_the_holder(tmp_path: Path) -> None:
+    command = (sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30")
+    verdict = trace_gil(GilConfig(name="trace", command=command, duration_s=2, trace=True), tmp_path)
+    assert verdict.status is Status.FAIL, verdict.why
+    trace = Path(verdict.artifacts["trace"])
+    assert trace.is_file() and trace.parent == tmp_path
+    ranked = _evidence(verdict, "trace_overlap")["functions"]
+    assert ranked[0]["thread"] == "moe-dispatch"  # type: ignore[index]
+    assert "intranode_dispatch" in ranked[0]["function"]  # type: ignore[index]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")
+def test_gil_waiters_are_seen_in_proc(tmp_path: Path) -> None:
+    command = (sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30")
+    verdict = trace_gil(GilConfig(name="waiters", command=command, duration_s=1.5, use_pyspy=False), tmp_path)
+    waiting = _evidence(verdict, "starvation")["waiting_for_gil"]
+    assert waiting[0]["thread"] == "kv-transfer" and waiting[0]["waiting_share"] > 0.2  # type: ignore[index]
+    windows = _evidence(verdict, "starvation")["windows"]
+    assert windows and any("kv-transfer" in w["waiting_threads"] for w in windows)  # type: ignore[union-attr]

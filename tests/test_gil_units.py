@@ -1,0 +1,226 @@
+"""glmfb gil: parsing, statistics and verdict rules on fixed inputs (fast, no processes)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from array import array
+from pathlib import Path
+
+import pytest
+
+from glmfb.errors import UsageError
+from glmfb.gil import GilConfig
+from glmfb.gil.config import parse_milliseconds
+from glmfb.gil.engine import python_command, reproduce_command
+from glmfb.gil.heartbeat import Heartbeat, injection_env, read_heartbeat
+from glmfb.gil.process import describe_returncode
+from glmfb.gil.pyspy import parse_raw, profile_holders, sampled_cleanly
+from glmfb.gil.rules import Observations, decide
+from glmfb.gil.trace import overlap_blame
+from glmfb.targets import Target
+from glmfb.verdict import Layer, Status, Verdict
+
+# As py-spy 0.4.3 writes it with --gil --idle --threads --native --full-filenames (shortened).
+RAW_HOLD = """\
+thread (4740): moe-dispatch;Thread.run (/usr/lib/python3.11/threading.py:982);main.<locals>.dispatch_loop (/src/dispatch.py:98);make_dispatch.<locals>.intranode_dispatch (/src/dispatch.py:71);_ctypes_callproc (callproc.c:1262);_call_function_pointer (callproc.c:943);ffi_call (libffi.so.8.1.2);0x7f6b3ace540e (libffi.so.8.1.2);usleep (libc.so.6);nanosleep (libc.so.6);clock_nanosleep (libc.so.6) 186
+thread (4740): moe-dispatch;Thread.run (/usr/lib/python3.11/threading.py:982);main.<locals>.dispatch_loop (/src/dispatch.py:97) 3
+thread (4739): kv-transfer;Thread.run (/usr/lib/python3.11/threading.py:982);KvTransfer._loop (/src/dispatch.py:63);KvTransfer._submit (/src/dispatch.py:49) 2
+thread (4741): glmfb-heartbeat;beat (/x/sitecustomize.py:60) 4
+thread (4735) 3
+"""
+RAW_BUSY = """\
+thread (10): log-scanner;Thread.run (/usr/lib/python3.11/threading.py:982);scan_logs (/src/regex_prog.py:11);_sre_SRE_Pattern_match (libpython3.11.so.1.0);sre_match (libpython3.11.so.1.0) 90
+thread (11): ticker;tick (/src/regex_prog.py:17) 2
+"""
+
+
+def test_parse_raw_reads_threads_frames_and_counts() -> None:
+    samples = parse_raw(RAW_HOLD)
+    assert [s.count for s in samples] == [186, 3, 2, 4, 3]
+    first = samples[0]
+    assert (first.thread_id, first.thread_name) == (4740, "moe-dispatch")
+    assert first.python_frames[-1].function == "make_dispatch.<locals>.intranode_dispatch"
+    assert first.python_frames[-1].line == 71
+    assert first.python_frames[-1].short_function == "intranode_dispatch"
+    assert first.native_tail[0].function == "_ctypes_callproc"
+    assert first.blocked()
+    assert first.native_call() == "usleep"
+    assert samples[4].thread_name is None and samples[4].frames == ()
+    assert not samples[2].blocked()
+
+
+def test_profile_holders_splits_idle_and_excludes_heartbeat() -> None:
+    profile = profile_holders(parse_raw(RAW_HOLD), native=True, names={}, exclude_tids={4741})
+    assert profile.total_samples == 198
+    top = profile.sites[0]
+    assert (top.thread_name, top.function, top.line) == ("moe-dispatch", "make_dispatch.<locals>.intranode_dispatch", 71)
+    assert top.samples == 186 and top.idle == 186
+    assert top.native_calls.most_common(1)[0][0] == "usleep"
+    assert all(site.thread_name != "glmfb-heartbeat" for site in profile.sites)
+    by_thread = {t["thread"]: t for t in profile.threads}
+    assert by_thread["moe-dispatch"]["idle"] == 186 and by_thread["moe-dispatch"]["active"] == 3
+
+
+def test_profile_without_native_leaves_split_unknown() -> None:
+    profile = profile_holders(parse_raw(RAW_HOLD), native=False, names={}, exclude_tids=set())
+    assert profile.sites[0].idle == 0
+    assert profile.threads[0]["idle"] is None
+
+
+def test_sampled_cleanly_reads_the_pyspy_summary() -> None:
+    assert sampled_cleanly("py-spy> Wrote raw flamegraph data to 'x'. Samples: 0 Errors: 0")
+    assert not sampled_cleanly("py-spy> Wrote raw flamegraph data to 'x'. Samples: 10 Errors: 3")
+    assert not sampled_cleanly("Permission denied (os error 13)")
+
+
+def _heartbeat(lateness_ms: list[float], period_s: float = 0.001) -> Heartbeat:
+    wake, now = [], 100.0
+    for late in lateness_ms:
+        now += period_s + late / 1e3
+        wake.append(now)
+    return Heartbeat(1, 7, period_s, {7: "glmfb-heartbeat"}, tuple(wake), tuple(x / 1e3 for x in lateness_ms))
+
+
+def test_heartbeat_percentiles_and_windows() -> None:
+    beat = _heartbeat([0.1] * 98 + [30.0, 50.0])
+    assert beat.percentile_ms(50) == pytest.approx(0.1)
+    assert beat.percentile_ms(99) == pytest.approx(30.0)
+    assert beat.summary()["max_ms"] == pytest.approx(50.0)
+    windows = beat.windows(0.010)
+    assert len(windows) == 1  # two late wake-ups in a row merge into one window
+    assert windows[0].max_lateness_s == pytest.approx(0.050)
+    assert windows[0].duration_s == pytest.approx(0.081, abs=0.002)
+
+
+def test_read_heartbeat_round_trip_and_torn_write(tmp_path: Path) -> None:
+    prefix = tmp_path / "heartbeat"
+    assert read_heartbeat(prefix) is None
+    (tmp_path / "heartbeat.json").write_text(
+        json.dumps({"pid": 5, "heartbeat_tid": 6, "period_s": 0.001, "threads": {"6": "glmfb-heartbeat", "8": "kv"}})
+    )
+    data = array("d", [1.0, 0.0002, 1.002, 0.0301]).tobytes()
+    (tmp_path / "heartbeat.bin").write_bytes(data + b"\x00\x01\x02")  # a write cut short
+    beat = read_heartbeat(prefix)
+    assert beat is not None
+    assert beat.ticks == 2 and beat.thread_names[8] == "kv"
+    assert beat.lateness_s[1] == pytest.approx(0.0301)
+
+
+def test_injection_env_puts_the_site_dir_first(tmp_path: Path) -> None:
+    env = injection_env(tmp_path / "hb", {"PYTHONPATH": "/elsewhere"})
+    first = env["PYTHONPATH"].split(":")[0]
+    assert (Path(first) / "sitecustomize.py").is_file()
+    assert env["PYTHONPATH"].endswith("/elsewhere")
+    assert env["GLMFB_GIL_HEARTBEAT"] == str(tmp_path / "hb")
+
+
+def _observations(raw: str | None, lateness_ms: list[float], **kwargs: object) -> Observations:
+    holders = None
+    if raw is not None:
+        holders = profile_holders(parse_raw(raw), native=True, names={}, exclude_tids={4741})
+    return Observations(
+        config=GilConfig(name="unit", command=("python", "x.py")),
+        heartbeat=_heartbeat(lateness_ms),
+        holders=holders,
+        waiting=[{"thread": "kv-transfer", "tid": 4739, "waiting_share": 0.7}],
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def test_rule_idle_holder_with_starvation_fails_naming_the_native_call() -> None:
+    verdict = decide(_observations(RAW_HOLD, [0.2] * 80 + [25.0] * 20))
+    assert verdict.status is Status.FAIL and verdict.layer is Layer.RUNTIME
+    assert verdict.where == {"thread": "moe-dispatch", "function": "intranode_dispatch", "file": "/src/dispatch.py", "line": 71}
+    assert verdict.why.startswith("intranode_dispatch holds the GIL inside a native call (usleep); release it")
+    assert "py::gil_scoped_release, Py_BEGIN_ALLOW_THREADS" in verdict.why
+    starvation = next(e for e in verdict.evidence if e["kind"] == "starvation")
+    assert starvation["threads"] == ["kv-transfer", "glmfb-heartbeat"]
+    assert starvation["p99_ms"] == pytest.approx(25.0)
+    holder = next(e for e in verdict.evidence if e["kind"] == "gil_holder")
+    assert holder["idle_share"] == 1.0 and holder["native_frame"] == "usleep"
+    assert Verdict.from_dict(verdict.to_dict()) == verdict
+
+
+def test_rule_active_holder_names_hot_frames() -> None:
+    verdict = decide(_observations(RAW_BUSY, [0.2] * 50 + [200.0] * 50))
+    assert verdict.status is Status.FAIL
+    assert verdict.where["function"] == "scan_logs" and verdict.where["thread"] == "log-scanner"
+    assert "hogs the interpreter" in verdict.why and "_sre_SRE_Pattern_match" in verdict.why
+
+
+def test_rule_not_starved_passes_and_missing_pyspy_warns() -> None:
+    calm = [0.2] * 200
+    assert decide(_observations(RAW_BUSY, calm)).status is Status.PASS  # busy, but nobody starved
+    release = decide(_observations("", calm))
+    assert release.status is Status.PASS and release.where == {}
+    missing = decide(_observations(None, calm, missing=[{"signal": "holder sampling", "reason": "py-spy is not installed"}]))
+    assert missing.status is Status.WARN and "py-spy is not installed" in missing.why
+
+
+def test_rule_starved_without_holder_is_inconclusive() -> None:
+    missing = [{"signal": "holder sampling", "reason": "ptrace refused"}]
+    verdict = decide(_observations(None, [0.2] * 50 + [40.0] * 50, missing=missing))
+    assert verdict.status is Status.INCONCLUSIVE and "ptrace refused" in verdict.why
+    assert any(e["kind"] == "missing_signal" for e in verdict.evidence)
+    cpu = decide(_observations("", [0.2] * 50 + [40.0] * 50))
+    assert cpu.status is Status.INCONCLUSIVE and "not the GIL" in cpu.why
+
+
+def test_rule_without_heartbeat_never_passes() -> None:
+    observations = _observations("", [])
+    observations.heartbeat = None
+    assert decide(observations).status is Status.INCONCLUSIVE
+
+
+def test_overlap_blame_ranks_the_holder_over_releasing_waits(tmp_path: Path) -> None:
+    def slice_(tid: int, name: str, ts: float, dur: float) -> dict[str, object]:
+        return {"ph": "X", "pid": 1, "tid": tid, "name": name, "ts": ts, "dur": dur}
+
+    events: list[dict[str, object]] = [
+        {"ph": "M", "pid": 1, "tid": 1, "name": "thread_name", "args": {"name": "MainThread"}},
+        {"ph": "M", "pid": 1, "tid": 2, "name": "thread_name", "args": {"name": "kv-transfer"}},
+        {"ph": "M", "pid": 1, "tid": 3, "name": "thread_name", "args": {"name": "moe-dispatch"}},
+        slice_(2, "time.sleep", 1000, 20000),  # starved: 20 ms for a 1 ms sleep
+        slice_(2, "KvTransfer._submit (d.py:49)", 21000, 50),
+        slice_(3, "dispatch_loop (d.py:98)", 0, 40000),
+        slice_(3, "intranode_dispatch (d.py:71)", 500, 21000),
+        slice_(1, "_thread.lock.acquire", 0, 40000),  # waits with the GIL released
+    ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    ranked = overlap_blame(path, {"kv-transfer"}, 0.010)
+    assert ranked[0]["thread"] == "moe-dispatch"
+    assert ranked[0]["function"] == "intranode_dispatch (d.py:71)"
+    assert ranked[0]["overlap_ms"] == pytest.approx(20.0)
+    assert all(r["function"] != "_thread.lock.acquire" for r in ranked)
+
+
+def test_config_validation() -> None:
+    with pytest.raises(UsageError, match="exactly one"):
+        GilConfig(name="x")
+    with pytest.raises(UsageError, match="exactly one"):
+        GilConfig(name="x", command=("python",), pid=3)
+    with pytest.raises(UsageError, match="rate"):
+        GilConfig(name="x", command=("python",), rate_hz=0)
+    with pytest.raises(UsageError, match="duration"):
+        GilConfig(name="x", command=("python",), duration_s=0)
+
+
+def test_command_lines() -> None:
+    config = GilConfig(name="x", target=Target("a.py:make", {"mode": "hold"}), duration_s=2)
+    argv = python_command(config)
+    assert argv[1:3] == ["-m", "glmfb.gil.runner"] and json.loads(argv[argv.index("--args") + 1]) == {"mode": "hold"}
+    assert reproduce_command(config, trace=True) == 'glmfb gil --rate 100 --duration 2 --trace --target a.py:make --arg mode="hold"'
+    command = GilConfig(name="x", command=("python", "p y.py"))
+    assert reproduce_command(command).endswith("-- python 'p y.py'")
+
+
+def test_describe_returncode_and_milliseconds() -> None:
+    assert describe_returncode(3) == "exited with status 3"
+    assert describe_returncode(-signal.SIGSEGV) == "was killed by signal 11 (SIGSEGV)"
+    assert parse_milliseconds("10ms") == 10.0
+    assert parse_milliseconds("0.02s") == pytest.approx(20.0)
+    assert parse_milliseconds("7") == 7.0
+    with pytest.raises(UsageError):
+        parse_milliseconds("fast")
