@@ -301,7 +301,7 @@ def _compare(config: BenchConfig, timer: Any, env: dict[str, Any], started: floa
         "kind": "summary", "shapes": total, "slower": len(regressions), "faster": len(improvements),
         "undecided": len(undecided), "geomean_change": geomean.value, "geomean_ci": list(geomean.ci),
         "confidence": LOOK_CONFIDENCE, "threshold": config.threshold,
-        "statistic": "median of paired ABBA block ratios, percentile bootstrap over blocks",
+        "statistic": "median of paired ABBA block ratios (each side's faster sample per block), percentile bootstrap over blocks",
         "fdr": "Benjamini-Hochberg at 0.05 across shapes",
     })
     evidence.append({

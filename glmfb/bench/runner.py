@@ -161,8 +161,8 @@ def calibrate(timer: Timer, sides: list[Side], sample_s: float) -> int:
 
 @dataclass
 class Blocks:
-    """Per-call seconds of each side, one value per ABBA block (the mean of its two samples),
-    plus every raw sample in the order it was taken."""
+    """Per-call seconds of each side, one value per ABBA block (the faster of its two
+    samples), plus every raw sample in the order it was taken."""
 
     baseline: list[float] = field(default_factory=list)
     candidate: list[float] = field(default_factory=list)
@@ -218,8 +218,10 @@ class InterleavedRunner:
                 value = self._sample(label)
                 times[label].append(value)
                 blocks.raw.append((label, value))
-            blocks.baseline.append(sum(times[first]) / 2)
-            blocks.candidate.append(sum(times[second]) / 2)
+            # The faster of each side's two samples: on a shared host noise only ever adds
+            # time (preemption, a neighbour's burst), and it rarely hits both samples.
+            blocks.baseline.append(min(times[first]))
+            blocks.candidate.append(min(times[second]))
         blocks.elapsed_s += time.perf_counter() - started
 
 

@@ -1,0 +1,210 @@
+"""glmfb bench end to end: planted slowdowns, the decode_norm scenario, bad input, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from glmfb.bench.config import BenchConfig
+from glmfb.bench.engine import run_bench
+from glmfb.cli import app
+from glmfb.errors import TargetError, UsageError
+from glmfb.targets import Target
+from glmfb.verdict import Layer, Status, Verdict
+
+HERE = __file__
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = str(ROOT / "scenarios" / "decode_norm" / "kernels.py")
+runner = CliRunner()
+
+
+def doubled(shape: tuple[int, ...], times: int = 1, seed: int = 0) -> Any:
+    """A kernel whose candidate does the same work ``times`` times: a planted slowdown."""
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    out = torch.empty_like(x)
+
+    def kernel() -> torch.Tensor:
+        for _ in range(times):
+            torch.mul(x, 1.5, out=out)
+        return out
+
+    return kernel
+
+
+def nan_on_third_call(shape: tuple[int, ...]) -> Any:
+    calls = {"n": 0}
+    x = torch.ones(shape)
+
+    def kernel() -> torch.Tensor:
+        calls["n"] += 1
+        return x * (math.nan if calls["n"] == 3 else 1.0)
+
+    return kernel
+
+
+def raising_factory(shape: tuple[int, ...]) -> Any:
+    raise RuntimeError("CUDA kernel image not found")
+
+
+def non_callable_factory(shape: tuple[int, ...]) -> Any:
+    return torch.ones(shape)
+
+
+def config(baseline: Target, candidate: Target | None, **kwargs: Any) -> BenchConfig:
+    kwargs.setdefault("shapes", ((64, 1024),))
+    kwargs.setdefault("budget_s", 4.0)
+    return BenchConfig(name="t", baseline=baseline, candidate=candidate, **kwargs)
+
+
+def roundtrip(verdict: Verdict) -> None:
+    assert Verdict.from_dict(json.loads(json.dumps(verdict.to_dict()))) == verdict
+
+
+@pytest.mark.slow
+def test_planted_two_fold_slowdown_fails_with_op_diff() -> None:
+    verdict = run_bench(config(Target(f"{HERE}:doubled"), Target(f"{HERE}:doubled", {"times": 2})))
+    assert verdict.status is Status.FAIL
+    assert verdict.layer is Layer.KERNEL
+    assert verdict.where == {"kernel": "doubled", "shape": "64x1024"}
+    assert verdict.metric is not None and verdict.metric.ci is not None
+    assert 0.5 < verdict.metric.value < 1.6  # type: ignore[operator]
+    assert verdict.metric.ci[0] > 0.05
+    assert "aten::mul called 2x as often" in verdict.why
+    assert verdict.exit_code == 1
+    roundtrip(verdict)
+
+
+@pytest.mark.slow
+def test_same_kernel_is_equivalent() -> None:
+    verdict = run_bench(config(Target(f"{HERE}:doubled"), Target(f"{HERE}:doubled"), threshold=0.10))
+    assert verdict.status is Status.PASS, verdict.why
+    assert "equivalent within ±10%" in verdict.why
+
+
+@pytest.mark.slow
+def test_planted_regression_tiled_vs_fused_names_the_repeated_reductions() -> None:
+    verdict = run_bench(config(
+        Target(f"{KERNELS}:gated_norm_fused"), Target(f"{KERNELS}:gated_norm_tiled"),
+        shapes=((8, 4096), (32, 1024)), budget_s=4.0,
+    ))
+    assert verdict.status is Status.FAIL, verdict.why
+    assert verdict.where["kernel"] == "gated_norm_tiled"
+    assert verdict.where["shape"] in ("8x4096", "32x1024")
+    assert "redundant recomputation" in verdict.why
+    assert "aten::mean" in verdict.why
+    op_diff = next(e for e in verdict.evidence if e["kind"] == "op_diff")
+    assert op_diff["rule"] == "redundant-recomputation"
+    assert "aten::mean" in op_diff["repeated_reductions"]
+    mean = next(op for op in op_diff["ops"] if op["op"] == "aten::mean")
+    assert mean["candidate_calls"] == pytest.approx(4 * mean["baseline_calls"])
+    summary = verdict.evidence[0]
+    assert summary["kind"] == "summary" and summary["slower"] == 2
+    roofline = next(e for e in verdict.evidence if e["kind"] == "roofline")
+    assert roofline["ceilings"]["flops_per_s"] > 0 and roofline["ceilings"]["bytes_per_s"] > 0
+    assert {row["bound"] for row in roofline["placements"]} <= {"memory-bound", "compute-bound"}
+    assert verdict.env["threads"] == 1
+    roundtrip(verdict)
+
+
+@pytest.mark.slow
+def test_fused_vs_tiled_is_an_improvement() -> None:
+    verdict = run_bench(config(
+        Target(f"{KERNELS}:gated_norm_tiled"), Target(f"{KERNELS}:gated_norm_fused"), shapes=((8, 4096),),
+        budget_s=3.0,
+    ))
+    assert verdict.status is Status.PASS, verdict.why
+    assert "faster" in verdict.why and "speed-up" in verdict.why
+    assert verdict.metric is not None and verdict.metric.value is not None and verdict.metric.value < -0.3
+
+
+def test_factory_that_raises_is_an_error_verdict() -> None:
+    verdict = run_bench(config(Target(f"{HERE}:doubled"), Target(f"{HERE}:raising_factory")))
+    assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
+    assert "candidate factory" in verdict.why and "CUDA kernel image not found" in verdict.why
+    assert verdict.exit_code == 3
+
+
+def test_non_callable_is_an_error_verdict() -> None:
+    verdict = run_bench(config(Target(f"{HERE}:non_callable_factory"), Target(f"{HERE}:doubled")))
+    assert verdict.status is Status.ERROR
+    assert "returned a Tensor, not a zero-argument callable" in verdict.why
+
+
+def test_nan_on_one_call_is_an_error_verdict() -> None:
+    verdict = run_bench(config(Target(f"{HERE}:doubled"), Target(f"{HERE}:nan_on_third_call")))
+    assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
+    assert "NaN or Inf" in verdict.why
+
+
+def test_unresolvable_target_is_a_usage_error() -> None:
+    with pytest.raises(TargetError):
+        run_bench(config(Target(f"{HERE}:no_such_factory"), Target(f"{HERE}:doubled")))
+
+
+def test_config_rejects_bad_values() -> None:
+    with pytest.raises(UsageError):
+        config(Target("a:b"), Target("a:b"), shapes=())
+    with pytest.raises(UsageError):
+        config(Target("a:b"), Target("a:b"), budget_s=0)
+
+
+def test_threads_are_restored() -> None:
+    before = torch.get_num_threads()
+    run_bench(config(Target(f"{HERE}:doubled"), Target(f"{HERE}:raising_factory"), threads=1))
+    assert torch.get_num_threads() == before
+
+
+# ---- CLI -----------------------------------------------------------------------------------
+
+
+def cli(*args: str) -> Any:
+    return runner.invoke(app, ["bench", *args])
+
+
+@pytest.mark.slow
+def test_cli_json_fail_and_exit_code() -> None:
+    result = cli(f"{HERE}:doubled", f"{HERE}:doubled", "--candidate-arg", "times=2",
+                 "--shape", "64x1024", "--budget", "3", "--json", "--no-profile")
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.stdout)
+    assert data["status"] == "fail" and data["where"]["shape"] == "64x1024"
+    assert data["probe"] == "bench"
+
+
+def test_cli_bad_shape_is_exit_2() -> None:
+    result = cli(f"{HERE}:doubled", f"{HERE}:doubled", "--shape", "8xfour", "--json")
+    assert result.exit_code == 2
+    assert "shape '8xfour' does not parse" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_bad_threshold_and_missing_shape_are_exit_2() -> None:
+    assert cli(f"{HERE}:doubled", f"{HERE}:doubled", "--shape", "8", "--threshold", "five").exit_code == 2
+    assert cli(f"{HERE}:doubled", f"{HERE}:doubled").exit_code == 2
+    assert cli(f"{HERE}:doubled").exit_code == 2  # one target needs --save
+
+
+def test_cli_factory_raises_is_exit_3_with_error_json() -> None:
+    result = cli(f"{HERE}:doubled", f"{HERE}:raising_factory", "--shape", "8x8", "--json")
+    assert result.exit_code == 3
+    data = json.loads(result.stdout)
+    assert data["status"] == "error" and data["layer"] == "harness"
+    assert "Traceback" not in result.output
+
+
+def test_cli_nan_kernel_is_exit_3() -> None:
+    result = cli(f"{HERE}:doubled", f"{HERE}:nan_on_third_call", "--shape", "8x8", "--json")
+    assert result.exit_code == 3
+    assert json.loads(result.stdout)["status"] == "error"
+
+
+def test_cli_unknown_target_is_exit_2() -> None:
+    result = cli(f"{HERE}:doubled", f"{HERE}:missing", "--shape", "8x8", "--json")
+    assert result.exit_code == 2
+    assert "has no attribute 'missing'" in result.output
