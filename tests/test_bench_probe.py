@@ -1,0 +1,53 @@
+"""probes/bench.toml through the suite: the planted regression is diagnosed, the fix passes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from glmfb import suite
+from glmfb.verdict import Status
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def definitions() -> dict[str, suite.ProbeDefinition]:
+    return {d.name: d for d in suite.load_definitions([ROOT / "probes" / "bench.toml"])}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gated-norm-tiled-vs-fused", "gated-norm-fused-vs-tiled"])
+def test_bench_definitions_meet_their_expectations(name: str, tmp_path: Path) -> None:
+    definition = definitions()[name]
+    verdict = suite.run_definition(definition, suite.RunContext("t", tmp_path))
+    assert verdict.expect_met, (verdict.status, verdict.why, verdict.where)
+    assert Path(verdict.artifacts["samples"]).is_file()
+    if definition.expect is not None and definition.expect.status is Status.FAIL:
+        assert "redundant recomputation" in verdict.why and "aten::mean" in verdict.why
+        # the next step is a command that works from the working directory
+        assert any(step.startswith("glmfb bench scenarios/decode_norm/kernels.py") or "kernels.py" in step
+                   for step in verdict.next)
+    else:
+        assert "speed-up" in verdict.why
+
+
+def test_unknown_option_is_an_error_verdict(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(
+        '[[probe]]\nname = "x"\nprobe = "bench"\nbaseline = "a.py:f"\ncandidate = "a.py:g"\n'
+        'options = { shapes = ["8"], budgte = 3 }\n'
+    )
+    [definition] = suite.load_definitions([path])
+    verdict = suite.run_definition(definition, suite.RunContext("t", tmp_path))
+    assert verdict.status is Status.ERROR
+    assert "unknown bench option 'budgte'" in verdict.why
+
+
+def test_missing_shapes_is_an_error_verdict(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('[[probe]]\nname = "x"\nprobe = "bench"\nbaseline = "a.py:f"\ncandidate = "a.py:g"\n')
+    [definition] = suite.load_definitions([path])
+    verdict = suite.run_definition(definition, suite.RunContext("t", tmp_path))
+    assert verdict.status is Status.ERROR
+    assert "options.shapes" in verdict.why
