@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -86,7 +87,7 @@ def test_bad_samples_are_rejected() -> None:
 def test_look_schedule_grows_and_is_bounded() -> None:
     looks = look_schedule(16)
     assert looks[0] == 16 and len(looks) == 8
-    assert all(b > a for a, b in zip(looks, looks[1:]))
+    assert all(b > a for a, b in itertools.pairwise(looks))
     assert 0.95 < LOOK_CONFIDENCE < 1
 
 
