@@ -9,7 +9,6 @@ mode then measures local error (``localize``) and bisects the shortest failing p
 from __future__ import annotations
 
 import csv
-import math
 import os
 import shlex
 import time
@@ -28,11 +27,13 @@ from glmfb.diff.metrics import (
     PairComparer,
     PositionErrors,
     TokenMetrics,
+    Tolerance,
     Tolerances,
     is_logits,
     position_dim,
     position_errors,
     token_metrics,
+    typical_relative_error,
 )
 from glmfb.diff.minimize import MinimalPrefix, shortest_failing_prefix
 from glmfb.diff.requests import Request, read_requests, write_requests
@@ -46,7 +47,7 @@ from glmfb.diff.shape import (
     position_curve,
     precision_signature,
 )
-from glmfb.diff.store import MANIFEST, CaptureReader, CaptureWriter, Manifest
+from glmfb.diff.store import MANIFEST, CaptureReader, CaptureWriter, Manifest, TapRecord
 from glmfb.env import differences, fingerprint, git_revision
 from glmfb.errors import UsageError
 from glmfb.targets import Target, is_file_ref, split_ref
@@ -273,7 +274,7 @@ def _analyse(config: DiffConfig, env: Mapping[str, Any], baseline: CaptureReader
     evidence.append({"kind": "error_shape", "shape": shape.value, "fit": fit.to_dict() if fit else None,
                      "measure": "relative L2 error of the final outputs per request"})
 
-    signature = _signature(localized, first, positions, positions_tap) if failed else None
+    signature = _signature(localized, first, baseline, candidate, worst.length) if failed else None
     if signature is not None:
         evidence.append({"kind": "precision_signature", **signature.to_dict()})
 
@@ -358,29 +359,29 @@ def _tap_positions(baseline: CaptureReader, candidate: CaptureReader, tap: TapRe
     dim = position_dim(tap.tap.shape, length)
     if dim is None:
         return None
-    other = next(t for r in candidate.requests for t in r.taps if t.file == tap.tap.file and t.key == tap.tap.key)
-    tolerance_metrics = tap.metrics
-    from glmfb.diff.metrics import Tolerance
-
-    return position_errors(baseline.load(tap.tap), candidate.load(other), dim,
-                           Tolerance(tolerance_metrics.rtol, tolerance_metrics.atol))
+    tolerance = Tolerance(tap.metrics.rtol, tap.metrics.atol)
+    return position_errors(baseline.load(tap.tap), candidate.load(_other(candidate, tap)), dim, tolerance)
 
 
-def _signature(localized: LocalError | None, first: TapResult | None, positions: PositionErrors | None,
-               positions_tap: str | None) -> PrecisionSignature | None:
-    """The observed relative error at the first positions (before it accumulates) of the
-    module where the error starts; the whole tensor's relative L2 error without positions."""
-    if positions is not None and len(positions.rel_l2):
-        count = max(1, min(8, len(positions.rel_l2) // 8))
-        early = sorted(float(x) for x in positions.rel_l2[:count] if math.isfinite(x) and x > 0)
-        if early:
-            kind = "local error" if localized is not None else "error"
-            return precision_signature(early[len(early) // 2], f"{kind} of {positions_tap}, median of the first {count} positions")
-    if localized is not None and localized.metrics is not None:
-        return precision_signature(localized.metrics.rel_l2, f"local error of {localized.tap}")
-    if first is not None:
-        return precision_signature(first.metrics.rel_l2, f"error of {first.tap.name}")
-    return None
+def _signature(localized: LocalError | None, first: TapResult | None, baseline: CaptureReader,
+               candidate: CaptureReader, length: int | None) -> PrecisionSignature | None:
+    """The typical relative error where the error starts (the localized module's own error in
+    live mode, else the first divergent tap), before it has had positions to accumulate over."""
+    if localized is not None and localized.typical_relative is not None:
+        return precision_signature(localized.typical_relative,
+                                   f"local error of {localized.tap}: median element-wise relative error, first positions")
+    if first is None:
+        return None
+    base, cand = baseline.load(first.tap), candidate.load(_other(candidate, first))
+    typical = typical_relative_error(base, cand, position_dim(first.tap.shape, length))
+    if typical is None:
+        return None
+    return precision_signature(typical, f"error of {first.tap.name}: median element-wise relative error, first positions")
+
+
+def _other(candidate: CaptureReader, tap: TapResult) -> TapRecord:
+    """The candidate's record of the same tap (captures are checked to match tap for tap)."""
+    return next(t for r in candidate.requests for t in r.taps if t.file == tap.tap.file and t.key == tap.tap.key)
 
 
 def _tokens(baseline: CaptureReader, candidate: CaptureReader, request: RequestResult) -> tuple[str, TokenMetrics] | None:
@@ -390,8 +391,7 @@ def _tokens(baseline: CaptureReader, candidate: CaptureReader, request: RequestR
         dim = position_dim(tap.tap.shape, request.length)
         if dim is None or dim == len(tap.tap.shape) - 1:
             continue
-        other = next(t for r in candidate.requests for t in r.taps if t.file == tap.tap.file and t.key == tap.tap.key)
-        return tap.tap.name, token_metrics(baseline.load(tap.tap), candidate.load(other), dim)
+        return tap.tap.name, token_metrics(baseline.load(tap.tap), candidate.load(_other(candidate, tap)), dim)
     return None
 
 

@@ -22,6 +22,7 @@ from glmfb.diff.metrics import (
     Tolerances,
     position_dim,
     position_errors,
+    typical_relative_error,
 )
 from glmfb.diff.requests import Request
 from glmfb.diff.store import tap_name
@@ -40,6 +41,7 @@ class LocalError:
     metrics: TensorMetrics | None  # None when the module could not be run in isolation
     positions: PositionErrors | None
     note: str = ""
+    typical_relative: float | None = None  # median element-wise relative error, early positions
 
     @property
     def failed(self) -> bool:
@@ -146,5 +148,6 @@ def local_errors(baseline: LoadedSide, candidate: LoadedSide, request: Request,
         if dim is not None:
             tolerance = tolerances.for_tap(part_tap, str(base_tensor.dtype).removeprefix("torch."))
             positions = position_errors(base_tensor, cand_tensor, dim, tolerance)
-        results.append(LocalError(module_name, call, part_tap, metrics, positions))
+        typical = typical_relative_error(base_tensor, cand_tensor, dim)
+        results.append(LocalError(module_name, call, part_tap, metrics, positions, typical_relative=typical))
     return results

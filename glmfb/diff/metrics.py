@@ -393,6 +393,30 @@ def position_errors(baseline: torch.Tensor, candidate: torch.Tensor, dim: int, t
     return PositionErrors(dim, rel, max_abs, outside)
 
 
+def typical_relative_error(baseline: torch.Tensor, candidate: torch.Tensor, dim: int | None,
+                           max_elements: int = 1 << 20) -> float | None:
+    """The median element-wise relative error where the error has had the least chance to
+    accumulate (the first positions, at most 8, along ``dim``; the first elements without one),
+    over elements whose magnitude is at least their row's RMS, so that values near zero
+    (where cancellation inflates relative error) do not dominate. None when nothing differs."""
+    import torch
+
+    if dim is not None:
+        positions = baseline.shape[dim]
+        count = max(1, min(8, positions // 8))
+        b = baseline.detach().narrow(dim, 0, count).movedim(dim, 0).reshape(count, -1).to(torch.float64)
+        c = candidate.detach().narrow(dim, 0, count).movedim(dim, 0).reshape(count, -1).to(torch.float64)
+    else:
+        b = baseline.detach().reshape(1, -1)[:, :max_elements].to(torch.float64)
+        c = candidate.detach().reshape(1, -1)[:, :max_elements].to(torch.float64)
+    rms = b.pow(2).mean(dim=1, keepdim=True).sqrt()
+    keep = (b.abs() >= rms) & (b != 0) & torch.isfinite(b) & torch.isfinite(c)
+    relative = ((c - b).abs() / b.abs())[keep]
+    if relative.numel() == 0 or float(relative.max()) == 0.0:
+        return None
+    return float(relative.median())
+
+
 # --------------------------------------------------------------------------------------------
 # Token level (logits)
 # --------------------------------------------------------------------------------------------

@@ -4,9 +4,11 @@
   least-squares slope and r², and the log-log exponent with its r².
 - :func:`classify`: growing with length, constant, a localized spike, or non-finite.
 - :func:`precision_signature`: an observed relative error set against the unit roundoff
-  ``u = 2^-p`` of bf16, fp16, TF32 and fp32. Rounding a value to nearest gives a relative
-  error spread over ``[0, u]`` whose root mean square is about ``u / 2`` (a little less), so
-  the format whose ``u / 2`` is closest (in log scale) to the observed error is "nearest".
+  ``u = 2^-p`` of bf16, fp16, TF32 and fp32. Rounding to nearest gives a median relative
+  error of about ``0.35 u``; a few roundings compounded (operands of a product, then the
+  sum) give up to about ``u``. The format whose ``u / 2`` is closest (in log scale) to the
+  observed median is "nearest"; formats 8x apart (bf16 vs TF32) are told apart while the
+  observation stays within a factor 2.8 of ``u / 2``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ UNIT_ROUNDOFF: dict[str, float] = {
     "tf32": 2.0**-11,
     "fp32": 2.0**-24,
 }
-ROUNDING_RMS_FACTOR = 0.5  # typical relative error / u for round-to-nearest of spread-out values
+ROUNDING_FACTOR = 0.5  # typical median relative error / u after one to a few roundings
 
 GROWING_EXPONENT = 0.3  # log-log exponent above which error counts as growing with length
 GROWING_R2 = 0.7
@@ -162,7 +164,7 @@ def precision_signature(observed: float, source: str) -> PrecisionSignature:
         return PrecisionSignature(observed, source, ratios, "none", math.inf)
     best, best_distance = "none", math.inf
     for name, u in UNIT_ROUNDOFF.items():
-        distance = abs(math.log2(observed / (ROUNDING_RMS_FACTOR * u)))
+        distance = abs(math.log2(observed / (ROUNDING_FACTOR * u)))
         if distance < best_distance:
             best, best_distance = name, distance
     nearest = "tf32/fp16" if best in ("tf32", "fp16") else best

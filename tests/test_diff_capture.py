@@ -1,0 +1,304 @@
+"""Requests, capture directories, and comparing captures through the CLI (bad input included)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from typer.testing import CliRunner
+
+from glmfb.cli import app
+from glmfb.diff.engine import CaptureConfig, run_capture
+from glmfb.diff.requests import draw_ids, read_requests
+from glmfb.diff.store import CAPTURE_SCHEMA, CaptureReader
+from glmfb.errors import InputError
+from glmfb.verdict import Verdict
+
+runner = CliRunner()
+HERE = Path(__file__).resolve()
+
+
+# ---- targets used by these tests (referenced as tests/test_diff_capture.py:NAME) -------------
+
+
+@dataclass
+class Pair:
+    left: torch.Tensor
+    right: torch.Tensor
+
+
+class Shared(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x)
+
+
+class Toy(nn.Module):
+    """Tuple, dict and dataclass outputs, a module called twice, a non-tensor output."""
+
+    def __init__(self, scale: float = 1.0, width: int = 8, watch: str = "") -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(50, width)
+        self.shared = Shared()
+        self.split = SplitOut()
+        self.scale = scale
+        self.watch = Path(watch) if watch else None
+        self.files_seen: list[int] = []
+
+    def forward(self, input_ids: torch.Tensor) -> dict[str, Any]:
+        x = self.shared(self.embed(input_ids))
+        if self.watch is not None:  # the taps so far are already on disk
+            self.files_seen.append(len(list(self.watch.rglob("*.safetensors"))))
+        pair, extra = self.split(x)
+        y = self.shared(pair.left * self.scale)
+        return {"y": y, "extra": extra, "note": "not a tensor"}
+
+
+class SplitOut(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[Pair, dict[str, torch.Tensor]]:
+        return Pair(x + 1, x - 1), {"sum": x.sum(dim=-1)}
+
+
+def toy(scale: float = 1.0, width: int = 8, watch: str = "") -> nn.Module:
+    return Toy(scale, width, watch)
+
+
+def toy_half(width: int = 8) -> nn.Module:
+    return Toy(1.0, width).to(torch.float64)
+
+
+def explode(**kwargs: Any) -> nn.Module:
+    class Broken(nn.Module):
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            raise RuntimeError("kernel exploded on purpose")
+
+    return Broken()
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+
+def write_requests(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def requests_file(tmp_path: Path) -> Path:
+    return write_requests(tmp_path / "requests.jsonl", [
+        '{"id": "a", "length": 5, "seed": 1, "vocab": 50}',
+        '{"id": "b", "input_ids": [1, 2, 3, 4, 5, 6, 7]}',
+    ])
+
+
+def capture(tmp_path: Path, requests: Path, name: str, target: str = "toy", *args: str) -> Path:
+    out = tmp_path / name
+    result = runner.invoke(app, ["capture", f"{HERE}:{target}", "--requests", str(requests), "--out", str(out), *args])
+    assert result.exit_code == 0, result.stderr
+    return out
+
+
+def diff_json(*args: str) -> tuple[int, dict[str, Any] | None, str]:
+    result = runner.invoke(app, ["diff", *args, "--json"])
+    data = json.loads(result.stdout) if result.stdout.strip() else None
+    return result.exit_code, data, result.stderr
+
+
+def one_line_error(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+# ---- requests -------------------------------------------------------------------------------------
+
+
+def test_requests_parse_and_draw_deterministically(requests_file: Path) -> None:
+    requests = read_requests(requests_file)
+    assert [r.id for r in requests] == ["a", "b"]
+    assert requests[0].input_ids == draw_ids(5, 1, 50)
+    assert all(0 <= i < 50 for i in requests[0].input_ids or ())
+    assert requests[1].length == 7
+    assert requests[1].prefix(3).input_ids == (1, 2, 3)
+    assert requests[1].module_inputs()[0][0].shape == (1, 7)
+
+
+@pytest.mark.parametrize(
+    ("line", "phrase"),
+    [
+        ('{"id": "x"}', "exactly one of"),
+        ('{"id": "x", "length": 0}', "length must be an integer >= 1"),
+        ('{"length": 4}', "needs a non-empty string 'id'"),
+        ('{"id": "x", "input_ids": [1, -2]}', "input_ids"),
+        ('{"id": "x", "tensors": {"h": {"shape": [2], "dtype": "complex"}}}', "dtype 'complex'"),
+        ("not json", "not valid JSON"),
+        ('{"id": "a", "length": 3}', "duplicate id 'a'"),
+    ],
+)
+def test_bad_request_lines_name_the_line(tmp_path: Path, line: str, phrase: str) -> None:
+    path = write_requests(tmp_path / "bad.jsonl", ['{"id": "a", "length": 2}', line])
+    with pytest.raises(InputError) as caught:
+        read_requests(path)
+    assert f"{path}:2" in str(caught.value)
+    assert phrase in str(caught.value)
+
+
+# ---- capture --------------------------------------------------------------------------------------
+
+
+def test_capture_writes_taps_in_execution_order_with_stable_names(tmp_path: Path, requests_file: Path) -> None:
+    out = tmp_path / "cap"
+    watch_args = {"watch": str(out)}
+    manifest = run_capture(CaptureConfig(f"{HERE}:toy", requests_file, out, args=watch_args))
+    reader = CaptureReader(out)
+    data = json.loads((out / "manifest.json").read_text())
+    assert data["schema"] == CAPTURE_SCHEMA and data["complete"] is True
+    assert data["request_ids"] == ["a", "b"]
+    assert data["env"]["python"] and "git" in data
+    names = [t.name for t in manifest.requests[0].taps]
+    assert names == [
+        "embed", "shared#0", "split[0][left]", "split[0][right]", "split[1][sum]", "shared#1",
+        "output[y]", "output[extra][sum]",
+    ]
+    assert manifest.requests[0].skipped == ("output[note]",)
+    tap = manifest.requests[1].taps[0]
+    assert tap.shape == (1, 7, 8) and tap.dtype == "float32"
+    with torch.no_grad():
+        expected = toy().embed(torch.tensor([[1, 2, 3, 4, 5, 6, 7]]))
+    assert torch.equal(reader.load(tap), expected)
+    assert not list(out.rglob("*.pickle")) and all(p.suffix in (".safetensors", ".json") for p in out.rglob("*.*"))
+
+
+def test_capture_writes_tensors_as_they_are_produced(tmp_path: Path, requests_file: Path) -> None:
+    from glmfb.diff.capture import load_side, run_requests
+    from glmfb.diff.engine import capture as capture_side
+    from glmfb.targets import Target
+
+    out = tmp_path / "cap"
+    side = load_side(Target(f"{HERE}:toy", {"watch": str(out)}))
+    capture_side(side, read_requests(requests_file), out, ())
+    # one file per module call: during request 2, request 1's five calls and this one's first
+    # two (embed, shared#0) were already on disk
+    assert side.obj.files_seen == [2, 5 + 2]
+    assert run_requests  # imported for the public API
+
+
+def test_tap_globs_narrow_and_unknown_globs_are_usage_errors(tmp_path: Path, requests_file: Path) -> None:
+    out = capture(tmp_path, requests_file, "cap", "toy", "--tap", "split")
+    names = [t.name for t in CaptureReader(out).requests[0].taps]
+    assert names == ["split[0][left]", "split[0][right]", "split[1][sum]", "output[y]", "output[extra][sum]"]
+    result = runner.invoke(app, ["capture", f"{HERE}:toy", "--requests", str(requests_file),
+                                 "--out", str(tmp_path / "x"), "--tap", "nothing*"])
+    assert result.exit_code == 2
+    assert "matches no module" in one_line_error(result.stderr)
+
+
+def test_capture_of_a_target_that_raises_is_one_line_exit_3(tmp_path: Path, requests_file: Path) -> None:
+    result = runner.invoke(app, ["capture", f"{HERE}:explode", "--requests", str(requests_file), "--out", str(tmp_path / "x")])
+    assert result.exit_code == 3
+    assert "kernel exploded on purpose" in one_line_error(result.stderr)
+
+
+# ---- compare captures -----------------------------------------------------------------------------
+
+
+def test_identical_captures_pass_with_zero_error(tmp_path: Path, requests_file: Path) -> None:
+    a = capture(tmp_path, requests_file, "a")
+    b = capture(tmp_path, requests_file, "b")
+    code, verdict, _ = diff_json(str(a), str(b), "--out", str(tmp_path / "reports"))
+    assert code == 0 and verdict is not None
+    assert verdict["status"] == "pass" and verdict["layer"] == "numerics"
+    assert verdict["metric"]["value"] == 0.0
+    assert "match exactly" in verdict["why"]
+    assert Verdict.from_dict(verdict).to_dict() == verdict
+
+
+def test_differing_captures_fail_and_name_the_first_divergent_tap(tmp_path: Path, requests_file: Path) -> None:
+    a = capture(tmp_path, requests_file, "a")
+    b = capture(tmp_path, requests_file, "b", "toy", "--arg", "scale=1.01")
+    code, verdict, _ = diff_json(str(a), str(b), "--out", str(tmp_path / "reports"))
+    assert code == 1 and verdict is not None
+    assert verdict["status"] == "fail"
+    assert verdict["where"]["module"] == "shared#1"  # the first tap after the scaled one
+    assert verdict["where"]["position"] == 0
+    kinds = {e["kind"]: e for e in verdict["evidence"]}
+    assert [row["status"] for row in kinds["requests"]["rows"]] == ["fail", "fail"]
+    rows = kinds["modules"]["rows"]
+    assert [r["status"] for r in rows[:5]] == ["pass"] * 5
+    csv_path = Path(verdict["artifacts"]["modules_csv"])
+    assert csv_path.is_file() and csv_path.read_text().startswith("order,tap,module,call")
+    assert "local_error" not in kinds  # captures alone cannot separate local from inherited
+    # a loose enough tolerance for that tap passes it
+    code, verdict, _ = diff_json(str(a), str(b), "--tol", "shared#1=0.1,0", "--tol", "output*=0.1,0",
+                                 "--out", str(tmp_path / "reports"))
+    assert code == 0, verdict
+
+
+@pytest.mark.parametrize(
+    ("other_requests", "other_args", "phrase"),
+    [
+        (['{"id": "a", "length": 5, "seed": 1, "vocab": 50}', '{"id": "c", "input_ids": [1, 2]}'], [],
+         "request #1 is 'b' in the baseline and 'c' in the candidate"),
+        (['{"id": "a", "length": 5, "seed": 1, "vocab": 50}'], [], "request 'b' is in the baseline only"),
+        (None, ["--tap", "split"], "tap 'embed' is in the baseline capture only"),
+        (None, ["--arg", "width=4"], "request 'a', tap 'embed': shape [1, 5, 8] in the baseline, [1, 5, 4]"),
+    ],
+)
+def test_mismatched_captures_name_the_first_mismatch(tmp_path: Path, requests_file: Path, other_requests: list[str] | None,
+                                                     other_args: list[str], phrase: str) -> None:
+    a = capture(tmp_path, requests_file, "a")
+    other = requests_file if other_requests is None else write_requests(tmp_path / "other.jsonl", other_requests)
+    b = capture(tmp_path, other, "b", "toy", *other_args)
+    code, verdict, stderr = diff_json(str(a), str(b), "--out", str(tmp_path / "reports"))
+    assert code == 2 and verdict is None
+    assert phrase in one_line_error(stderr)
+
+
+def test_dtype_mismatch_is_named(tmp_path: Path, requests_file: Path) -> None:
+    a = capture(tmp_path, requests_file, "a")
+    b = capture(tmp_path, requests_file, "b", "toy_half")
+    code, _, stderr = diff_json(str(a), str(b), "--out", str(tmp_path / "reports"))
+    assert code == 2
+    assert "tap 'embed': dtype float32 in the baseline, float64 in the candidate" in one_line_error(stderr)
+
+
+def test_broken_captures_give_one_line_and_exit_2(tmp_path: Path, requests_file: Path) -> None:
+    a = capture(tmp_path, requests_file, "a")
+    b = capture(tmp_path, requests_file, "b")
+    victim = b / "r0001" / "00002.safetensors"
+    victim.write_bytes(victim.read_bytes()[:-7])
+    code, _, stderr = diff_json(str(a), str(b), "--out", str(tmp_path / "reports"))
+    assert code == 2
+    assert "truncated safetensors file" in one_line_error(stderr) and "00002.safetensors" in stderr
+
+    (b / "manifest.json").unlink()
+    code, _, stderr = diff_json(str(a), str(b), "--out", str(tmp_path / "reports"))
+    assert code == 2 and "no manifest.json" in one_line_error(stderr)
+
+    manifest = json.loads((a / "manifest.json").read_text())
+    manifest["schema"] = "glmfb.capture/99"
+    (a / "manifest.json").write_text(json.dumps(manifest))
+    code, _, stderr = diff_json(str(a), str(a), "--out", str(tmp_path / "reports"))
+    assert code == 2 and "unknown capture schema 'glmfb.capture/99'" in one_line_error(stderr)
+
+    code, _, stderr = diff_json(str(tmp_path / "missing"), str(tmp_path / "missing2"), "--out", str(tmp_path / "r"))
+    assert code == 2 and "no such capture directory" in one_line_error(stderr)
+
+
+def test_target_side_without_requests_is_a_usage_error(tmp_path: Path) -> None:
+    code, _, stderr = diff_json(f"{HERE}:toy", f"{HERE}:toy", "--out", str(tmp_path / "r"))
+    assert code == 2 and "needs --requests" in one_line_error(stderr)
+
+
+def test_target_that_raises_gives_an_error_verdict(tmp_path: Path, requests_file: Path) -> None:
+    code, verdict, _ = diff_json(f"{HERE}:toy", f"{HERE}:explode", "--requests", str(requests_file),
+                                 "--out", str(tmp_path / "r"))
+    assert code == 3 and verdict is not None
+    assert verdict["status"] == "error" and verdict["layer"] == "harness"
+    assert "RuntimeError: kernel exploded on purpose" in verdict["why"]

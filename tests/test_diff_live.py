@@ -1,0 +1,115 @@
+"""Live mode on the planted-bug scenarios: the acceptance tests of the diff probe."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from glmfb.cli import app
+from glmfb.diff.engine import DiffConfig, run_diff
+from glmfb.diff.metrics import Tolerances
+from glmfb.diff.requests import read_requests
+from glmfb.verdict import Verdict
+
+ROOT = Path(__file__).resolve().parents[1]
+NUMERICS = ROOT / "scenarios" / "numerics"
+LLAMA = str(NUMERICS / "llama.py")
+SCAN = str(NUMERICS / "scan.py")
+runner = CliRunner()
+
+
+def evidence(verdict: Verdict | dict[str, Any]) -> dict[str, dict[str, Any]]:
+    items = verdict.evidence if isinstance(verdict, Verdict) else verdict["evidence"]
+    return {e["kind"]: e for e in items}
+
+
+@pytest.fixture(scope="module")
+def scan_requests(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("scan") / "requests.jsonl"
+    path.write_text("".join(f'{{"id": "s{n}", "length": {n}, "seed": {n}}}\n' for n in (32, 64, 128, 256)))
+    return path
+
+
+@pytest.mark.slow
+def test_llama_live_names_the_patched_projection(tmp_path: Path) -> None:
+    result = runner.invoke(app, [
+        "diff", f"{LLAMA}:clean", f"{LLAMA}:bf16_output", "--requests", str(NUMERICS / "llama_requests.jsonl"),
+        "--candidate-arg", "module=model.layers.1.mlp.down_proj", "--out", str(tmp_path), "--json",
+    ])
+    assert result.exit_code == 1, result.stderr
+    verdict = json.loads(result.stdout)
+    assert verdict["status"] == "fail" and verdict["layer"] == "numerics"
+    assert verdict["where"]["module"] == "model.layers.1.mlp.down_proj"
+    assert verdict["where"]["request"].startswith("llama-")
+    assert verdict["where"]["position"] == 0
+    found = evidence(verdict)
+    local = found["local_error"]["rows"]
+    assert local[0]["module"] == "model.layers.1.mlp.down_proj" and local[0]["local_exceeds_tolerance"]
+    # the modules after it only inherit the error: their own error on the baseline's inputs is zero
+    inherited = [r for r in local if r["module"].startswith(("model.layers.2", "model.layers.3", "model.norm", "lm_head"))]
+    assert inherited and all(r["local_rel_l2"] == 0.0 and not r["local_exceeds_tolerance"] for r in inherited)
+    assert found["precision_signature"]["nearest"] == "bf16"
+    assert found["error_shape"]["shape"] == "constant"
+    assert found["tokens"]["tap"] == "output[logits]"
+    assert "bfloat16" in verdict["why"] and "model.layers.1.mlp.down_proj" in verdict["why"]
+    assert Path(verdict["artifacts"]["modules_csv"]).is_file()
+
+
+@pytest.mark.slow
+def test_llama_against_itself_passes_with_zero_error(tmp_path: Path) -> None:
+    verdict = run_diff(DiffConfig("self", f"{LLAMA}:clean", f"{LLAMA}:clean", tmp_path,
+                                  requests=NUMERICS / "llama_requests.jsonl"))
+    assert verdict.status.value == "pass"
+    assert verdict.metric is not None and verdict.metric.value == 0.0
+    rows = evidence(verdict)["modules"]["rows"]
+    assert len(rows) > 50 and all(r["max_abs"] == 0.0 for r in rows)
+
+
+def test_tf32_scan_grows_with_length_and_minimizes(tmp_path: Path, scan_requests: Path) -> None:
+    config = DiffConfig("scan", f"{SCAN}:fp32", f"{SCAN}:tf32", tmp_path, requests=scan_requests,
+                        tolerances=Tolerances(rtol=0.01, atol=0.05))
+    verdict = run_diff(config)
+    assert verdict.status.value == "fail"
+    assert verdict.where["module"] == "layers.0.scan"
+    assert verdict.where["request"] == "s256"
+    found = evidence(verdict)
+    shape = found["error_shape"]
+    assert shape["shape"] == "growing"
+    assert shape["fit"]["loglog_exponent"] > 0.3 and shape["fit"]["loglog_r2"] > 0.7
+    assert found["precision_signature"]["nearest"] == "tf32/fp16"
+    assert found["requests"]["rows"][0]["status"] == "pass"  # short requests are within tolerance
+    assert "TF32" in verdict.why
+    minimal = found["minimal_reproducer"]
+    assert 1 <= minimal["length"] < minimal["original_length"] == 256
+    reproducer = read_requests(minimal["file"])
+    assert len(reproducer) == 1 and reproducer[0].length == minimal["length"]
+    command = verdict.next[-1]
+    assert command == minimal["command"] and shlex.split(command)[:2] == ["glmfb", "diff"]
+    # the command in `next` reruns the reproducer, and it still fails
+    rerun = runner.invoke(app, ["diff", *shlex.split(command)[2:], "--no-minimize", "--out", str(tmp_path), "--json"])
+    assert rerun.exit_code == 1, rerun.stderr
+    # at the threshold length, either layer's scan may be the first to cross the tolerance
+    assert json.loads(rerun.stdout)["where"]["module"] in ("layers.0.scan", "layers.1.scan")
+
+
+def test_fixed_scan_passes_with_zero_error(tmp_path: Path, scan_requests: Path) -> None:
+    verdict = run_diff(DiffConfig("fixed", f"{SCAN}:fp32", f"{SCAN}:fp32", tmp_path, requests=scan_requests,
+                                  tolerances=Tolerances(rtol=0.01, atol=0.05)))
+    assert verdict.status.value == "pass" and verdict.why.startswith("All 4 requests match exactly")
+    assert Verdict.from_dict(verdict.to_dict()) == verdict
+
+
+@pytest.mark.slow
+def test_probe_definitions_meet_their_expectations(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["run", str(ROOT / "probes" / "diff.toml"), "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.stdout[-2000:] + result.stderr
+    run = json.loads(result.stdout)
+    assert run["summary"]["expect_met"] == 4 and run["summary"]["expect_unmet"] == 0
+    statuses = {v["name"]: v["status"] for v in run["verdicts"]}
+    assert statuses == {"llama-down-proj-bf16": "fail", "llama-clean-vs-itself": "pass",
+                        "scan-state-update-tf32": "fail", "scan-state-update-fp32": "pass"}
