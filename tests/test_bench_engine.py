@@ -208,3 +208,28 @@ def test_cli_unknown_target_is_exit_2() -> None:
     result = cli(f"{HERE}:doubled", f"{HERE}:missing", "--shape", "8x8", "--json")
     assert result.exit_code == 2
     assert "has no attribute 'missing'" in result.output
+
+
+def test_budget_too_small_is_inconclusive() -> None:
+    verdict = run_bench(config(Target(f"{HERE}:doubled"), Target(f"{HERE}:doubled"),
+                               budget_s=0.02, sample_s=0.01, profile=False))
+    assert verdict.status is Status.INCONCLUSIVE, verdict.why
+    assert verdict.exit_code == 4
+    assert "did not fit" in verdict.why and verdict.next
+
+
+def test_inconclusive_why_estimates_the_samples_needed() -> None:
+    from glmfb.bench.decision import normal_change
+    from glmfb.bench.engine import ShapeResult, _inconclusive_why
+    from glmfb.bench.runner import Blocks
+    from glmfb.stats import Decision
+
+    blocks = Blocks(baseline=[1.0] * 50, candidate=[1.0] * 50, elapsed_s=1.0)
+    result = ShapeResult("8x8", 10, blocks, normal_change(1.09, 0.03, 50), Decision.UNDECIDED,
+                         None, 0.0, 3, 1e-4, 1.09e-4)
+    cfg = config(Target("a:b"), Target("a:c"))
+    why = _inconclusive_why(cfg, "c", "b", [result], 1)
+    assert "straddles ±5%" in why and "blocks (~" in why and "would decide it" in why
+    at_threshold = ShapeResult("8x8", 10, blocks, normal_change(1.05, 0.03, 50), Decision.UNDECIDED,
+                               None, 0.0, 3, 1e-4, 1.05e-4)
+    assert "no sample size decides it" in _inconclusive_why(cfg, "c", "b", [at_threshold], 1)
