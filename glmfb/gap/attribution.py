@@ -10,14 +10,16 @@ missing or breaks, the finding says so and the gap verdict names the missing sig
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from glmfb.gap.config import GapConfig
+from glmfb.io import write_json_atomic
 
 IDLE_MAJORITY = 0.5  # a holder blocked in this share of its samples holds the GIL while idle
 CANARY_PREFIX = "glmfb-"  # threads the gil probe injects, never the starved thread we name
+STARTUP_FUNCTIONS = frozenset({"_call_with_frames_removed", "_find_and_load", "exec_module", "<module>"})
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class GilFinding:
     canary_p50_ms: float | None = None
     canary_p99_ms: float | None = None
     canary_max_ms: float | None = None
+    holder_source: str | None = None  # which gil evidence the holder comes from
     gil_why: str | None = None
     next: tuple[str, ...] = ()
     artifacts: Mapping[str, str] = field(default_factory=dict)
@@ -53,7 +56,8 @@ class GilFinding:
 
     @property
     def starved(self) -> bool:
-        return self.status == "fail"
+        """The gil probe saw starvation (it fails on starvation beside a known holder)."""
+        return self.status == "fail" or self.starved_thread is not None
 
     def sentence(self) -> str:
         """The finding in one sentence, in the terms of its evidence."""
@@ -95,6 +99,7 @@ class GilFinding:
             "holder_share": self.holder_share,
             "holder_idle_share": self.holder_idle_share,
             "native_frame": self.native_frame,
+            "holder_source": self.holder_source,
             "starved_thread": self.starved_thread,
             "starved_waiting_share": self.starved_waiting_share,
             "canary_p50_ms": self.canary_p50_ms,
@@ -109,29 +114,50 @@ def _evidence(items: Sequence[Mapping[str, Any]], kind: str) -> Mapping[str, Any
 
 
 def _starved_thread(starvation: Mapping[str, Any] | None, holder_thread: str | None) -> tuple[str | None, float | None]:
-    """The thread (not the holder, not glmfb's canary) seen waiting for the GIL most often."""
+    """The thread the gil probe called starved (not the holder, not glmfb's canary) that it saw
+    waiting for the GIL most often."""
     if starvation is None:
         return None, None
+    starved = {name for name in starvation.get("threads") or () if isinstance(name, str)}
     waiting = [
         w for w in starvation.get("waiting_for_gil") or ()
-        if isinstance(w, Mapping) and isinstance(w.get("thread"), str)
-        and w["thread"] != holder_thread and not w["thread"].startswith(CANARY_PREFIX)
+        if isinstance(w, Mapping) and w.get("thread") in starved
+        and w["thread"] != holder_thread and not str(w["thread"]).startswith(CANARY_PREFIX)
     ]
     if not waiting:
         return None, None
     top = max(waiting, key=lambda w: float(w.get("waiting_share") or 0.0))
     share = top.get("waiting_share")
-    return top["thread"], float(share) if share is not None else None
+    return str(top["thread"]), float(share) if share is not None else None
 
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _startup_frame(site: Mapping[str, Any]) -> bool:
+    file = str(site.get("file") or "")
+    return file.startswith("<frozen importlib") or str(site.get("function")) in STARTUP_FUNCTIONS
+
+
+def _steady_state_holder(evidence: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any] | None, str]:
+    """The GIL holder of the steady state: the gil probe's top holder, unless that is the
+    child's own import machinery (its window starts when the child starts, so imports and the
+    target's setup fall inside it); then the most sampled site that is not."""
+    top = _evidence(evidence, "gil_holder")
+    if top is None or not _startup_frame(top):
+        return top, "gil_holder"
+    threads = _evidence(evidence, "gil_threads")
+    for index, site in enumerate((threads or {}).get("sites") or ()):
+        if isinstance(site, Mapping) and not _startup_frame(site):
+            return site, f"gil_threads.sites[{index}] (the top holder was import machinery of the child's startup)"
+    return None, "only import machinery of the child's startup held the GIL"
+
+
 def finding_from_verdict(verdict: Any) -> GilFinding:
     """Read a gil verdict (glmfb.verdict.Verdict with probe gil) into a finding."""
     evidence = list(verdict.evidence)
-    holder = _evidence(evidence, "gil_holder")
+    holder, holder_source = _steady_state_holder(evidence)
     starvation = _evidence(evidence, "starvation")
     status = verdict.status.value
     if status == "error":
@@ -143,7 +169,8 @@ def finding_from_verdict(verdict: Any) -> GilFinding:
     return GilFinding(
         available=True,
         status=status,
-        reason=None if holder else "no thread held the GIL often enough to name it",
+        reason=None if holder else f"no steady-state GIL holder: {holder_source}",
+        holder_source=holder_source,
         holder_thread=holder_thread,
         holder_function=holder.get("function") if holder else None,
         holder_file=holder.get("file") if holder else None,
@@ -182,4 +209,10 @@ def trace_candidate_gil(
         verdict = trace_gil(gil_config, artifact_dir=artifact_dir, progress=progress)
     except Exception as exc:  # the attribution degrades; the gap itself stands
         return GilFinding(available=False, reason=f"the gil probe broke: {type(exc).__name__}: {exc}")
-    return finding_from_verdict(verdict)
+    finding = finding_from_verdict(verdict)
+    verdict_file = Path(artifact_dir) / "gil-verdict.json"
+    try:
+        write_json_atomic(verdict_file, verdict.to_dict())
+    except OSError:
+        return finding
+    return replace(finding, artifacts={**finding.artifacts, "verdict": str(verdict_file)})

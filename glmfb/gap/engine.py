@@ -183,6 +183,8 @@ def _judge(
             "iterations_per_side": n,
             "stopped_by": measurement.stopped_by,
             "elapsed_s": measurement.elapsed_s,
+            "baseline_samples_s": [round(t, 6) for t in measurement.baseline.times_s],
+            "candidate_samples_s": [round(t, 6) for t in measurement.candidate.times_s],
         },
         *(change.to_dict() for change in phases),
     ]

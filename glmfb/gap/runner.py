@@ -1,7 +1,8 @@
 """Interleaved A/B measurement of two iteration callables in one process.
 
 Both sides are built once, warmed up, then run in alternating order (A B, B A, ...) so that
-drift and the bursts of noise of a shared host fall on both sides alike. After
+drift and the bursts of noise of a shared host fall on both sides alike; the interval of the
+gap (ratio of medians - 1) comes from a bootstrap over whole rounds, which keeps that pairing. After
 ``min_repeats`` iterations per side the interval of the gap is checked every few rounds and
 the loop stops as soon as it decides; the budget and ``repeats`` bound it otherwise.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from glmfb.gap.config import GapConfig
-from glmfb.stats import Decision, Estimate, decide, median_ratio
+from glmfb.stats import Decision, Estimate, decide, paired_median_ratio
 
 CHECK_EVERY = 4  # rounds between looks at the interval
 BYTES_SUFFIX = "_bytes"
@@ -106,7 +107,7 @@ def measure(
         done = round_index + 1
         looks = done >= config.min_repeats and (done - config.min_repeats) % CHECK_EVERY == 0
         if looks or done == config.repeats:
-            estimate = median_ratio(
+            estimate = paired_median_ratio(
                 sides["baseline"].times_s, sides["candidate"].times_s, confidence=config.confidence
             )
             progress(f"{done} iterations a side: gap {estimate.value:+.1%} "
@@ -118,7 +119,7 @@ def measure(
             stopped_by = "budget"
             break
     # Recomputed on every sample: the budget can stop the loop between two looks.
-    final = median_ratio(
+    final = paired_median_ratio(
         sides["baseline"].times_s, sides["candidate"].times_s, confidence=config.confidence
     )
     return Measurement(

@@ -1,0 +1,327 @@
+"""glmfb gap: the runner, phases, bandwidth, attribution reading, probe definitions and the CLI,
+on small pure-Python targets defined here (a planted 2x slowdown, an A/A pair, a target that
+raises). The real scenario (Mooncake, receiver process, GIL) is in test_gap_scenario.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from glmfb.errors import InputError, TargetError, UsageError
+from glmfb.gap import GapConfig, run_gap
+from glmfb.gap.attribution import GilFinding, finding_from_verdict
+from glmfb.gap.bandwidth import check_bandwidth
+from glmfb.gap.phases import compare_phases, grown_phases, median_bytes
+from glmfb.gap.probe import config_from_definition
+from glmfb.gap.runner import phase_dict
+from glmfb.stats import paired_median_ratio
+from glmfb.suite import load_definitions
+from glmfb.targets import Target
+from glmfb.verdict import Layer, ProbeKind, Status, Verdict
+
+HERE = Path(__file__).resolve()
+THIS = f"{HERE}"
+
+
+# --------------------------------------------------------------------------------------------
+# Targets (factories returning one iteration each)
+# --------------------------------------------------------------------------------------------
+
+
+def spin(units: int = 20_000, extra_units: int = 0) -> Any:
+    """Pure-Python work: ``units`` of setup-like work, then ``extra_units`` in a phase of its own."""
+
+    def iteration() -> dict[str, float]:
+        started = time.perf_counter()
+        total = 0
+        for i in range(units):
+            total += i * i
+        compute_s = time.perf_counter() - started
+        phases = {"compute_s": compute_s, "payload_bytes": 1000.0, "sender_busy_s": compute_s / 2}
+        if extra_units:
+            started = time.perf_counter()
+            for i in range(extra_units):
+                total += i * i
+            phases["extra_s"] = time.perf_counter() - started
+        return phases
+
+    return iteration
+
+
+def erratic() -> Any:
+    """Alternately a quarter and three times the work of ``spin()``: an interval that straddles."""
+    small, big = spin(5_000), spin(60_000)
+    calls = {"n": 0}
+
+    def iteration() -> dict[str, float]:
+        calls["n"] += 1
+        return small() if calls["n"] % 2 else big()
+
+    return iteration
+
+
+def broken_after(calls: int = 3) -> Any:
+    count = {"n": 0}
+
+    def iteration() -> None:
+        count["n"] += 1
+        if count["n"] > calls:
+            raise ConnectionError("peer went away")
+
+    return iteration
+
+
+def not_callable() -> int:
+    return 42
+
+
+def config(factory: str, **overrides: Any) -> GapConfig:
+    values: dict[str, Any] = {
+        "name": "t", "baseline": Target(f"{THIS}:spin"), "candidate": Target(f"{THIS}:{factory}"),
+        "threshold": 0.05, "repeats": 30, "min_repeats": 6, "warmup": 1, "budget_s": 20.0, "attribute": False,
+    }
+    values.update(overrides)
+    return GapConfig(**values)
+
+
+# --------------------------------------------------------------------------------------------
+# Engine on planted effects
+# --------------------------------------------------------------------------------------------
+
+
+def test_planted_2x_slowdown_fails_with_the_phase_that_grew(tmp_path: Path) -> None:
+    cfg = config("spin", candidate=Target(f"{THIS}:spin", {"extra_units": 20_000}))
+    verdict = run_gap(cfg, tmp_path)
+    assert verdict.status is Status.FAIL
+    assert verdict.layer is Layer.TRANSFER
+    assert verdict.metric is not None and verdict.metric.ci is not None
+    assert verdict.metric.ci[0] > 0.05
+    assert (verdict.metric.value or 0.0) > 0.3  # planted: about +100%, noisy on a busy host
+    phases = [e for e in verdict.evidence if e["kind"] == "phase"]
+    assert phases[0]["phase"] == "extra_s" and phases[0]["baseline_s"] is None
+    assert "extra_s" in verdict.why and "only in the candidate" in verdict.why
+    gap = next(e for e in verdict.evidence if e["kind"] == "gap")
+    assert gap["stopped_by"] == "decided"
+    assert len(gap["baseline_samples_s"]) == len(gap["candidate_samples_s"]) == gap["iterations_per_side"]
+    assert Verdict.from_dict(verdict.to_dict()) == verdict
+
+
+def test_same_work_passes_a_wide_threshold(tmp_path: Path) -> None:
+    verdict = run_gap(config("spin", threshold=0.5), tmp_path)
+    assert verdict.status is Status.PASS, verdict.why
+    assert verdict.exit_code == 0
+
+
+def test_too_few_repeats_is_inconclusive_not_a_pass(tmp_path: Path) -> None:
+    verdict = run_gap(config("erratic", repeats=4, min_repeats=4), tmp_path)
+    assert verdict.status is Status.INCONCLUSIVE
+    assert "repeats ran out" in verdict.why
+    assert verdict.exit_code == 4
+
+
+def test_budget_stops_the_loop_inconclusive(tmp_path: Path) -> None:
+    verdict = run_gap(config("erratic", repeats=10_000, min_repeats=10_000, budget_s=0.3), tmp_path)
+    assert verdict.status is Status.INCONCLUSIVE
+    gap = next(e for e in verdict.evidence if e["kind"] == "gap")
+    assert gap["stopped_by"] == "budget"
+    assert "budget" in verdict.why
+
+
+def test_target_that_raises_is_an_error_verdict(tmp_path: Path) -> None:
+    verdict = run_gap(config("broken_after"), tmp_path)
+    assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
+    assert "ConnectionError" in verdict.why and "peer went away" in verdict.why
+    kinds = {e["kind"] for e in verdict.evidence}
+    assert {"target_error", "traceback"} <= kinds
+
+
+def test_factory_returning_a_non_callable_is_an_error_verdict(tmp_path: Path) -> None:
+    verdict = run_gap(config("not_callable"), tmp_path)
+    assert verdict.status is Status.ERROR
+    assert "not a zero-argument callable" in verdict.why
+
+
+def test_unknown_target_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(TargetError):
+        run_gap(config("no_such_factory"), tmp_path)
+
+
+def test_config_rejects_bad_values() -> None:
+    with pytest.raises(UsageError):
+        config("spin", threshold=0.0)
+    with pytest.raises(UsageError):
+        config("spin", repeats=1)
+    with pytest.raises(UsageError):
+        config("spin", budget_s=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Pieces
+# --------------------------------------------------------------------------------------------
+
+
+def test_phase_dict_keeps_finite_numbers_only() -> None:
+    assert phase_dict({"a_s": 1, "b": "x", "c": float("nan"), "d": True}) == {"a_s": 1.0}
+    assert phase_dict(None) == {}
+
+
+def test_phases_rank_growth_and_keep_busy_time_off_the_critical_path() -> None:
+    baseline = [{"prefill_s": 1.0 + 0.01 * i, "kv_bytes": 10.0} for i in range(10)]
+    candidate = [{"prefill_s": 1.3 + 0.01 * i, "kv_wait_s": 0.1, "transfer_busy_s": 2.0, "kv_bytes": 10.0}
+                 for i in range(10)]
+    changes = compare_phases(baseline, candidate)
+    names = [c.name for c in changes]
+    assert names[-1] == "transfer_busy_s"  # concurrent: listed last, never "grew"
+    assert "kv_bytes" not in names
+    grown = grown_phases(changes, 0.05)
+    assert [c.name for c in grown] == ["prefill_s", "kv_wait_s"]
+    assert grown[0].change == pytest.approx(0.3, abs=0.02)
+    assert median_bytes(candidate) == {"kv_bytes": 10.0}
+
+
+def test_paired_bootstrap_cancels_shared_round_noise() -> None:
+    # Each round has a large shared factor; the candidate is always exactly 10% slower.
+    noise = [1.0, 3.0, 0.5, 2.0, 1.5, 0.7, 2.5, 1.2, 0.9, 1.8] * 3
+    baseline = [n for n in noise]
+    candidate = [1.1 * n for n in noise]
+    estimate = paired_median_ratio(baseline, candidate)
+    assert estimate.value == pytest.approx(0.1)
+    assert estimate.low == pytest.approx(0.1) and estimate.high == pytest.approx(0.1)
+    with pytest.raises(ValueError):
+        paired_median_ratio([1.0, 2.0], [1.0])
+
+
+class _Transfers:
+    transfer_path = "mooncake"
+
+    def __init__(self, ceiling: float, page_rate: float) -> None:
+        self.ceiling = ceiling
+        self.page_rate = page_rate
+
+    def __call__(self) -> None:
+        return None
+
+    def measure_ceiling(self) -> float:
+        return self.ceiling
+
+    def measure_page_rate(self) -> float:
+        return self.page_rate
+
+    def describe(self) -> dict[str, Any]:
+        return {"fallback_reason": None}
+
+
+def test_bandwidth_against_ceiling_and_page_rate() -> None:
+    samples = [{"kv_bytes": 100e6, "transfer_busy_s": 1.0}] * 5  # 100 MB/s while busy
+    held_back = check_bandwidth(_Transfers(ceiling=1e9, page_rate=400e6), samples)
+    assert held_back is not None
+    assert held_back.ceiling_share == pytest.approx(0.1) and held_back.page_rate_share == pytest.approx(0.25)
+    assert held_back.starved and not held_back.bandwidth_bound
+    assert "10% of the mooncake ceiling" in held_back.summary()
+    saturated = check_bandwidth(_Transfers(ceiling=110e6, page_rate=105e6), samples)
+    assert saturated is not None and saturated.bandwidth_bound and not saturated.starved
+    assert check_bandwidth(lambda: None, [{"compute_s": 1.0}]) is None
+
+
+def _gil_verdict(holder_file: str, holder_function: str) -> Verdict:
+    holder = {"kind": "gil_holder", "thread": "MainThread", "function": holder_function, "file": holder_file,
+              "line": 241, "idle_share": 0.0, "share_of_samples": 0.4, "native_frame": "dlopen"}
+    site = {"kind": "site", "thread": "MainThread", "function": "intranode_dispatch",
+            "file": "scenarios/kv_transfer/dispatch.py", "line": 39, "idle_share": 1.0,
+            "share_of_samples": 0.35, "native_frame": "usleep"}
+    starvation = {"kind": "starvation", "threads": ["kv-transfer", "glmfb-heartbeat"], "p50_ms": 0.2,
+                  "p99_ms": 61.0, "max_ms": 300.0,
+                  "waiting_for_gil": [{"thread": "kv-transfer", "tid": 2, "waiting_share": 0.17},
+                                      {"thread": "other", "tid": 3, "waiting_share": 0.5}]}
+    return Verdict(probe=ProbeKind.GIL, name="g", status=Status.FAIL, layer=Layer.RUNTIME, why="w",
+                   evidence=(starvation, holder, {"kind": "gil_threads", "sites": [site]}))
+
+
+def test_gil_finding_names_starved_thread_and_skips_startup_imports() -> None:
+    finding = finding_from_verdict(_gil_verdict("<frozen importlib._bootstrap>", "_call_with_frames_removed"))
+    assert finding.holder_function == "intranode_dispatch" and finding.holder_line == 39
+    assert finding.holder_source is not None and "import machinery" in finding.holder_source
+    assert finding.starved_thread == "kv-transfer"  # "other" was not called starved
+    assert finding.idle_in_native
+    sentence = finding.sentence()
+    assert "kv-transfer thread waited for the GIL in 17% of samples" in sentence
+    assert "p99 61 ms" in sentence and "intranode_dispatch" in sentence and "idle in a native call (usleep)" in sentence
+
+
+def test_gil_finding_keeps_a_real_top_holder() -> None:
+    finding = finding_from_verdict(_gil_verdict("scenarios/x.py", "hog"))
+    assert finding.holder_function == "hog" and finding.holder_source == "gil_holder"
+    assert not finding.idle_in_native and "computing" in finding.sentence()
+
+
+def test_gil_error_verdict_means_the_signal_is_missing() -> None:
+    error = Verdict.harness_error(ProbeKind.GIL, "g", "py-spy not found")
+    finding = finding_from_verdict(error)
+    assert not finding.available
+    assert finding.sentence().startswith("The GIL signal is missing") and "py-spy not found" in finding.sentence()
+    assert GilFinding(available=False, reason="x").to_evidence()["kind"] == "gil_attribution"
+
+
+# --------------------------------------------------------------------------------------------
+# Probe definitions and CLI
+# --------------------------------------------------------------------------------------------
+
+
+def _definition(tmp_path: Path, options: str) -> Path:
+    path = tmp_path / "gap.toml"
+    path.write_text(
+        "[[probe]]\nname = \"p\"\nprobe = \"gap\"\n"
+        f"baseline = \"{THIS}:spin\"\ncandidate = \"{THIS}:spin\"\n"
+        f"candidate_args = {{ extra_units = 100 }}\noptions = {options}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_definition_options(tmp_path: Path) -> None:
+    (definition,) = load_definitions([_definition(tmp_path, '{ threshold = "10%", repeats = 12, budget = 5 }')])
+    cfg = config_from_definition(definition)
+    assert cfg.threshold == pytest.approx(0.1) and cfg.repeats == 12 and cfg.budget_s == 5.0
+    assert cfg.candidate.args == {"extra_units": 100}
+
+
+@pytest.mark.parametrize("options", ['{ treshold = "5%" }', '{ repeats = "many" }', "{ repeats = 1 }"])
+def test_definition_errors_name_the_problem(tmp_path: Path, options: str) -> None:
+    (definition,) = load_definitions([_definition(tmp_path, options)])
+    with pytest.raises(InputError):
+        config_from_definition(definition)
+
+
+def test_shipped_definitions_parse() -> None:
+    definitions = load_definitions([HERE.parents[1] / "probes" / "gap.toml"])
+    configs = {d.name: config_from_definition(d) for d in definitions}
+    holding = configs["kv-transfer-dispatch-holds-gil"]
+    assert holding.candidate.ref.endswith("prefill_transfer_holding")
+    expect = next(d.expect for d in definitions if d.name == holding.name)
+    assert expect is not None and expect.where["function"] == "intranode_dispatch"
+
+
+def test_cli_json_fail_and_exit_code(tmp_path: Path) -> None:
+    from glmfb.cli import app
+
+    result = CliRunner().invoke(app, [
+        "gap", f"{THIS}:spin", f"{THIS}:spin", "--candidate-arg", "extra_units=20000",
+        "--threshold", "5%", "--repeats", "20", "--budget", "20", "--no-attribute", "--json",
+        "--out", str(tmp_path),
+    ])
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.stdout)
+    assert data["probe"] == "gap" and data["status"] == "fail" and data["layer"] == "transfer"
+    assert data["metric"]["name"] == "gap" and data["metric"]["threshold"] == 0.05
+
+
+def test_cli_bad_threshold_is_a_usage_error() -> None:
+    from glmfb.cli import app
+
+    result = CliRunner().invoke(app, ["gap", f"{THIS}:spin", f"{THIS}:spin", "--threshold", "lots", "--json"])
+    assert result.exit_code == 2
