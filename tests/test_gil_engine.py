@@ -70,6 +70,12 @@ def test_holding_dispatch_names_the_call_the_thread_and_the_starved_transfer(tmp
     starvation = _evidence(verdict, "starvation")
     assert "kv-transfer" in starvation["threads"]  # type: ignore[operator]
     assert starvation["p99_ms"] > 15  # type: ignore[operator]
+    windows = starvation["windows"]
+    assert any(  # /proc saw the holder blocked in its sleep while others waited
+        w.get("holder") == "moe-dispatch"
+        and any(k in w["holder_states"] for k in ("in clock_nanosleep", "in restart_syscall"))
+        for w in windows  # type: ignore[union-attr]
+    )
     assert verdict.metric is not None and verdict.metric.name == "starvation_p99"
     assert Path(verdict.artifacts["pyspy_raw"]).is_file()
     assert Verdict.from_dict(verdict.to_dict()) == verdict
@@ -265,3 +271,18 @@ def test_gil_waiters_are_seen_in_proc(tmp_path: Path) -> None:
     assert waiting[0]["thread"] == "kv-transfer" and waiting[0]["waiting_share"] > 0.2  # type: ignore[index]
     windows = _evidence(verdict, "starvation")["windows"]
     assert windows and any("kv-transfer" in w["waiting_threads"] for w in windows)  # type: ignore[union-attr]
+
+
+def test_heartbeat_site_chains_the_users_sitecustomize(tmp_path: Path) -> None:
+    from glmfb.gil.heartbeat import injection_env, read_heartbeat
+
+    user_site = tmp_path / "user"
+    user_site.mkdir()
+    (user_site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
+    env = injection_env(tmp_path / "hb", {**os.environ, "PYTHONPATH": str(user_site)})
+    code = "import os, time; time.sleep(0.3); print(os.environ.get('USER_SITE_RAN'), os.environ.get('GLMFB_GIL_HEARTBEAT'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    assert out.stdout.split() == ["1", "None"]  # user's site ran; the variable is not inherited
+    beat = read_heartbeat(tmp_path / "hb")
+    assert beat is not None and beat.ticks > 50
+    assert beat.thread_names[beat.thread_id] == "glmfb-heartbeat"

@@ -193,7 +193,7 @@ class _Session:
         else:
             wait_until(lambda: not os.path.isdir(f"/proc/{pid}"), config.duration_s, poll_s=0.05)
         sampler.stop()
-        self._stop_pyspy(spy)
+        self._stop_pyspy(spy, target_running=launched is None and os.path.isdir(f"/proc/{pid}"))
 
         if launched is not None and not launched.stopped_by_glmfb:
             code = launched.poll()
@@ -243,11 +243,15 @@ class _Session:
             stderr=subprocess.STDOUT, start_new_session=True,
         )
 
-    def _stop_pyspy(self, spy: subprocess.Popen[bytes] | None) -> None:
+    def _stop_pyspy(self, spy: subprocess.Popen[bytes] | None, *, target_running: bool) -> None:
+        """Let py-spy write its output: it does so by itself once the traced process is gone,
+        and on SIGINT (Ctrl-C) while it still runs (attached by --pid)."""
         if spy is None:
             return
         try:
-            spy.wait(timeout=5.0)  # it writes its output once the traced process is gone
+            if target_running:
+                spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=5.0)
         except subprocess.TimeoutExpired:
             spy.send_signal(signal.SIGINT)
             try:
@@ -285,6 +289,9 @@ class _Session:
 
         waiting: list[dict[str, Any]] = []
         windows: list[dict[str, Any]] = []
+        top_holder = None
+        if holders is not None:
+            top_holder = next((t for t in holders.threads if not t["excluded"]), None)
         if beat is not None and sampler.error is None:
             counts, ticks = sampler.waiting_counts(beat.thread_id)
             for tid, count in counts.most_common(8):
@@ -294,12 +301,17 @@ class _Session:
                 })
             for window in beat.windows(config.starvation_p99_ms / 1e3)[:50]:
                 seen = sampler.waiting_between(beat.thread_id, window.start_s, window.end_s)
-                windows.append({
+                entry: dict[str, Any] = {
                     "start_s": round(window.start_s - started_s, 4),
                     "duration_ms": round(1e3 * window.duration_s, 2),
                     "max_lateness_ms": round(1e3 * window.max_lateness_s, 2),
                     "waiting_threads": [names.get(t, f"thread {t}") for t, _ in seen.most_common(4)],
-                })
+                }
+                if top_holder is not None:  # what the main GIL holder did meanwhile, per /proc
+                    states = sampler.states_between(top_holder["tid"], window.start_s, window.end_s, beat.thread_id)
+                    entry["holder"] = top_holder["thread"]
+                    entry["holder_states"] = dict(states.most_common(3))
+                windows.append(entry)
             windows.sort(key=lambda w: -w["max_lateness_ms"])
         elif sampler.error is not None:
             self.missing.append({"signal": "GIL waiters", "reason": sampler.error})

@@ -16,7 +16,19 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-FUTEX_SYSCALL = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine().lower())
+_ARCH = platform.machine().lower()
+FUTEX_SYSCALL = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(_ARCH)
+# Names of the syscalls a thread usually blocks in, to show what a holder was doing.
+SYSCALL_NAMES: dict[int, str] = (
+    {0: "read", 7: "poll", 23: "select", 35: "nanosleep", 16: "ioctl", 45: "recvfrom",
+     47: "recvmsg", 61: "wait4", 202: "futex", 230: "clock_nanosleep", 232: "epoll_wait",
+     219: "restart_syscall", 270: "pselect6", 271: "ppoll", 281: "epoll_pwait"}
+    if _ARCH in ("x86_64", "amd64") else
+    {63: "read", 29: "ioctl", 73: "ppoll", 22: "epoll_pwait", 72: "pselect6", 98: "futex",
+     101: "nanosleep", 115: "clock_nanosleep", 128: "restart_syscall", 207: "recvfrom", 212: "recvmsg",
+     260: "wait4"}
+    if _ARCH in ("aarch64", "arm64") else {}
+)
 
 
 @dataclass
@@ -24,6 +36,7 @@ class Tick:
     at_s: float  # time.monotonic() of this process: the same clock as the heartbeat's
     futex: dict[int, int] = field(default_factory=dict)  # tid -> futex address
     running: frozenset[int] = frozenset()
+    syscall: dict[int, int] = field(default_factory=dict)  # tid -> syscall it is blocked in
 
 
 class GilWaitSampler:
@@ -74,8 +87,11 @@ class GilWaitSampler:
                     continue
                 if fields[0] == "running":
                     running.add(int(name))
-                elif fields[0].lstrip("-").isdigit() and int(fields[0]) == FUTEX_SYSCALL and len(fields) > 1:
-                    tick.futex[int(name)] = int(fields[1], 16)
+                elif fields[0].isdigit():
+                    number = int(fields[0])
+                    tick.syscall[int(name)] = number
+                    if number == FUTEX_SYSCALL and len(fields) > 1:
+                        tick.futex[int(name)] = int(fields[1], 16)
             tick.running = frozenset(running)
             self.ticks.append(tick)
             self._stop.wait(self.period_s)
@@ -102,3 +118,20 @@ class GilWaitSampler:
                     if address in addresses and tid != heartbeat_tid:
                         counts[tid] += 1
         return counts
+
+    def states_between(self, tid: int, start_s: float, end_s: float, heartbeat_tid: int) -> Counter[str]:
+        """What thread ``tid`` was doing in the ticks of a window: ``running``, ``waiting for
+        the GIL``, or the syscall it was blocked in (``clock_nanosleep``...)."""
+        addresses = self.gil_addresses(heartbeat_tid)
+        states: Counter[str] = Counter()
+        for tick in self.ticks:
+            if not start_s <= tick.at_s <= end_s:
+                continue
+            if tid in tick.running:
+                states["running"] += 1
+            elif tick.futex.get(tid) in addresses:
+                states["waiting for the GIL"] += 1
+            elif tid in tick.syscall:
+                number = tick.syscall[tid]
+                states[f"in {SYSCALL_NAMES.get(number, f'syscall {number}')}"] += 1
+        return states

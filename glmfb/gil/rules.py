@@ -107,14 +107,21 @@ def _short(function: str) -> str:
     return function if function.startswith("<") else function.rsplit(".", 1)[-1]
 
 
-def _holder(observations: Observations) -> CallSite | None:
+def holder_site(observations: Observations) -> CallSite | None:
+    """The thread that held the GIL most (heartbeat excluded), and its top call site; None when
+    no thread held it in ``min_holder_share`` of the samples."""
     profile = observations.holders
     if profile is None or not profile.sites or not profile.total_samples:
         return None
-    top = profile.sites[0]
-    if top.samples / profile.total_samples < observations.config.min_holder_share:
+    candidates = [t for t in profile.threads if not t["excluded"]]
+    sites_by_thread = {s.thread_id for s in profile.sites}
+    candidates = [t for t in candidates if t["tid"] in sites_by_thread]
+    if not candidates:
         return None
-    return top
+    top_thread = candidates[0]  # threads come ranked by samples
+    if top_thread["samples"] / profile.total_samples < observations.config.min_holder_share:
+        return None
+    return next(s for s in profile.sites if s.thread_id == top_thread["tid"])
 
 
 def starved_threads(observations: Observations, starved: bool, holder: CallSite | None) -> list[str]:
@@ -136,7 +143,7 @@ def decide(observations: Observations) -> Verdict:
     beat_ok = heartbeat is not None and heartbeat_is_usable(heartbeat)
     p99_ms = heartbeat.percentile_ms(99) if beat_ok and heartbeat is not None else None
     starved = p99_ms is not None and p99_ms > threshold_ms
-    holder = _holder(observations)
+    holder = holder_site(observations)
     total = observations.holders.total_samples if observations.holders else 0
     starved_names = starved_threads(observations, starved, holder)
 

@@ -21,6 +21,7 @@ _FLUSH_S = 0.1
 
 
 def _start(prefix: str) -> None:
+    import atexit
     import json
     import threading
     import time
@@ -54,6 +55,16 @@ def _start(prefix: str) -> None:
         write_header(native_id, names)
         out = open(data_path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the thread
         samples = array("d")
+
+        closed = []
+
+        def flush_at_exit() -> None:  # the last < 100 ms of samples; runs with the GIL held
+            closed.append(True)
+            pending = samples.tobytes()
+            del samples[:]
+            out.write(pending)
+
+        atexit.register(flush_at_exit)
         monotonic = time.monotonic
         sleep = time.sleep
         next_flush = monotonic() + _FLUSH_S
@@ -61,11 +72,11 @@ def _start(prefix: str) -> None:
             before = monotonic()
             sleep(_PERIOD_S)
             after = monotonic()
-            samples.append(after)
-            samples.append(after - before - _PERIOD_S)
-            if after >= next_flush:
-                out.write(samples.tobytes())
+            samples.extend((after, after - before - _PERIOD_S))  # one call: pairs stay whole
+            if after >= next_flush and not closed:
+                pending = samples.tobytes()
                 del samples[:]
+                out.write(pending)
                 current = thread_names()
                 if current != names:
                     names.update(current)  # keep threads that ended: they may be in samples
