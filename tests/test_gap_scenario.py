@@ -1,0 +1,208 @@
+"""The kv_transfer scenario with its real parts: the Mooncake transfer engine (or the socket
+fallback) between this process and a receiver process, the GIL-holding dispatch, and glmfb gap
+on top. Small configurations except the acceptance tests marked slow."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from glmfb.gap import GapConfig, run_gap
+from glmfb.targets import Target
+from glmfb.verdict import Layer, Status
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = str(ROOT / "scenarios" / "kv_transfer" / "scenario.py")
+SMALL: dict[str, Any] = {"layers": 2, "tokens": 512, "hidden": 64, "heads": 2, "page_tokens": 8, "dispatch_ms": 2.0}
+
+
+def _has_mooncake() -> bool:
+    try:
+        import mooncake.engine  # noqa: F401
+    except (ImportError, OSError):
+        return False
+    return True
+
+
+HAS_MOONCAKE = _has_mooncake()
+needs_mooncake = pytest.mark.skipif(not HAS_MOONCAKE, reason="mooncake-transfer-engine-non-cuda not importable")
+TRANSPORTS = [pytest.param("mooncake", marks=[pytest.mark.mooncake, needs_mooncake]), "socket"]
+
+
+def factory(name: str) -> Any:
+    return Target(f"{SCENARIO}:{name}").load()
+
+
+def scenario_module() -> Any:
+    return sys.modules[factory("prefill_only").__module__]
+
+
+@pytest.fixture
+def releasing() -> Iterator[Any]:
+    made: list[Any] = []
+
+    def make(**kwargs: Any) -> Any:
+        instance = factory("prefill_transfer_releasing")(**{**SMALL, **kwargs})
+        made.append(instance)
+        return instance
+
+    yield make
+    for instance in made:
+        instance.close()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_every_kv_byte_arrives_intact(releasing: Any, transport: str) -> None:
+    scenario = releasing(transport=transport)
+    assert scenario.transfer_path == transport
+    scenario()  # warm
+    for _ in range(2):  # each check poisons the destination first: stale bytes cannot pass
+        check = scenario.check_delivery()
+        assert check["bytes_expected"] == 2 * 2 * 512 * 64 * 4
+        assert check["bytes_sent"] == check["bytes_expected"]
+        assert check["bytes_received"] == check["bytes_sent"]
+        assert check["received_sha256"] == check["source_sha256"]
+        assert check["source_unchanged"]
+        assert check["phases"]["kv_bytes"] == check["bytes_sent"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_close_stops_the_receiver_and_removes_its_buffer(releasing: Any, transport: str) -> None:
+    scenario = releasing(transport=transport)
+    scenario()
+    receiver = scenario._receiver
+    scenario.close()
+    assert receiver.process.poll() is not None
+    assert not receiver.buffer_path.exists()
+    scenario.close()  # idempotent
+
+
+def test_phases_and_description(releasing: Any) -> None:
+    scenario = releasing()
+    phases = scenario()
+    assert set(phases) == {"prefill_s", "dispatch_s", "kv_wait_s", "transfer_busy_s", "kv_bytes"}
+    assert phases["dispatch_s"] >= 2 * 0.002 * 0.9
+    info = scenario.describe()
+    assert info["dispatch"] == "releasing" and info["kv_bytes_per_iteration"] == phases["kv_bytes"]
+    assert scenario.measure_ceiling() > 0 and scenario.measure_page_rate() > 0
+    only = factory("prefill_only")(**SMALL)
+    try:
+        assert set(only()) == {"prefill_s", "dispatch_s"} and only.transfer_path is None
+    finally:
+        only.close()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_receiver_death_mid_run_is_an_error_verdict_in_bounded_time(tmp_path: Path, transport: str) -> None:
+    config = GapConfig(
+        name="dies",
+        baseline=Target(f"{SCENARIO}:prefill_only", dict(SMALL)),
+        candidate=Target(f"{SCENARIO}:prefill_transfer_releasing",
+                         {**SMALL, "transport": transport, "kill_receiver_at": 4, "timeout_s": 5}),
+        repeats=20, warmup=1,
+    )
+    started = time.monotonic()
+    verdict = run_gap(config, tmp_path)
+    assert time.monotonic() - started < 30
+    assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
+    assert "receiver process was killed by SIGKILL" in verdict.why
+    assert "candidate" in verdict.why and "iteration 3" in verdict.why  # 1 warm-up + 3 measured
+    transfer = [e for e in verdict.evidence if e["kind"] == "transfer" and e["side"] == "candidate"]
+    assert transfer and transfer[0]["transfer_path"] == transport
+
+
+def test_receiver_death_through_the_cli_exits_3(tmp_path: Path) -> None:
+    from glmfb.cli import app
+
+    result = CliRunner().invoke(app, [
+        "gap", f"{SCENARIO}:prefill_only", f"{SCENARIO}:prefill_transfer_releasing",
+        *[f"--arg={k}={v}" for k, v in SMALL.items()],
+        "--candidate-arg", "kill_receiver_at=2", "--candidate-arg", "transport=socket",
+        "--warmup", "1", "--json", "--out", str(tmp_path),
+    ])
+    assert result.exit_code == 3, result.output
+    data = json.loads(result.stdout)
+    assert data["status"] == "error" and data["layer"] == "harness"
+    assert "receiver" in data["why"]
+
+
+def test_missing_mooncake_falls_back_to_a_socket_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(scenario_module(), "mooncake_unavailable_reason",
+                        lambda: "mooncake transfer engine not importable (test)")
+    config = GapConfig(
+        name="fallback",
+        baseline=Target(f"{SCENARIO}:prefill_only", dict(SMALL)),
+        candidate=Target(f"{SCENARIO}:prefill_transfer_releasing", dict(SMALL)),
+        threshold=5.0, repeats=4, min_repeats=4, warmup=1,
+    )
+    verdict = run_gap(config, tmp_path)
+    assert verdict.env["transfer_path"] == "socket"
+    assert "Transfer path: socket" in verdict.why and "not importable (test)" in verdict.why
+    bandwidth = next(e for e in verdict.evidence if e["kind"] == "bandwidth")
+    assert bandwidth["transfer_path"] == "socket" and bandwidth["fallback_reason"]
+    # Asking for Mooncake explicitly when it is missing is an error, not a silent fallback.
+    with pytest.raises(RuntimeError, match="not importable"):
+        factory("prefill_transfer_releasing")(**SMALL, transport="mooncake")
+
+
+def test_dispatch_modes() -> None:
+    dispatch = sys.modules[scenario_module().__name__.rpartition(".")[0] + ".dispatch"]
+    with pytest.raises(ValueError):
+        dispatch.NativeDispatch("sometimes")
+    holding = dispatch.NativeDispatch("holding")
+    started = time.perf_counter()
+    holding.intranode_dispatch(20_000)
+    assert time.perf_counter() - started >= 0.019
+
+
+# --------------------------------------------------------------------------------------------
+# Acceptance: the planted bug and its fix, as the probe definitions run them
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@needs_mooncake
+@pytest.mark.mooncake
+def test_probe_holding_dispatch_fails_naming_intranode_dispatch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from glmfb.cli import app
+
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(app, ["run", "probes/gap.toml", "-k", "kv-transfer-dispatch-holds-gil",
+                                      "--json", "--out", str(tmp_path)])
+    run = json.loads(result.stdout)
+    (verdict,) = run["verdicts"]
+    assert verdict["expect_met"], verdict["why"]
+    assert result.exit_code == 0
+    assert verdict["status"] == "fail" and verdict["layer"] == "transfer"
+    assert verdict["where"]["function"] == "intranode_dispatch"
+    assert verdict["where"]["thread"] == "kv-transfer"
+    assert verdict["metric"]["ci"][0] > 0.05
+    assert verdict["env"]["transfer_path"] == "mooncake"
+    gil = next(e for e in verdict["evidence"] if e["kind"] == "gil_attribution")
+    assert gil["holder_idle_share"] >= 0.5 and gil["native_frame"] == "usleep"
+
+
+@pytest.mark.slow
+@needs_mooncake
+@pytest.mark.mooncake
+def test_releasing_dispatch_passes_within_5_percent(tmp_path: Path) -> None:
+    config = GapConfig(
+        name="releasing",
+        baseline=Target(f"{SCENARIO}:prefill_only"),
+        candidate=Target(f"{SCENARIO}:prefill_transfer_releasing"),
+        threshold=0.05, repeats=40, budget_s=30,
+    )
+    verdict = run_gap(config, tmp_path)
+    assert verdict.status is Status.PASS, verdict.why
+    assert verdict.metric is not None and verdict.metric.ci is not None and verdict.metric.ci[1] < 0.05
