@@ -117,8 +117,25 @@ def check_comparable(baseline: Sequence[RequestRecord], candidate: Sequence[Requ
 
 def compare_captures(baseline: CaptureReader, candidate: CaptureReader, tolerances: Tolerances,
                      comparer: PairComparer, progress: Callable[[str], None] | None = None) -> list[RequestResult]:
-    """Metrics of every tap of every request, streaming one tensor pair at a time."""
+    """Metrics of every tap of every request, streaming one tensor pair at a time.
+
+    Torch computes on one thread here while the comparer's reader thread reads ahead: two
+    busy threads for the two streams of work. Torch's own intra-op threads on top of the
+    reader oversubscribe small machines and, when other processes compete for the cores,
+    made the pass several times slower in measurements (benchmarks/diff_throughput.py)."""
+    import torch
+
     check_comparable(baseline.requests, candidate.requests)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _compare_all(baseline, candidate, tolerances, comparer, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compare_all(baseline: CaptureReader, candidate: CaptureReader, tolerances: Tolerances,
+                 comparer: PairComparer, progress: Callable[[str], None] | None) -> list[RequestResult]:
     results: list[RequestResult] = []
     for number, (request_b, request_c) in enumerate(zip(baseline.requests, candidate.requests, strict=False)):
         if progress is not None:

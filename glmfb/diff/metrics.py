@@ -165,7 +165,6 @@ class PairComparer:
             n = self.chunk
             self._work[dtype] = {
                 "a": torch.empty(n, dtype=dtype), "b": torch.empty(n, dtype=dtype),
-                "d": torch.empty(n, dtype=dtype), "absb": torch.empty(n, dtype=dtype),
                 "tmp": torch.empty(n, dtype=dtype), "mask": torch.empty(n, dtype=torch.bool),
             }
         return self._work[dtype]
@@ -248,19 +247,20 @@ class PairComparer:
         acc.ab += bc
         acc.aa += bb
         acc.bb += cc
-        d = work["d"][:count]
-        torch.sub(c, b, out=d)
+        # b and c are scratch buffers (raw read slots or converted copies): work in place.
+        d = c.sub_(b)
         acc.dd += float(torch.dot(d, d))
-        d.abs_()
-        largest = float(torch.max(d))
+        low, high = (float(x) for x in torch.aminmax(d))
+        largest = max(-low, high)
         if largest > acc.max_abs:
-            index = int(torch.argmax(d))  # only when the running maximum moves
+            index = int(torch.argmin(d)) if -low > high else int(torch.argmax(d))  # when the maximum moves
             acc.max_abs, acc.worst = largest, start + index
-            acc.worst_values = (float(b[index]), float(c[index]))
+            acc.worst_values = (float(b[index]), float(b[index] + d[index]))
         if largest == 0.0:
             return
-        absb, tmp, mask = work["absb"][:count], work["tmp"][:count], work["mask"][:count]
-        torch.abs(b, out=absb)
+        d.abs_()
+        absb = b.abs_()
+        tmp, mask = work["tmp"][:count], work["mask"][:count]
         if largest > tolerance.atol:
             torch.add(d, absb, alpha=-tolerance.rtol, out=tmp)  # |c - b| - rtol |b|
             torch.gt(tmp, tolerance.atol, out=mask)
