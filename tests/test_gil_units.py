@@ -224,3 +224,14 @@ def test_describe_returncode_and_milliseconds() -> None:
     assert parse_milliseconds("7") == 7.0
     with pytest.raises(UsageError):
         parse_milliseconds("fast")
+
+
+def test_a_rare_holder_is_not_blamed_for_cpu_starvation() -> None:
+    # The releasing scenario on a loaded machine: the heartbeat is late (no CPU), and the only
+    # GIL-holding sample in 3 s at 100 Hz is the transfer thread's copy. Not the GIL: no fail.
+    raw = "thread (4739): kv-transfer;KvTransfer._loop (/src/dispatch.py:63);KvTransfer._submit (/src/dispatch.py:49) 1\n"
+    observations = _observations(None, [0.1] * 95 + [20.0] * 5)
+    observations.holders = profile_holders(parse_raw(raw), native=True, names={}, exclude_tids=set(), sample_instants=300)
+    assert observations.holders.threads[0]["share"] == pytest.approx(1 / 300, abs=1e-4)
+    verdict = decide(observations)
+    assert verdict.status is Status.INCONCLUSIVE and "not the GIL" in verdict.why

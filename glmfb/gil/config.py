@@ -38,7 +38,7 @@ class GilConfig:
     heartbeat: bool = True
     cwd: str | None = None
     env: tuple[tuple[str, str], ...] = field(default=())
-    min_holder_share: float = 0.05  # a holder must hold the GIL in this share of samples
+    min_holder_share: float = 0.05  # a holder must hold the GIL in this share of sample instants
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(str(part) for part in self.command))

@@ -94,6 +94,8 @@ class _Session:
         self.pyspy_output = artifact_dir / "gil-samples.txt"
         self.trace_output = artifact_dir / "gil-trace.json"
         self.missing: list[dict[str, str]] = []
+        self._pyspy_started_s = 0.0
+        self._pyspy_elapsed_s = 0.0
         for stale in (self.pyspy_output, self.trace_output,
                       self.heartbeat_prefix.with_suffix(".bin"), self.heartbeat_prefix.with_suffix(".json")):
             stale.unlink(missing_ok=True)
@@ -238,6 +240,7 @@ class _Session:
             return None
         command = pyspy.record_command(executable, pid, self.pyspy_output, rate_hz=config.rate_hz, native=config.native)
         self._pyspy_stderr = open(self.dir / "py-spy.log", "wb")  # noqa: SIM115 - closed in _stop_pyspy
+        self._pyspy_started_s = time.monotonic()
         return subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=self._pyspy_stderr,
             stderr=subprocess.STDOUT, start_new_session=True,
@@ -248,6 +251,7 @@ class _Session:
         and on SIGINT (Ctrl-C) while it still runs (attached by --pid)."""
         if spy is None:
             return
+        self._pyspy_elapsed_s = time.monotonic() - self._pyspy_started_s  # sampling ends now
         try:
             if target_running:
                 spy.send_signal(signal.SIGINT)
@@ -282,7 +286,10 @@ class _Session:
                 if sample.thread_name:
                     names.setdefault(sample.thread_id, sample.thread_name)
             exclude = {beat.thread_id} if beat else {tid for tid, n in names.items() if n == HEARTBEAT_THREAD}
-            holders = pyspy.profile_holders(samples, native=config.native, names=names, exclude_tids=exclude)
+            instants = int(config.rate_hz * self._pyspy_elapsed_s)
+            holders = pyspy.profile_holders(
+                samples, native=config.native, names=names, exclude_tids=exclude, sample_instants=instants
+            )
             log = (self.dir / "py-spy.log").read_text("utf-8", "replace")
             if not samples and not pyspy.sampled_cleanly(log):
                 self.missing.append({"signal": "holder sampling", "reason": pyspy.explain_failure(log)})
@@ -307,6 +314,8 @@ class _Session:
                     "max_lateness_ms": round(1e3 * window.max_lateness_s, 2),
                     "waiting_threads": [names.get(t, f"thread {t}") for t, _ in seen.most_common(4)],
                 }
+                beat_states = sampler.states_between(beat.thread_id, window.start_s, window.end_s, beat.thread_id)
+                entry["heartbeat_states"] = dict(beat_states.most_common(3))
                 if top_holder is not None:  # what the main GIL holder did meanwhile, per /proc
                     states = sampler.states_between(top_holder["tid"], window.start_s, window.end_s, beat.thread_id)
                     entry["holder"] = top_holder["thread"]

@@ -140,17 +140,29 @@ class CallSite:
 class HolderProfile:
     """Who held the GIL in the samples, split active/idle where native frames allow."""
 
-    total_samples: int
+    total_samples: int  # samples in which some thread held the GIL
+    sample_instants: int  # samples taken (rate x time sampled): the denominator of shares
     threads: tuple[dict[str, Any], ...]  # per thread: thread, tid, samples, share, active, idle
     sites: tuple[CallSite, ...]  # ranked by samples
     native: bool
 
 
 def profile_holders(
-    samples: list[Sample], *, native: bool, names: dict[int, str], exclude_tids: set[int]
+    samples: list[Sample],
+    *,
+    native: bool,
+    names: dict[int, str],
+    exclude_tids: set[int],
+    sample_instants: int | None = None,
 ) -> HolderProfile:
-    """Aggregate GIL-holder samples per thread and per innermost Python call site."""
+    """Aggregate GIL-holder samples per thread and per innermost Python call site.
+
+    ``sample_instants`` is how many samples py-spy took (rate times time sampled): with
+    ``--gil`` an instant where nobody held the GIL leaves no line, so shares of the time a
+    thread held the GIL are taken over the instants, not over the lines.
+    """
     total = sum(s.count for s in samples)
+    instants = max(total, sample_instants or 0)
     per_thread: dict[int, dict[str, Any]] = {}
     sites: dict[tuple[int, str, str], CallSite] = {}
     for sample in samples:
@@ -181,7 +193,7 @@ def profile_holders(
         site.line = site.lines.most_common(1)[0][0]
     threads = []
     for record in sorted(per_thread.values(), key=lambda r: -r["samples"]):
-        share = record["samples"] / total if total else 0.0
+        share = record["samples"] / instants if instants else 0.0
         threads.append(
             {
                 **record,
@@ -192,7 +204,7 @@ def profile_holders(
             }
         )
     ranked = tuple(sorted(sites.values(), key=lambda s: -s.samples))
-    return HolderProfile(total, tuple(threads), ranked, native)
+    return HolderProfile(total, instants, tuple(threads), ranked, native)
 
 
 def find_pyspy() -> str | None:

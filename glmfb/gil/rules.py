@@ -7,7 +7,7 @@
 - Starved, but the holder is unknown (py-spy missing, ptrace refused) or nobody held the GIL
   for long (the CPU was busy, not the GIL): **inconclusive**, naming what is missing.
 - Not starved: **pass**; **warn** when a signal was missing or a thread still held the GIL
-  while blocked in a native call for a large share of samples.
+  while blocked in a native call for a large share of the time.
 - No heartbeat (attached by pid, or not a Python process): **inconclusive**; never a pass.
 """
 
@@ -83,7 +83,7 @@ def holder_evidence(site: CallSite, total: int) -> dict[str, Any]:
         "file": display_path(site.file),
         "line": site.line,
         "samples": site.samples,
-        "share_of_samples": round(site.samples / total, 4) if total else None,
+        "share_of_time": round(site.samples / total, 4) if total else None,
         "active_share": round(1.0 - idle_share, 4),
         "idle_share": round(idle_share, 4),
         "native_frame": native[0][0] if native else None,
@@ -111,7 +111,7 @@ def holder_site(observations: Observations) -> CallSite | None:
     """The thread that held the GIL most (heartbeat excluded), and its top call site; None when
     no thread held it in ``min_holder_share`` of the samples."""
     profile = observations.holders
-    if profile is None or not profile.sites or not profile.total_samples:
+    if profile is None or not profile.sites or not profile.sample_instants:
         return None
     candidates = [t for t in profile.threads if not t["excluded"]]
     sites_by_thread = {s.thread_id for s in profile.sites}
@@ -119,7 +119,7 @@ def holder_site(observations: Observations) -> CallSite | None:
     if not candidates:
         return None
     top_thread = candidates[0]  # threads come ranked by samples
-    if top_thread["samples"] / profile.total_samples < observations.config.min_holder_share:
+    if top_thread["samples"] / profile.sample_instants < observations.config.min_holder_share:
         return None
     return next(s for s in profile.sites if s.thread_id == top_thread["tid"])
 
@@ -144,7 +144,7 @@ def decide(observations: Observations) -> Verdict:
     p99_ms = heartbeat.percentile_ms(99) if beat_ok and heartbeat is not None else None
     starved = p99_ms is not None and p99_ms > threshold_ms
     holder = holder_site(observations)
-    total = observations.holders.total_samples if observations.holders else 0
+    total = observations.holders.sample_instants if observations.holders else 0
     starved_names = starved_threads(observations, starved, holder)
 
     evidence: list[dict[str, Any]] = []
@@ -168,6 +168,7 @@ def decide(observations: Observations) -> Verdict:
             {
                 "kind": "gil_threads",
                 "samples": observations.holders.total_samples,
+                "sample_instants": observations.holders.sample_instants,
                 "native": observations.holders.native,
                 "threads": list(observations.holders.threads[:8]),
                 "sites": [holder_evidence(s, total) | {"kind": "site"} for s in observations.holders.sites[1:4]],
@@ -223,7 +224,7 @@ def decide(observations: Observations) -> Verdict:
             inside = f", mostly inside native {native[0][0]}" if native else ""
             why = (
                 f"{function} on thread {holder.thread_name} hogs the interpreter: it held the GIL "
-                f"in {100 * holder.samples / total:.0f}% of samples, {split}{inside}; {late}. "
+                f"in {100 * holder.samples / total:.0f}% of sample instants, {split}{inside}; {late}. "
                 f"Hot frames: {hot}."
             )
             next_steps.append(
@@ -240,7 +241,7 @@ def decide(observations: Observations) -> Verdict:
         else:
             cause = (
                 f"no thread held the GIL in {100 * config.min_holder_share:.0f}% or more of "
-                f"{total} samples: the CPU (other processes), not the GIL, may be the cause"
+                f"{total} sample instants: the CPU (other processes), not the GIL, may be the cause"
             )
             next_steps.append("rerun on a quiet machine; check the load with top/pidstat")
         why = f"{starved_text} starved (p99 wake-up {p99_ms:.1f} ms late > {threshold_ms:g} ms), but {cause}."
@@ -256,7 +257,7 @@ def decide(observations: Observations) -> Verdict:
         if holder is not None:
             held = (
                 f" Meanwhile {_short(holder.function)} on thread {holder.thread_name} held the GIL in "
-                f"{100 * holder.samples / total:.0f}% of samples"
+                f"{100 * holder.samples / total:.0f}% of sample instants"
                 + (f", blocked in {100 * idle_share:.0f}% of them." if native_known else ".")
             )
         why = f"Starvation was not measured ({reason}; {missing_text or 'the program may not be Python'}).{held}"
