@@ -152,7 +152,7 @@ def _judge(
     phases = compare_phases(measurement.baseline.phases, measurement.candidate.phases, config.confidence)
     grown = grown_phases(phases, threshold)
     n = len(measurement.baseline.times_s)
-    gap_text = (f"prefill + transfer is {estimate.value:+.1%} [{estimate.low:+.1%}, {estimate.high:+.1%}] "
+    gap_text = (f"the candidate takes {estimate.value:+.1%} [{estimate.low:+.1%}, {estimate.high:+.1%}] "
                 f"against the baseline ({n} interleaved iterations a side, threshold {threshold:.0%})")
     if estimate.low > threshold:
         status = Status.FAIL
