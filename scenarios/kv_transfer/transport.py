@@ -37,15 +37,8 @@ class TransferError(RuntimeError):
     """The KV transfer failed: the receiver died, a write failed, or a deadline passed."""
 
 
-def _quiet_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("GLOG_minloglevel", "2")  # Mooncake logs RDMA-less warnings on every start
-    return env
-
-
 def mooncake_unavailable_reason() -> str | None:
     """Why the Mooncake engine cannot be used here, or None when it can."""
-    os.environ.setdefault("GLOG_minloglevel", "2")
     try:
         from mooncake.engine import TransferEngine  # noqa: F401
     except ImportError as exc:  # the package, or libibverbs / librdmacm / libnuma
@@ -72,7 +65,7 @@ class ReceiverProcess:
             [sys.executable, str(RECEIVER_SCRIPT), "--transport", transport,
              "--buffer", name, "--size", str(size)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env=_quiet_env(),
+            env=dict(os.environ),
         )
         try:
             self.info = self._read_ready(start_timeout_s)
@@ -150,7 +143,6 @@ class MooncakeSender:
     path = "mooncake"
 
     def __init__(self, source_address: int, size: int, receiver: ReceiverProcess) -> None:
-        os.environ.setdefault("GLOG_minloglevel", "2")
         from mooncake.engine import TransferEngine
 
         self.engine = TransferEngine()
