@@ -36,17 +36,29 @@ class Heartbeat:
     period_s: float
     thread_names: dict[int, str]
     wake_s: tuple[float, ...]
-    lateness_s: tuple[float, ...]
+    lateness_s: tuple[float, ...]  # wall-clock lateness of each wake-up
+    cpu_wait_s: tuple[float, ...] = ()  # the part of it spent runnable without a CPU
+
+    def __post_init__(self) -> None:
+        if not self.cpu_wait_s:
+            object.__setattr__(self, "cpu_wait_s", (0.0,) * len(self.lateness_s))
 
     @property
     def ticks(self) -> int:
         return len(self.lateness_s)
 
-    def percentile_ms(self, q: float) -> float:
-        """Nearest-rank percentile of the lateness, in milliseconds (q in [0, 100])."""
-        if not self.lateness_s:
+    @property
+    def gil_lateness_s(self) -> tuple[float, ...]:
+        """Lateness not explained by waiting for a CPU: what the GIL (or the process) cost."""
+        return tuple(max(0.0, late - cpu) for late, cpu in zip(self.lateness_s, self.cpu_wait_s, strict=True))
+
+    def percentile_ms(self, q: float, *, wall: bool = False) -> float:
+        """Nearest-rank percentile of the lateness net of CPU waits (``wall``: as measured),
+        in milliseconds (q in [0, 100])."""
+        values = self.lateness_s if wall else self.gil_lateness_s
+        if not values:
             return float("nan")
-        ordered = sorted(self.lateness_s)
+        ordered = sorted(values)
         index = min(len(ordered) - 1, max(0, math.ceil(q / 100.0 * len(ordered)) - 1))
         return 1e3 * max(0.0, ordered[index])
 
@@ -56,18 +68,20 @@ class Heartbeat:
             "period_ms": 1e3 * self.period_s,
             "p50_ms": round(self.percentile_ms(50), 3),
             "p99_ms": round(self.percentile_ms(99), 3),
-            "max_ms": round(1e3 * max(self.lateness_s), 3) if self.lateness_s else None,
+            "max_ms": round(1e3 * max(self.gil_lateness_s), 3) if self.lateness_s else None,
+            "wall_p99_ms": round(self.percentile_ms(99, wall=True), 3),
+            "cpu_wait_total_ms": round(1e3 * sum(self.cpu_wait_s), 3),
         }
 
     def windows(self, threshold_s: float) -> list[Window]:
         """Merged windows where a wake-up came more than ``threshold_s`` late.
 
-        A wake-up at ``t`` that was ``late`` seconds late means the thread was runnable but
-        not running from ``t - late`` to ``t``.
+        A wake-up at ``t`` that was ``late`` seconds late (net of CPU waits) means the thread
+        was waiting, not for a CPU, from about ``t - late`` to ``t``.
         """
         spans = sorted(
             (wake - late, wake, late)
-            for wake, late in zip(self.wake_s, self.lateness_s, strict=True)
+            for wake, late in zip(self.wake_s, self.gil_lateness_s, strict=True)
             if late > threshold_s
         )
         merged: list[Window] = []
@@ -89,19 +103,21 @@ def read_heartbeat(prefix: Path) -> Heartbeat | None:
     except (OSError, ValueError):
         return None
     samples = array("d")
+    width = len(header.get("fields", ("wake_s", "lateness_s")))
     try:
         raw = data_path.read_bytes()
     except OSError:
         raw = b""
-    whole = len(raw) - len(raw) % (2 * samples.itemsize)  # a write cut short by a kill
+    whole = len(raw) - len(raw) % (width * samples.itemsize)  # a write cut short by a kill
     samples.frombytes(raw[:whole])
     return Heartbeat(
         pid=int(header["pid"]),
         thread_id=int(header["heartbeat_tid"]),
         period_s=float(header.get("period_s", 0.001)),
         thread_names={int(k): str(v) for k, v in dict(header.get("threads", {})).items()},
-        wake_s=tuple(samples[0::2]),
-        lateness_s=tuple(samples[1::2]),
+        wake_s=tuple(samples[0::width]),
+        lateness_s=tuple(samples[1::width]),
+        cpu_wait_s=tuple(samples[2::width]) if width >= 3 else (),
     )
 
 

@@ -3,8 +3,11 @@
 glmfb puts this folder first on ``PYTHONPATH`` and sets ``GLMFB_GIL_HEARTBEAT`` to a file
 prefix. At start-up a daemon thread named ``glmfb-heartbeat`` sleeps 1 ms in a loop and records
 how late each wake-up was (a thread that must wait for the GIL wakes up late). Every 100 ms it
-appends ``(wake_monotonic_s, lateness_s)`` pairs of doubles to ``<prefix>.bin`` and rewrites
-``<prefix>.json`` (pid, its own native thread id, the process's thread names) atomically.
+appends ``(wake_monotonic_s, lateness_s, cpu_wait_s)`` triples of doubles to ``<prefix>.bin``
+and rewrites ``<prefix>.json`` (pid, its own native thread id, the thread names) atomically.
+``cpu_wait_s`` is the part of a late wake-up the thread spent runnable without a CPU (its
+run-queue time from ``/proc/thread-self/schedstat``), so lateness from a busy machine is not
+blamed on the GIL.
 
 Only the standard library; any failure disables the heartbeat and never breaks the program.
 A ``sitecustomize`` further down ``sys.path`` (the user's own) is still imported.
@@ -18,10 +21,12 @@ import sys
 _ENV = "GLMFB_GIL_HEARTBEAT"
 _PERIOD_S = float(os.environ.get("GLMFB_GIL_HEARTBEAT_PERIOD_S", "0.001"))
 _FLUSH_S = 0.1
+_LATE_S = 0.0005  # read the run-queue time only after a wake-up at least this late
 
 
 def _start(prefix: str) -> None:
     import atexit
+    import io
     import json
     import threading
     import time
@@ -39,6 +44,7 @@ def _start(prefix: str) -> None:
                     "pid": os.getpid(),
                     "heartbeat_tid": native_id,
                     "period_s": _PERIOD_S,
+                    "fields": ["wake_s", "lateness_s", "cpu_wait_s"],
                     "threads": names,
                     "argv": list(sys.argv),
                 },
@@ -49,10 +55,23 @@ def _start(prefix: str) -> None:
     def thread_names() -> dict[str, str]:
         return {str(t.native_id): t.name for t in threading.enumerate() if t.native_id is not None}
 
+    def open_schedstat() -> io.FileIO | None:
+        try:  # opened by the heartbeat thread: the file stays this thread's
+            return open("/proc/thread-self/schedstat", "rb", buffering=0)
+        except OSError:
+            return None
+
+    def run_queue_s(schedstat: io.FileIO) -> float:
+        """Seconds this thread has been runnable but without a CPU, since it started."""
+        schedstat.seek(0)
+        return int(schedstat.read().split()[1]) / 1e9
+
     def beat() -> None:
         native_id = threading.get_native_id()
         names = thread_names()
         write_header(native_id, names)
+        schedstat = open_schedstat()
+        last_run_queue_s = run_queue_s(schedstat) if schedstat is not None else 0.0
         out = open(data_path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the thread
         samples = array("d")
 
@@ -72,8 +91,16 @@ def _start(prefix: str) -> None:
             before = monotonic()
             sleep(_PERIOD_S)
             after = monotonic()
-            samples.extend((after, after - before - _PERIOD_S))  # one call: pairs stay whole
+            late = after - before - _PERIOD_S
+            cpu_wait = 0.0
+            if schedstat is not None and late > _LATE_S:
+                now_run_queue_s = run_queue_s(schedstat)
+                cpu_wait = min(late, max(0.0, now_run_queue_s - last_run_queue_s))
+                last_run_queue_s = now_run_queue_s
+            samples.extend((after, late, cpu_wait))  # one call: records stay whole
             if after >= next_flush and not closed:
+                if schedstat is not None:
+                    last_run_queue_s = run_queue_s(schedstat)
                 pending = samples.tobytes()
                 del samples[:]
                 out.write(pending)
