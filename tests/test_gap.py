@@ -253,6 +253,15 @@ def test_gil_finding_names_starved_thread_and_skips_startup_imports() -> None:
     assert "p99 61 ms" in sentence and "intranode_dispatch" in sentence and "idle in a native call (usleep)" in sentence
 
 
+def test_gil_finding_drops_implausible_canary_lateness() -> None:
+    verdict = _gil_verdict("scenarios/x.py", "hog")
+    starvation = {**verdict.evidence[0], "p99_ms": 1633183.5, "max_ms": 1633323.8}
+    finding = finding_from_verdict(Verdict(probe=ProbeKind.GIL, name="g", status=Status.FAIL,
+                                           layer=Layer.RUNTIME, why="w", evidence=(starvation, *verdict.evidence[1:])))
+    assert finding.canary_p99_ms is None and finding.canary_p50_ms == 0.2
+    assert "canary" not in finding.sentence()
+
+
 def test_gil_finding_keeps_a_real_top_holder() -> None:
     finding = finding_from_verdict(_gil_verdict("scenarios/x.py", "hog"))
     assert finding.holder_function == "hog" and finding.holder_source == "gil_holder"

@@ -19,6 +19,7 @@ from glmfb.io import write_json_atomic
 
 IDLE_MAJORITY = 0.5  # a holder blocked in this share of its samples holds the GIL while idle
 CANARY_PREFIX = "glmfb-"  # threads the gil probe injects, never the starved thread we name
+MAX_PLAUSIBLE_LATENESS_MS = 60_000.0
 STARTUP_FUNCTIONS = frozenset({"_call_with_frames_removed", "_find_and_load", "exec_module", "<module>"})
 
 
@@ -135,6 +136,13 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _lateness_ms(value: Any) -> float | None:
+    """A canary lateness figure, or None when it cannot be one (longer than any window the gil
+    probe samples: a corrupt heartbeat record)."""
+    number = _number(value)
+    return number if number is not None and 0 <= number <= MAX_PLAUSIBLE_LATENESS_MS else None
+
+
 def _startup_frame(site: Mapping[str, Any]) -> bool:
     file = str(site.get("file") or "")
     return file.startswith("<frozen importlib") or str(site.get("function")) in STARTUP_FUNCTIONS
@@ -180,9 +188,9 @@ def finding_from_verdict(verdict: Any) -> GilFinding:
         native_frame=holder.get("native_frame") if holder else None,
         starved_thread=starved_thread,
         starved_waiting_share=waiting_share,
-        canary_p50_ms=_number(starvation.get("p50_ms")) if starvation else None,
-        canary_p99_ms=_number(starvation.get("p99_ms")) if starvation else None,
-        canary_max_ms=_number(starvation.get("max_ms")) if starvation else None,
+        canary_p50_ms=_lateness_ms(starvation.get("p50_ms")) if starvation else None,
+        canary_p99_ms=_lateness_ms(starvation.get("p99_ms")) if starvation else None,
+        canary_max_ms=_lateness_ms(starvation.get("max_ms")) if starvation else None,
         gil_why=verdict.why,
         next=tuple(verdict.next),
         artifacts=dict(verdict.artifacts),

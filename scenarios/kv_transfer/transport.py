@@ -62,7 +62,9 @@ class ReceiverProcess:
         finally:
             os.close(fd)
         self.process = subprocess.Popen(
-            [sys.executable, str(RECEIVER_SCRIPT), "--transport", transport,
+            # -I: the receiver is a program of its own; it must not pick up this process's
+            # PYTHONPATH hooks (a profiler's sitecustomize tracing the prefill side, say).
+            [sys.executable, "-I", str(RECEIVER_SCRIPT), "--transport", transport,
              "--buffer", name, "--size", str(size)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env=dict(os.environ),
