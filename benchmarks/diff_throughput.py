@@ -28,11 +28,21 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 RTOL, ATOL = 1e-2, 1e-5
 
 
 def peak_rss_mib() -> float:
+    """Peak resident memory of this process image: VmHWM (ru_maxrss would include the RSS of
+    the parent at fork time, which Linux carries across exec)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -65,7 +75,7 @@ def make_captures(root: Path, total_gib: float, tensor_mib: int) -> int:
     return tensors * numel * 4
 
 
-def worker(method: str, root: Path) -> dict[str, float]:
+def worker(method: str, root: Path) -> dict[str, Any]:
     import torch
 
     from glmfb.diff.compare import compare_captures
@@ -95,8 +105,9 @@ def worker(method: str, root: Path) -> dict[str, float]:
                 c.clone()
             elapsed += time.perf_counter() - started
             del b, c
+    threads = "1 torch + 1 reader" if method == "glmfb" else f"{torch.get_num_threads()} torch"
     return {"seconds": elapsed, "gb_per_s": data_bytes / elapsed / 1e9, "bytes": data_bytes,
-            "peak_rss_mib": peak_rss_mib(), "threads": torch.get_num_threads()}
+            "peak_rss_mib": peak_rss_mib(), "threads": threads}
 
 
 def main() -> None:
@@ -116,7 +127,7 @@ def main() -> None:
         started = time.perf_counter()
         data = make_captures(root, options.gib, options.tensor_mib)
         print(f"captures: {data / 2**30:.2f} GiB per side in {root} (written in {time.perf_counter() - started:.0f} s)")
-        figures: dict[str, dict[str, float]] = {}
+        figures: dict[str, dict[str, Any]] = {}
         for method in ("glmfb", "assert_close", "copy"):
             output = subprocess.run(
                 [sys.executable, __file__, "--worker", method, "--root", str(root)],
@@ -125,7 +136,7 @@ def main() -> None:
             figures[method] = json.loads(output.strip().splitlines()[-1])
             row = figures[method]
             print(f"{method:>12}: {row['gb_per_s']:6.2f} GB/s read (both sides), {row['seconds']:6.2f} s, "
-                  f"peak RSS {row['peak_rss_mib']:6.0f} MiB, torch threads {row['threads']:.0f}")
+                  f"peak RSS {row['peak_rss_mib']:6.0f} MiB, threads: {row['threads']}")
         glmfb = figures["glmfb"]["gb_per_s"]
         print(f"ratios: glmfb / assert_close = {glmfb / figures['assert_close']['gb_per_s']:.1f}x, "
               f"glmfb / copy = {glmfb / figures['copy']['gb_per_s']:.2f}x")

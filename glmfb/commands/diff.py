@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -17,6 +17,9 @@ from glmfb.commands.common import (
     progress_messages,
 )
 from glmfb.errors import UsageError
+
+if TYPE_CHECKING:
+    from glmfb.verdict import Verdict
 
 TapOpt = Annotated[
     list[str] | None,
@@ -94,7 +97,25 @@ def diff_command(
     )
     with progress_messages() as progress:
         verdict = run_diff(config, progress)
+    if not as_json:
+        _print_requests(verdict)
     emit_verdict(verdict, as_json)
+
+
+def _print_requests(verdict: Verdict) -> None:
+    """The per-request table of the verdict's evidence, above the verdict panel."""
+    from rich.table import Table
+
+    rows = next((e["rows"] for e in verdict.evidence if e.get("kind") == "requests"), None)
+    if not rows:
+        return
+    table = Table(title="requests", title_justify="left")
+    for column in ("request", "length", "status", "first divergent tap", "failing taps", "output rel. L2"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(str(row["request"]), str(row["length"] or ""), row["status"], row["first_divergent"] or "",
+                      f"{row['failing_taps']}/{row['taps']}", f"{row['output_rel_l2']:.3g}")
+    console().print(table)
 
 
 def register(app: typer.Typer) -> None:

@@ -214,8 +214,7 @@ def _worst(results: Sequence[RequestResult]) -> RequestResult:
 
 
 def _module_label(tap: TapResult, request: RequestResult) -> str:
-    calls = sum(1 for t in request.taps if t.tap.module == tap.tap.module and t.tap.key == "t0")
-    return f"{tap.tap.module}#{tap.tap.call}" if calls > 1 else tap.tap.module
+    return f"{tap.tap.module}#{tap.tap.call}" if _calls(request, tap.tap.module) > 1 else tap.tap.module
 
 
 def _analyse(config: DiffConfig, env: Mapping[str, Any], baseline: CaptureReader, candidate: CaptureReader,
