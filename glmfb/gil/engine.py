@@ -96,8 +96,8 @@ class _Session:
         self.missing: list[dict[str, str]] = []
         self._pyspy_started_s = 0.0
         self._pyspy_elapsed_s = 0.0
-        for stale in (self.pyspy_output, self.trace_output,
-                      self.heartbeat_prefix.with_suffix(".bin"), self.heartbeat_prefix.with_suffix(".json")):
+        for stale in (self.pyspy_output, self.trace_output, self.heartbeat_prefix.with_suffix(".bin"),
+                      self.heartbeat_prefix.with_suffix(".json"), self.heartbeat_prefix.with_suffix(".threads")):
             stale.unlink(missing_ok=True)
 
     # ---- running -----------------------------------------------------------------------
@@ -267,7 +267,12 @@ class _Session:
             self._pyspy_stderr.close()
         if not self.pyspy_output.is_file():
             log = (self.dir / "py-spy.log").read_text("utf-8", "replace")
-            self.missing.append({"signal": "holder sampling", "reason": pyspy.explain_failure(log)})
+            reason = pyspy.explain_failure(log)
+            self.missing.append({
+                "signal": "holder sampling",
+                "reason": f"{reason} (py-spy {describe_returncode(spy.returncode)} without output, "
+                          f"after {self._pyspy_elapsed_s:.1f} s; log: {self.dir / 'py-spy.log'})",
+            })
 
     # ---- deciding ----------------------------------------------------------------------
 

@@ -110,15 +110,31 @@ def read_heartbeat(prefix: Path) -> Heartbeat | None:
         raw = b""
     whole = len(raw) - len(raw) % (width * samples.itemsize)  # a write cut short by a kill
     samples.frombytes(raw[:whole])
+    names = _started_thread_names(prefix.with_name(prefix.name + ".threads"))
+    names.update({int(k): str(v) for k, v in dict(header.get("threads", {})).items()})
     return Heartbeat(
         pid=int(header["pid"]),
         thread_id=int(header["heartbeat_tid"]),
         period_s=float(header.get("period_s", 0.001)),
-        thread_names={int(k): str(v) for k, v in dict(header.get("threads", {})).items()},
+        thread_names=names,
         wake_s=tuple(samples[0::width]),
         lateness_s=tuple(samples[1::width]),
         cpu_wait_s=tuple(samples[2::width]) if width >= 3 else (),
     )
+
+
+def _started_thread_names(path: Path) -> dict[int, str]:
+    """Names the threads recorded as they started (``native_id<TAB>name`` lines)."""
+    names: dict[int, str] = {}
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return names
+    for line in text.splitlines():
+        tid, sep, name = line.partition("\t")
+        if sep and tid.isdigit():
+            names[int(tid)] = name
+    return names
 
 
 def read_header(prefix: Path) -> dict[str, Any] | None:

@@ -110,8 +110,30 @@ def _start(prefix: str) -> None:
                     write_header(native_id, names)
                 next_flush = after + _FLUSH_S
 
+    _record_thread_names(prefix + ".threads")
     thread = threading.Thread(target=beat, name="glmfb-heartbeat", daemon=True)
     thread.start()
+
+
+def _record_thread_names(path: str) -> None:
+    """Append ``native_id<TAB>name`` to ``path`` as each thread starts, from the new thread
+    itself: a starved heartbeat may not wake before the process ends, the names must not
+    wait for it. Skipped where ``Thread._set_native_id`` does not exist."""
+    import threading
+
+    original = getattr(threading.Thread, "_set_native_id", None)
+    if original is None:
+        return
+
+    def _set_native_id(self: threading.Thread) -> None:
+        original(self)
+        try:
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(f"{self.native_id}\t{self.name}\n")
+        except Exception:
+            pass
+
+    threading.Thread._set_native_id = _set_native_id  # type: ignore[attr-defined]
 
 
 def _chain_user_sitecustomize() -> None:
