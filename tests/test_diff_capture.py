@@ -302,3 +302,47 @@ def test_target_that_raises_gives_an_error_verdict(tmp_path: Path, requests_file
     assert code == 3 and verdict is not None
     assert verdict["status"] == "error" and verdict["layer"] == "harness"
     assert "RuntimeError: kernel exploded on purpose" in verdict["why"]
+
+
+# ---- callable targets, named tensors, non-finite outputs, mixed sides ----------------------------
+
+
+def scaled(factor: float = 1.0) -> Any:
+    """A callable target: gets the request dict, returns a dict of tensors."""
+
+    def run(request: dict[str, Any]) -> dict[str, torch.Tensor]:
+        x = request["x"]
+        return {"y": x * request.get("gain", 1.0) * factor, "count": torch.tensor([x.numel()])}
+
+    return run
+
+
+def test_callable_target_gets_named_tensors_and_extra_fields(tmp_path: Path) -> None:
+    requests = write_requests(tmp_path / "t.jsonl", [
+        '{"id": "t1", "tensors": {"x": {"shape": [1, 40, 6], "dtype": "float32", "seed": 3}}, "gain": 2.0}',
+        '{"id": "t2", "tensors": {"x": {"shape": [1, 80, 6], "dtype": "float32", "seed": 4}}, "gain": 0.5}',
+    ])
+    a = capture(tmp_path, requests, "a", "scaled")
+    reader = CaptureReader(a)
+    assert [t.name for t in reader.requests[0].taps] == ["output[y]", "output[count]"]
+    assert reader.manifest.kind == "callable"
+    assert reader.requests[1].length == 80
+    code, verdict, _ = diff_json(str(a), f"{HERE}:scaled", "--requests", str(requests),
+                                 "--candidate-arg", "factor=1.001", "--out", str(tmp_path / "r"))
+    assert code == 1 and verdict is not None
+    assert verdict["where"]["request"] in ("t1", "t2") and verdict["where"]["position"] == 0
+    kinds = {e["kind"] for e in verdict["evidence"]}
+    assert "local_error" not in kinds and "minimal_reproducer" not in kinds  # not live on both sides
+    assert {"requests", "modules", "error_by_position", "precision_signature"} <= kinds
+
+
+def test_nan_in_the_candidate_is_classified_non_finite(tmp_path: Path, requests_file: Path) -> None:
+    code, verdict, _ = diff_json(f"{HERE}:toy", f"{HERE}:toy", "--requests", str(requests_file),
+                                 "--candidate-arg", "scale=NaN", "--out", str(tmp_path / "r"))
+    assert code == 1 and verdict is not None
+    found = {e["kind"]: e for e in verdict["evidence"]}
+    assert found["error_shape"]["shape"] == "non-finite"
+    assert found["diagnosis_rule"]["rule"] == "non-finite"
+    assert "NaN or Inf" in verdict["why"]
+    assert verdict["where"]["module"] == "shared#1"  # its own output is NaN on the baseline's inputs
+    assert Verdict.from_dict(verdict).to_dict() == verdict

@@ -150,6 +150,8 @@ def portable_ref(ref: str, base_dir: Path | None) -> str:
 
 def run_diff(config: DiffConfig, progress: Progress | None = None) -> Verdict:
     """Compare the two sides; a target that raises gives an error verdict (layer harness)."""
+    import torch  # noqa: F401  (imported first so that the fingerprint records torch's threads)
+
     started = time.perf_counter()
     env = fingerprint()
     try:
@@ -325,7 +327,7 @@ def _analyse(config: DiffConfig, env: Mapping[str, Any], baseline: CaptureReader
     return Verdict(
         probe=ProbeKind.DIFF, name=config.name, status=Status.FAIL if failed else Status.PASS,
         layer=Layer.NUMERICS, why=why, where=where,
-        metric=Metric("output_rel_l2", worst.output_error, unit="ratio"),
+        metric=Metric("output_rel_l2", worst.output_error),  # ||c - b|| / ||b||, not a change
         evidence=tuple(evidence), next=tuple(next_steps), artifacts=artifacts, env=env,
     )
 

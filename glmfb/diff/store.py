@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from glmfb.errors import InputError
 from glmfb.io import write_json_atomic
+from glmfb.verdict import to_json_value
 
 if TYPE_CHECKING:
     import torch
@@ -122,13 +123,13 @@ class Manifest:
         return {
             "schema": CAPTURE_SCHEMA,
             "target": self.target,
-            "args": dict(self.args),
+            "args": to_json_value(dict(self.args)),  # NaN or Inf arguments as strings
             "kind": self.kind,
             "tap_globs": list(self.tap_globs),
             "created": self.created,
             "complete": self.complete,
             "git": self.git,
-            "env": dict(self.env),
+            "env": to_json_value(dict(self.env)),
             "request_ids": [r.id for r in self.requests],
             "taps": tap_order(self.requests),
             "requests": [r.to_dict() for r in self.requests],
