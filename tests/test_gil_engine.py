@@ -184,6 +184,14 @@ def test_ptrace_refused_is_named_and_never_a_silent_pass(tmp_path: Path, monkeyp
     assert "ptrace refused" in verdict.why
 
 
+def test_pyspy_not_installed_warns_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gil_engine.pyspy, "find_pyspy", lambda: None)
+    command = (sys.executable, str(DISPATCH), "--mode", "release", "--duration", "30")
+    verdict = trace_gil(GilConfig(name="nospy", command=command, duration_s=1), tmp_path)
+    assert verdict.status is Status.WARN, verdict.why
+    assert "py-spy is not installed" in verdict.why
+
+
 def test_command_not_found_is_an_error_verdict(tmp_path: Path) -> None:
     verdict = trace_gil(GilConfig(name="nf", command=("no-such-command-glmfb",), duration_s=1), tmp_path)
     assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
