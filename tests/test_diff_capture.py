@@ -344,5 +344,18 @@ def test_nan_in_the_candidate_is_classified_non_finite(tmp_path: Path, requests_
     assert found["error_shape"]["shape"] == "non-finite"
     assert found["diagnosis_rule"]["rule"] == "non-finite"
     assert "NaN or Inf" in verdict["why"]
-    assert verdict["where"]["module"] == "shared#1"  # its own output is NaN on the baseline's inputs
+    # the NaN enters in the root's own code, between modules: shared#1 is the first tap that shows it
+    assert verdict["where"]["module"] == "shared#1"
     assert Verdict.from_dict(verdict).to_dict() == verdict
+
+
+def test_live_error_from_code_between_modules_is_reported_as_inherited(tmp_path: Path, requests_file: Path) -> None:
+    code, verdict, _ = diff_json(f"{HERE}:toy", f"{HERE}:toy", "--requests", str(requests_file),
+                                 "--candidate-arg", "scale=1.01", "--out", str(tmp_path / "r"))
+    assert code == 1 and verdict is not None
+    found = {e["kind"]: e for e in verdict["evidence"]}
+    rows = found["local_error"]["rows"]
+    assert rows and all(r["local_exceeds_tolerance"] is False and r["local_rel_l2"] == 0.0 for r in rows)
+    assert found["diagnosis_rule"]["rule"] == "inherited-only"
+    assert verdict["where"]["module"] == "shared#1"  # the first tap outside tolerance, said to be inherited
+    assert "no module's own error exceeds tolerance" in verdict["why"]

@@ -307,7 +307,7 @@ def _analyse(config: DiffConfig, env: Mapping[str, Any], baseline: CaptureReader
         failed=failed, requests=len(results), failing_requests=sum(r.failed for r in results),
         request=worst.id if failed else None, module=module,
         tap=(localized.tap if localized else (first.tap.name if first else None)), position=position,
-        local=(localized is not None) if local else None,
+        local=_local_flag(local, localized),
         first_divergent=first.tap.name if first else None, shape=shape, fit=fit, signature=signature,
         dtype=first.tap.dtype if first else None, tokens=tokens[1] if tokens else None,
         nonfinite_tap=nonfinite.tap.name if nonfinite else None,
@@ -330,6 +330,16 @@ def _analyse(config: DiffConfig, env: Mapping[str, Any], baseline: CaptureReader
         metric=Metric("output_rel_l2", worst.output_error),  # ||c - b|| / ||b||, not a change
         evidence=tuple(evidence), next=tuple(next_steps), artifacts=artifacts, env=env,
     )
+
+
+def _local_flag(local: Sequence[LocalError], localized: LocalError | None) -> bool | None:
+    """True: a module's own error exceeds tolerance; False: every suspect was measured and
+    none does (the error is only inherited); None: not measured (captures) or not all could be."""
+    if localized is not None:
+        return True
+    if local and all(entry.metrics is not None for entry in local):
+        return False
+    return None
 
 
 def _calls(request: RequestResult, module: str) -> int:
