@@ -116,8 +116,13 @@ def _spike(f: Findings) -> tuple[str, list[str]]:
 
 def _inherited(f: Findings) -> tuple[str, list[str]]:
     why = (f"The first tap outside tolerance is {f.first_divergent}, but no module's own error exceeds tolerance on "
-           "the baseline's inputs: small differences upstream are amplified there.")
-    return why, ["tighten the tolerance on the upstream taps to find the module that adds the first error", *_rerun(f)]
+           "the baseline's inputs: the error enters in code between tapped modules (a parent's forward), "
+           "or grows from differences below tolerance upstream.")
+    return why, [
+        f"read the code that produces the inputs of {f.first_divergent} in its parent's forward, "
+        "or tighten the tolerance on the upstream taps (--tol) to see where the first difference appears",
+        *_rerun(f),
+    ]
 
 
 def _generic(f: Findings) -> tuple[str, list[str]]:
