@@ -192,6 +192,25 @@ def test_pyspy_not_installed_warns_naming_it(tmp_path: Path, monkeypatch: pytest
     assert "py-spy is not installed" in verdict.why
 
 
+def test_pyspy_without_native_support_still_samples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A py-spy build that cannot unwind native stacks: the real one, refusing --native.
+    real = gil_engine.pyspy.find_pyspy()
+    assert real is not None
+    wrapper = tmp_path / "py-spy"
+    wrapper.write_text(
+        '#!/bin/sh\nfor a in "$@"; do [ "$a" = --native ] && { echo "Error: native unwinding '
+        f'is not supported" >&2; exit 1; }}; done\nexec {real} "$@"\n'
+    )
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(gil_engine.pyspy, "find_pyspy", lambda: str(wrapper))
+    command = (sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30")
+    verdict = trace_gil(GilConfig(name="nonative", command=command, duration_s=2), tmp_path / "a")
+    assert verdict.status is Status.FAIL, verdict.why
+    assert verdict.where["function"] == "intranode_dispatch"
+    assert "active/idle split unknown" in verdict.why
+    assert _evidence(verdict, "missing_signal")["signal"] == "native frames"
+
+
 def test_command_not_found_is_an_error_verdict(tmp_path: Path) -> None:
     verdict = trace_gil(GilConfig(name="nf", command=("no-such-command-glmfb",), duration_s=1), tmp_path)
     assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS

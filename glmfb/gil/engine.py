@@ -26,6 +26,7 @@ from glmfb.verdict import ProbeKind, Verdict
 
 STARTUP_TIMEOUT_S = 10.0  # for the heartbeat to appear (interpreter start, imports)
 STOP_GRACE_S = 5.0
+NATIVE_CHECK_S = 0.3  # py-spy that cannot do --native exits within this
 TRACE_STOP_GRACE_S = 30.0  # viztracer writes its trace on SIGTERM; large traces take a while
 
 
@@ -96,6 +97,7 @@ class _Session:
         self.missing: list[dict[str, str]] = []
         self._pyspy_started_s = 0.0
         self._pyspy_elapsed_s = 0.0
+        self.native = config.native
         for stale in (self.pyspy_output, self.trace_output, self.heartbeat_prefix.with_suffix(".bin"),
                       self.heartbeat_prefix.with_suffix(".json"), self.heartbeat_prefix.with_suffix(".threads")):
             stale.unlink(missing_ok=True)
@@ -184,16 +186,19 @@ class _Session:
 
         sampler = GilWaitSampler(python_pid, config.rate_hz)
         sampler.start()
-        spy = self._start_pyspy(python_pid)
         sampling_started = time.monotonic()
+        spy = self._start_pyspy(python_pid)
+        if spy is not None and self.native:
+            spy = self._without_native_if_refused(spy, python_pid)
         self.progress(f"sampling for {config.duration_s:g} s")
+        remaining_s = max(0.0, config.duration_s - (time.monotonic() - sampling_started))
         if launched is not None:
-            returncode = launched.wait(config.duration_s)
+            returncode = launched.wait(remaining_s)
             if returncode is None:
                 grace = TRACE_STOP_GRACE_S if config.trace else STOP_GRACE_S
                 launched.stop(grace_s=grace, first_signal=signal.SIGTERM)
         else:
-            wait_until(lambda: not os.path.isdir(f"/proc/{pid}"), config.duration_s, poll_s=0.05)
+            wait_until(lambda: not os.path.isdir(f"/proc/{pid}"), remaining_s, poll_s=0.05)
         sampler.stop()
         self._stop_pyspy(spy, target_running=launched is None and os.path.isdir(f"/proc/{pid}"))
 
@@ -229,6 +234,28 @@ class _Session:
 
     # ---- py-spy ------------------------------------------------------------------------
 
+    def _without_native_if_refused(self, spy: subprocess.Popen[bytes], pid: int) -> subprocess.Popen[bytes] | None:
+        """py-spy exits at once when it cannot unwind native stacks here: sample without
+        ``--native`` then (the active/idle split becomes unknown, and the verdict says so)."""
+        try:
+            spy.wait(timeout=NATIVE_CHECK_S)
+        except subprocess.TimeoutExpired:
+            return spy  # sampling
+        self._pyspy_stderr.close()
+        if not os.path.isdir(f"/proc/{pid}") or self.pyspy_output.is_file():
+            return spy  # the program ended: nothing to retry
+        log = (self.dir / "py-spy.log").read_text("utf-8", "replace")
+        if pyspy.explain_failure(log).startswith("ptrace refused"):
+            return spy  # without --native it would be refused just the same
+        self.native = False
+        self.missing.append({
+            "signal": "native frames",
+            "reason": f"py-spy --native failed ({pyspy.explain_failure(log)}); sampled without it, "
+                      "so the active/idle split is unknown",
+        })
+        (self.dir / "py-spy.log").rename(self.dir / "py-spy-native.log")
+        return self._start_pyspy(pid)
+
     def _start_pyspy(self, pid: int) -> subprocess.Popen[bytes] | None:
         config = self.config
         if not config.use_pyspy:
@@ -238,7 +265,7 @@ class _Session:
         if executable is None:
             self.missing.append({"signal": "holder sampling", "reason": "py-spy is not installed (pip install py-spy)"})
             return None
-        command = pyspy.record_command(executable, pid, self.pyspy_output, rate_hz=config.rate_hz, native=config.native)
+        command = pyspy.record_command(executable, pid, self.pyspy_output, rate_hz=config.rate_hz, native=self.native)
         self._pyspy_stderr = open(self.dir / "py-spy.log", "wb")  # noqa: SIM115 - closed in _stop_pyspy
         self._pyspy_started_s = time.monotonic()
         return subprocess.Popen(
@@ -293,7 +320,7 @@ class _Session:
             exclude = {beat.thread_id} if beat else {tid for tid, n in names.items() if n == HEARTBEAT_THREAD}
             instants = int(config.rate_hz * self._pyspy_elapsed_s)
             holders = pyspy.profile_holders(
-                samples, native=config.native, names=names, exclude_tids=exclude, sample_instants=instants
+                samples, native=self.native, names=names, exclude_tids=exclude, sample_instants=instants
             )
             log = (self.dir / "py-spy.log").read_text("utf-8", "replace")
             if not samples and not pyspy.sampled_cleanly(log):

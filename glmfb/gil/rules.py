@@ -216,21 +216,29 @@ def decide(observations: Observations) -> Verdict:
             caller = caller_frame(stack)
             if caller is not None and caller not in stack[-3:]:
                 hot += f", called from {caller}"
-            split = (
-                f"active (computing) in {100 * (1 - idle_share):.0f}% of its samples"
-                if native_known else "active/idle split unknown without --native"
-            )
-            native = holder.native_calls.most_common(1)
-            inside = f", mostly inside native {native[0][0]}" if native else ""
-            why = (
-                f"{function} on thread {holder.thread_name} hogs the interpreter: it held the GIL "
-                f"in {100 * holder.samples / total:.0f}% of sample instants, {split}{inside}; {late}. "
-                f"Hot frames: {hot}."
-            )
-            next_steps.append(
-                f"move the work in {function} ({display_path(holder.file)}:{holder.line}) off the GIL (a native "
-                "call that releases it, a process pool) or cut it into shorter pieces"
-            )
+            held = f"{100 * holder.samples / total:.0f}% of sample instants"
+            if native_known:
+                native = holder.native_calls.most_common(1)
+                inside = f", mostly inside native {native[0][0]}" if native else ""
+                why = (
+                    f"{function} on thread {holder.thread_name} hogs the interpreter: it held the GIL "
+                    f"in {held}, active (computing) in {100 * (1 - idle_share):.0f}% of its samples"
+                    f"{inside}; {late}. Hot frames: {hot}."
+                )
+                next_steps.append(
+                    f"move the work in {function} ({display_path(holder.file)}:{holder.line}) off the GIL "
+                    "(a native call that releases it, a process pool) or cut it into shorter pieces"
+                )
+            else:
+                why = (
+                    f"{function} on thread {holder.thread_name} held the GIL in {held}; {late}. Whether "
+                    "it computes or blocks inside a native call while holding it is unknown without "
+                    f"py-spy --native (active/idle split unknown). Hot frames: {hot}."
+                )
+                next_steps.append(
+                    f"py-spy dump --native --pid <pid>  # is {function} blocked in a native call "
+                    "(release the GIL around it) or computing?"
+                )
         if observations.blame is None and observations.reproduce_trace:
             next_steps.append(f"{observations.reproduce_trace}  # ranks what overlaps the starved slices")
     elif starved:
