@@ -27,6 +27,7 @@ from glmfb.verdict import ProbeKind, Verdict
 STARTUP_TIMEOUT_S = 10.0  # for the heartbeat to appear (interpreter start, imports)
 STOP_GRACE_S = 5.0
 NATIVE_CHECK_S = 0.3  # py-spy that cannot do --native exits within this
+MAX_WINDOWS = 10  # the longest starvation windows shown in evidence
 TRACE_STOP_GRACE_S = 30.0  # viztracer writes its trace on SIGTERM; large traces take a while
 
 
@@ -36,8 +37,14 @@ def trace_gil(
     *,
     progress: Callable[[str], None] | None = None,
 ) -> Verdict:
-    """Trace one program's GIL and return the verdict. Never raises for a probe failure: a
-    program that cannot start, exits non-zero or crashes gives an error verdict."""
+    """Trace one program's GIL and return the verdict (artifacts go to ``artifact_dir``).
+
+    Never raises for a probe failure: a program that cannot start, exits non-zero or crashes
+    gives an error verdict, and an unexpected exception in glmfb an error verdict too. Raises
+    :class:`~glmfb.errors.UsageError` for a configuration it cannot run (``trace`` with a
+    command that is not ``python ...``, a ``pid`` that does not exist). The program runs in its
+    own process group, killed whole at the end: nothing is left behind.
+    """
     started = time.perf_counter()
     artifact_dir = Path(artifact_dir)
     try:
@@ -176,7 +183,7 @@ class _Session:
             self.progress("waiting for the heartbeat")
             wait_until(
                 lambda: hb.read_header(self.heartbeat_prefix) is not None or launched.poll() is not None,
-                STARTUP_TIMEOUT_S,
+                min(STARTUP_TIMEOUT_S, max(2.0, config.duration_s)),  # not Python: do not wait long
             )
             header = hb.read_header(self.heartbeat_prefix)
             if header is not None:
@@ -328,6 +335,7 @@ class _Session:
 
         waiting: list[dict[str, Any]] = []
         windows: list[dict[str, Any]] = []
+        window_summary: dict[str, Any] = {}
         top_holder = None
         if holders is not None:
             top_holder = next((t for t in holders.threads if not t["excluded"]), None)
@@ -338,7 +346,12 @@ class _Session:
                     "thread": names.get(tid, f"thread {tid}"), "tid": tid,
                     "waiting_share": round(count / ticks, 4) if ticks else 0.0,
                 })
-            for window in beat.windows(config.starvation_p99_ms / 1e3)[:50]:
+            all_windows = beat.windows(config.starvation_p99_ms / 1e3)
+            window_summary = {
+                "windows_total": len(all_windows),
+                "starved_ms_total": round(1e3 * sum(w.duration_s for w in all_windows), 1),
+            }
+            for window in sorted(all_windows, key=lambda w: -w.max_lateness_s)[:MAX_WINDOWS]:
                 seen = sampler.waiting_between(beat.thread_id, window.start_s, window.end_s)
                 entry: dict[str, Any] = {
                     "start_s": round(window.start_s - started_s, 4),
@@ -353,7 +366,6 @@ class _Session:
                     entry["holder"] = top_holder["thread"]
                     entry["holder_states"] = dict(states.most_common(3))
                 windows.append(entry)
-            windows.sort(key=lambda w: -w["max_lateness_ms"])
         elif sampler.error is not None:
             self.missing.append({"signal": "GIL waiters", "reason": sampler.error})
 
@@ -382,6 +394,7 @@ class _Session:
         return decide(
             Observations(
                 config=config, heartbeat=beat, holders=holders, waiting=waiting, windows=windows,
+                window_summary=window_summary,
                 blame=blame, missing=self.missing, artifacts=artifacts,
                 reproduce_trace=reproduce_command(config, trace=True) if config.pid is None else "",
             )

@@ -41,7 +41,8 @@ class Observations:
     heartbeat: Heartbeat | None = None
     holders: HolderProfile | None = None
     waiting: list[dict[str, Any]] = field(default_factory=list)  # target threads seen waiting
-    windows: list[dict[str, Any]] = field(default_factory=list)
+    windows: list[dict[str, Any]] = field(default_factory=list)  # the longest, longest first
+    window_summary: dict[str, Any] = field(default_factory=dict)  # windows_total, starved_ms_total
     blame: list[dict[str, Any]] | None = None  # trace mode: functions overlapping starved slices
     missing: list[dict[str, str]] = field(default_factory=list)
     artifacts: dict[str, str] = field(default_factory=dict)
@@ -158,7 +159,8 @@ def decide(observations: Observations) -> Verdict:
                 "threshold_ms": threshold_ms,
                 "starved": starved,
                 "waiting_for_gil": observations.waiting,
-                "windows": observations.windows[:10],
+                **observations.window_summary,
+                "windows": observations.windows,
             }
         )
     if holder is not None:
