@@ -359,3 +359,13 @@ def test_live_error_from_code_between_modules_is_reported_as_inherited(tmp_path:
     assert found["diagnosis_rule"]["rule"] == "inherited-only"
     assert verdict["where"]["module"] == "shared#1"  # the first tap outside tolerance, said to be inherited
     assert "no module's own error exceeds tolerance" in verdict["why"]
+
+
+def test_tap_globs_narrow_a_comparison_of_captures(tmp_path: Path, requests_file: Path) -> None:
+    a = capture(tmp_path, requests_file, "a")
+    b = capture(tmp_path, requests_file, "b", "toy", "--arg", "scale=1.01")
+    code, verdict, _ = diff_json(str(a), str(b), "--tap", "split", "--out", str(tmp_path / "r"))
+    assert code == 1 and verdict is not None  # the outputs are always compared
+    rows = {e["kind"]: e for e in verdict["evidence"]}["modules"]["rows"]
+    assert [r["tap"] for r in rows] == ["split[0][left]", "split[0][right]", "split[1][sum]", "output[y]", "output[extra][sum]"]
+    assert "module" not in verdict["where"]  # only the outputs differ among these taps

@@ -198,6 +198,8 @@ def _run_diff(config: DiffConfig, env: Mapping[str, Any], progress: Progress | N
         if len(sides) == 2:
             live = _Live(sides[0], sides[1], {r.id: r for r in requests})
     readers = [CaptureReader(d) for d in dirs if d is not None]
+    for reader in readers:  # --tap narrows captures made with more taps
+        reader.select(config.taps, keep=OUTPUT)
     baseline, candidate = readers
     with PairComparer(config.chunk_elements) as comparer, torch.no_grad():
         results = compare_captures(baseline, candidate, config.tolerances, comparer, progress)

@@ -17,11 +17,12 @@ Format history: ``glmfb.capture/1``: first version.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -336,6 +337,16 @@ class CaptureReader:
     @property
     def requests(self) -> tuple[RequestRecord, ...]:
         return self.manifest.requests
+
+    def select(self, globs: Sequence[str], keep: str) -> None:
+        """Keep only taps of modules matching a glob (and those of module ``keep``)."""
+        if not globs:
+            return
+        requests = tuple(
+            replace(r, taps=tuple(t for t in r.taps if t.module == keep or any(fnmatch.fnmatchcase(t.module, g) for g in globs)))
+            for r in self.manifest.requests
+        )
+        self.manifest = replace(self.manifest, requests=requests)
 
     def locate(self, tap: TapRecord) -> TensorLocation:
         if tap.file not in self._headers:
