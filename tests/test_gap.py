@@ -95,7 +95,7 @@ def config(factory: str, **overrides: Any) -> GapConfig:
 
 
 def test_planted_2x_slowdown_fails_with_the_phase_that_grew(tmp_path: Path) -> None:
-    cfg = config("spin", candidate=Target(f"{THIS}:spin", {"extra_units": 20_000}))
+    cfg = config("spin", candidate=Target(f"{THIS}:spin", {"extra_units": 60_000}))
     verdict = run_gap(cfg, tmp_path)
     assert verdict.status is Status.FAIL
     assert verdict.layer is Layer.TRANSFER
@@ -112,7 +112,9 @@ def test_planted_2x_slowdown_fails_with_the_phase_that_grew(tmp_path: Path) -> N
 
 
 def test_same_work_passes_a_wide_threshold(tmp_path: Path) -> None:
-    verdict = run_gap(config("spin", threshold=0.5), tmp_path)
+    # ~10 ms iterations: a preemption on a busy 2-core host is then small beside them
+    work = Target(f"{THIS}:spin", {"units": 150_000})
+    verdict = run_gap(config("spin", baseline=work, candidate=work, threshold=0.5), tmp_path)
     assert verdict.status is Status.PASS, verdict.why
     assert verdict.exit_code == 0
 
@@ -319,7 +321,7 @@ def test_cli_json_fail_and_exit_code(tmp_path: Path) -> None:
     from glmfb.cli import app
 
     result = CliRunner().invoke(app, [
-        "gap", f"{THIS}:spin", f"{THIS}:spin", "--candidate-arg", "extra_units=20000",
+        "gap", f"{THIS}:spin", f"{THIS}:spin", "--candidate-arg", "extra_units=60000",
         "--threshold", "5%", "--repeats", "20", "--budget", "20", "--no-attribute", "--json",
         "--out", str(tmp_path),
     ])
