@@ -211,6 +211,19 @@ def test_pyspy_without_native_support_still_samples(tmp_path: Path, monkeypatch:
     assert _evidence(verdict, "missing_signal")["signal"] == "native frames"
 
 
+def test_a_program_too_brief_to_sample_is_inconclusive(tmp_path: Path) -> None:
+    verdict = trace_gil(GilConfig(name="brief", command=(sys.executable, "-c", "pass"), duration_s=1), tmp_path)
+    assert verdict.status is Status.INCONCLUSIVE, verdict.why
+
+
+def test_a_program_that_is_not_python_is_inconclusive(tmp_path: Path) -> None:
+    verdict = trace_gil(GilConfig(name="sleep", command=("sleep", "5"), duration_s=1), tmp_path)
+    assert verdict.status is Status.INCONCLUSIVE, verdict.why
+    reasons = {e["signal"]: e["reason"] for e in verdict.evidence if e["kind"] == "missing_signal"}
+    assert "never started the heartbeat" in reasons["heartbeat"]
+    assert "Failed to find python version" in reasons["holder sampling"]
+
+
 def test_command_not_found_is_an_error_verdict(tmp_path: Path) -> None:
     verdict = trace_gil(GilConfig(name="nf", command=("no-such-command-glmfb",), duration_s=1), tmp_path)
     assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS

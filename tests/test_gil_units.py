@@ -15,7 +15,7 @@ from glmfb.gil.config import parse_milliseconds
 from glmfb.gil.engine import python_command, reproduce_command
 from glmfb.gil.heartbeat import Heartbeat, injection_env, read_heartbeat
 from glmfb.gil.process import describe_returncode
-from glmfb.gil.pyspy import parse_raw, profile_holders, sampled_cleanly
+from glmfb.gil.pyspy import explain_failure, parse_raw, profile_holders, sampled_cleanly
 from glmfb.gil.rules import Observations, decide
 from glmfb.gil.trace import overlap_blame
 from glmfb.targets import Target
@@ -66,6 +66,12 @@ def test_profile_without_native_leaves_split_unknown() -> None:
     profile = profile_holders(parse_raw(RAW_HOLD), native=False, names={}, exclude_tids=set())
     assert profile.sites[0].idle == 0
     assert profile.threads[0]["idle"] is None
+
+
+def test_pyspy_failures_are_explained_in_one_line() -> None:
+    log = "Error: Failed to find python version from target process\n\nStack backtrace:\n   0: anyhow::msg\n"
+    assert explain_failure(log) == "Error: Failed to find python version from target process"
+    assert explain_failure("Error: Permission denied (os error 13)").startswith("ptrace refused")
 
 
 def test_sampled_cleanly_reads_the_pyspy_summary() -> None:

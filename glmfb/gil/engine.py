@@ -22,7 +22,7 @@ from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
 from glmfb.gil.process import Launched, describe_returncode, wait_until
 from glmfb.gil.procwatch import GilWaitSampler
 from glmfb.gil.rules import MIN_WAITING_SHARE, Observations, decide
-from glmfb.verdict import ProbeKind, Verdict
+from glmfb.verdict import Layer, ProbeKind, Status, Verdict
 
 STARTUP_TIMEOUT_S = 10.0  # for the heartbeat to appear (interpreter start, imports)
 STOP_GRACE_S = 5.0
@@ -220,11 +220,17 @@ class _Session:
         assert code is not None
         if code != 0:
             return self._crashed(launched, code)
-        return self._error(
-            "the program exited before the heartbeat started (it ran too briefly, or is not a "
-            "Python program that reads sitecustomize)",
-            ["give a program that runs for the --duration", "python -S and -I skip sitecustomize"],
-            [{"kind": "process", "returncode": code, "stderr_tail": launched.stderr_tail()}],
+        return Verdict(
+            probe=ProbeKind.GIL,
+            name=self.config.name,
+            status=Status.INCONCLUSIVE,
+            layer=Layer.RUNTIME,
+            why=(
+                "The program exited (status 0) before glmfb could sample it: it ran too briefly, "
+                "or it is not a Python program that reads sitecustomize (python -S and -I skip it)."
+            ),
+            evidence=({"kind": "process", "returncode": code, "stderr_tail": launched.stderr_tail()},),
+            next=("give a program that runs at least as long as --duration",),
         )
 
     def _crashed(self, launched: Launched, code: int) -> Verdict:

@@ -248,4 +248,7 @@ def explain_failure(stderr: str) -> str:
     if "no such process" in lowered:
         return "the process exited before py-spy attached"
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("Error:")]  # before its Rust backtrace
+    if errors:
+        return errors[0][:200]
     return lines[-1][:200] if lines else "py-spy exited without output"
