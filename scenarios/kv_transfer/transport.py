@@ -17,6 +17,7 @@ import contextlib
 import json
 import mmap
 import os
+import re
 import selectors
 import signal
 import socket
@@ -30,6 +31,7 @@ from typing import Any, Protocol
 
 RECEIVER_SCRIPT = Path(__file__).with_name("receiver.py")
 HEADER = struct.Struct("!QQ")
+GLOG_LINE = re.compile(r"^(?:[IWEF]\d{4} |WARNING: Logging before InitGoogleLogging)")
 TRANSPORTS = ("auto", "mooncake", "socket")
 
 
@@ -61,12 +63,13 @@ class ReceiverProcess:
             self.buffer = mmap.mmap(fd, size)
         finally:
             os.close(fd)
+        self.stderr_file = tempfile.TemporaryFile()  # noqa: SIM115 (closed in close())
         self.process = subprocess.Popen(
             # -I: the receiver is a program of its own; it must not pick up this process's
             # PYTHONPATH hooks (a profiler's sitecustomize tracing the prefill side, say).
             [sys.executable, "-I", str(RECEIVER_SCRIPT), "--transport", transport,
              "--buffer", name, "--size", str(size)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr_file,
             env=dict(os.environ),
         )
         try:
@@ -89,11 +92,20 @@ class ReceiverProcess:
                     return data
                 if self.process.poll() is not None:
                     break
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=2)  # stdout closed: it is exiting
         code = self.process.poll()
-        raise TransferError(
-            f"the receiver process did not start (exit code {code})"
-            if code is not None else f"the receiver process did not answer within {timeout_s:.0f} s"
-        )
+        problem = (f"the receiver process did not start (exit code {code})"
+                   if code is not None else f"the receiver process did not answer within {timeout_s:.0f} s")
+        last_line = self.stderr_tail()
+        raise TransferError(f"{problem}: {last_line}" if last_line else problem)
+
+    def stderr_tail(self) -> str:
+        """The receiver's last line on stderr that is not a glog line (Mooncake's logging)."""
+        self.stderr_file.seek(0)
+        lines = self.stderr_file.read().decode("utf-8", "replace").splitlines()
+        useful = [line for line in lines if line.strip() and not GLOG_LINE.match(line)]
+        return useful[-1].strip() if useful else ""
 
     def exit_reason(self) -> str | None:
         """None while the receiver runs; else how it ended."""
@@ -124,6 +136,7 @@ class ReceiverProcess:
             if stream is not None:
                 with contextlib.suppress(OSError):
                     stream.close()
+        self.stderr_file.close()
         with contextlib.suppress(BufferError, ValueError):
             self.buffer.close()
         with contextlib.suppress(FileNotFoundError):
