@@ -228,8 +228,9 @@ def _judge(
         ran_out = {"budget": f"the {config.budget_s:g} s budget", "repeats": f"{config.repeats} repeats"}
         why = (f"Not decided: {gap_text}; the interval straddles the threshold and "
                f"{ran_out.get(measurement.stopped_by, 'the limits')} ran out.")
-        next_steps.append(f"rerun with more evidence: glmfb gap ... --repeats {config.repeats * 2} "
-                          f"--budget {config.budget_s * 2:g}, on a quieter machine")
+        next_steps.append(f"glmfb gap {display_ref(config.baseline)} {display_ref(config.candidate)} "
+                          f"--threshold {config.threshold:.0%} --repeats {config.repeats * 2} "
+                          f"--budget {config.budget_s * 2:g}  # more evidence, on a quieter machine")
     path = bandwidth.transfer_path if bandwidth is not None else info.get("transfer_path")
     if path:
         why += f" Transfer path: {path}."
