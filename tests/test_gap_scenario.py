@@ -74,10 +74,12 @@ def test_every_kv_byte_arrives_intact(releasing: Any, transport: str) -> None:
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_close_stops_the_receiver_and_removes_its_buffer(releasing: Any, transport: str) -> None:
+def test_close_stops_the_receiver_and_leaves_no_buffer_file(releasing: Any, transport: str) -> None:
     scenario = releasing(transport=transport)
     scenario()
     receiver = scenario._receiver
+    # unlinked as soon as both sides mapped it: nothing left in /dev/shm even after a kill
+    assert not receiver.buffer_path.exists()
     scenario.close()
     assert receiver.process.poll() is not None
     assert not receiver.buffer_path.exists()

@@ -77,6 +77,10 @@ class ReceiverProcess:
         except BaseException:
             self.close()
             raise
+        # Both processes have it mapped now: unlink the name, so the memory goes away with
+        # them even when they are killed (the gil probe stops its child with SIGTERM).
+        with contextlib.suppress(FileNotFoundError):
+            self.buffer_path.unlink()
 
     def _read_ready(self, timeout_s: float) -> dict[str, Any]:
         assert self.process.stdout is not None
