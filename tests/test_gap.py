@@ -336,3 +336,13 @@ def test_cli_bad_threshold_is_a_usage_error() -> None:
 
     result = CliRunner().invoke(app, ["gap", f"{THIS}:spin", f"{THIS}:spin", "--threshold", "lots", "--json"])
     assert result.exit_code == 2
+
+
+def test_next_steps_name_targets_as_typed_from_the_current_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    from glmfb.gap.engine import display_ref
+
+    root = HERE.parents[1]
+    monkeypatch.chdir(root)
+    ref = "../scenarios/kv_transfer/scenario.py:prefill_only"
+    assert display_ref(Target(ref, base_dir=root / "probes")) == "scenarios/kv_transfer/scenario.py:prefill_only"
+    assert display_ref(Target("glmfb.gap:run_gap")) == "glmfb.gap:run_gap"
