@@ -38,6 +38,10 @@ from .transport import (
 )
 
 TRANSFER_THREAD_NAME = "kv-transfer"
+# Tokens per KV page, per path: a socket write of a page costs about a quarter of a Mooncake
+# transfer_sync_write here, so its pages are smaller to keep the same per-layer share of Python
+# submissions (calibrated with benchmarks/gap_kv_transfer.py).
+DEFAULT_PAGE_TOKENS = {"mooncake": 8, "socket": 4}
 
 
 class TinyPrefillModel:
@@ -90,7 +94,7 @@ class PrefillIteration:
         tokens: int = 2048,
         hidden: int = 64,
         heads: int = 2,
-        page_tokens: int = 8,
+        page_tokens: int | None = None,
         dispatch_ms: float = 120.0,
         threads: int = 1,
         transport: str = "auto",
@@ -100,8 +104,6 @@ class PrefillIteration:
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport {transport!r}: use one of {', '.join(TRANSPORTS)}")
-        if tokens % page_tokens:
-            raise ValueError(f"tokens {tokens} is not a multiple of page_tokens {page_tokens}")
         torch.set_num_threads(threads)  # deliberate: one core for prefill, the rest for transfer
         self.model = TinyPrefillModel(layers, hidden, heads, seed)
         self.prompt = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(seed + 1))
@@ -116,28 +118,36 @@ class PrefillIteration:
         # KV pool [layer, k|v, tokens, hidden]: pages of page_tokens rows, K and V apart.
         self.pool = torch.zeros(layers, 2, tokens, hidden, dtype=torch.float32)
         self.layer_bytes = 2 * tokens * hidden * 4
-        self.page_bytes = page_tokens * hidden * 4
         self.total_bytes = layers * self.layer_bytes
         self._receiver: ReceiverProcess | None = None
         self._sender: Sender | None = None
         self._thread: _TransferThread | None = None
         self._broken: str | None = None
-        if transfer:
-            self._open_transfer(transport)
+        resolved = self._resolve_transport(transport) if transfer else None
+        if page_tokens is None:
+            page_tokens = DEFAULT_PAGE_TOKENS[resolved or "mooncake"]
+        if page_tokens <= 0 or tokens % page_tokens:
+            raise ValueError(f"tokens {tokens} is not a multiple of page_tokens {page_tokens}")
+        self.page_bytes = page_tokens * hidden * 4
+        if resolved is not None:
+            self._open_transfer(resolved)
         self._finalizer = weakref.finalize(self, _close_resources, self._thread, self._sender, self._receiver)
 
     # ---- setup ------------------------------------------------------------------------------
 
+    def _resolve_transport(self, transport: str) -> str:
+        """``auto`` -> ``mooncake`` when the engine loads, else ``socket`` (and why)."""
+        if transport == "socket":
+            return transport
+        reason = mooncake_unavailable_reason()
+        if reason is None:
+            return "mooncake"
+        if transport == "mooncake":
+            raise TransferError(reason)
+        self.fallback_reason = reason
+        return "socket"
+
     def _open_transfer(self, transport: str) -> None:
-        if transport in ("auto", "mooncake"):
-            reason = mooncake_unavailable_reason()
-            if reason is not None and transport == "mooncake":
-                raise TransferError(reason)
-            if reason is not None:
-                self.fallback_reason = reason
-                transport = "socket"
-            else:
-                transport = "mooncake"
         receiver = ReceiverProcess(transport, self.total_bytes)
         try:
             sender: Sender
