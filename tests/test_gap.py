@@ -346,3 +346,19 @@ def test_next_steps_name_targets_as_typed_from_the_current_directory(monkeypatch
     ref = "../scenarios/kv_transfer/scenario.py:prefill_only"
     assert display_ref(Target(ref, base_dir=root / "probes")) == "scenarios/kv_transfer/scenario.py:prefill_only"
     assert display_ref(Target("glmfb.gap:run_gap")) == "glmfb.gap:run_gap"
+
+
+def test_failure_without_the_gil_probe_names_the_missing_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "glmfb.gil", None)  # import glmfb.gil -> ImportError
+    cfg = config("spin", candidate=Target(f"{THIS}:spin", {"extra_units": 60_000}), attribute=True)
+    verdict = run_gap(cfg, tmp_path)
+    assert verdict.status is Status.FAIL
+    assert "The GIL signal is missing: the gil probe is not installed" in verdict.why
+    gil = next(e for e in verdict.evidence if e["kind"] == "gil_attribution")
+    assert gil["available"] is False
+    assert verdict.where == {}
+    assert any(step.startswith("glmfb gil --target") for step in verdict.next)
