@@ -7,7 +7,7 @@ plain, under ``glmfb gil`` (py-spy at 100 Hz with --native, the heartbeat, the /
 sampler) and under ``viztracer``, interleaved round by round in one run. Prints the medians and
 the ratios to the plain runs around it (median over rounds).
 
-    python benchmarks/gil_overhead.py [--rounds 5] [--seconds 2]
+    python benchmarks/gil_overhead.py [--rounds 8] [--seconds 1.5]
 """
 
 from __future__ import annotations
@@ -123,12 +123,13 @@ def run_glmfb(seconds: float, folder: Path) -> tuple[dict[str, float], str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=1.5)
     options = parser.parse_args()
     # Each round runs plain, glmfb gil, viztracer, plain again; a mode's ratio in a round is its
     # throughput over the mean of the two plain runs around it (cancels slow drifts in load).
     ratios: dict[str, list[tuple[float, float]]] = {"glmfb gil": [], "viztracer": []}
+    paired: dict[str, tuple[list[float], list[float]]] = {"glmfb gil": ([], []), "viztracer": ([], [])}
     plain_runs: list[dict[str, float]] = []
     traced_runs: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="glmfb-gil-bench-") as tmp:
@@ -145,6 +146,8 @@ def main() -> int:
             plain_jobs = (before["jobs_per_s"] + after["jobs_per_s"]) / 2
             for mode, measured in (("glmfb gil", traced), ("viztracer", vizt)):
                 ratios[mode].append((measured["ops_per_s"] / plain_ops, measured["jobs_per_s"] / plain_jobs))
+                paired[mode][0].append(plain_ops)
+                paired[mode][1].append(measured["ops_per_s"])
             print(
                 f"round {round_index + 1}: plain {before['ops_per_s']:.0f}/{after['ops_per_s']:.0f} ops/s, "
                 f"glmfb gil {traced['ops_per_s']:.0f}, viztracer {vizt['ops_per_s']:.0f} ({note})",
@@ -153,13 +156,17 @@ def main() -> int:
     print(f"starved workload, {options.rounds} interleaved rounds of {options.seconds:g} s; "
           f"plain median {statistics.median(r['ops_per_s'] for r in plain_runs):.0f} serializer ops/s, "
           f"{statistics.median(r['jobs_per_s'] for r in plain_runs):.0f} transfer jobs/s")
-    print(f"{'mode':<10} {'ops ratio':>10} {'(min-max)':>14} {'jobs ratio':>11} {'overhead':>9}")
+    from glmfb.stats import paired_median_ratio
+
+    print(f"{'mode':<10} {'ops ratio':>10} {'(min-max)':>14} {'jobs ratio':>11} "
+          f"{'throughput change, 95% CI (rounds resampled)':>46}")
     for mode, values in ratios.items():
         ops = [v[0] for v in values]
         jobs = [v[1] for v in values]
-        median_ops = statistics.median(ops)
-        print(f"{mode:<10} {median_ops:>10.3f} {f'({min(ops):.2f}-{max(ops):.2f})':>14} "
-              f"{statistics.median(jobs):>11.3f} {100 * (1 - median_ops):>8.1f}%")
+        change = paired_median_ratio(*paired[mode])
+        print(f"{mode:<10} {statistics.median(ops):>10.3f} {f'({min(ops):.2f}-{max(ops):.2f})':>14} "
+              f"{statistics.median(jobs):>11.3f} {100 * change.value:>+21.1f}% [{100 * change.low:+.1f}%, "
+              f"{100 * change.high:+.1f}%]")
     print("CPU cost of glmfb gil's parts, in CPU-seconds per second of workload (medians; the "
           "machine has 2 cores):")
     for key, label in (("heartbeat_cpu_share", "heartbeat thread (in the program)"),

@@ -17,7 +17,7 @@ def gil_command(
         list[str] | None,
         typer.Argument(metavar="[-- COMMAND [ARGS...]]", help="The program to trace, after --."),
     ] = None,
-    rate: Annotated[int, typer.Option("--rate", help="py-spy samples per second.")] = 100,
+    rate: Annotated[int, typer.Option("--rate", help="GIL-holder samples per second (py-spy --nonblocking).")] = 100,
     duration: Annotated[
         float, typer.Option("--duration", help="Seconds to sample; a program still running then is stopped.")
     ] = 5.0,
@@ -34,8 +34,11 @@ def gil_command(
         bool, typer.Option("--trace", help="Also record a viztracer trace and rank what overlaps starved slices.")
     ] = False,
     native: Annotated[
-        bool, typer.Option("--native/--no-native", help="py-spy --native: native frames and the active/idle split.")
+        bool, typer.Option("--native/--no-native", help="A second py-spy with --native: native frames and the active/idle split.")
     ] = True,
+    native_rate: Annotated[
+        int, typer.Option("--native-rate", help="Samples per second of the --native py-spy (it pauses the program per sample).")
+    ] = 20,
     use_pyspy: Annotated[bool, typer.Option("--pyspy/--no-pyspy", help="Sample the GIL holder with py-spy.")] = True,
     name: Annotated[str, typer.Option("--name", help="The verdict's name.")] = "gil",
     out: Annotated[Path, typer.Option("--out", help="Folder for reports/<run-id>/<name>/.")] = Path("reports"),
@@ -55,6 +58,7 @@ def gil_command(
         rate_hz=rate,
         starvation_p99_ms=parse_milliseconds(starvation),
         native=native,
+        native_rate_hz=native_rate,
         trace=trace,
         use_pyspy=use_pyspy,
     )

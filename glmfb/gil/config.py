@@ -8,6 +8,7 @@ from glmfb.errors import UsageError
 from glmfb.targets import Target
 
 DEFAULT_RATE_HZ = 100
+DEFAULT_NATIVE_RATE_HZ = 20
 DEFAULT_DURATION_S = 5.0
 # Twice CPython's default switch interval (5 ms): a thread that wants the GIL beside a busy
 # pure-Python thread already waits up to one interval, so only more than that is starvation.
@@ -32,7 +33,8 @@ class GilConfig:
     duration_s: float = DEFAULT_DURATION_S
     rate_hz: int = DEFAULT_RATE_HZ
     starvation_p99_ms: float = DEFAULT_STARVATION_P99_MS
-    native: bool = True  # py-spy --native: the holder's native leaf frame, the idle split
+    native: bool = True  # a second py-spy with --native: the holder's native frame, the idle split
+    native_rate_hz: int = DEFAULT_NATIVE_RATE_HZ  # --native pauses the program per sample: keep it low
     trace: bool = False  # also record a viztracer trace and rank overlapping functions
     use_pyspy: bool = True  # False: heartbeat (and trace) only, as when py-spy is missing
     heartbeat: bool = True
@@ -52,6 +54,8 @@ class GilConfig:
             raise UsageError(f"--duration must be positive, got {self.duration_s}")
         if not 1 <= self.rate_hz <= 10_000:
             raise UsageError(f"--rate must be between 1 and 10000 Hz, got {self.rate_hz}")
+        if not 1 <= self.native_rate_hz <= 10_000:
+            raise UsageError(f"--native-rate must be between 1 and 10000 Hz, got {self.native_rate_hz}")
         if not self.starvation_p99_ms > 0:
             raise UsageError(f"the starvation threshold must be positive, got {self.starvation_p99_ms} ms")
         if self.pid is not None and self.pid <= 0:

@@ -7,7 +7,6 @@ import json
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import time
 import traceback
@@ -102,9 +101,9 @@ class _Session:
         self.pyspy_output = artifact_dir / "gil-samples.txt"
         self.trace_output = artifact_dir / "gil-trace.json"
         self.missing: list[dict[str, str]] = []
-        self._pyspy_started_s = 0.0
-        self._pyspy_elapsed_s = 0.0
         self.native = config.native
+        self.main_recording: pyspy.Recording | None = None
+        self.native_recording: pyspy.Recording | None = None
         for stale in (self.pyspy_output, self.trace_output, self.heartbeat_prefix.with_suffix(".bin"),
                       self.heartbeat_prefix.with_suffix(".json"), self.heartbeat_prefix.with_suffix(".threads")):
             stale.unlink(missing_ok=True)
@@ -194,9 +193,7 @@ class _Session:
         sampler = GilWaitSampler(python_pid, config.rate_hz)
         sampler.start()
         sampling_started = time.monotonic()
-        spy = self._start_pyspy(python_pid)
-        if spy is not None and self.native:
-            spy = self._without_native_if_refused(spy, python_pid)
+        self._start_recordings(python_pid)
         self.progress(f"sampling for {config.duration_s:g} s")
         remaining_s = max(0.0, config.duration_s - (time.monotonic() - sampling_started))
         if launched is not None:
@@ -207,7 +204,7 @@ class _Session:
         else:
             wait_until(lambda: not os.path.isdir(f"/proc/{pid}"), remaining_s, poll_s=0.05)
         sampler.stop()
-        self._stop_pyspy(spy, target_running=launched is None and os.path.isdir(f"/proc/{pid}"))
+        self._stop_recordings(target_running=launched is None and os.path.isdir(f"/proc/{pid}"))
 
         if launched is not None and not launched.stopped_by_glmfb:
             code = launched.poll()
@@ -247,72 +244,74 @@ class _Session:
 
     # ---- py-spy ------------------------------------------------------------------------
 
-    def _without_native_if_refused(self, spy: subprocess.Popen[bytes], pid: int) -> subprocess.Popen[bytes] | None:
-        """py-spy exits at once when it cannot unwind native stacks here: sample without
-        ``--native`` then (the active/idle split becomes unknown, and the verdict says so)."""
-        try:
-            spy.wait(timeout=NATIVE_CHECK_S)
-        except subprocess.TimeoutExpired:
-            return spy  # sampling
-        self._pyspy_stderr.close()
-        if not os.path.isdir(f"/proc/{pid}") or self.pyspy_output.is_file():
-            return spy  # the program ended: nothing to retry
-        log = (self.dir / "py-spy.log").read_text("utf-8", "replace")
-        if pyspy.explain_failure(log).startswith("ptrace refused"):
-            return spy  # without --native it would be refused just the same
-        self.native = False
-        self.missing.append({
-            "signal": "native frames",
-            "reason": f"py-spy --native failed ({pyspy.explain_failure(log)}); sampled without it, "
-                      "so the active/idle split is unknown",
-        })
-        (self.dir / "py-spy.log").rename(self.dir / "py-spy-native.log")
-        return self._start_pyspy(pid)
-
-    def _start_pyspy(self, pid: int) -> subprocess.Popen[bytes] | None:
+    def _start_recordings(self, pid: int) -> None:
+        """The holder sampler (``--nonblocking``: never pauses the program) at ``rate_hz`` and,
+        with ``native``, a slower ``--native`` sampler for the active/idle split: native
+        unwinding pauses the program for each sample, so it runs at ``native_rate_hz``."""
         config = self.config
         if not config.use_pyspy:
             self.missing.append({"signal": "holder sampling", "reason": "py-spy disabled (--no-pyspy)"})
-            return None
+            return
         executable = pyspy.find_pyspy()
         if executable is None:
             self.missing.append({"signal": "holder sampling", "reason": "py-spy is not installed (pip install py-spy)"})
-            return None
-        command = pyspy.record_command(executable, pid, self.pyspy_output, rate_hz=config.rate_hz, native=self.native)
-        self._pyspy_stderr = open(self.dir / "py-spy.log", "wb")  # noqa: SIM115 - closed in _stop_pyspy
-        self._pyspy_started_s = time.monotonic()
-        return subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=self._pyspy_stderr,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )
-
-    def _stop_pyspy(self, spy: subprocess.Popen[bytes] | None, *, target_running: bool) -> None:
-        """Let py-spy write its output: it does so by itself once the traced process is gone,
-        and on SIGINT (Ctrl-C) while it still runs (attached by --pid)."""
-        if spy is None:
             return
-        self._pyspy_elapsed_s = time.monotonic() - self._pyspy_started_s  # sampling ends now
-        try:
-            if target_running:
-                spy.send_signal(signal.SIGINT)
-            spy.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            spy.send_signal(signal.SIGINT)
-            try:
-                spy.wait(timeout=10.0)
-            except subprocess.TimeoutExpired:
-                spy.kill()
-                spy.wait()
-        finally:
-            self._pyspy_stderr.close()
-        if not self.pyspy_output.is_file():
-            log = (self.dir / "py-spy.log").read_text("utf-8", "replace")
-            reason = pyspy.explain_failure(log)
-            self.missing.append({
-                "signal": "holder sampling",
-                "reason": f"{reason} (py-spy {describe_returncode(spy.returncode)} without output, "
-                          f"after {self._pyspy_elapsed_s:.1f} s; log: {self.dir / 'py-spy.log'})",
-            })
+        self.main_recording = pyspy.Recording(
+            executable, pid, self.pyspy_output, self.dir / "py-spy.log",
+            rate_hz=config.rate_hz, native=False, nonblocking=True,
+        )
+        if not self.native:
+            return
+        self.native_recording = pyspy.Recording(
+            executable, pid, self.dir / "gil-native-samples.txt", self.dir / "py-spy-native.log",
+            rate_hz=config.native_rate_hz, native=True, nonblocking=False,
+        )
+        if self.native_recording.exited_early(NATIVE_CHECK_S) and os.path.isdir(f"/proc/{pid}"):
+            self.native_recording.stop(target_running=False)
+            reason = pyspy.explain_failure(self.native_recording.log_text())
+            self.native_recording = None
+            self.native = False
+            if not (self.main_recording.exited_early(0.0) and reason.startswith("ptrace refused")):
+                self.missing.append({
+                    "signal": "native frames",
+                    "reason": f"py-spy --native failed ({reason}), so the active/idle split is unknown",
+                })
+
+    def _stop_recordings(self, *, target_running: bool) -> None:
+        for recording in (self.main_recording, self.native_recording):
+            if recording is not None:
+                recording.stop(target_running=target_running)
+        if self.main_recording is not None:
+            failure = self.main_recording.failure()
+            if failure is not None:
+                self.missing.append({"signal": "holder sampling", "reason": failure})
+        if self.native_recording is not None and self.native_recording.failure() is not None:
+            if self.main_recording is not None and self.main_recording.failure() is None:
+                self.missing.append({
+                    "signal": "native frames",
+                    "reason": f"py-spy --native: {self.native_recording.failure()}; the active/idle split is unknown",
+                })
+            self.native_recording = None
+            self.native = False
+
+    def _holder_profile(self, names: dict[int, str], exclude: set[int]) -> pyspy.HolderProfile | None:
+        main = self.main_recording if self.main_recording and self.main_recording.failure() is None else None
+        split = self.native_recording
+        if main is None and split is None:
+            return None
+        split_profile = None
+        if split is not None:
+            split_profile = pyspy.profile_holders(
+                split.samples(), native=True, names=names, exclude_tids=exclude,
+                sample_instants=split.sample_instants,
+            )
+        if main is None:
+            return split_profile
+        main_profile = pyspy.profile_holders(
+            main.samples(), native=False, names=names, exclude_tids=exclude,
+            sample_instants=main.sample_instants,
+        )
+        return pyspy.merge_split(main_profile, split_profile) if split_profile is not None else main_profile
 
     # ---- deciding ----------------------------------------------------------------------
 
@@ -324,20 +323,12 @@ class _Session:
         if config.heartbeat and config.pid is None and beat is None:
             self.missing.append({"signal": "heartbeat", "reason": "the program never started the heartbeat (not Python, or run with -S/-I)"})
         names: dict[int, str] = dict(beat.thread_names) if beat else {}
-        holders = None
-        if self.pyspy_output.is_file():
-            samples = pyspy.parse_raw(self.pyspy_output.read_text("utf-8", "replace"))
-            for sample in samples:
+        for recording in (self.main_recording, self.native_recording):
+            for sample in recording.samples() if recording is not None else ():
                 if sample.thread_name:
                     names.setdefault(sample.thread_id, sample.thread_name)
-            exclude = {beat.thread_id} if beat else {tid for tid, n in names.items() if n == HEARTBEAT_THREAD}
-            instants = int(config.rate_hz * self._pyspy_elapsed_s)
-            holders = pyspy.profile_holders(
-                samples, native=self.native, names=names, exclude_tids=exclude, sample_instants=instants
-            )
-            log = (self.dir / "py-spy.log").read_text("utf-8", "replace")
-            if not samples and not pyspy.sampled_cleanly(log):
-                self.missing.append({"signal": "holder sampling", "reason": pyspy.explain_failure(log)})
+        exclude = {beat.thread_id} if beat else {tid for tid, n in names.items() if n == HEARTBEAT_THREAD}
+        holders = self._holder_profile(names, exclude)
 
         waiting: list[dict[str, Any]] = []
         windows: list[dict[str, Any]] = []
@@ -379,6 +370,8 @@ class _Session:
         artifacts: dict[str, str] = {}
         if self.pyspy_output.is_file():
             artifacts["pyspy_raw"] = str(self.pyspy_output)
+        if self.native_recording is not None and self.native_recording.output.is_file():
+            artifacts["pyspy_native_raw"] = str(self.native_recording.output)
         if config.trace:
             if self.trace_output.is_file():
                 from glmfb.gil.trace import overlap_blame

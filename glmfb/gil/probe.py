@@ -2,8 +2,8 @@
 
 A definition gives either ``command`` (a list; ``"python"`` means the interpreter running
 glmfb, and arguments naming files beside the definition are resolved there) or ``target``
-(with ``args``). Options: ``duration`` (s), ``rate`` (Hz), ``starvation_p99`` ("10ms" or a
-number of ms), ``trace``, ``native``, ``pyspy`` (booleans)::
+(with ``args``). Options: ``duration`` (s), ``rate`` and ``native_rate`` (Hz),
+``starvation_p99`` ("10ms" or a number of ms), ``trace``, ``native``, ``pyspy`` (booleans)::
 
     [[probe]]
     name = "dispatch-holds-gil"
@@ -21,6 +21,7 @@ from typing import Any
 from glmfb.errors import InputError, UsageError
 from glmfb.gil.config import (
     DEFAULT_DURATION_S,
+    DEFAULT_NATIVE_RATE_HZ,
     DEFAULT_RATE_HZ,
     DEFAULT_STARVATION_P99_MS,
     GilConfig,
@@ -31,7 +32,7 @@ from glmfb.suite import ProbeDefinition, RunContext
 from glmfb.targets import Target
 from glmfb.verdict import Verdict
 
-KNOWN_OPTIONS = frozenset({"duration", "rate", "starvation_p99", "trace", "native", "pyspy"})
+KNOWN_OPTIONS = frozenset({"duration", "rate", "native_rate", "starvation_p99", "trace", "native", "pyspy"})
 
 
 def _milliseconds(value: Any, label: str) -> float:
@@ -72,6 +73,7 @@ def config_from_definition(definition: ProbeDefinition) -> GilConfig:
         target=target,
         duration_s=float(definition.option("duration", DEFAULT_DURATION_S)),
         rate_hz=int(definition.option("rate", DEFAULT_RATE_HZ)),
+        native_rate_hz=int(definition.option("native_rate", DEFAULT_NATIVE_RATE_HZ)),
         starvation_p99_ms=_milliseconds(
             definition.option("starvation_p99", DEFAULT_STARVATION_P99_MS), f"{label}: starvation_p99"
         ),

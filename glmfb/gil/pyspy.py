@@ -13,7 +13,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,6 +134,7 @@ class CallSite:
     line: int
     samples: int = 0
     idle: int = 0
+    split_samples: int = 0  # samples with native frames behind ``idle`` (0: split unknown)
     lines: Counter[int] = field(default_factory=Counter)
     native_calls: Counter[str] = field(default_factory=Counter)
     stacks: Counter[tuple[str, ...]] = field(default_factory=Counter)
@@ -183,6 +187,7 @@ def profile_holders(
         if site is None:
             site = sites[key] = CallSite(sample.thread_id, name, inner.function, inner.file, inner.line or 0)
         site.samples += sample.count
+        site.split_samples += sample.count if native else 0
         site.idle += sample.count if blocked else 0
         site.lines[inner.line or 0] += sample.count
         call = sample.native_call() if native else None
@@ -216,7 +221,7 @@ def find_pyspy() -> str | None:
 
 
 def record_command(
-    pyspy: str, pid: int, output: Path, *, rate_hz: int, native: bool
+    pyspy: str, pid: int, output: Path, *, rate_hz: int, native: bool, nonblocking: bool = False
 ) -> list[str]:
     command = [
         pyspy, "record", "--pid", str(pid), "--gil", "--idle", "--threads", "--full-filenames",
@@ -224,7 +229,110 @@ def record_command(
     ]
     if native:
         command.append("--native")
+    if nonblocking:
+        command.append("--nonblocking")
     return command
+
+
+class Recording:
+    """One ``py-spy record`` attached to a process, writing raw samples and a log."""
+
+    def __init__(
+        self, executable: str, pid: int, output: Path, log: Path, *,
+        rate_hz: int, native: bool, nonblocking: bool,
+    ) -> None:
+        self.output = output
+        self.log = log
+        self.rate_hz = rate_hz
+        self.native = native
+        output.unlink(missing_ok=True)
+        command = record_command(executable, pid, output, rate_hz=rate_hz, native=native, nonblocking=nonblocking)
+        self._log_handle = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.started_s = time.monotonic()
+        self.elapsed_s = 0.0
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=self._log_handle,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def exited_early(self, within_s: float) -> bool:
+        """Whether py-spy gave up within ``within_s`` (bad option, refused attach...)."""
+        try:
+            self.process.wait(timeout=within_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def stop(self, *, target_running: bool) -> None:
+        """Let py-spy write its output: it does so by itself once the traced process is gone,
+        and on SIGINT (Ctrl-C) while it still runs (attached by --pid)."""
+        if self.process.poll() is None:
+            self.elapsed_s = time.monotonic() - self.started_s  # sampling ends now
+        try:
+            if target_running and self.process.poll() is None:
+                self.process.send_signal(signal.SIGINT)
+            self.process.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=10.0)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        finally:
+            self._log_handle.close()
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def failure(self) -> str | None:
+        """Why there is no usable output, or None when py-spy sampled cleanly."""
+        if self.output.is_file():
+            log = self.log_text()
+            if self.output.stat().st_size or sampled_cleanly(log):
+                return None  # samples, or a clean run in which nobody held the GIL
+            return explain_failure(log)
+        code = self.process.returncode
+        status = f"exited with status {code}" if code is not None and code >= 0 else f"ended by signal {-(code or 0)}"
+        return f"{explain_failure(self.log_text())} (py-spy {status} without output after {self.elapsed_s:.1f} s; log: {self.log})"
+
+    def samples(self) -> list[Sample]:
+        try:
+            return parse_raw(self.output.read_text("utf-8", "replace"))
+        except OSError:
+            return []
+
+    @property
+    def sample_instants(self) -> int:
+        return int(self.rate_hz * self.elapsed_s)
+
+
+def merge_split(main: HolderProfile, split: HolderProfile) -> HolderProfile:
+    """The main (fast, no --native) profile with each call site's active/idle split and native
+    frames taken from the slower --native profile, scaled to the main site's samples.
+
+    A site the --native sampler never saw keeps ``split_samples = 0``: its split is unknown.
+    """
+    by_key = {(s.thread_id, s.function, s.file): s for s in split.sites}
+    for site in main.sites:
+        other = by_key.get((site.thread_id, site.function, site.file))
+        if other is None or not other.samples:
+            continue
+        site.split_samples = other.samples
+        site.idle = round(site.samples * other.idle / other.samples)
+        site.native_calls = Counter(other.native_calls)
+    split_threads = {t["tid"]: t for t in split.threads}
+    threads = []
+    for thread in main.threads:
+        other_thread = split_threads.get(thread["tid"])
+        if other_thread and other_thread["samples"]:
+            idle = round(thread["samples"] * other_thread["idle"] / other_thread["samples"])
+            thread = {**thread, "idle": idle, "active": thread["samples"] - idle}
+        threads.append(thread)
+    return HolderProfile(main.total_samples, main.sample_instants, tuple(threads), main.sites, native=True)
 
 
 _SUMMARY_RE = re.compile(r"Samples: (?P<samples>\d+) Errors: (?P<errors>\d+)")

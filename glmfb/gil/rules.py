@@ -74,7 +74,8 @@ def caller_frame(stack: tuple[str, ...]) -> str | None:
 def holder_evidence(site: CallSite, total: int) -> dict[str, Any]:
     native = site.native_calls.most_common(1)
     stack = site.stacks.most_common(1)[0][0] if site.stacks else ()
-    idle_share = site.idle / site.samples if site.samples else 0.0
+    known = site.split_samples > 0
+    idle_share = site.idle / site.samples if site.samples and known else 0.0
     return {
         "kind": "gil_holder",
         "thread": site.thread_name,
@@ -85,9 +86,10 @@ def holder_evidence(site: CallSite, total: int) -> dict[str, Any]:
         "line": site.line,
         "samples": site.samples,
         "share_of_time": round(site.samples / total, 4) if total else None,
-        "active_share": round(1.0 - idle_share, 4),
-        "idle_share": round(idle_share, 4),
+        "active_share": round(1.0 - idle_share, 4) if known else None,
+        "idle_share": round(idle_share, 4) if known else None,
         "native_frame": native[0][0] if native else None,
+        "native_samples": site.split_samples,
         "caller": caller_frame(stack),
         "stack": list(stack[-8:]),
     }
@@ -185,7 +187,10 @@ def decide(observations: Observations) -> Verdict:
     next_steps: list[str] = []
     missing_text = "; ".join(f"{m['signal']}: {m['reason']}" for m in observations.missing)
     idle_share = holder.idle / holder.samples if holder is not None and holder.samples else 0.0
-    native_known = observations.holders is not None and observations.holders.native
+    native_known = (
+        observations.holders is not None and observations.holders.native
+        and holder is not None and holder.split_samples > 0
+    )
     starved_text = ", ".join(starved_names) or HEARTBEAT_THREAD
 
     if holder is not None:
