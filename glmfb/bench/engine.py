@@ -405,17 +405,16 @@ def _shape_evidence(
 def _profile(
     config: BenchConfig, timer: Any, shape: tuple[int, ...], focus: ShapeResult, status: Status
 ) -> tuple[dict[str, Any], str, tuple[str, ...]]:
-    from glmfb.bench.opdiff import diff_ops, explain, profile_ops
+    from glmfb.bench.opdiff import diff_ops, explain, profile_pair
 
     baseline, candidate = _load_pair(config, shape)
     slower_side_s = max(focus.baseline_median_s, focus.candidate_median_s)
-    calls = max(3, min(50, int(0.2 / slower_side_s) if slower_side_s > 0 else 3))
+    calls = max(10, min(100, int(0.3 / slower_side_s) if slower_side_s > 0 else 10))
     for side in (baseline, candidate):
         warm_up(side, min_calls=1, min_s=0.0)
-    base_ops = profile_ops(baseline.kernels, calls, timer.device)
-    cand_ops = profile_ops(candidate.kernels, calls, timer.device)
-    deltas = diff_ops(base_ops, cand_ops)
+    base_ops, cand_ops = profile_pair(baseline.kernels, candidate.kernels, calls, timer.device)
     slower = status is Status.FAIL
+    deltas = diff_ops(base_ops, cand_ops, slower)
     explanation = explain(deltas, slower)
     evidence = {
         "kind": "op_diff",

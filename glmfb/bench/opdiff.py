@@ -86,8 +86,7 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def profile_ops(kernels: Sequence[Kernel], calls: int, device: str) -> dict[str, OpStats]:
-    """Per-operator calls and self time per kernel call, from one torch.profiler pass."""
+def _profile_once(kernels: Sequence[Kernel], calls: int, device: str) -> dict[str, OpStats]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -114,8 +113,30 @@ def profile_ops(kernels: Sequence[Kernel], calls: int, device: str) -> dict[str,
     return stats
 
 
-def diff_ops(baseline: dict[str, OpStats], candidate: dict[str, OpStats]) -> list[OpDelta]:
-    """Operators ordered by their part of the net change in self time, largest first."""
+def profile_pair(
+    baseline: Sequence[Kernel], candidate: Sequence[Kernel], calls: int, device: str, rounds: int = 5
+) -> tuple[dict[str, OpStats], dict[str, OpStats]]:
+    """Profile both sides in alternating rounds; per operator keep the calls per kernel call
+    (deterministic) and the *smallest* self time per call over the rounds, so a preemption
+    during one round (noise only adds time) does not rewrite the diff."""
+    per_round = max(2, calls // rounds)
+    merged: tuple[dict[str, OpStats], dict[str, OpStats]] = ({}, {})
+    for _ in range(rounds):
+        for side, kernels in enumerate((baseline, candidate)):
+            for name, stats in _profile_once(kernels, per_round, device).items():
+                seen = merged[side].get(name)
+                if seen is None or stats.self_us_per_call < seen.self_us_per_call:
+                    merged[side][name] = stats
+    return merged
+
+
+def diff_ops(
+    baseline: dict[str, OpStats], candidate: dict[str, OpStats], slower: bool | None = None
+) -> list[OpDelta]:
+    """Operators ordered by their part of the change in self time, largest first.
+
+    ``slower`` is the direction the timing measurement established; the profile's own net
+    change decides it only when it is not given (a noisy profile must not flip the story)."""
     names = set(baseline) | set(candidate)
     raw = []
     for name in names:
@@ -123,7 +144,7 @@ def diff_ops(baseline: dict[str, OpStats], candidate: dict[str, OpStats]) -> lis
         added = (b.self_us_per_call if b else 0.0) - (a.self_us_per_call if a else 0.0)
         raw.append((name, a, b, added))
     net = sum(item[3] for item in raw)
-    sign = 1.0 if net >= 0 else -1.0
+    sign = (1.0 if net >= 0 else -1.0) if slower is None else (1.0 if slower else -1.0)
     # Share of the added time (all increases) when the candidate is slower, of the saved time
     # (all decreases) when it is faster; shares of the same sign sum to 1.
     denominator = sum(item[3] for item in raw if item[3] * sign > 0) or sign
