@@ -155,3 +155,31 @@ def test_cuda_timer_events_flush_and_graph() -> None:
         elapsed, result = timer.measure(loop)
         assert elapsed > 0 and result.shape == x.shape
         assert timer.describe()["l2_flush_bytes"] >= 32 * 2**20
+
+
+def test_result_device() -> None:
+    from glmfb.bench.timers import result_device
+
+    assert result_device(torch.ones(2)) == "cpu"
+    assert result_device(None) is None
+    assert result_device((1, {"a": torch.ones(1)})) == "cpu"
+
+
+@pytest.mark.gpu
+def test_gpu_end_to_end_tiled_vs_fused_on_cuda() -> None:
+    from pathlib import Path
+
+    from glmfb.bench.config import BenchConfig
+    from glmfb.bench.engine import run_bench
+    from glmfb.verdict import Status
+
+    kernels = str(Path(__file__).resolve().parents[1] / "scenarios" / "decode_norm" / "kernels.py")
+    for cuda_graph in (False, True):
+        verdict = run_bench(BenchConfig(
+            name="gpu", baseline=Target(f"{kernels}:gated_norm_fused", {"device": "cuda"}),
+            candidate=Target(f"{kernels}:gated_norm_tiled", {"device": "cuda"}),
+            shapes=((64, 4096),), budget_s=3.0, cuda_graph=cuda_graph,
+        ))
+        assert verdict.status is Status.FAIL, verdict.why
+        harness = next(e for e in verdict.evidence if e["kind"] == "harness")
+        assert harness["timer"] == "cuda-events" and harness["cuda_graph"] is cuda_graph

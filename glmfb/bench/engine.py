@@ -36,6 +36,7 @@ from glmfb.bench.runner import (
     KernelError,
     Side,
     calibrate,
+    call_checked,
     kernel_name,
     load_side,
     run_single,
@@ -120,12 +121,7 @@ def run_bench(config: BenchConfig) -> Verdict:
         if config.threads is not None:
             torch.set_num_threads(config.threads)
         env = fingerprint()
-        from glmfb.bench.timers import make_timer
-
-        try:
-            timer = make_timer(config.device, cuda_graph=config.cuda_graph)
-        except (RuntimeError, ValueError) as exc:
-            raise UsageError(str(exc)) from exc
+        timer = _pick_timer(config)
         env["device"] = timer.device if timer.device == "cpu" else env.get("device", "cuda")
         if config.candidate is None:
             return _measure_only(config, timer, env, started)
@@ -138,6 +134,28 @@ def run_bench(config: BenchConfig) -> Verdict:
         return _harness_verdict(config.name, exc, started, env)
     finally:
         torch.set_num_threads(threads_before)
+
+
+def _pick_timer(config: BenchConfig) -> Any:
+    """The CPU timer, or the CUDA one: ``--device auto`` picks CUDA when torch sees a device
+    and the baseline kernel returns a CUDA tensor (or returns nothing, so it may write into a
+    CUDA output); a kernel returning CPU tensors is timed on the CPU."""
+    import torch
+
+    from glmfb.bench.timers import CpuTimer, make_timer, result_device
+
+    if config.device == "auto":
+        if not torch.cuda.is_available():
+            return CpuTimer()
+        probe = load_side("baseline", config.baseline, config.shapes[0], 1)
+        result = call_checked(probe, probe.kernels[0], "a device probe call")
+        if result_device(result) == "cpu":
+            return CpuTimer()
+    try:
+        return make_timer("cuda" if config.device == "auto" else config.device,
+                          cuda_graph=config.cuda_graph)
+    except (RuntimeError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def _load_pair(config: BenchConfig, shape: tuple[int, ...]) -> tuple[Side, Side]:

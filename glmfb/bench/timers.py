@@ -173,3 +173,21 @@ def first_nonfinite(result: Any, path: str = "result") -> str | None:
         if (is_floating() or result.is_complex()) and not bool(torch.isfinite(result).all()):
             return path
     return None
+
+
+def result_device(result: Any) -> str | None:
+    """"cuda" if the result holds a CUDA tensor, "cpu" if it holds only CPU tensors, None if it
+    holds no tensor (a kernel that writes into a preallocated output and returns nothing)."""
+    found: str | None = None
+    stack = [result]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, (tuple, list)):
+            stack.extend(item)
+        elif hasattr(item, "is_cuda") and hasattr(item, "device"):
+            if item.is_cuda:
+                return "cuda"
+            found = "cpu"
+    return found
