@@ -38,7 +38,7 @@ def gil_command(
     ] = True,
     native_rate: Annotated[
         int, typer.Option("--native-rate", help="Samples per second of the --native py-spy (it pauses the program per sample).")
-    ] = 20,
+    ] = 10,
     use_pyspy: Annotated[bool, typer.Option("--pyspy/--no-pyspy", help="Sample the GIL holder with py-spy.")] = True,
     name: Annotated[str, typer.Option("--name", help="The verdict's name.")] = "gil",
     out: Annotated[Path, typer.Option("--out", help="Folder for reports/<run-id>/<name>/.")] = Path("reports"),

@@ -8,7 +8,7 @@ from glmfb.errors import UsageError
 from glmfb.targets import Target
 
 DEFAULT_RATE_HZ = 100
-DEFAULT_NATIVE_RATE_HZ = 20
+DEFAULT_NATIVE_RATE_HZ = 10
 DEFAULT_DURATION_S = 5.0
 # Twice CPython's default switch interval (5 ms): a thread that wants the GIL beside a busy
 # pure-Python thread already waits up to one interval, so only more than that is starvation.
