@@ -49,8 +49,10 @@ def workload(seconds: float) -> None:
             jobs += 1
         counts["jobs"] = jobs
 
-    threads = [threading.Thread(target=serialize, name="serializer"),
-               threading.Thread(target=transfer, name="kv-transfer")]
+    threads = [
+        threading.Thread(target=serialize, name="serializer"),
+        threading.Thread(target=transfer, name="kv-transfer"),
+    ]
     started = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -61,13 +63,19 @@ def workload(seconds: float) -> None:
     elapsed = time.perf_counter() - started
     heartbeat = next((t for t in threading.enumerate() if t.name == "glmfb-heartbeat"), None)
     times = os.times()
-    print(json.dumps({
-        "ops_per_s": counts["ops"] / elapsed,
-        "jobs_per_s": counts["jobs"] / elapsed,
-        "elapsed_s": elapsed,
-        "cpu_s": times.user + times.system,
-        "heartbeat_cpu_s": thread_cpu_s(heartbeat.native_id) if heartbeat and heartbeat.native_id else None,
-    }))
+    print(
+        json.dumps(
+            {
+                "ops_per_s": counts["ops"] / elapsed,
+                "jobs_per_s": counts["jobs"] / elapsed,
+                "elapsed_s": elapsed,
+                "cpu_s": times.user + times.system,
+                "heartbeat_cpu_s": thread_cpu_s(heartbeat.native_id)
+                if heartbeat and heartbeat.native_id
+                else None,
+            }
+        )
+    )
 
 
 def thread_cpu_s(native_id: int) -> float:
@@ -77,17 +85,33 @@ def thread_cpu_s(native_id: int) -> float:
 
 
 def run_plain(seconds: float) -> dict[str, float]:
-    out = subprocess.run([sys.executable, __file__, WORKLOAD_FLAG, str(seconds)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, WORKLOAD_FLAG, str(seconds)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return dict(json.loads(out.stdout))
 
 
 def run_viztracer(seconds: float, folder: Path) -> dict[str, float]:
     trace = folder / "viztracer.json"
     out = subprocess.run(
-        [sys.executable, "-m", "viztracer", "--quiet", "--output_file", str(trace), "--",
-         __file__, WORKLOAD_FLAG, str(seconds)],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-m",
+            "viztracer",
+            "--quiet",
+            "--output_file",
+            str(trace),
+            "--",
+            __file__,
+            WORKLOAD_FLAG,
+            str(seconds),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     line = [x for x in out.stdout.splitlines() if x.startswith("{")][-1]
     return dict(json.loads(line))
@@ -97,7 +121,8 @@ def run_glmfb(seconds: float, folder: Path) -> tuple[dict[str, float], str]:
     from glmfb.gil import GilConfig, trace_gil
 
     config = GilConfig(
-        name="overhead", command=(sys.executable, __file__, WORKLOAD_FLAG, str(seconds)),
+        name="overhead",
+        command=(sys.executable, __file__, WORKLOAD_FLAG, str(seconds)),
         duration_s=seconds + 10,  # the workload ends by itself and prints its throughput
     )
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -129,7 +154,10 @@ def main() -> int:
     # Each round runs plain, glmfb gil, viztracer, plain again; a mode's ratio in a round is its
     # throughput over the mean of the two plain runs around it (cancels slow drifts in load).
     ratios: dict[str, list[tuple[float, float]]] = {"glmfb gil": [], "viztracer": []}
-    paired: dict[str, tuple[list[float], list[float]]] = {"glmfb gil": ([], []), "viztracer": ([], [])}
+    paired: dict[str, tuple[list[float], list[float]]] = {
+        "glmfb gil": ([], []),
+        "viztracer": ([], []),
+    }
     plain_runs: list[dict[str, float]] = []
     traced_runs: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="glmfb-gil-bench-") as tmp:
@@ -145,7 +173,9 @@ def main() -> int:
             plain_ops = (before["ops_per_s"] + after["ops_per_s"]) / 2
             plain_jobs = (before["jobs_per_s"] + after["jobs_per_s"]) / 2
             for mode, measured in (("glmfb gil", traced), ("viztracer", vizt)):
-                ratios[mode].append((measured["ops_per_s"] / plain_ops, measured["jobs_per_s"] / plain_jobs))
+                ratios[mode].append(
+                    (measured["ops_per_s"] / plain_ops, measured["jobs_per_s"] / plain_jobs)
+                )
                 paired[mode][0].append(plain_ops)
                 paired[mode][1].append(measured["ops_per_s"])
             print(
@@ -153,25 +183,35 @@ def main() -> int:
                 f"glmfb gil {traced['ops_per_s']:.0f}, viztracer {vizt['ops_per_s']:.0f} ({note})",
                 file=sys.stderr,
             )
-    print(f"starved workload, {options.rounds} interleaved rounds of {options.seconds:g} s; "
-          f"plain median {statistics.median(r['ops_per_s'] for r in plain_runs):.0f} serializer ops/s, "
-          f"{statistics.median(r['jobs_per_s'] for r in plain_runs):.0f} transfer jobs/s")
+    print(
+        f"starved workload, {options.rounds} interleaved rounds of {options.seconds:g} s; "
+        f"plain median {statistics.median(r['ops_per_s'] for r in plain_runs):.0f} serializer ops/s, "
+        f"{statistics.median(r['jobs_per_s'] for r in plain_runs):.0f} transfer jobs/s"
+    )
     from glmfb.stats import paired_median_ratio
 
-    print(f"{'mode':<10} {'ops ratio':>10} {'(min-max)':>14} {'jobs ratio':>11} "
-          f"{'throughput change, 95% CI (rounds resampled)':>46}")
+    print(
+        f"{'mode':<10} {'ops ratio':>10} {'(min-max)':>14} {'jobs ratio':>11} "
+        f"{'throughput change, 95% CI (rounds resampled)':>46}"
+    )
     for mode, values in ratios.items():
         ops = [v[0] for v in values]
         jobs = [v[1] for v in values]
         change = paired_median_ratio(*paired[mode])
-        print(f"{mode:<10} {statistics.median(ops):>10.3f} {f'({min(ops):.2f}-{max(ops):.2f})':>14} "
-              f"{statistics.median(jobs):>11.3f} {100 * change.value:>+21.1f}% [{100 * change.low:+.1f}%, "
-              f"{100 * change.high:+.1f}%]")
-    print("CPU cost of glmfb gil's parts, in CPU-seconds per second of workload (medians; the "
-          "machine has 2 cores):")
-    for key, label in (("heartbeat_cpu_share", "heartbeat thread (in the program)"),
-                       ("pyspy_cpu_share", "py-spy process"),
-                       ("glmfb_cpu_share", "glmfb parent (/proc sampler, parsing)")):
+        print(
+            f"{mode:<10} {statistics.median(ops):>10.3f} {f'({min(ops):.2f}-{max(ops):.2f})':>14} "
+            f"{statistics.median(jobs):>11.3f} {100 * change.value:>+21.1f}% [{100 * change.low:+.1f}%, "
+            f"{100 * change.high:+.1f}%]"
+        )
+    print(
+        "CPU cost of glmfb gil's parts, in CPU-seconds per second of workload (medians; the "
+        "machine has 2 cores):"
+    )
+    for key, label in (
+        ("heartbeat_cpu_share", "heartbeat thread (in the program)"),
+        ("pyspy_cpu_share", "py-spy process"),
+        ("glmfb_cpu_share", "glmfb parent (/proc sampler, parsing)"),
+    ):
         print(f"  {label:<40} {statistics.median(r[key] for r in traced_runs):.4f}")
     return 0
 

@@ -23,8 +23,21 @@ runner = CliRunner()
 def test_cli_json_holding_dispatch_fails_with_exit_1(tmp_path: Path) -> None:
     result = runner.invoke(
         app,
-        ["gil", "--json", "--duration", "1.5", "--out", str(tmp_path), "--",
-         sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30"],
+        [
+            "gil",
+            "--json",
+            "--duration",
+            "1.5",
+            "--out",
+            str(tmp_path),
+            "--",
+            sys.executable,
+            str(DISPATCH),
+            "--mode",
+            "hold",
+            "--duration",
+            "30",
+        ],
     )
     assert result.exit_code == ExitCode.REGRESSION, result.output
     data = json.loads(result.stdout)
@@ -35,7 +48,9 @@ def test_cli_json_holding_dispatch_fails_with_exit_1(tmp_path: Path) -> None:
 
 
 def test_cli_command_not_found_is_exit_3_json(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["gil", "--json", "--out", str(tmp_path), "--", "no-such-command-glmfb"])
+    result = runner.invoke(
+        app, ["gil", "--json", "--out", str(tmp_path), "--", "no-such-command-glmfb"]
+    )
     assert result.exit_code == ExitCode.HARNESS_ERROR
     data = json.loads(result.stdout)
     assert data["status"] == "error" and data["layer"] == "harness"

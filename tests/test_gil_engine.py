@@ -53,9 +53,13 @@ def _gone(pid: int, within_s: float = 3.0) -> bool:
         time.sleep(0.02)
 
 
-def test_holding_dispatch_names_the_call_the_thread_and_the_starved_transfer(tmp_path: Path) -> None:
+def test_holding_dispatch_names_the_call_the_thread_and_the_starved_transfer(
+    tmp_path: Path,
+) -> None:
     config = GilConfig(
-        name="hold", command=(sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30"), duration_s=2
+        name="hold",
+        command=(sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30"),
+        duration_s=2,
     )
     verdict = trace_gil(config, tmp_path)
     assert verdict.status is Status.FAIL, verdict.why
@@ -83,7 +87,9 @@ def test_holding_dispatch_names_the_call_the_thread_and_the_starved_transfer(tmp
 
 def test_releasing_dispatch_passes(tmp_path: Path) -> None:
     config = GilConfig(
-        name="release", command=(sys.executable, str(DISPATCH), "--mode", "release", "--duration", "30"), duration_s=2
+        name="release",
+        command=(sys.executable, str(DISPATCH), "--mode", "release", "--duration", "30"),
+        duration_s=2,
     )
     verdict = trace_gil(config, tmp_path)
     assert verdict.status is Status.PASS, verdict.why
@@ -105,7 +111,10 @@ time.sleep(30)
 
 
 def test_regex_backtracking_is_named_with_its_thread(tmp_path: Path) -> None:
-    program = _program(tmp_path, "scan.py", """
+    program = _program(
+        tmp_path,
+        "scan.py",
+        """
         import re, threading, time
         PATTERN = re.compile(r"(a+)+$")  # catastrophic backtracking on a near miss
         WORKER = "log-scanner"
@@ -114,8 +123,13 @@ def test_regex_backtracking_is_named_with_its_thread(tmp_path: Path) -> None:
             line = "a" * 21 + "!"
             while not stop.is_set():
                 PATTERN.match(line)
-    """, TICKER)
-    verdict = trace_gil(GilConfig(name="regex", command=(sys.executable, str(program)), duration_s=2), tmp_path / "a")
+    """,
+        TICKER,
+    )
+    verdict = trace_gil(
+        GilConfig(name="regex", command=(sys.executable, str(program)), duration_s=2),
+        tmp_path / "a",
+    )
     assert verdict.status is Status.FAIL, verdict.why
     assert verdict.where["thread"] == "log-scanner"
     assert verdict.where["function"] == "work"
@@ -127,7 +141,10 @@ def test_regex_backtracking_is_named_with_its_thread(tmp_path: Path) -> None:
 
 
 def test_json_dumps_of_a_huge_object_is_named_with_its_caller(tmp_path: Path) -> None:
-    program = _program(tmp_path, "snap.py", """
+    program = _program(
+        tmp_path,
+        "snap.py",
+        """
         import json, threading, time
         SNAPSHOT = {f"request-{i}": {"tokens": list(range(64)), "score": i / 7} for i in range(20000)}
         WORKER = "serializer"
@@ -135,8 +152,12 @@ def test_json_dumps_of_a_huge_object_is_named_with_its_caller(tmp_path: Path) ->
         def work(stop):
             while not stop.is_set():
                 json.dumps(SNAPSHOT)
-    """, TICKER)
-    verdict = trace_gil(GilConfig(name="json", command=(sys.executable, str(program)), duration_s=2), tmp_path / "a")
+    """,
+        TICKER,
+    )
+    verdict = trace_gil(
+        GilConfig(name="json", command=(sys.executable, str(program)), duration_s=2), tmp_path / "a"
+    )
     assert verdict.status is Status.FAIL, verdict.why
     assert verdict.where["thread"] == "serializer"
     assert verdict.where["function"] == "iterencode"
@@ -163,16 +184,22 @@ def test_bad_target_is_an_error_verdict(tmp_path: Path) -> None:
     assert "exited with status 3" in verdict.why and "no_such_factory" in verdict.why
 
 
-def test_without_pyspy_starvation_is_inconclusive_and_names_the_missing_signal(tmp_path: Path) -> None:
+def test_without_pyspy_starvation_is_inconclusive_and_names_the_missing_signal(
+    tmp_path: Path,
+) -> None:
     command = (sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30")
-    verdict = trace_gil(GilConfig(name="nospy", command=command, duration_s=1.5, use_pyspy=False), tmp_path)
+    verdict = trace_gil(
+        GilConfig(name="nospy", command=command, duration_s=1.5, use_pyspy=False), tmp_path
+    )
     assert verdict.status is Status.INCONCLUSIVE, verdict.why
     assert "py-spy disabled" in verdict.why
     assert _evidence(verdict, "missing_signal")["signal"] == "holder sampling"
     assert "kv-transfer" in _evidence(verdict, "starvation")["threads"]  # type: ignore[operator]
 
 
-def test_ptrace_refused_is_named_and_never_a_silent_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ptrace_refused_is_named_and_never_a_silent_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Root may always ptrace here, so a stand-in py-spy fails the way a refused attach does.
     fake = tmp_path / "py-spy"
     fake.write_text("#!/bin/sh\necho 'Error: Permission denied (os error 13)' >&2\nexit 1\n")
@@ -184,7 +211,9 @@ def test_ptrace_refused_is_named_and_never_a_silent_pass(tmp_path: Path, monkeyp
     assert "ptrace refused" in verdict.why
 
 
-def test_pyspy_not_installed_warns_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pyspy_not_installed_warns_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(gil_engine.pyspy, "find_pyspy", lambda: None)
     command = (sys.executable, str(DISPATCH), "--mode", "release", "--duration", "30")
     verdict = trace_gil(GilConfig(name="nospy", command=command, duration_s=1), tmp_path)
@@ -192,7 +221,9 @@ def test_pyspy_not_installed_warns_naming_it(tmp_path: Path, monkeypatch: pytest
     assert "py-spy is not installed" in verdict.why
 
 
-def test_pyspy_without_native_support_still_samples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pyspy_without_native_support_still_samples(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A py-spy build that cannot unwind native stacks: the real one, refusing --native.
     real = gil_engine.pyspy.find_pyspy()
     assert real is not None
@@ -212,7 +243,9 @@ def test_pyspy_without_native_support_still_samples(tmp_path: Path, monkeypatch:
 
 
 def test_a_program_too_brief_to_sample_is_inconclusive(tmp_path: Path) -> None:
-    verdict = trace_gil(GilConfig(name="brief", command=(sys.executable, "-c", "pass"), duration_s=1), tmp_path)
+    verdict = trace_gil(
+        GilConfig(name="brief", command=(sys.executable, "-c", "pass"), duration_s=1), tmp_path
+    )
     assert verdict.status is Status.INCONCLUSIVE, verdict.why
 
 
@@ -225,21 +258,30 @@ def test_a_program_that_is_not_python_is_inconclusive(tmp_path: Path) -> None:
 
 
 def test_command_not_found_is_an_error_verdict(tmp_path: Path) -> None:
-    verdict = trace_gil(GilConfig(name="nf", command=("no-such-command-glmfb",), duration_s=1), tmp_path)
+    verdict = trace_gil(
+        GilConfig(name="nf", command=("no-such-command-glmfb",), duration_s=1), tmp_path
+    )
     assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
     assert "command not found: 'no-such-command-glmfb'" in verdict.why
 
 
 def test_non_zero_exit_is_an_error_naming_the_status_and_leaves_nothing(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
-    program = _program(tmp_path, "fails.py", f"""
+    program = _program(
+        tmp_path,
+        "fails.py",
+        f"""
         import subprocess, sys, time
         child = subprocess.Popen(["sleep", "300"])
         open({str(pid_file)!r}, "w").write(str(child.pid))
         time.sleep(0.3)
         sys.exit(3)
-    """)
-    verdict = trace_gil(GilConfig(name="exit3", command=(sys.executable, str(program)), duration_s=3), tmp_path / "a")
+    """,
+    )
+    verdict = trace_gil(
+        GilConfig(name="exit3", command=(sys.executable, str(program)), duration_s=3),
+        tmp_path / "a",
+    )
     assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
     assert "exited with status 3" in verdict.why
     assert _gone(int(pid_file.read_text()))
@@ -247,14 +289,20 @@ def test_non_zero_exit_is_an_error_naming_the_status_and_leaves_nothing(tmp_path
 
 def test_segfault_is_an_error_naming_the_signal_and_leaves_nothing(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
-    program = _program(tmp_path, "crash.py", f"""
+    program = _program(
+        tmp_path,
+        "crash.py",
+        f"""
         import ctypes, subprocess, time
         child = subprocess.Popen(["sleep", "300"])
         open({str(pid_file)!r}, "w").write(str(child.pid))
         time.sleep(0.3)
         ctypes.string_at(0)  # reads address 0: SIGSEGV
-    """)
-    verdict = trace_gil(GilConfig(name="segv", command=(sys.executable, str(program)), duration_s=3), tmp_path / "a")
+    """,
+    )
+    verdict = trace_gil(
+        GilConfig(name="segv", command=(sys.executable, str(program)), duration_s=3), tmp_path / "a"
+    )
     assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
     assert "killed by signal 11 (SIGSEGV)" in verdict.why
     assert _gone(int(pid_file.read_text()))
@@ -262,15 +310,22 @@ def test_segfault_is_an_error_naming_the_signal_and_leaves_nothing(tmp_path: Pat
 
 def test_a_program_outliving_the_duration_is_stopped_with_its_children(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
-    program = _program(tmp_path, "forever.py", f"""
+    program = _program(
+        tmp_path,
+        "forever.py",
+        f"""
         import subprocess, time
         child = subprocess.Popen(["sleep", "300"])
         open({str(pid_file)!r}, "w").write(str(child.pid))
         while True:
             time.sleep(0.01)
-    """)
+    """,
+    )
     started = time.monotonic()
-    verdict = trace_gil(GilConfig(name="forever", command=(sys.executable, str(program)), duration_s=1), tmp_path / "a")
+    verdict = trace_gil(
+        GilConfig(name="forever", command=(sys.executable, str(program)), duration_s=1),
+        tmp_path / "a",
+    )
     assert time.monotonic() - started < 15
     assert verdict.status is Status.PASS, verdict.why
     assert _gone(int(pid_file.read_text()))
@@ -279,7 +334,8 @@ def test_a_program_outliving_the_duration_is_stopped_with_its_children(tmp_path:
 def test_attach_by_pid_samples_the_holder_but_cannot_pass(tmp_path: Path) -> None:
     process = subprocess.Popen(
         [sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         time.sleep(0.5)  # let it start its threads
@@ -294,7 +350,9 @@ def test_attach_by_pid_samples_the_holder_but_cannot_pass(tmp_path: Path) -> Non
 
 def test_trace_mode_writes_a_perfetto_trace_and_ranks_the_holder(tmp_path: Path) -> None:
     command = (sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30")
-    verdict = trace_gil(GilConfig(name="trace", command=command, duration_s=2, trace=True), tmp_path)
+    verdict = trace_gil(
+        GilConfig(name="trace", command=command, duration_s=2, trace=True), tmp_path
+    )
     assert verdict.status is Status.FAIL, verdict.why
     trace = Path(verdict.artifacts["trace"])
     assert trace.is_file() and trace.parent == tmp_path
@@ -306,7 +364,9 @@ def test_trace_mode_writes_a_perfetto_trace_and_ranks_the_holder(tmp_path: Path)
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")
 def test_gil_waiters_are_seen_in_proc(tmp_path: Path) -> None:
     command = (sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30")
-    verdict = trace_gil(GilConfig(name="waiters", command=command, duration_s=1.5, use_pyspy=False), tmp_path)
+    verdict = trace_gil(
+        GilConfig(name="waiters", command=command, duration_s=1.5, use_pyspy=False), tmp_path
+    )
     waiting = _evidence(verdict, "starvation")["waiting_for_gil"]
     assert waiting[0]["thread"] == "kv-transfer" and waiting[0]["waiting_share"] > 0.2  # type: ignore[index]
     windows = _evidence(verdict, "starvation")["windows"]
@@ -321,7 +381,9 @@ def test_heartbeat_site_chains_the_users_sitecustomize(tmp_path: Path) -> None:
     (user_site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
     env = injection_env(tmp_path / "hb", {**os.environ, "PYTHONPATH": str(user_site)})
     code = "import os, time; time.sleep(0.3); print(os.environ.get('USER_SITE_RAN'), os.environ.get('GLMFB_GIL_HEARTBEAT'))"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
+    )
     assert out.stdout.split() == ["1", "None"]  # user's site ran; the variable is not inherited
     beat = read_heartbeat(tmp_path / "hb")
     assert beat is not None and beat.ticks > 50

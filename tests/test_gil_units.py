@@ -54,7 +54,11 @@ def test_profile_holders_splits_idle_and_excludes_heartbeat() -> None:
     profile = profile_holders(parse_raw(RAW_HOLD), native=True, names={}, exclude_tids={4741})
     assert profile.total_samples == 198
     top = profile.sites[0]
-    assert (top.thread_name, top.function, top.line) == ("moe-dispatch", "make_dispatch.<locals>.intranode_dispatch", 71)
+    assert (top.thread_name, top.function, top.line) == (
+        "moe-dispatch",
+        "make_dispatch.<locals>.intranode_dispatch",
+        71,
+    )
     assert top.samples == 186 and top.idle == 186
     assert top.native_calls.most_common(1)[0][0] == "usleep"
     assert all(site.thread_name != "glmfb-heartbeat" for site in profile.sites)
@@ -85,7 +89,9 @@ def _heartbeat(lateness_ms: list[float], period_s: float = 0.001) -> Heartbeat:
     for late in lateness_ms:
         now += period_s + late / 1e3
         wake.append(now)
-    return Heartbeat(1, 7, period_s, {7: "glmfb-heartbeat"}, tuple(wake), tuple(x / 1e3 for x in lateness_ms))
+    return Heartbeat(
+        1, 7, period_s, {7: "glmfb-heartbeat"}, tuple(wake), tuple(x / 1e3 for x in lateness_ms)
+    )
 
 
 def test_heartbeat_percentiles_and_windows() -> None:
@@ -103,7 +109,14 @@ def test_read_heartbeat_round_trip_and_torn_write(tmp_path: Path) -> None:
     prefix = tmp_path / "heartbeat"
     assert read_heartbeat(prefix) is None
     (tmp_path / "heartbeat.json").write_text(
-        json.dumps({"pid": 5, "heartbeat_tid": 6, "period_s": 0.001, "threads": {"6": "glmfb-heartbeat", "8": "kv"}})
+        json.dumps(
+            {
+                "pid": 5,
+                "heartbeat_tid": 6,
+                "period_s": 0.001,
+                "threads": {"6": "glmfb-heartbeat", "8": "kv"},
+            }
+        )
     )
     data = array("d", [1.0, 0.0002, 1.002, 0.0301]).tobytes()
     (tmp_path / "heartbeat.bin").write_bytes(data + b"\x00\x01\x02")  # a write cut short
@@ -137,8 +150,15 @@ def _observations(raw: str | None, lateness_ms: list[float], **kwargs: object) -
 def test_rule_idle_holder_with_starvation_fails_naming_the_native_call() -> None:
     verdict = decide(_observations(RAW_HOLD, [0.2] * 80 + [25.0] * 20))
     assert verdict.status is Status.FAIL and verdict.layer is Layer.RUNTIME
-    assert verdict.where == {"thread": "moe-dispatch", "function": "intranode_dispatch", "file": "/src/dispatch.py", "line": 71}
-    assert verdict.why.startswith("intranode_dispatch holds the GIL inside a native call (usleep); release it")
+    assert verdict.where == {
+        "thread": "moe-dispatch",
+        "function": "intranode_dispatch",
+        "file": "/src/dispatch.py",
+        "line": 71,
+    }
+    assert verdict.why.startswith(
+        "intranode_dispatch holds the GIL inside a native call (usleep); release it"
+    )
     assert "py::gil_scoped_release, Py_BEGIN_ALLOW_THREADS" in verdict.why
     starvation = next(e for e in verdict.evidence if e["kind"] == "starvation")
     assert starvation["threads"] == ["kv-transfer", "glmfb-heartbeat"]
@@ -160,7 +180,11 @@ def test_rule_not_starved_passes_and_missing_pyspy_warns() -> None:
     assert decide(_observations(RAW_BUSY, calm)).status is Status.PASS  # busy, but nobody starved
     release = decide(_observations("", calm))
     assert release.status is Status.PASS and release.where == {}
-    missing = decide(_observations(None, calm, missing=[{"signal": "holder sampling", "reason": "py-spy is not installed"}]))
+    missing = decide(
+        _observations(
+            None, calm, missing=[{"signal": "holder sampling", "reason": "py-spy is not installed"}]
+        )
+    )
     assert missing.status is Status.WARN and "py-spy is not installed" in missing.why
 
 
@@ -216,8 +240,13 @@ def test_config_validation() -> None:
 def test_command_lines() -> None:
     config = GilConfig(name="x", target=Target("a.py:make", {"mode": "hold"}), duration_s=2)
     argv = python_command(config)
-    assert argv[1:3] == ["-m", "glmfb.gil.runner"] and json.loads(argv[argv.index("--args") + 1]) == {"mode": "hold"}
-    assert reproduce_command(config, trace=True) == 'glmfb gil --rate 100 --duration 2 --trace --target a.py:make --arg mode="hold"'
+    assert argv[1:3] == ["-m", "glmfb.gil.runner"] and json.loads(
+        argv[argv.index("--args") + 1]
+    ) == {"mode": "hold"}
+    assert (
+        reproduce_command(config, trace=True)
+        == 'glmfb gil --rate 100 --duration 2 --trace --target a.py:make --arg mode="hold"'
+    )
     command = GilConfig(name="x", command=("python", "p y.py"))
     assert reproduce_command(command).endswith("-- python 'p y.py'")
 
@@ -237,7 +266,9 @@ def test_a_rare_holder_is_not_blamed_for_cpu_starvation() -> None:
     # GIL-holding sample in 3 s at 100 Hz is the transfer thread's copy. Not the GIL: no fail.
     raw = "thread (4739): kv-transfer;KvTransfer._loop (/src/dispatch.py:63);KvTransfer._submit (/src/dispatch.py:49) 1\n"
     observations = _observations(None, [0.1] * 95 + [20.0] * 5)
-    observations.holders = profile_holders(parse_raw(raw), native=True, names={}, exclude_tids=set(), sample_instants=300)
+    observations.holders = profile_holders(
+        parse_raw(raw), native=True, names={}, exclude_tids=set(), sample_instants=300
+    )
     assert observations.holders.threads[0]["share"] == pytest.approx(1 / 300, abs=1e-4)
     verdict = decide(observations)
     assert verdict.status is Status.INCONCLUSIVE and "not the GIL" in verdict.why

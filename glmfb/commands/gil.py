@@ -17,31 +17,59 @@ def gil_command(
         list[str] | None,
         typer.Argument(metavar="[-- COMMAND [ARGS...]]", help="The program to trace, after --."),
     ] = None,
-    rate: Annotated[int, typer.Option("--rate", help="GIL-holder samples per second (py-spy --nonblocking).")] = 100,
+    rate: Annotated[
+        int, typer.Option("--rate", help="GIL-holder samples per second (py-spy --nonblocking).")
+    ] = 100,
     duration: Annotated[
-        float, typer.Option("--duration", help="Seconds to sample; a program still running then is stopped.")
+        float,
+        typer.Option(
+            "--duration", help="Seconds to sample; a program still running then is stopped."
+        ),
     ] = 5.0,
-    pid: Annotated[int | None, typer.Option("--pid", help="Attach to a running process instead.")] = None,
+    pid: Annotated[
+        int | None, typer.Option("--pid", help="Attach to a running process instead.")
+    ] = None,
     target: Annotated[
         str | None,
-        typer.Option("--target", help="A Python target (file.py:factory) whose callable is called in a loop."),
+        typer.Option(
+            "--target", help="A Python target (file.py:factory) whose callable is called in a loop."
+        ),
     ] = None,
     args: ArgOpt = None,
     starvation: Annotated[
-        str, typer.Option("--starvation-p99", help="Fail when a thread's p99 wake-up lateness exceeds this (10ms).")
+        str,
+        typer.Option(
+            "--starvation-p99",
+            help="Fail when a thread's p99 wake-up lateness exceeds this (10ms).",
+        ),
     ] = "10ms",
     trace: Annotated[
-        bool, typer.Option("--trace", help="Also record a viztracer trace and rank what overlaps starved slices.")
+        bool,
+        typer.Option(
+            "--trace", help="Also record a viztracer trace and rank what overlaps starved slices."
+        ),
     ] = False,
     native: Annotated[
-        bool, typer.Option("--native/--no-native", help="A second py-spy with --native: native frames and the active/idle split.")
+        bool,
+        typer.Option(
+            "--native/--no-native",
+            help="A second py-spy with --native: native frames and the active/idle split.",
+        ),
     ] = True,
     native_rate: Annotated[
-        int, typer.Option("--native-rate", help="Samples per second of the --native py-spy (it pauses the program per sample).")
+        int,
+        typer.Option(
+            "--native-rate",
+            help="Samples per second of the --native py-spy (it pauses the program per sample).",
+        ),
     ] = 10,
-    use_pyspy: Annotated[bool, typer.Option("--pyspy/--no-pyspy", help="Sample the GIL holder with py-spy.")] = True,
+    use_pyspy: Annotated[
+        bool, typer.Option("--pyspy/--no-pyspy", help="Sample the GIL holder with py-spy.")
+    ] = True,
     name: Annotated[str, typer.Option("--name", help="The verdict's name.")] = "gil",
-    out: Annotated[Path, typer.Option("--out", help="Folder for reports/<run-id>/<name>/.")] = Path("reports"),
+    out: Annotated[Path, typer.Option("--out", help="Folder for reports/<run-id>/<name>/.")] = Path(
+        "reports"
+    ),
     as_json: JsonOpt = False,
 ) -> None:
     """Trace GIL contention: name the thread that holds the GIL (and where), and the starved one."""

@@ -34,7 +34,9 @@ class GilConfig:
     rate_hz: int = DEFAULT_RATE_HZ
     starvation_p99_ms: float = DEFAULT_STARVATION_P99_MS
     native: bool = True  # a second py-spy with --native: the holder's native frame, the idle split
-    native_rate_hz: int = DEFAULT_NATIVE_RATE_HZ  # --native pauses the program per sample: keep it low
+    native_rate_hz: int = (
+        DEFAULT_NATIVE_RATE_HZ  # --native pauses the program per sample: keep it low
+    )
     trace: bool = False  # also record a viztracer trace and rank overlapping functions
     use_pyspy: bool = True  # False: heartbeat (and trace) only, as when py-spy is missing
     heartbeat: bool = True
@@ -55,9 +57,13 @@ class GilConfig:
         if not 1 <= self.rate_hz <= 10_000:
             raise UsageError(f"--rate must be between 1 and 10000 Hz, got {self.rate_hz}")
         if not 1 <= self.native_rate_hz <= 10_000:
-            raise UsageError(f"--native-rate must be between 1 and 10000 Hz, got {self.native_rate_hz}")
+            raise UsageError(
+                f"--native-rate must be between 1 and 10000 Hz, got {self.native_rate_hz}"
+            )
         if not self.starvation_p99_ms > 0:
-            raise UsageError(f"the starvation threshold must be positive, got {self.starvation_p99_ms} ms")
+            raise UsageError(
+                f"the starvation threshold must be positive, got {self.starvation_p99_ms} ms"
+            )
         if self.pid is not None and self.pid <= 0:
             raise UsageError(f"--pid must be a positive process id, got {self.pid}")
 
@@ -73,7 +79,9 @@ def parse_milliseconds(text: str) -> float:
     try:
         value = float(raw) * scale
     except ValueError:
-        raise UsageError(f"{text!r} is not a duration", "write it as 10ms, 10 (ms) or 0.01s") from None
+        raise UsageError(
+            f"{text!r} is not a duration", "write it as 10ms, 10 (ms) or 0.01s"
+        ) from None
     if not value > 0:
         raise UsageError(f"the starvation threshold must be positive, got {text!r}")
     return value

@@ -54,7 +54,9 @@ def trace_gil(
     except Exception as exc:  # a broken probe is an error verdict, never a pass
         frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
         verdict = Verdict.harness_error(
-            ProbeKind.GIL, config.name, f"glmfb gil broke: {type(exc).__name__}: {exc}",
+            ProbeKind.GIL,
+            config.name,
+            f"glmfb gil broke: {type(exc).__name__}: {exc}",
             evidence=[{"kind": "traceback", "text": "".join(frames[-6:])}],
         )
     from dataclasses import replace
@@ -71,8 +73,15 @@ def python_command(config: GilConfig) -> list[str]:
     assert config.target is not None
     target = config.target
     argv = [
-        sys.executable, "-m", "glmfb.gil.runner", "--target", target.ref,
-        "--args", json.dumps(dict(target.args)), "--duration", repr(config.duration_s),
+        sys.executable,
+        "-m",
+        "glmfb.gil.runner",
+        "--target",
+        target.ref,
+        "--args",
+        json.dumps(dict(target.args)),
+        "--duration",
+        repr(config.duration_s),
     ]
     if target.base_dir is not None:
         argv += ["--base-dir", str(target.base_dir)]
@@ -93,7 +102,9 @@ def reproduce_command(config: GilConfig, *, trace: bool = False) -> str:
 
 
 class _Session:
-    def __init__(self, config: GilConfig, artifact_dir: Path, progress: Callable[[str], None]) -> None:
+    def __init__(
+        self, config: GilConfig, artifact_dir: Path, progress: Callable[[str], None]
+    ) -> None:
         self.config = config
         self.dir = artifact_dir
         self.progress = progress
@@ -104,8 +115,13 @@ class _Session:
         self.native = config.native
         self.main_recording: pyspy.Recording | None = None
         self.native_recording: pyspy.Recording | None = None
-        for stale in (self.pyspy_output, self.trace_output, self.heartbeat_prefix.with_suffix(".bin"),
-                      self.heartbeat_prefix.with_suffix(".json"), self.heartbeat_prefix.with_suffix(".threads")):
+        for stale in (
+            self.pyspy_output,
+            self.trace_output,
+            self.heartbeat_prefix.with_suffix(".bin"),
+            self.heartbeat_prefix.with_suffix(".json"),
+            self.heartbeat_prefix.with_suffix(".threads"),
+        ):
             stale.unlink(missing_ok=True)
 
     # ---- running -----------------------------------------------------------------------
@@ -117,7 +133,9 @@ class _Session:
             pid = config.pid
             if not os.path.isdir(f"/proc/{pid}"):
                 raise UsageError(f"--pid {pid}: no such process")
-            self.missing.append({"signal": "heartbeat", "reason": "attached by --pid: no heartbeat can be injected"})
+            self.missing.append(
+                {"signal": "heartbeat", "reason": "attached by --pid: no heartbeat can be injected"}
+            )
         else:
             started = self._launch()
             if isinstance(started, Verdict):
@@ -140,17 +158,24 @@ class _Session:
         env.update(dict(config.env))
         if config.target is not None:  # the runner imports glmfb: make sure it can
             root = str(Path(__file__).resolve().parents[2])
-            env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            env["PYTHONPATH"] = root + (
+                os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+            )
         if config.heartbeat:
             env = hb.injection_env(self.heartbeat_prefix, env)
         self.progress(f"starting {shlex.join(argv)[:80]}")
         try:
             return Launched(
-                argv, env=env, cwd=config.cwd,
-                stdout_path=self.dir / "stdout.txt", stderr_path=self.dir / "stderr.txt",
+                argv,
+                env=env,
+                cwd=config.cwd,
+                stdout_path=self.dir / "stdout.txt",
+                stderr_path=self.dir / "stderr.txt",
             )
         except FileNotFoundError:
-            return self._error(f"command not found: {argv[0]!r}", ["check the command after --, and PATH"])
+            return self._error(
+                f"command not found: {argv[0]!r}", ["check the command after --, and PATH"]
+            )
         except PermissionError:
             return self._error(f"command not executable: {argv[0]!r}", ["check its permissions"])
         except OSError as exc:
@@ -164,15 +189,28 @@ class _Session:
                 "or give a Python target (--target file.py:factory)",
             )
         interpreter, rest = argv[0], argv[1:]
-        tracer = [interpreter, "-m", "viztracer", "--quiet", "--output_file", str(self.trace_output)]
+        tracer = [
+            interpreter,
+            "-m",
+            "viztracer",
+            "--quiet",
+            "--output_file",
+            str(self.trace_output),
+        ]
         if rest[0] == "-m":
             return [*tracer, "-m", *rest[1:]]
         if rest[0].startswith("-"):
-            raise UsageError(f"--trace cannot pass the interpreter option {rest[0]!r} through viztracer")
+            raise UsageError(
+                f"--trace cannot pass the interpreter option {rest[0]!r} through viztracer"
+            )
         return [*tracer, "--", *rest]
 
-    def _error(self, why: str, next_steps: list[str], evidence: list[dict[str, Any]] | None = None) -> Verdict:
-        return Verdict.harness_error(ProbeKind.GIL, self.config.name, why, next=next_steps, evidence=evidence or [])
+    def _error(
+        self, why: str, next_steps: list[str], evidence: list[dict[str, Any]] | None = None
+    ) -> Verdict:
+        return Verdict.harness_error(
+            ProbeKind.GIL, self.config.name, why, next=next_steps, evidence=evidence or []
+        )
 
     def _observe(self, pid: int, launched: Launched | None) -> Verdict:
         config = self.config
@@ -181,7 +219,9 @@ class _Session:
         if launched is not None and config.heartbeat:
             self.progress("waiting for the heartbeat")
             wait_until(
-                lambda: hb.read_header(self.heartbeat_prefix) is not None or launched.poll() is not None,
+                lambda: (
+                    hb.read_header(self.heartbeat_prefix) is not None or launched.poll() is not None
+                ),
                 min(STARTUP_TIMEOUT_S, max(2.0, config.duration_s)),  # not Python: do not wait long
             )
             header = hb.read_header(self.heartbeat_prefix)
@@ -226,7 +266,9 @@ class _Session:
                 "The program exited (status 0) before glmfb could sample it: it ran too briefly, "
                 "or it is not a Python program that reads sitecustomize (python -S and -I skip it)."
             ),
-            evidence=({"kind": "process", "returncode": code, "stderr_tail": launched.stderr_tail()},),
+            evidence=(
+                {"kind": "process", "returncode": code, "stderr_tail": launched.stderr_tail()},
+            ),
             next=("give a program that runs at least as long as --duration",),
         )
 
@@ -238,8 +280,15 @@ class _Session:
         return self._error(
             why,
             [f"run it alone to see its output: {launched.stderr_path}"],
-            [{"kind": "process", "returncode": code, "description": describe_returncode(code),
-              "stderr_tail": tail, "stderr": str(launched.stderr_path)}],
+            [
+                {
+                    "kind": "process",
+                    "returncode": code,
+                    "description": describe_returncode(code),
+                    "stderr_tail": tail,
+                    "stderr": str(launched.stderr_path),
+                }
+            ],
         )
 
     # ---- py-spy ------------------------------------------------------------------------
@@ -250,21 +299,38 @@ class _Session:
         unwinding pauses the program for each sample, so it runs at ``native_rate_hz``."""
         config = self.config
         if not config.use_pyspy:
-            self.missing.append({"signal": "holder sampling", "reason": "py-spy disabled (--no-pyspy)"})
+            self.missing.append(
+                {"signal": "holder sampling", "reason": "py-spy disabled (--no-pyspy)"}
+            )
             return
         executable = pyspy.find_pyspy()
         if executable is None:
-            self.missing.append({"signal": "holder sampling", "reason": "py-spy is not installed (pip install py-spy)"})
+            self.missing.append(
+                {
+                    "signal": "holder sampling",
+                    "reason": "py-spy is not installed (pip install py-spy)",
+                }
+            )
             return
         self.main_recording = pyspy.Recording(
-            executable, pid, self.pyspy_output, self.dir / "py-spy.log",
-            rate_hz=config.rate_hz, native=False, nonblocking=True,
+            executable,
+            pid,
+            self.pyspy_output,
+            self.dir / "py-spy.log",
+            rate_hz=config.rate_hz,
+            native=False,
+            nonblocking=True,
         )
         if not self.native:
             return
         self.native_recording = pyspy.Recording(
-            executable, pid, self.dir / "gil-native-samples.txt", self.dir / "py-spy-native.log",
-            rate_hz=config.native_rate_hz, native=True, nonblocking=False,
+            executable,
+            pid,
+            self.dir / "gil-native-samples.txt",
+            self.dir / "py-spy-native.log",
+            rate_hz=config.native_rate_hz,
+            native=True,
+            nonblocking=False,
         )
         if self.native_recording.exited_early(NATIVE_CHECK_S) and os.path.isdir(f"/proc/{pid}"):
             self.native_recording.stop(target_running=False)
@@ -272,10 +338,12 @@ class _Session:
             self.native_recording = None
             self.native = False
             if not (self.main_recording.exited_early(0.0) and reason.startswith("ptrace refused")):
-                self.missing.append({
-                    "signal": "native frames",
-                    "reason": f"py-spy --native failed ({reason}), so the active/idle split is unknown",
-                })
+                self.missing.append(
+                    {
+                        "signal": "native frames",
+                        "reason": f"py-spy --native failed ({reason}), so the active/idle split is unknown",
+                    }
+                )
 
     def _stop_recordings(self, *, target_running: bool) -> None:
         for recording in (self.main_recording, self.native_recording):
@@ -285,33 +353,48 @@ class _Session:
             failure = self.main_recording.failure()
             if failure is not None:
                 self.missing.append({"signal": "holder sampling", "reason": failure})
-        if self.native_recording is not None and self.native_recording.failure() is not None:
+        native_failure = self.native_recording.failure() if self.native_recording else None
+        if native_failure is not None:
             if self.main_recording is not None and self.main_recording.failure() is None:
-                self.missing.append({
-                    "signal": "native frames",
-                    "reason": f"py-spy --native: {self.native_recording.failure()}; the active/idle split is unknown",
-                })
+                reason = f"py-spy --native: {native_failure}; the active/idle split is unknown"
+                self.missing.append({"signal": "native frames", "reason": reason})
             self.native_recording = None
             self.native = False
 
-    def _holder_profile(self, names: dict[int, str], exclude: set[int]) -> pyspy.HolderProfile | None:
-        main = self.main_recording if self.main_recording and self.main_recording.failure() is None else None
+    def _holder_profile(
+        self, names: dict[int, str], exclude: set[int]
+    ) -> pyspy.HolderProfile | None:
+        main = (
+            self.main_recording
+            if self.main_recording and self.main_recording.failure() is None
+            else None
+        )
         split = self.native_recording
         if main is None and split is None:
             return None
         split_profile = None
         if split is not None:
             split_profile = pyspy.profile_holders(
-                split.samples(), native=True, names=names, exclude_tids=exclude,
+                split.samples(),
+                native=True,
+                names=names,
+                exclude_tids=exclude,
                 sample_instants=split.sample_instants,
             )
         if main is None:
             return split_profile
         main_profile = pyspy.profile_holders(
-            main.samples(), native=False, names=names, exclude_tids=exclude,
+            main.samples(),
+            native=False,
+            names=names,
+            exclude_tids=exclude,
             sample_instants=main.sample_instants,
         )
-        return pyspy.merge_split(main_profile, split_profile) if split_profile is not None else main_profile
+        return (
+            pyspy.merge_split(main_profile, split_profile)
+            if split_profile is not None
+            else main_profile
+        )
 
     # ---- deciding ----------------------------------------------------------------------
 
@@ -319,15 +402,26 @@ class _Session:
         self, pid: int, sampler: GilWaitSampler, started_s: float, launched: Launched | None
     ) -> Verdict:
         config = self.config
-        beat = hb.read_heartbeat(self.heartbeat_prefix) if config.heartbeat and config.pid is None else None
+        beat = (
+            hb.read_heartbeat(self.heartbeat_prefix)
+            if config.heartbeat and config.pid is None
+            else None
+        )
         if config.heartbeat and config.pid is None and beat is None:
-            self.missing.append({"signal": "heartbeat", "reason": "the program never started the heartbeat (not Python, or run with -S/-I)"})
+            self.missing.append(
+                {
+                    "signal": "heartbeat",
+                    "reason": "the program never started the heartbeat (not Python, or run with -S/-I)",
+                }
+            )
         names: dict[int, str] = dict(beat.thread_names) if beat else {}
         for recording in (self.main_recording, self.native_recording):
             for sample in recording.samples() if recording is not None else ():
                 if sample.thread_name:
                     names.setdefault(sample.thread_id, sample.thread_name)
-        exclude = {beat.thread_id} if beat else {tid for tid, n in names.items() if n == HEARTBEAT_THREAD}
+        exclude = (
+            {beat.thread_id} if beat else {tid for tid, n in names.items() if n == HEARTBEAT_THREAD}
+        )
         holders = self._holder_profile(names, exclude)
 
         waiting: list[dict[str, Any]] = []
@@ -339,10 +433,13 @@ class _Session:
         if beat is not None and sampler.error is None:
             counts, ticks = sampler.waiting_counts(beat.thread_id)
             for tid, count in counts.most_common(8):
-                waiting.append({
-                    "thread": names.get(tid, f"thread {tid}"), "tid": tid,
-                    "waiting_share": round(count / ticks, 4) if ticks else 0.0,
-                })
+                waiting.append(
+                    {
+                        "thread": names.get(tid, f"thread {tid}"),
+                        "tid": tid,
+                        "waiting_share": round(count / ticks, 4) if ticks else 0.0,
+                    }
+                )
             all_windows = beat.windows(config.starvation_p99_ms / 1e3)
             window_summary = {
                 "windows_total": len(all_windows),
@@ -354,12 +451,18 @@ class _Session:
                     "start_s": round(window.start_s - started_s, 4),
                     "duration_ms": round(1e3 * window.duration_s, 2),
                     "max_lateness_ms": round(1e3 * window.max_lateness_s, 2),
-                    "waiting_threads": [names.get(t, f"thread {t}") for t, _ in seen.most_common(4)],
+                    "waiting_threads": [
+                        names.get(t, f"thread {t}") for t, _ in seen.most_common(4)
+                    ],
                 }
-                beat_states = sampler.states_between(beat.thread_id, window.start_s, window.end_s, beat.thread_id)
+                beat_states = sampler.states_between(
+                    beat.thread_id, window.start_s, window.end_s, beat.thread_id
+                )
                 entry["heartbeat_states"] = dict(beat_states.most_common(3))
                 if top_holder is not None:  # what the main GIL holder did meanwhile, per /proc
-                    states = sampler.states_between(top_holder["tid"], window.start_s, window.end_s, beat.thread_id)
+                    states = sampler.states_between(
+                        top_holder["tid"], window.start_s, window.end_s, beat.thread_id
+                    )
                     entry["holder"] = top_holder["thread"]
                     entry["holder_states"] = dict(states.most_common(3))
                 windows.append(entry)
@@ -380,10 +483,13 @@ class _Session:
                 starved = {w["thread"] for w in waiting if w["waiting_share"] >= MIN_WAITING_SHARE}
                 heartbeat_windows = (
                     [(w.start_s, w.end_s) for w in beat.windows(config.starvation_p99_ms / 1e3)]
-                    if beat is not None else []
+                    if beat is not None
+                    else []
                 )
                 blame = overlap_blame(
-                    self.trace_output, starved, config.starvation_p99_ms / 1e3,
+                    self.trace_output,
+                    starved,
+                    config.starvation_p99_ms / 1e3,
                     extra_windows_s=heartbeat_windows,
                 )
             else:
@@ -392,9 +498,15 @@ class _Session:
             artifacts["stderr"] = str(launched.stderr_path)
         return decide(
             Observations(
-                config=config, heartbeat=beat, holders=holders, waiting=waiting, windows=windows,
+                config=config,
+                heartbeat=beat,
+                holders=holders,
+                waiting=waiting,
+                windows=windows,
                 window_summary=window_summary,
-                blame=blame, missing=self.missing, artifacts=artifacts,
+                blame=blame,
+                missing=self.missing,
+                artifacts=artifacts,
                 reproduce_trace=reproduce_command(config, trace=True) if config.pid is None else "",
             )
         )

@@ -50,7 +50,9 @@ class Heartbeat:
     @property
     def gil_lateness_s(self) -> tuple[float, ...]:
         """Lateness not explained by waiting for a CPU: what the GIL (or the process) cost."""
-        return tuple(max(0.0, late - cpu) for late, cpu in zip(self.lateness_s, self.cpu_wait_s, strict=True))
+        return tuple(
+            max(0.0, late - cpu) for late, cpu in zip(self.lateness_s, self.cpu_wait_s, strict=True)
+        )
 
     def percentile_ms(self, q: float, *, wall: bool = False) -> float:
         """Nearest-rank percentile of the lateness net of CPU waits (``wall``: as measured),
@@ -88,7 +90,9 @@ class Heartbeat:
         for start, end, late in spans:
             if merged and start <= merged[-1].end_s + self.period_s:
                 last = merged[-1]
-                merged[-1] = Window(last.start_s, max(last.end_s, end), max(last.max_lateness_s, late))
+                merged[-1] = Window(
+                    last.start_s, max(last.end_s, end), max(last.max_lateness_s, late)
+                )
             else:
                 merged.append(Window(start, end, late))
         return merged
@@ -140,7 +144,9 @@ def _started_thread_names(path: Path) -> dict[int, str]:
 def read_header(prefix: Path) -> dict[str, Any] | None:
     """The header alone (written once the heartbeat thread runs), or None."""
     try:
-        data: dict[str, Any] = json.loads(prefix.with_name(prefix.name + ".json").read_text("utf-8"))
+        data: dict[str, Any] = json.loads(
+            prefix.with_name(prefix.name + ".json").read_text("utf-8")
+        )
     except (OSError, ValueError):
         return None
     return data

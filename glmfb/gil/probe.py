@@ -32,7 +32,9 @@ from glmfb.suite import ProbeDefinition, RunContext
 from glmfb.targets import Target
 from glmfb.verdict import Verdict
 
-KNOWN_OPTIONS = frozenset({"duration", "rate", "native_rate", "starvation_p99", "trace", "native", "pyspy"})
+KNOWN_OPTIONS = frozenset(
+    {"duration", "rate", "native_rate", "starvation_p99", "trace", "native", "pyspy"}
+)
 
 
 def _milliseconds(value: Any, label: str) -> float:
@@ -61,7 +63,10 @@ def config_from_definition(definition: ProbeDefinition) -> GilConfig:
     label = f"{definition.source}: probe {definition.name!r}"
     unknown = set(definition.options) - KNOWN_OPTIONS
     if unknown:
-        raise InputError(f"{label}: unknown option {sorted(unknown)[0]!r}", f"known: {', '.join(sorted(KNOWN_OPTIONS))}")
+        raise InputError(
+            f"{label}: unknown option {sorted(unknown)[0]!r}",
+            f"known: {', '.join(sorted(KNOWN_OPTIONS))}",
+        )
     if bool(definition.command) == bool(definition.target):
         raise InputError(f"{label}: a gil probe needs exactly one of 'command' or 'target'")
     target = None
@@ -75,7 +80,8 @@ def config_from_definition(definition: ProbeDefinition) -> GilConfig:
         rate_hz=int(definition.option("rate", DEFAULT_RATE_HZ)),
         native_rate_hz=int(definition.option("native_rate", DEFAULT_NATIVE_RATE_HZ)),
         starvation_p99_ms=_milliseconds(
-            definition.option("starvation_p99", DEFAULT_STARVATION_P99_MS), f"{label}: starvation_p99"
+            definition.option("starvation_p99", DEFAULT_STARVATION_P99_MS),
+            f"{label}: starvation_p99",
         ),
         trace=bool(definition.option("trace", False)),
         native=bool(definition.option("native", True)),

@@ -42,8 +42,13 @@ class Launched:
         self._stderr: IO[bytes] = open(stderr_path, "wb")  # noqa: SIM115
         try:
             self.process = subprocess.Popen(
-                list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
-                stdout=self._stdout, stderr=self._stderr, start_new_session=True,
+                list(argv),
+                env=dict(env),
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=self._stdout,
+                stderr=self._stderr,
+                start_new_session=True,
             )
         except BaseException:
             self.close()

@@ -20,14 +20,40 @@ _ARCH = platform.machine().lower()
 FUTEX_SYSCALL = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(_ARCH)
 # Names of the syscalls a thread usually blocks in, to show what a holder was doing.
 SYSCALL_NAMES: dict[int, str] = (
-    {0: "read", 7: "poll", 23: "select", 35: "nanosleep", 16: "ioctl", 45: "recvfrom",
-     47: "recvmsg", 61: "wait4", 202: "futex", 230: "clock_nanosleep", 232: "epoll_wait",
-     219: "restart_syscall", 270: "pselect6", 271: "ppoll", 281: "epoll_pwait"}
-    if _ARCH in ("x86_64", "amd64") else
-    {63: "read", 29: "ioctl", 73: "ppoll", 22: "epoll_pwait", 72: "pselect6", 98: "futex",
-     101: "nanosleep", 115: "clock_nanosleep", 128: "restart_syscall", 207: "recvfrom", 212: "recvmsg",
-     260: "wait4"}
-    if _ARCH in ("aarch64", "arm64") else {}
+    {
+        0: "read",
+        7: "poll",
+        23: "select",
+        35: "nanosleep",
+        16: "ioctl",
+        45: "recvfrom",
+        47: "recvmsg",
+        61: "wait4",
+        202: "futex",
+        230: "clock_nanosleep",
+        232: "epoll_wait",
+        219: "restart_syscall",
+        270: "pselect6",
+        271: "ppoll",
+        281: "epoll_pwait",
+    }
+    if _ARCH in ("x86_64", "amd64")
+    else {
+        63: "read",
+        29: "ioctl",
+        73: "ppoll",
+        22: "epoll_pwait",
+        72: "pselect6",
+        98: "futex",
+        101: "nanosleep",
+        115: "clock_nanosleep",
+        128: "restart_syscall",
+        207: "recvfrom",
+        212: "recvmsg",
+        260: "wait4",
+    }
+    if _ARCH in ("aarch64", "arm64")
+    else {}
 )
 
 
@@ -119,7 +145,9 @@ class GilWaitSampler:
                         counts[tid] += 1
         return counts
 
-    def states_between(self, tid: int, start_s: float, end_s: float, heartbeat_tid: int) -> Counter[str]:
+    def states_between(
+        self, tid: int, start_s: float, end_s: float, heartbeat_tid: int
+    ) -> Counter[str]:
         """What thread ``tid`` was doing in the ticks of a window: ``running``, ``waiting for
         the GIL``, or the syscall it was blocked in (``clock_nanosleep``...)."""
         addresses = self.gil_addresses(heartbeat_tid)

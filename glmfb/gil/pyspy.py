@@ -25,19 +25,65 @@ from typing import Any
 # Native functions in which a thread is blocked (not on a CPU).
 BLOCKING_NATIVE = frozenset(
     {
-        "clock_nanosleep", "nanosleep", "usleep", "sleep", "select", "pselect", "pselect6",
-        "poll", "ppoll", "epoll_wait", "epoll_pwait", "read", "__libc_read", "recv", "recvfrom",
-        "recvmsg", "accept", "accept4", "connect", "pthread_cond_wait", "pthread_cond_timedwait",
-        "pthread_cond_clockwait", "sem_wait", "sem_timedwait", "sem_clockwait", "pthread_join",
-        "__futex_abstimed_wait_common", "__futex_abstimed_wait_common64", "futex_wait",
-        "__lll_lock_wait", "waitpid", "wait4", "pause", "sigwait", "sigtimedwait",
-        "sigwaitinfo", "msgrcv", "ioctl", "flock", "fcntl", "fsync", "fdatasync",
+        "clock_nanosleep",
+        "nanosleep",
+        "usleep",
+        "sleep",
+        "select",
+        "pselect",
+        "pselect6",
+        "poll",
+        "ppoll",
+        "epoll_wait",
+        "epoll_pwait",
+        "read",
+        "__libc_read",
+        "recv",
+        "recvfrom",
+        "recvmsg",
+        "accept",
+        "accept4",
+        "connect",
+        "pthread_cond_wait",
+        "pthread_cond_timedwait",
+        "pthread_cond_clockwait",
+        "sem_wait",
+        "sem_timedwait",
+        "sem_clockwait",
+        "pthread_join",
+        "__futex_abstimed_wait_common",
+        "__futex_abstimed_wait_common64",
+        "futex_wait",
+        "__lll_lock_wait",
+        "waitpid",
+        "wait4",
+        "pause",
+        "sigwait",
+        "sigtimedwait",
+        "sigwaitinfo",
+        "msgrcv",
+        "ioctl",
+        "flock",
+        "fcntl",
+        "fsync",
+        "fdatasync",
     }
 )
 # Frames of the binding machinery between Python and the called native function.
 _PLUMBING_PREFIXES = (
-    "_ctypes", "_call_function_pointer", "ffi_", "Py", "_Py", "cfunction", "method_vectorcall",
-    "0x", "PyCFuncPtr", "call_function", "vectorcall", "pybind11::", "_PyEval",
+    "_ctypes",
+    "_call_function_pointer",
+    "ffi_",
+    "Py",
+    "_Py",
+    "cfunction",
+    "method_vectorcall",
+    "0x",
+    "PyCFuncPtr",
+    "call_function",
+    "vectorcall",
+    "pybind11::",
+    "_PyEval",
 )
 _PLUMBING_FILES = ("callproc.c", "_ctypes.c", "ceval.c", "call.c", "methodobject.c")
 _LINE_RE = re.compile(r"^(?P<stack>.*) (?P<count>\d+)$")
@@ -58,7 +104,9 @@ class Frame:
     @property
     def short_function(self) -> str:
         """``make_dispatch.<locals>.intranode_dispatch`` -> ``intranode_dispatch``."""
-        return self.function.rsplit(".", 1)[-1] if not self.function.startswith("<") else self.function
+        return (
+            self.function.rsplit(".", 1)[-1] if not self.function.startswith("<") else self.function
+        )
 
 
 @dataclass(frozen=True)
@@ -185,7 +233,9 @@ def profile_holders(
         key = (sample.thread_id, inner.function, inner.file)
         site = sites.get(key)
         if site is None:
-            site = sites[key] = CallSite(sample.thread_id, name, inner.function, inner.file, inner.line or 0)
+            site = sites[key] = CallSite(
+                sample.thread_id, name, inner.function, inner.file, inner.line or 0
+            )
         site.samples += sample.count
         site.split_samples += sample.count if native else 0
         site.idle += sample.count if blocked else 0
@@ -224,8 +274,20 @@ def record_command(
     pyspy: str, pid: int, output: Path, *, rate_hz: int, native: bool, nonblocking: bool = False
 ) -> list[str]:
     command = [
-        pyspy, "record", "--pid", str(pid), "--gil", "--idle", "--threads", "--full-filenames",
-        "--rate", str(rate_hz), "--format", "raw", "--output", str(output),
+        pyspy,
+        "record",
+        "--pid",
+        str(pid),
+        "--gil",
+        "--idle",
+        "--threads",
+        "--full-filenames",
+        "--rate",
+        str(rate_hz),
+        "--format",
+        "raw",
+        "--output",
+        str(output),
     ]
     if native:
         command.append("--native")
@@ -238,21 +300,33 @@ class Recording:
     """One ``py-spy record`` attached to a process, writing raw samples and a log."""
 
     def __init__(
-        self, executable: str, pid: int, output: Path, log: Path, *,
-        rate_hz: int, native: bool, nonblocking: bool,
+        self,
+        executable: str,
+        pid: int,
+        output: Path,
+        log: Path,
+        *,
+        rate_hz: int,
+        native: bool,
+        nonblocking: bool,
     ) -> None:
         self.output = output
         self.log = log
         self.rate_hz = rate_hz
         self.native = native
         output.unlink(missing_ok=True)
-        command = record_command(executable, pid, output, rate_hz=rate_hz, native=native, nonblocking=nonblocking)
+        command = record_command(
+            executable, pid, output, rate_hz=rate_hz, native=native, nonblocking=nonblocking
+        )
         self._log_handle = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.started_s = time.monotonic()
         self.elapsed_s = 0.0
         self.process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=self._log_handle,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def exited_early(self, within_s: float) -> bool:
@@ -296,8 +370,15 @@ class Recording:
                 return None  # samples, or a clean run in which nobody held the GIL
             return explain_failure(log)
         code = self.process.returncode
-        status = f"exited with status {code}" if code is not None and code >= 0 else f"ended by signal {-(code or 0)}"
-        return f"{explain_failure(self.log_text())} (py-spy {status} without output after {self.elapsed_s:.1f} s; log: {self.log})"
+        status = (
+            f"exited with status {code}"
+            if code is not None and code >= 0
+            else f"ended by signal {-(code or 0)}"
+        )
+        return (
+            f"{explain_failure(self.log_text())} (py-spy {status} without output after "
+            f"{self.elapsed_s:.1f} s; log: {self.log})"
+        )
 
     def samples(self) -> list[Sample]:
         try:
@@ -332,7 +413,9 @@ def merge_split(main: HolderProfile, split: HolderProfile) -> HolderProfile:
             idle = round(thread["samples"] * other_thread["idle"] / other_thread["samples"])
             thread = {**thread, "idle": idle, "active": thread["samples"] - idle}
         threads.append(thread)
-    return HolderProfile(main.total_samples, main.sample_instants, tuple(threads), main.sites, native=True)
+    return HolderProfile(
+        main.total_samples, main.sample_instants, tuple(threads), main.sites, native=True
+    )
 
 
 _SUMMARY_RE = re.compile(r"Samples: (?P<samples>\d+) Errors: (?P<errors>\d+)")
@@ -352,7 +435,9 @@ def explain_failure(stderr: str) -> str:
     """One line on why py-spy produced nothing, from its stderr."""
     lowered = stderr.lower()
     if "permission denied" in lowered or "operation not permitted" in lowered:
-        return "ptrace refused (run as root, or set kernel.yama.ptrace_scope=0, or add CAP_SYS_PTRACE)"
+        return (
+            "ptrace refused (run as root, or set kernel.yama.ptrace_scope=0, or add CAP_SYS_PTRACE)"
+        )
     if "no such process" in lowered:
         return "the process exited before py-spy attached"
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]

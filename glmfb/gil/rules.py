@@ -26,7 +26,11 @@ from glmfb.verdict import Layer, Metric, ProbeKind, Status, Verdict
 MIN_HEARTBEAT_TICKS = 50
 MIN_COVERED_S = 0.5
 _LIBRARY_PREFIXES = tuple(
-    {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"], sysconfig.get_paths()["purelib"]}
+    {
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["platstdlib"],
+        sysconfig.get_paths()["purelib"],
+    }
 )
 IDLE_MAJORITY = 0.5  # a holder blocked in this share of its samples holds the GIL while idle
 WARN_IDLE_SHARE = 0.2  # without starvation, still worth a warning
@@ -54,8 +58,12 @@ class Observations:
 def heartbeat_is_usable(heartbeat: Heartbeat) -> bool:
     """Enough ticks, or few ticks that cover a long time: a heavily starved heartbeat wakes
     rarely, and that is the signal, not a lack of data."""
-    covered_s = heartbeat.ticks * heartbeat.period_s + sum(max(0.0, x) for x in heartbeat.lateness_s)
-    return heartbeat.ticks >= MIN_HEARTBEAT_TICKS or (heartbeat.ticks >= 3 and covered_s >= MIN_COVERED_S)
+    covered_s = heartbeat.ticks * heartbeat.period_s + sum(
+        max(0.0, x) for x in heartbeat.lateness_s
+    )
+    return heartbeat.ticks >= MIN_HEARTBEAT_TICKS or (
+        heartbeat.ticks >= 3 and covered_s >= MIN_COVERED_S
+    )
 
 
 def _is_library(file: str) -> bool:
@@ -127,12 +135,16 @@ def holder_site(observations: Observations) -> CallSite | None:
     return next(s for s in profile.sites if s.thread_id == top_thread["tid"])
 
 
-def starved_threads(observations: Observations, starved: bool, holder: CallSite | None) -> list[str]:
+def starved_threads(
+    observations: Observations, starved: bool, holder: CallSite | None
+) -> list[str]:
     """Threads seen waiting for the GIL often enough (never the holder itself), and the
     heartbeat when it was late beyond the threshold."""
     names = [
-        w["thread"] for w in observations.waiting
-        if w["waiting_share"] >= MIN_WAITING_SHARE and (holder is None or w["tid"] != holder.thread_id)
+        w["thread"]
+        for w in observations.waiting
+        if w["waiting_share"] >= MIN_WAITING_SHARE
+        and (holder is None or w["tid"] != holder.thread_id)
     ]
     if starved:
         names.append(HEARTBEAT_THREAD)
@@ -175,7 +187,10 @@ def decide(observations: Observations) -> Verdict:
                 "sample_instants": observations.holders.sample_instants,
                 "native": observations.holders.native,
                 "threads": list(observations.holders.threads[:8]),
-                "sites": [holder_evidence(s, total) | {"kind": "site"} for s in observations.holders.sites[1:4]],
+                "sites": [
+                    holder_evidence(s, total) | {"kind": "site"}
+                    for s in observations.holders.sites[1:4]
+                ],
             }
         )
     if observations.blame is not None:
@@ -188,8 +203,10 @@ def decide(observations: Observations) -> Verdict:
     missing_text = "; ".join(f"{m['signal']}: {m['reason']}" for m in observations.missing)
     idle_share = holder.idle / holder.samples if holder is not None and holder.samples else 0.0
     native_known = (
-        observations.holders is not None and observations.holders.native
-        and holder is not None and holder.split_samples > 0
+        observations.holders is not None
+        and observations.holders.native
+        and holder is not None
+        and holder.split_samples > 0
     )
     starved_text = ", ".join(starved_names) or HEARTBEAT_THREAD
 
@@ -247,12 +264,16 @@ def decide(observations: Observations) -> Verdict:
                     "(release the GIL around it) or computing?"
                 )
         if observations.blame is None and observations.reproduce_trace:
-            next_steps.append(f"{observations.reproduce_trace}  # ranks what overlaps the starved slices")
+            next_steps.append(
+                f"{observations.reproduce_trace}  # ranks what overlaps the starved slices"
+            )
     elif starved:
         status = Status.INCONCLUSIVE
         if observations.holders is None:
             cause = f"the GIL holder is unknown ({missing_text or 'holder sampling did not run'})"
-            next_steps.append("install py-spy (pip install py-spy) and run as root or with CAP_SYS_PTRACE")
+            next_steps.append(
+                "install py-spy (pip install py-spy) and run as root or with CAP_SYS_PTRACE"
+            )
         else:
             cause = (
                 f"no thread held the GIL in {100 * config.min_holder_share:.0f}% or more of "
@@ -275,8 +296,11 @@ def decide(observations: Observations) -> Verdict:
                 f"{100 * holder.samples / total:.0f}% of sample instants"
                 + (f", blocked in {100 * idle_share:.0f}% of them." if native_known else ".")
             )
-        why = f"Starvation was not measured ({reason}; {missing_text or 'the program may not be Python'}).{held}"
-        next_steps.append("start the program under glmfb (glmfb gil -- python prog.py) so the heartbeat is injected")
+        missing_or_guess = missing_text or "the program may not be Python"
+        why = f"Starvation was not measured ({reason}; {missing_or_guess}).{held}"
+        next_steps.append(
+            "start the program under glmfb (glmfb gil -- python prog.py) so the heartbeat is injected"
+        )
     else:
         if observations.missing:
             status = Status.WARN
@@ -284,7 +308,12 @@ def decide(observations: Observations) -> Verdict:
                 f"No thread was starved (heartbeat p99 {p99_ms:.1f} ms <= {threshold_ms:g} ms), "
                 f"but a signal is missing: {missing_text}."
             )
-        elif holder is not None and native_known and idle_share >= WARN_IDLE_SHARE and holder.samples / total >= 0.2:
+        elif (
+            holder is not None
+            and native_known
+            and idle_share >= WARN_IDLE_SHARE
+            and holder.samples / total >= 0.2
+        ):
             status = Status.WARN
             why = (
                 f"No thread was starved (heartbeat p99 {p99_ms:.1f} ms <= {threshold_ms:g} ms), yet "

@@ -36,7 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"glmfb-runner: error: {exc}\n")
         return 3
     except Exception as exc:
-        sys.stderr.write(f"glmfb-runner: error: the factory {options.target} raised {type(exc).__name__}: {exc}\n")
+        sys.stderr.write(
+            f"glmfb-runner: error: the factory {options.target} raised {type(exc).__name__}: {exc}\n"
+        )
         return 3
     if not callable(work):
         sys.stderr.write(

@@ -33,9 +33,19 @@ class Slice:
 
 # Builtins that wait with the GIL released: overlapping a starved slice, they are not the cause.
 RELEASING_WAITS = (
-    "_thread.lock.acquire", "_thread.RLock.acquire", "time.sleep", "select.select", "select.poll",
-    "select.epoll.poll", "posix.waitpid", "posix.read", "_socket.socket.recv", "_socket.socket.accept",
-    "_queue.SimpleQueue.get", "_io.FileIO.read", "_io.BufferedReader.read",
+    "_thread.lock.acquire",
+    "_thread.RLock.acquire",
+    "time.sleep",
+    "select.select",
+    "select.poll",
+    "select.epoll.poll",
+    "posix.waitpid",
+    "posix.read",
+    "_socket.socket.recv",
+    "_socket.socket.accept",
+    "_queue.SimpleQueue.get",
+    "_io.FileIO.read",
+    "_io.BufferedReader.read",
 )
 
 
@@ -55,7 +65,12 @@ def load_trace(path: Path) -> tuple[dict[int, list[Slice]], dict[int, str]]:
         elif event.get("ph") == "X" and "dur" in event:
             start = float(event["ts"])
             per_thread[int(event["tid"])].append(
-                Slice(int(event["tid"]), str(event.get("name", "?")), start, start + float(event["dur"]))
+                Slice(
+                    int(event["tid"]),
+                    str(event.get("name", "?")),
+                    start,
+                    start + float(event["dur"]),
+                )
             )
     for slices in per_thread.values():
         slices.sort(key=lambda s: (s.start_us, -s.end_us))
@@ -117,7 +132,8 @@ def overlap_blame(
                     continue
                 own = _overlap(item.start_us, item.end_us, window.start_us, window.end_us)
                 own -= sum(
-                    _overlap(c.start_us, c.end_us, window.start_us, window.end_us) for c in item.children
+                    _overlap(c.start_us, c.end_us, window.start_us, window.end_us)
+                    for c in item.children
                 )
                 if own > 0:
                     credit[(tid, item.name)] += own
