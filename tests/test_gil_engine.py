@@ -388,3 +388,18 @@ def test_heartbeat_site_chains_the_users_sitecustomize(tmp_path: Path) -> None:
     beat = read_heartbeat(tmp_path / "hb")
     assert beat is not None and beat.ticks > 50
     assert beat.thread_names[beat.thread_id] == "glmfb-heartbeat"
+
+
+@pytest.mark.mooncake
+def test_holding_dispatch_starves_a_real_mooncake_transfer_thread(tmp_path: Path) -> None:
+    pytest.importorskip(
+        "mooncake.engine", reason="needs the Mooncake transfer engine (mooncake extra)"
+    )
+    command = (sys.executable, str(DISPATCH), "--mode", "hold", "--transport", "mooncake")
+    verdict = trace_gil(
+        GilConfig(name="mooncake", command=(*command, "--duration", "30"), duration_s=2), tmp_path
+    )
+    assert verdict.status is Status.FAIL, verdict.why
+    assert verdict.where["function"] == "intranode_dispatch"
+    assert "kv-transfer" in _evidence(verdict, "starvation")["threads"]  # type: ignore[operator]
+    assert _evidence(verdict, "gil_holder")["native_frame"] == "usleep"

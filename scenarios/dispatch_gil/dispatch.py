@@ -4,8 +4,9 @@ thread that must submit a small job every millisecond.
 ``intranode_dispatch`` stands in for DeepEP's native dispatch: a libc ``usleep`` reached through
 ``ctypes``. Through ``ctypes.PyDLL`` the call keeps the GIL while it blocks (the bug); through
 ``ctypes.CDLL`` ctypes releases the GIL around it (the fix, what ``py::gil_scoped_release``
-does in a pybind11 binding). The ``kv-transfer`` thread copies a small buffer every ~1 ms and
-counts how late each submission was.
+does in a pybind11 binding). The ``kv-transfer`` thread submits a 64 KiB job every ~1 ms (a
+memory copy, or with ``--transport mooncake`` a real Mooncake TCP transfer between two engines
+in this process) and counts how late each submission was.
 
 Run it as a program (``python dispatch.py --mode hold --duration 3``) or as a glmfb target
 (``dispatch.py:make`` with ``mode=hold``), whose callable runs one dispatch per call.
@@ -36,18 +37,54 @@ def _libc(mode: str) -> ctypes.CDLL:
     raise ValueError(f"mode must be 'hold' or 'release', got {mode!r}")
 
 
-class KvTransfer:
-    """A transfer engine's Python side: submits a small copy every millisecond."""
+class MooncakeLink:
+    """Two Mooncake transfer engines in this process over TCP (NOTES.md): ``write`` moves one
+    job from a registered source buffer to the peer's registered destination. Its Python calls
+    release the GIL, like the real KV-transfer path."""
 
-    def __init__(self) -> None:
+    def __init__(self, nbytes: int) -> None:
+        from mooncake.engine import TransferEngine
+
+        self.sender, self.receiver = TransferEngine(), TransferEngine()
+        for engine in (self.sender, self.receiver):
+            if engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
+                raise RuntimeError("Mooncake TransferEngine.initialize failed")
+        self.nbytes = nbytes
+        self.source = ctypes.create_string_buffer(b"k" * nbytes, nbytes)
+        self.destination = ctypes.create_string_buffer(nbytes)
+        self.source_ptr = ctypes.addressof(self.source)
+        self.destination_ptr = ctypes.addressof(self.destination)
+        self.sender.register_memory(self.source_ptr, nbytes)
+        self.receiver.register_memory(self.destination_ptr, nbytes)
+        self.peer = f"127.0.0.1:{self.receiver.get_rpc_port()}"
+
+    def write(self) -> None:
+        status = self.sender.transfer_sync_write(
+            self.peer, self.source_ptr, self.destination_ptr, self.nbytes
+        )
+        if status != 0:
+            raise RuntimeError(f"Mooncake transfer_sync_write returned {status}")
+
+
+class KvTransfer:
+    """A transfer engine's Python side: submits a small job every millisecond, a memory copy
+    or (``transport="mooncake"``) a real Mooncake TCP transfer."""
+
+    def __init__(self, transport: str = "memcpy") -> None:
+        if transport not in ("memcpy", "mooncake"):
+            raise ValueError(f"transport must be 'memcpy' or 'mooncake', got {transport!r}")
         self.source = bytes(JOB_BYTES)
         self.destination = bytearray(JOB_BYTES)
+        self.link = MooncakeLink(JOB_BYTES) if transport == "mooncake" else None
         self.lateness_s: list[float] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="kv-transfer", daemon=True)
 
     def _submit(self) -> None:
-        self.destination[:] = self.source
+        if self.link is not None:
+            self.link.write()
+        else:
+            self.destination[:] = self.source
 
     def _loop(self) -> None:
         due = time.perf_counter()
@@ -73,9 +110,11 @@ def make_dispatch(mode: str, dispatch_us: int = DISPATCH_US) -> Callable[[], Non
     return intranode_dispatch
 
 
-def make(mode: str = "hold", dispatch_us: int = DISPATCH_US) -> Callable[[], None]:
+def make(
+    mode: str = "hold", dispatch_us: int = DISPATCH_US, transport: str = "memcpy"
+) -> Callable[[], None]:
     """glmfb target: start the kv-transfer thread, return one dispatch per call."""
-    transfer = KvTransfer()
+    transfer = KvTransfer(transport)
     transfer.thread.start()
     return make_dispatch(mode, dispatch_us)
 
@@ -85,9 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("hold", "release"), default="hold")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds")
     parser.add_argument("--dispatch-us", type=int, default=DISPATCH_US)
+    parser.add_argument("--transport", choices=("memcpy", "mooncake"), default="memcpy")
     options = parser.parse_args(argv)
 
-    transfer = KvTransfer()
+    transfer = KvTransfer(options.transport)
     dispatch = make_dispatch(options.mode, options.dispatch_us)
     deadline = time.perf_counter() + options.duration
     calls = 0
@@ -107,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     late = sorted(transfer.lateness_s)
     summary = {
         "mode": options.mode,
+        "transport": options.transport,
         "dispatch_calls": calls,
         "transfer_jobs": len(late),
         "transfer_p50_ms": 1e3 * late[len(late) // 2] if late else None,
