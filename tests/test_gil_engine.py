@@ -403,3 +403,27 @@ def test_holding_dispatch_starves_a_real_mooncake_transfer_thread(tmp_path: Path
     assert verdict.where["function"] == "intranode_dispatch"
     assert "kv-transfer" in _evidence(verdict, "starvation")["threads"]  # type: ignore[operator]
     assert _evidence(verdict, "gil_holder")["native_frame"] == "usleep"
+
+
+def test_a_forked_child_does_not_write_into_the_parents_heartbeat(tmp_path: Path) -> None:
+    from glmfb.gil.heartbeat import injection_env, read_heartbeat
+
+    program = _program(
+        tmp_path,
+        "forks.py",
+        """
+        import os, time
+        time.sleep(0.35)
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(0.05)
+            raise SystemExit(0)  # runs atexit handlers in the child
+        os.waitpid(pid, 0)
+        time.sleep(0.2)
+        """,
+    )
+    env = injection_env(tmp_path / "hb", dict(os.environ))
+    subprocess.run([sys.executable, str(program)], env=env, check=True, timeout=30)
+    beat = read_heartbeat(tmp_path / "hb")
+    assert beat is not None and beat.ticks > 100
+    assert all(a < b for a, b in zip(beat.wake_s, beat.wake_s[1:], strict=False))  # no copies

@@ -77,7 +77,11 @@ def _start(prefix: str) -> None:
 
         closed = []
 
+        owner_pid = os.getpid()
+
         def flush_at_exit() -> None:  # the last < 100 ms of samples; runs with the GIL held
+            if os.getpid() != owner_pid:
+                return  # a forked child: its copy of the samples is not its own
             closed.append(True)
             pending = samples.tobytes()
             del samples[:]
