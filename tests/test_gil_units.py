@@ -272,3 +272,27 @@ def test_a_rare_holder_is_not_blamed_for_cpu_starvation() -> None:
     assert observations.holders.threads[0]["share"] == pytest.approx(1 / 300, abs=1e-4)
     verdict = decide(observations)
     assert verdict.status is Status.INCONCLUSIVE and "not the GIL" in verdict.why
+
+
+def test_read_heartbeat_drops_records_that_cannot_be_real(tmp_path: Path) -> None:
+    prefix = tmp_path / "heartbeat"
+    header = {
+        "pid": 5,
+        "heartbeat_tid": 6,
+        "started_s": 1000.0,
+        "fields": ["wake_s", "lateness_s", "cpu_wait_s"],
+    }
+    (tmp_path / "heartbeat.json").write_text(json.dumps(header))
+    good = [(1000.5, 0.0002, 0.0), (1000.6, 0.030, 0.010), (1000.7, 0.001, 0.0)]
+    values = [x for r in good[:2] for x in r]
+    values.append(0.0005)  # one stray double: every field after it shifts by one
+    values += [x for x in good[2]]
+    values += [1000.8, float("nan"), 0.0]
+    values += [1000.9, 9000.0, 0.0]  # an hour and more late: not a measurement
+    (tmp_path / "heartbeat.bin").write_bytes(array("d", values).tobytes())
+    beat = read_heartbeat(prefix)
+    assert beat is not None
+    assert beat.wake_s == (1000.5, 1000.6)  # what follows the stray double cannot be read
+    assert beat.dropped_records == 3
+    assert beat.gil_lateness_s[1] == pytest.approx(0.020)
+    assert beat.summary()["dropped_records"] == 3

@@ -12,6 +12,8 @@ from typing import Any
 
 SITE_DIR = Path(__file__).resolve().parent / "_site"
 ENV_PREFIX = "GLMFB_GIL_HEARTBEAT"
+MAX_PLAUSIBLE_LATENESS_S = 3600.0
+MAX_RUN_S = 7 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class Heartbeat:
     wake_s: tuple[float, ...]
     lateness_s: tuple[float, ...]  # wall-clock lateness of each wake-up
     cpu_wait_s: tuple[float, ...] = ()  # the part of it spent runnable without a CPU
+    dropped_records: int = 0  # records of a damaged file that could not be real, left out
 
     def __post_init__(self) -> None:
         if not self.cpu_wait_s:
@@ -73,6 +76,7 @@ class Heartbeat:
             "max_ms": round(1e3 * max(self.gil_lateness_s), 3) if self.lateness_s else None,
             "wall_p99_ms": round(self.percentile_ms(99, wall=True), 3),
             "cpu_wait_total_ms": round(1e3 * sum(self.cpu_wait_s), 3),
+            "dropped_records": self.dropped_records,
         }
 
     def windows(self, threshold_s: float) -> list[Window]:
@@ -116,15 +120,41 @@ def read_heartbeat(prefix: Path) -> Heartbeat | None:
     samples.frombytes(raw[:whole])
     names = _started_thread_names(prefix.with_name(prefix.name + ".threads"))
     names.update({int(k): str(v) for k, v in dict(header.get("threads", {})).items()})
+    wake, lateness = samples[0::width], samples[1::width]
+    cpu_wait = samples[2::width] if width >= 3 else array("d", bytes(8 * len(wake)))
+    kept = _plausible(wake, lateness, cpu_wait, header.get("started_s"))
     return Heartbeat(
         pid=int(header["pid"]),
         thread_id=int(header["heartbeat_tid"]),
         period_s=float(header.get("period_s", 0.001)),
         thread_names=names,
-        wake_s=tuple(samples[0::width]),
-        lateness_s=tuple(samples[1::width]),
-        cpu_wait_s=tuple(samples[2::width]) if width >= 3 else (),
+        wake_s=tuple(wake[i] for i in kept),
+        lateness_s=tuple(lateness[i] for i in kept),
+        cpu_wait_s=tuple(cpu_wait[i] for i in kept),
+        dropped_records=len(wake) - len(kept),
     )
+
+
+def _plausible(
+    wake: array[float], lateness: array[float], cpu_wait: array[float], started_s: Any
+) -> list[int]:
+    """Indices of records that can be real: finite; woken after the heartbeat started and
+    late by no more than the time since then; a CPU wait within the lateness. A record
+    shifted by a stray write (a wake time read as a lateness) fails these: it is a damaged
+    file, not a measurement."""
+    start = float(started_s) if isinstance(started_s, (int, float)) else None
+    kept: list[int] = []
+    for index, (at, late, cpu) in enumerate(zip(wake, lateness, cpu_wait, strict=True)):
+        if not (math.isfinite(at) and math.isfinite(late) and math.isfinite(cpu)):
+            continue
+        if not (-1.0 <= late <= MAX_PLAUSIBLE_LATENESS_S and 0.0 <= cpu <= max(late, 0.0) + 1e-6):
+            continue
+        if start is not None and not (
+            start <= at <= start + MAX_RUN_S and late <= at - start + 1.0
+        ):
+            continue
+        kept.append(index)
+    return kept
 
 
 def _started_thread_names(path: Path) -> dict[int, str]:

@@ -35,6 +35,8 @@ def _start(prefix: str) -> None:
     header_path = prefix + ".json"
     data_path = prefix + ".bin"
 
+    started_s = time.monotonic()
+
     def write_header(native_id: int, names: dict[str, str]) -> None:
         tmp = f"{header_path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as handle:
@@ -44,6 +46,7 @@ def _start(prefix: str) -> None:
                     "pid": os.getpid(),
                     "heartbeat_tid": native_id,
                     "period_s": _PERIOD_S,
+                    "started_s": started_s,
                     "fields": ["wake_s", "lateness_s", "cpu_wait_s"],
                     "threads": names,
                     "argv": list(sys.argv),
