@@ -165,6 +165,7 @@ def test_rule_idle_holder_with_starvation_fails_naming_the_native_call() -> None
     assert starvation["p99_ms"] == pytest.approx(25.0)
     holder = next(e for e in verdict.evidence if e["kind"] == "gil_holder")
     assert holder["idle_share"] == 1.0 and holder["native_frame"] == "usleep"
+    assert holder["share_of_time"] == holder["share_of_samples"]  # glmfb gap reads the latter
     assert Verdict.from_dict(verdict.to_dict()) == verdict
 
 

@@ -94,6 +94,8 @@ def holder_evidence(site: CallSite, total: int) -> dict[str, Any]:
         "line": site.line,
         "samples": site.samples,
         "share_of_time": round(site.samples / total, 4) if total else None,
+        # The same figure under its first name (glmfb gap reads it): kept for compatibility.
+        "share_of_samples": round(site.samples / total, 4) if total else None,
         "active_share": round(1.0 - idle_share, 4) if known else None,
         "idle_share": round(idle_share, 4) if known else None,
         "native_frame": native[0][0] if native else None,
