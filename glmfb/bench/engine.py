@@ -182,11 +182,16 @@ def _measure_shape(
     deadline = begin + budget_s
 
     config.progress(f"bench {label}: A/A noise floor")
+    # The baseline against a second, independently allocated copy of itself: what the harness
+    # reads between identical kernels (order effects, memory placement) is not an effect.
+    again = load_side("baseline", config.baseline, shape, config.input_sets)
+    warm_up(again, min_calls=1, min_s=0.0)
     aa_blocks = Blocks()
     InterleavedRunner(
-        timer, {"baseline": loops["baseline"], "again": loops["baseline"]},
-        {"baseline": baseline, "again": baseline}, seed,
+        timer, {"baseline": loops["baseline"], "again": timer.prepare(again.kernels, calls)},
+        {"baseline": baseline, "again": again}, seed,
     ).run(aa_blocks, AA_BLOCKS, begin + AA_SHARE * budget_s, names=("baseline", "again"))
+    del again
     aa = paired_change(aa_blocks.baseline, aa_blocks.candidate, seed=seed) if len(aa_blocks) >= MIN_BLOCKS else None
     floor = noise_floor(aa) if aa is not None else 0.0
 
