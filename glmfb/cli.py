@@ -236,13 +236,7 @@ def _register_probe_commands() -> None:
     import importlib
 
     for name in PROBE_COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue  # TODO(foundation): make strict once every probe module has landed
-        module.register(app)
+        importlib.import_module(name).register(app)
 
 
 _register_probe_commands()

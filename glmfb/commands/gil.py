@@ -9,7 +9,6 @@ import typer
 
 from glmfb.commands.common import ArgOpt, JsonOpt, emit_verdict, progress_messages
 from glmfb.errors import UsageError
-from glmfb.gil.config import parse_milliseconds
 
 
 def gil_command(
@@ -74,6 +73,7 @@ def gil_command(
 ) -> None:
     """Trace GIL contention: name the thread that holds the GIL (and where), and the starved one."""
     from glmfb.gil import GilConfig, trace_gil
+    from glmfb.gil.config import parse_milliseconds
     from glmfb.suite import new_run_id
     from glmfb.targets import Target, parse_args
 
