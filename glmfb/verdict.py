@@ -93,10 +93,17 @@ def combine_exit_codes(codes: Iterable[ExitCode]) -> ExitCode:
 def to_json_value(value: Any) -> Any:
     """Turn a value into plain JSON data: tuples to lists, enums and numpy scalars to Python,
     non-finite floats to the strings "nan", "inf", "-inf" (JSON has no NaN)."""
-    if value is None or isinstance(value, (bool, str)):
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:  # the common cases, fast
         return value
+    if kind is dict:
+        return {str(k): to_json_value(v) for k, v in value.items()}
     if isinstance(value, Enum):
         return to_json_value(value.value)
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str):
+        return str(value)
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
