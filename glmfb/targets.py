@@ -10,6 +10,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -57,11 +58,31 @@ class Target:
     def load(self) -> Callable[..., Any]:
         return resolve(self.ref, base_dir=self.base_dir)
 
+    @property
+    def portable_ref(self) -> str:
+        """The reference as one would type it in the current directory (probe definitions
+        write file paths relative to themselves), so that next steps are commands to paste."""
+        return portable_ref(self.ref, self.base_dir)
+
     def describe(self) -> str:
         if not self.args:
-            return self.ref
+            return self.portable_ref
         rendered = " ".join(f"--arg {k}={json.dumps(v)}" for k, v in self.args.items())
-        return f"{self.ref} {rendered}"
+        return f"{self.portable_ref} {rendered}"
+
+
+def portable_ref(ref: str, base_dir: Path | None) -> str:
+    """``ref`` rewritten relative to the working directory when it names a file that only
+    resolves against ``base_dir`` (see :meth:`Target.portable_ref`)."""
+    location, sep, attr = ref.rpartition(":")
+    if not sep or base_dir is None or not is_file_ref(location) or Path(location).is_absolute():
+        return ref
+    if (Path.cwd() / location).is_file():
+        return ref
+    beside = base_dir / location
+    if not beside.is_file():
+        return ref
+    return f"{os.path.relpath(beside.resolve())}:{attr}"
 
 
 def split_ref(ref: str) -> tuple[str, str]:

@@ -338,16 +338,6 @@ def test_cli_bad_threshold_is_a_usage_error() -> None:
     assert result.exit_code == 2
 
 
-def test_next_steps_name_targets_as_typed_from_the_current_directory(monkeypatch: pytest.MonkeyPatch) -> None:
-    from glmfb.gap.engine import display_ref
-
-    root = HERE.parents[1]
-    monkeypatch.chdir(root)
-    ref = "../scenarios/kv_transfer/scenario.py:prefill_only"
-    assert display_ref(Target(ref, base_dir=root / "probes")) == "scenarios/kv_transfer/scenario.py:prefill_only"
-    assert display_ref(Target("glmfb.gap:run_gap")) == "glmfb.gap:run_gap"
-
-
 def test_failure_without_the_gil_probe_names_the_missing_signal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

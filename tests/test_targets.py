@@ -97,3 +97,16 @@ def test_resolve_missing_module_and_bad_ref() -> None:
         resolve("nopkg_zz.mod:f")
     with pytest.raises(TargetError, match="no ':attr'"):
         resolve("glmfb.units")
+
+
+def test_portable_ref_is_typed_from_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(tmp_path / "scenarios" / "k.py", "def f():\n    return 1\n")
+    (tmp_path / "probes").mkdir()
+    monkeypatch.chdir(tmp_path)
+    target = Target("../scenarios/k.py:f", {"n": 2}, base_dir=tmp_path / "probes")
+    assert target.portable_ref == "scenarios/k.py:f"
+    assert target.describe() == "scenarios/k.py:f --arg n=2"
+    assert Target("scenarios/k.py:f", base_dir=tmp_path / "probes").portable_ref == "scenarios/k.py:f"
+    assert Target("glmfb.units:parse_shape", base_dir=tmp_path).portable_ref == "glmfb.units:parse_shape"

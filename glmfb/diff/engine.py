@@ -9,7 +9,6 @@ mode then measures local error (``localize``) and bisects the shortest failing p
 from __future__ import annotations
 
 import csv
-import os
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -50,7 +49,7 @@ from glmfb.diff.shape import (
 from glmfb.diff.store import MANIFEST, CaptureReader, CaptureWriter, Manifest, TapRecord
 from glmfb.env import differences, fingerprint, git_revision
 from glmfb.errors import UsageError
-from glmfb.targets import Target, is_file_ref, split_ref
+from glmfb.targets import Target, portable_ref
 from glmfb.verdict import Layer, Metric, ProbeKind, Status, Verdict
 
 Progress = Callable[[str], None]
@@ -137,15 +136,6 @@ def _capture_dir(ref: str, base_dir: Path | None) -> Path | None:
     if (":" not in ref or ref.endswith(MANIFEST)) and not ref.endswith(".py"):
         return Path(ref)  # not a target either: let the reader say what is missing
     return None
-
-
-def portable_ref(ref: str, base_dir: Path | None) -> str:
-    """A target reference usable from the current directory (definitions use relative paths)."""
-    location, attr = split_ref(ref)
-    relative = is_file_ref(location) and base_dir is not None and not Path(location).is_absolute()
-    if relative and base_dir is not None and not Path(location).exists() and (base_dir / location).exists():
-        return f"{os.path.relpath(base_dir / location)}:{attr}"
-    return ref
 
 
 def run_diff(config: DiffConfig, progress: Progress | None = None) -> Verdict:

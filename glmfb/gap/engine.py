@@ -107,23 +107,6 @@ def _transfer_env(sides: list[Any]) -> dict[str, Any]:
     return {"transfer_path": path} if path else {}
 
 
-def display_ref(target: Target) -> str:
-    """A target reference as a user at the current directory would type it (definition files
-    write paths relative to themselves)."""
-    from glmfb.targets import is_file_ref, split_ref
-
-    location, attr = split_ref(target.ref)
-    if target.base_dir is None or not is_file_ref(location) or Path(location).is_absolute():
-        return target.ref
-    if (Path.cwd() / location).is_file():
-        return target.ref
-    resolved = (target.base_dir / location).resolve()
-    try:
-        return f"{resolved.relative_to(Path.cwd().resolve())}:{attr}"
-    except ValueError:
-        return f"{resolved}:{attr}"
-
-
 def _traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
 
@@ -141,7 +124,7 @@ def _target_failed(config: GapConfig, failure: TargetFailed, sides: list[Any]) -
         ProbeKind.GAP, config.name, f"{failure}",
         evidence=evidence,
         next=(f"run the {failure.side} alone: python -c \"from glmfb.targets import Target; "
-              f"f = Target({display_ref(target)!r}).load()(**{dict(target.args)!r}); f(); f()\"",),
+              f"f = Target({target.portable_ref!r}).load()(**{dict(target.args)!r}); f(); f()\"",),
     )
 
 
@@ -228,7 +211,7 @@ def _judge(
         ran_out = {"budget": f"the {config.budget_s:g} s budget", "repeats": f"{config.repeats} repeats"}
         why = (f"Not decided: {gap_text}; the interval straddles the threshold and "
                f"{ran_out.get(measurement.stopped_by, 'the limits')} ran out.")
-        next_steps.append(f"glmfb gap {display_ref(config.baseline)} {display_ref(config.candidate)} "
+        next_steps.append(f"glmfb gap {config.baseline.portable_ref} {config.candidate.portable_ref} "
                           f"--threshold {config.threshold:.0%} --repeats {config.repeats * 2} "
                           f"--budget {config.budget_s * 2:g}  # more evidence, on a quieter machine")
     path = bandwidth.transfer_path if bandwidth is not None else info.get("transfer_path")
@@ -295,11 +278,11 @@ def _explain_failure(
                                  "around its native call and rerun this gap.")
         next_steps.extend(gil.next)
         if not gil.available or not gil.holder_known:
-            next_steps.append(f"glmfb gil --target {display_ref(config.candidate)} --duration 15")
+            next_steps.append(f"glmfb gil --target {config.candidate.portable_ref} --duration 15")
     elif not config.attribute:
         sentences.append("Attribution was switched off.")
     if bandwidth is not None and bandwidth.bandwidth_bound:
         next_steps.append("cut the bytes moved (KV precision, fewer layers sent) or add bandwidth")
-    next_steps.append(f"glmfb gap {display_ref(config.baseline)} {display_ref(config.candidate)} "
+    next_steps.append(f"glmfb gap {config.baseline.portable_ref} {config.candidate.portable_ref} "
                       f"--threshold {config.threshold:.0%}  # after the fix")
     return " ".join(sentences), where, next_steps

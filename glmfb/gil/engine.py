@@ -97,7 +97,7 @@ def reproduce_command(config: GilConfig, *, trace: bool = False) -> str:
         return f"glmfb gil {options} --pid {config.pid}"
     if config.target is not None:
         args = " ".join(f"--arg {k}={json.dumps(v)}" for k, v in config.target.args.items())
-        return f"glmfb gil {options} --target {config.target.ref} {args}".rstrip()
+        return f"glmfb gil {options} --target {config.target.portable_ref} {args}".rstrip()
     return f"glmfb gil {options} -- {shlex.join(config.command)}"
 
 
