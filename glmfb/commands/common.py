@@ -42,7 +42,10 @@ def console(stderr: bool = False) -> Console:
 
     from glmfb.report.terminal import theme
 
-    return Console(stderr=stderr, theme=theme(), highlight=False)
+    stream = sys.stderr if stderr else sys.stdout
+    # Not a terminal (CI logs, pipes): wide enough that tables of paths and metrics stay legible.
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
+    return Console(stderr=stderr, theme=theme(), highlight=False, width=width)
 
 
 def interactive() -> bool:

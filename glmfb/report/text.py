@@ -20,7 +20,7 @@ def format_metric(metric: Metric | None) -> str:
     """``gap = 0.231 ratio [0.19, 0.27] (threshold 0.05)``; ratios as percentages."""
     if metric is None:
         return ""
-    as_percent = metric.unit in ("ratio", "%")
+    as_percent = metric.unit in ("ratio", "fraction", "%")
 
     def show(value: float | None) -> str:
         if value is None:
