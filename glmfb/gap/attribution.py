@@ -209,9 +209,9 @@ def trace_candidate_gil(
         gil_config = GilConfig(
             name=f"{config.name}/gil",
             target=config.candidate,
-            # The gil probe samples from the child's start: imports and the target's setup
-            # come first, so the window is the setup allowance plus the steady-state time.
-            duration_s=config.gil_startup_s + config.gil_duration_s,
+            # The gil probe samples once the target is built and has run once (steady state).
+            duration_s=config.gil_duration_s,
+            setup_timeout_s=config.gil_startup_s,
             rate_hz=round(config.gil_rate_hz),
         )
         verdict = trace_gil(gil_config, artifact_dir=artifact_dir, progress=progress)

@@ -28,7 +28,7 @@ class GapConfig:
     confidence: float = 0.95
     attribute: bool = True  # on a failing gap: bandwidth ceiling and the gil probe
     gil_duration_s: float = 6.0  # steady-state sampling of the candidate by the gil probe
-    gil_startup_s: float = 8.0  # allowance for the gil child's imports and target setup
+    gil_startup_s: float = 60.0  # longest wait for the gil child's imports and target set-up
     gil_rate_hz: float = 200.0
 
     def __post_init__(self) -> None:

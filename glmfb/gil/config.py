@@ -43,6 +43,9 @@ class GilConfig:
     cwd: str | None = None
     env: tuple[tuple[str, str], ...] = field(default=())
     min_holder_share: float = 0.05  # a holder must hold the GIL in this share of sample instants
+    setup_timeout_s: float = (
+        60.0  # target form: longest wait for imports, the factory, a warm-up call
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(str(part) for part in self.command))
@@ -64,6 +67,8 @@ class GilConfig:
             raise UsageError(
                 f"the starvation threshold must be positive, got {self.starvation_p99_ms} ms"
             )
+        if not self.setup_timeout_s > 0:
+            raise UsageError(f"the setup timeout must be positive, got {self.setup_timeout_s} s")
         if self.pid is not None and self.pid <= 0:
             raise UsageError(f"--pid must be a positive process id, got {self.pid}")
 

@@ -21,6 +21,7 @@ from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
 from glmfb.gil.process import Launched, describe_returncode, wait_until
 from glmfb.gil.procwatch import GilWaitSampler
 from glmfb.gil.rules import MIN_WAITING_SHARE, Observations, decide
+from glmfb.gil.runner import READY_ENV
 from glmfb.verdict import Layer, ProbeKind, Status, Verdict
 
 STARTUP_TIMEOUT_S = 10.0  # for the heartbeat to appear (interpreter start, imports)
@@ -111,6 +112,8 @@ class _Session:
         self.heartbeat_prefix = artifact_dir / "heartbeat"
         self.pyspy_output = artifact_dir / "gil-samples.txt"
         self.trace_output = artifact_dir / "gil-trace.json"
+        self.ready_file = artifact_dir / "target-ready"
+        self.ready_s: float | None = None  # when a target finished its set-up (monotonic)
         self.missing: list[dict[str, str]] = []
         self.native = config.native
         self.main_recording: pyspy.Recording | None = None
@@ -121,6 +124,7 @@ class _Session:
             self.heartbeat_prefix.with_suffix(".bin"),
             self.heartbeat_prefix.with_suffix(".json"),
             self.heartbeat_prefix.with_suffix(".threads"),
+            self.ready_file,
         ):
             stale.unlink(missing_ok=True)
 
@@ -161,6 +165,7 @@ class _Session:
             env["PYTHONPATH"] = root + (
                 os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
             )
+            env[READY_ENV] = str(self.ready_file)
         if config.heartbeat:
             env = hb.injection_env(self.heartbeat_prefix, env)
         self.progress(f"starting {shlex.join(argv)[:80]}")
@@ -229,6 +234,26 @@ class _Session:
                 python_pid = int(header["pid"])
         if launched is not None and launched.poll() is not None and header is None:
             return self._early_exit(launched)
+        if launched is not None and config.target is not None:
+            # Sample the steady state: wait until the target is built and has run once.
+            self.progress("waiting for the target's set-up")
+            wait_until(
+                lambda: self.ready_file.exists() or launched.poll() is not None,
+                config.setup_timeout_s,
+                poll_s=0.02,
+            )
+            if launched.poll() is not None:
+                return self._early_exit(launched)
+            try:
+                self.ready_s = float(self.ready_file.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                self.missing.append(
+                    {
+                        "signal": "steady state",
+                        "reason": f"the target's set-up took over {config.setup_timeout_s:g} s; "
+                        "sampling includes it",
+                    }
+                )
 
         sampler = GilWaitSampler(python_pid, config.rate_hz)
         sampler.start()
@@ -407,6 +432,8 @@ class _Session:
             if config.heartbeat and config.pid is None
             else None
         )
+        if beat is not None and self.ready_s is not None:  # leave out the target's set-up
+            beat = hb.since(beat, self.ready_s)
         if config.heartbeat and config.pid is None and beat is None:
             self.missing.append(
                 {

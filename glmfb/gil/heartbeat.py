@@ -6,7 +6,7 @@ import json
 import math
 import os
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +100,17 @@ class Heartbeat:
             else:
                 merged.append(Window(start, end, late))
         return merged
+
+
+def since(beat: Heartbeat, start_s: float) -> Heartbeat:
+    """Only the wake-ups at or after ``start_s`` (monotonic seconds): the steady state."""
+    kept = [i for i, wake in enumerate(beat.wake_s) if wake >= start_s]
+    return replace(
+        beat,
+        wake_s=tuple(beat.wake_s[i] for i in kept),
+        lateness_s=tuple(beat.lateness_s[i] for i in kept),
+        cpu_wait_s=tuple(beat.cpu_wait_s[i] for i in kept),
+    )
 
 
 def read_heartbeat(prefix: Path) -> Heartbeat | None:

@@ -2,15 +2,32 @@
 
 ``python -m glmfb.gil.runner --target REF --args JSON --duration S [--base-dir DIR]``.
 Bad targets print one line on stderr and exit 3 (glmfb turns that into an error verdict).
+
+Once the callable is built and has run once (imports, allocation and lazy set-up are done),
+the runner writes its ``time.monotonic()`` to the file named by ``$GLMFB_GIL_READY_FILE``:
+glmfb samples from then on, so the verdict describes the steady state, not the start-up.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
+
+READY_ENV = "GLMFB_GIL_READY_FILE"
+
+
+def signal_ready(path: str | None) -> None:
+    """Write the monotonic time to ``path`` in one rename (the reader never sees half)."""
+    if not path:
+        return
+    temporary = f"{path}.tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(repr(time.monotonic()))
+    os.replace(temporary, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +63,14 @@ def main(argv: list[str] | None = None) -> int:
             "not a zero-argument callable\n"
         )
         return 3
+    try:
+        work()  # warm-up: the first call often builds caches, threads and connections
+    except Exception as exc:
+        sys.stderr.write(
+            f"glmfb-runner: error: the first call raised {type(exc).__name__}: {exc}\n"
+        )
+        return 3
+    signal_ready(os.environ.get(READY_ENV))
     deadline = time.perf_counter() + options.duration
     calls = 0
     while time.perf_counter() < deadline:

@@ -1,0 +1,35 @@
+"""The target form samples the steady state: a set-up that hogs the GIL is not blamed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from glmfb.gil import GilConfig, trace_gil
+from glmfb.targets import Target
+from glmfb.verdict import Status
+
+TARGET = '''
+import ctypes
+import threading
+import time
+
+def make(setup_ms=1500):
+    libc = ctypes.PyDLL(None)  # keeps the GIL during the call
+    ticker = threading.Thread(target=lambda: [time.sleep(0.001) for _ in iter(int, 1)], daemon=True, name="ticker")
+    ticker.start()
+    libc.usleep(int(setup_ms * 1000))  # set-up that starves every other thread
+    return lambda: time.sleep(0.01)  # the steady state releases the GIL
+'''
+
+
+def test_gil_hogging_setup_is_left_out_of_the_verdict(tmp_path: Path) -> None:
+    file = tmp_path / "setup_hog.py"
+    file.write_text(TARGET)
+    verdict = trace_gil(
+        GilConfig(name="setup-hog", target=Target(f"{file}:make"), duration_s=2.0),
+        artifact_dir=tmp_path / "out",
+    )
+    assert verdict.status is Status.PASS, verdict.why
+    starvation = next(e for e in verdict.evidence if e["kind"] == "starvation")
+    assert starvation["max_ms"] < 1000  # the 1.5 s set-up stall is not in the samples
+    assert (tmp_path / "out" / "target-ready").is_file()
