@@ -45,7 +45,7 @@ def parse_tol(items: list[str]) -> tuple[tuple[str, float | None, float | None],
 
 
 def capture_command(
-    target: Annotated[str, typer.Argument(help="Diff target: package.module:attr or path/file.py:attr.")],
+    target: Annotated[str, typer.Argument(metavar="TARGET", help="Diff target: package.module:attr or path/file.py:attr.")],
     requests: Annotated[Path, typer.Option("--requests", help="Requests, one JSON object per line.")],
     out: Annotated[Path, typer.Option("--out", help="Capture directory to write.")],
     arg: ArgOpt = None,
@@ -63,8 +63,8 @@ def capture_command(
 
 
 def diff_command(
-    baseline: Annotated[str, typer.Argument(help="Baseline: a capture directory or a target.")],
-    candidate: Annotated[str, typer.Argument(help="Candidate: a capture directory or a target.")],
+    baseline: Annotated[str, typer.Argument(metavar="BASELINE", help="Baseline: a capture directory or a target.")],
+    candidate: Annotated[str, typer.Argument(metavar="CANDIDATE", help="Candidate: a capture directory or a target.")],
     requests: Annotated[Path | None, typer.Option("--requests", help="Requests (needed when a side is a target).")] = None,
     atol: Annotated[float | None, typer.Option("--atol", help="Absolute tolerance for every tap (default: by dtype).")] = None,
     rtol: Annotated[float | None, typer.Option("--rtol", help="Relative tolerance for every tap (default: by dtype).")] = None,

@@ -18,8 +18,8 @@ from glmfb.commands.common import (
 
 
 def gap_command(
-    baseline: Annotated[str, typer.Argument(help="Baseline target (file.py:factory): one iteration per call.")],
-    candidate: Annotated[str, typer.Argument(help="Candidate target, e.g. prefill + KV transfer.")],
+    baseline: Annotated[str, typer.Argument(metavar="BASELINE", help="Baseline target (file.py:factory): one iteration per call.")],
+    candidate: Annotated[str, typer.Argument(metavar="CANDIDATE", help="Candidate target, e.g. prefill + KV transfer.")],
     threshold: Annotated[str, typer.Option("--threshold", help="Largest acceptable gap (5% or 0.05).")] = "5%",
     repeats: Annotated[
         int, typer.Option("--repeats", help="Most measured iterations per side (stops earlier once decided).")
