@@ -20,8 +20,6 @@ Options (``options = {...}`` in a ``[[probe]]`` table, all optional except ``sha
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 from glmfb.bench.config import (
@@ -34,7 +32,7 @@ from glmfb.bench.config import (
 from glmfb.bench.engine import compare_saved, run_bench
 from glmfb.errors import InputError
 from glmfb.suite import ProbeDefinition, RunContext
-from glmfb.targets import Target, is_file_ref
+from glmfb.targets import Target, portable_ref
 from glmfb.units import parse_fraction, parse_shape
 from glmfb.verdict import Verdict
 
@@ -49,18 +47,6 @@ def _number(definition: ProbeDefinition, key: str, default: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InputError(f"probe {definition.name!r}: option {key} = {value!r} is not a number")
     return float(value)
-
-
-def _ref_from_cwd(definition: ProbeDefinition, ref: str) -> str:
-    """A file reference relative to the definition, rewritten relative to the working
-    directory, so that the verdict's next steps are commands one can paste."""
-    location, sep, attr = ref.rpartition(":")
-    if not sep or not is_file_ref(location) or Path(location).is_absolute():
-        return ref
-    beside = definition.base_dir / location
-    if not beside.is_file():
-        return ref
-    return f"{os.path.relpath(beside.resolve())}:{attr}"
 
 
 def _is_saved(ref: str) -> bool:
@@ -96,9 +82,9 @@ def run_definition(definition: ProbeDefinition, context: RunContext) -> Verdict:
     save = definition.option("save", True)
     config = BenchConfig(
         name=definition.name,
-        baseline=Target(_ref_from_cwd(definition, definition.baseline), baseline_args,
+        baseline=Target(portable_ref(definition.baseline, definition.base_dir), baseline_args,
                         base_dir=definition.base_dir),
-        candidate=Target(_ref_from_cwd(definition, definition.candidate), candidate_args,
+        candidate=Target(portable_ref(definition.candidate, definition.base_dir), candidate_args,
                          base_dir=definition.base_dir),
         shapes=tuple(parse_shape(s) for s in shapes_option),
         threshold=threshold,

@@ -22,10 +22,10 @@ def _is_saved(ref: str) -> bool:
 
 
 def bench_command(
-    baseline: Annotated[str, typer.Argument(help="Baseline factory (pkg.mod:attr or file.py:attr), or a saved .json.")],
+    baseline: Annotated[str, typer.Argument(metavar="BASELINE", help="Baseline factory (pkg.mod:attr or file.py:attr), or a saved .json.")],
     candidate: Annotated[
         str | None,
-        typer.Argument(help="Candidate factory or saved .json. Omit it with --save to only measure BASELINE."),
+        typer.Argument(metavar="CANDIDATE", help="Candidate factory or saved .json. Omit it with --save to only measure BASELINE."),
     ] = None,
     shape: Annotated[
         list[str] | None, typer.Option("--shape", help="Input shape such as 8x4096. Repeatable.")
