@@ -109,6 +109,28 @@ class ProbeDefinition:
     def option(self, key: str, default: Any = None) -> Any:
         return self.options.get(key, default)
 
+    @property
+    def label(self) -> str:
+        """How errors name this definition: ``probes/bench.toml: probe 'x'``."""
+        return f"{self.source}: probe {self.name!r}"
+
+    def check_options(self, known: Iterable[str]) -> None:
+        """Raise :class:`InputError` naming the first option the engine does not know."""
+        known = sorted(known)
+        unknown = sorted(set(self.options) - set(known))
+        if unknown:
+            raise InputError(
+                f"{self.label}: unknown {self.probe.value} option {unknown[0]!r}",
+                f"known: {', '.join(known)}",
+            )
+
+    def number_option(self, key: str, default: float) -> float:
+        """A numeric option; anything else (a string, a boolean) is an :class:`InputError`."""
+        value = self.options.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InputError(f"{self.label}: option {key!r} must be a number, got {value!r}")
+        return float(value)
+
 
 @dataclass(frozen=True)
 class RunContext:

@@ -174,3 +174,20 @@ def test_select_and_discover_errors(probes_dir: Path) -> None:
     assert [d.name for d in suite.select(definitions, ["diag"])] == ["wrong-diagnosis"]
     with pytest.raises(InputError):
         suite.discover([probes_dir / "missing"])
+
+
+def test_option_helpers_name_the_definition(tmp_path: Path) -> None:
+    definition = ProbeDefinition(
+        name="x",
+        probe=suite.ProbeKind.BENCH,
+        source=tmp_path / "p.toml",
+        options={"budget": "ten", "threads": 2, "budgte": 1},
+    )
+    assert definition.number_option("threads", 1) == 2.0
+    assert definition.number_option("seed", 0) == 0.0
+    with pytest.raises(
+        InputError, match=r"p\.toml: probe 'x': option 'budget' must be a number, got 'ten'"
+    ):
+        definition.number_option("budget", 10)
+    with pytest.raises(InputError, match="unknown bench option 'budgte'"):
+        definition.check_options({"budget", "threads"})

@@ -42,25 +42,13 @@ OPTIONS = frozenset(
 )
 
 
-def _number(definition: ProbeDefinition, key: str, default: float) -> float:
-    value = definition.option(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(f"probe {definition.name!r}: option {key} = {value!r} is not a number")
-    return float(value)
-
-
 def _is_saved(ref: str) -> bool:
     return ref.partition("#")[0].endswith(".json")
 
 
 def run_definition(definition: ProbeDefinition, context: RunContext) -> Verdict:
     """Build the bench configuration from a definition and run it."""
-    unknown = set(definition.options) - OPTIONS
-    if unknown:
-        raise InputError(
-            f"probe {definition.name!r}: unknown bench option {sorted(unknown)[0]!r}",
-            f"known: {', '.join(sorted(OPTIONS))}",
-        )
+    definition.check_options(OPTIONS)
     if not definition.baseline or not definition.candidate:
         raise InputError(f"probe {definition.name!r}: a bench probe needs baseline and candidate")
     threshold = parse_fraction(definition.option("threshold", "5%"))
@@ -78,7 +66,7 @@ def run_definition(definition: ProbeDefinition, context: RunContext) -> Verdict:
     if not isinstance(shapes_option, list) or not shapes_option:
         raise InputError(f"probe {definition.name!r}: options.shapes must be a list such as ['8x4096']")
     baseline_args, candidate_args = definition.side_args()
-    threads = int(_number(definition, "threads", 1))
+    threads = int(definition.number_option("threads", 1))
     save = definition.option("save", True)
     config = BenchConfig(
         name=definition.name,
@@ -88,14 +76,14 @@ def run_definition(definition: ProbeDefinition, context: RunContext) -> Verdict:
                          base_dir=definition.base_dir),
         shapes=tuple(parse_shape(s) for s in shapes_option),
         threshold=threshold,
-        budget_s=_number(definition, "budget", DEFAULT_BUDGET_S),
+        budget_s=definition.number_option("budget", DEFAULT_BUDGET_S),
         threads=threads if threads > 0 else None,
-        input_sets=int(_number(definition, "input_sets", DEFAULT_INPUT_SETS)),
-        sample_s=_number(definition, "sample_ms", DEFAULT_SAMPLE_S * 1e3) / 1e3,
+        input_sets=int(definition.number_option("input_sets", DEFAULT_INPUT_SETS)),
+        sample_s=definition.number_option("sample_ms", DEFAULT_SAMPLE_S * 1e3) / 1e3,
         device=str(definition.option("device", "auto")),
         cuda_graph=bool(definition.option("cuda_graph", False)),
         profile=bool(definition.option("profile", True)),
-        seed=int(_number(definition, "seed", 0)),
+        seed=int(definition.number_option("seed", 0)),
         save=context.artifact_dir(definition.name) / "bench-samples.json" if save else None,
         on_progress=context.progress,
     )

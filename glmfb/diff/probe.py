@@ -43,10 +43,8 @@ def tolerances_from_options(options: Mapping[str, Any], label: str) -> Tolerance
 
 
 def run_definition(definition: ProbeDefinition, context: RunContext) -> Verdict:
-    label = f"{definition.source}: probe {definition.name!r}"
-    unknown = set(definition.options) - OPTIONS
-    if unknown:
-        raise InputError(f"{label}: unknown diff option {sorted(unknown)[0]!r}", f"known: {', '.join(sorted(OPTIONS))}")
+    label = definition.label
+    definition.check_options(OPTIONS)
     if not definition.baseline or not definition.candidate:
         raise InputError(f"{label}: a diff needs baseline and candidate (capture directories or targets)")
     requests = definition.option("requests")

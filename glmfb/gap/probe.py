@@ -32,37 +32,27 @@ KNOWN_OPTIONS = frozenset(
 )
 
 
-def _number(definition: ProbeDefinition, key: str, default: Any, kind: type) -> Any:
-    value = definition.option(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputError(f"{definition.source}: probe {definition.name!r}: option {key!r} must be a number, "
-                         f"got {value!r}")
-    return kind(value)
-
-
 def config_from_definition(definition: ProbeDefinition) -> GapConfig:
-    label = f"{definition.source}: probe {definition.name!r}"
-    unknown = set(definition.options) - KNOWN_OPTIONS
-    if unknown:
-        raise InputError(f"{label}: unknown option {sorted(unknown)[0]!r}", f"known: {', '.join(sorted(KNOWN_OPTIONS))}")
+    label = definition.label
+    definition.check_options(KNOWN_OPTIONS)
     if not definition.baseline or not definition.candidate:
         raise InputError(f"{label}: a gap probe needs 'baseline' and 'candidate' targets")
     baseline_args, candidate_args = definition.side_args()
-    defaults = GapConfig.__dataclass_fields__
+    defaults: dict[str, Any] = {name: f.default for name, f in GapConfig.__dataclass_fields__.items()}
     try:
         return GapConfig(
             name=definition.name,
             baseline=Target(definition.baseline, baseline_args, base_dir=definition.base_dir),
             candidate=Target(definition.candidate, candidate_args, base_dir=definition.base_dir),
             threshold=parse_fraction(definition.option("threshold", "5%")),
-            repeats=_number(definition, "repeats", defaults["repeats"].default, int),
-            min_repeats=_number(definition, "min_repeats", defaults["min_repeats"].default, int),
-            warmup=_number(definition, "warmup", defaults["warmup"].default, int),
-            budget_s=_number(definition, "budget", defaults["budget_s"].default, float),
+            repeats=int(definition.number_option("repeats", defaults["repeats"])),
+            min_repeats=int(definition.number_option("min_repeats", defaults["min_repeats"])),
+            warmup=int(definition.number_option("warmup", defaults["warmup"])),
+            budget_s=definition.number_option("budget", defaults["budget_s"]),
             attribute=bool(definition.option("attribute", True)),
-            gil_duration_s=_number(definition, "gil_duration", defaults["gil_duration_s"].default, float),
-            gil_startup_s=_number(definition, "gil_startup", defaults["gil_startup_s"].default, float),
-            gil_rate_hz=_number(definition, "gil_rate", defaults["gil_rate_hz"].default, float),
+            gil_duration_s=definition.number_option("gil_duration", defaults["gil_duration_s"]),
+            gil_startup_s=definition.number_option("gil_startup", defaults["gil_startup_s"]),
+            gil_rate_hz=definition.number_option("gil_rate", defaults["gil_rate_hz"]),
         )
     except UsageError as exc:
         raise InputError(f"{label}: {exc}") from None

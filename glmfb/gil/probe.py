@@ -60,13 +60,8 @@ def resolve_command(definition: ProbeDefinition) -> tuple[str, ...]:
 
 
 def config_from_definition(definition: ProbeDefinition) -> GilConfig:
-    label = f"{definition.source}: probe {definition.name!r}"
-    unknown = set(definition.options) - KNOWN_OPTIONS
-    if unknown:
-        raise InputError(
-            f"{label}: unknown option {sorted(unknown)[0]!r}",
-            f"known: {', '.join(sorted(KNOWN_OPTIONS))}",
-        )
+    label = definition.label
+    definition.check_options(KNOWN_OPTIONS)
     if bool(definition.command) == bool(definition.target):
         raise InputError(f"{label}: a gil probe needs exactly one of 'command' or 'target'")
     target = None
@@ -76,9 +71,9 @@ def config_from_definition(definition: ProbeDefinition) -> GilConfig:
         name=definition.name,
         command=resolve_command(definition) if definition.command else (),
         target=target,
-        duration_s=float(definition.option("duration", DEFAULT_DURATION_S)),
-        rate_hz=int(definition.option("rate", DEFAULT_RATE_HZ)),
-        native_rate_hz=int(definition.option("native_rate", DEFAULT_NATIVE_RATE_HZ)),
+        duration_s=definition.number_option("duration", DEFAULT_DURATION_S),
+        rate_hz=int(definition.number_option("rate", DEFAULT_RATE_HZ)),
+        native_rate_hz=int(definition.number_option("native_rate", DEFAULT_NATIVE_RATE_HZ)),
         starvation_p99_ms=_milliseconds(
             definition.option("starvation_p99", DEFAULT_STARVATION_P99_MS),
             f"{label}: starvation_p99",
