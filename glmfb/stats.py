@@ -77,11 +77,7 @@ def median_ratio(
     rng = np.random.default_rng(seed)
     a_medians = np.median(a[rng.integers(0, a.size, size=(resamples, a.size))], axis=1)
     b_medians = np.median(b[rng.integers(0, b.size, size=(resamples, b.size))], axis=1)
-    ratios = b_medians / a_medians - 1.0
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(ratios, [tail, 1.0 - tail])
-    point = float(np.median(b) / np.median(a) - 1.0)
-    return Estimate(point, float(low), float(high), confidence)
+    return _median_ratio_estimate(a, b, b_medians / a_medians - 1.0, confidence)
 
 
 def paired_median_ratio(
@@ -103,9 +99,18 @@ def paired_median_ratio(
         raise ValueError(f"paired samples need equal sizes, got {a.size} and {b.size}")
     rng = np.random.default_rng(seed)
     rounds = rng.integers(0, a.size, size=(resamples, a.size))
-    ratios = np.median(b[rounds], axis=1) / np.median(a[rounds], axis=1) - 1.0
+    replicates = np.median(b[rounds], axis=1) / np.median(a[rounds], axis=1) - 1.0
+    return _median_ratio_estimate(a, b, replicates, confidence)
+
+
+def _median_ratio_estimate(
+    a: np.ndarray, b: np.ndarray, replicates: np.ndarray, confidence: float
+) -> Estimate:
+    """``median(b) / median(a) - 1`` with the percentile interval of its bootstrap replicates."""
+    import numpy as np
+
     tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(ratios, [tail, 1.0 - tail])
+    low, high = np.quantile(replicates, [tail, 1.0 - tail])
     point = float(np.median(b) / np.median(a) - 1.0)
     return Estimate(point, float(low), float(high), confidence)
 
