@@ -28,14 +28,13 @@ def _fail(message: str, code: int) -> typer.Exit:
 
 def _usage_error_types() -> tuple[type[BaseException], ...]:
     """click's UsageError, from the click that typer uses (recent typer vendors its own)."""
-    types: list[type[BaseException]] = []
     for module_name in ("typer._click.exceptions", "click.exceptions"):
         try:
             module = __import__(module_name, fromlist=["UsageError"])
         except ImportError:
             continue
-        types.append(module.UsageError)
-    return tuple(types)
+        return (module.UsageError,)
+    return ()
 
 
 _USAGE_ERRORS = _usage_error_types()
