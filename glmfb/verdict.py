@@ -282,10 +282,14 @@ class Verdict:
     @property
     def outcome(self) -> Status:
         """The status that counts for exit codes and gates: with an expectation, a met one is
-        a pass and an unmet one a fail (like a strict xfail); without, the status itself."""
+        a pass and an unmet one a fail (like a strict xfail), except that a probe which could
+        not run (error) stays an error: that is a broken harness, not a wrong diagnosis.
+        Without an expectation, the status itself."""
         if self.expect_met is None:
             return self.status
-        return Status.PASS if self.expect_met else Status.FAIL
+        if self.expect_met:
+            return Status.PASS
+        return Status.ERROR if self.status is Status.ERROR else Status.FAIL
 
     @property
     def exit_code(self) -> ExitCode:

@@ -143,6 +143,7 @@ def test_ctrl_c_keeps_finished_and_marks_rest(
     assert [v.status for v in result.verdicts] == [Status.PASS, Status.ERROR, Status.ERROR]
     assert result.verdicts[1].expect_met is False
     assert "not run" in result.verdicts[2].why
+    assert int(result.exit_code) == 3  # a run cut short is a harness error, not a regression
     assert Run.from_dict(result.to_dict()) == result
 
 

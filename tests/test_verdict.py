@@ -156,6 +156,11 @@ def test_expectation_turns_expected_failure_into_a_pass() -> None:
     assert expect.mismatches(unmet) == ["where.kernel: expected 'gated_norm*', got 'softmax'"]
     passed_instead = make(Status.PASS).with_expectation(expect)
     assert passed_instead.outcome is Status.FAIL
+    broken = make(Status.ERROR, layer=Layer.HARNESS).with_expectation(expect)
+    assert broken.expect_met is False and broken.outcome is Status.ERROR
+    assert broken.exit_code is ExitCode.HARNESS_ERROR
+    expected_error = make(Status.ERROR).with_expectation(Expectation(status=Status.ERROR))
+    assert expected_error.outcome is Status.PASS
     run = Run(id="r", started="s", verdicts=(met, unmet))
     assert run.summary["expect_met"] == 1 and run.summary["expect_unmet"] == 1
     assert run.exit_code is ExitCode.REGRESSION
