@@ -25,7 +25,6 @@ import importlib
 import os
 import sys
 import time
-import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -33,7 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from glmfb.errors import GlmfbError, InputError, UsageError
-from glmfb.verdict import Expectation, Layer, ProbeKind, Run, Status, Verdict
+from glmfb.verdict import (
+    Expectation,
+    Layer,
+    ProbeKind,
+    Run,
+    Status,
+    Verdict,
+    traceback_evidence,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -314,12 +321,11 @@ def run_definition(definition: ProbeDefinition, context: RunContext) -> Verdict:
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # a probe that broke is an error verdict, never a pass
-        frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
         verdict = Verdict.harness_error(
             definition.probe,
             definition.name,
             f"the probe raised {type(exc).__name__}: {exc}",
-            evidence=[{"kind": "traceback", "text": "".join(frames[-6:])}],
+            evidence=[traceback_evidence(exc)],
         )
     if verdict.duration_s == 0.0:
         verdict = replace(verdict, duration_s=time.perf_counter() - started)

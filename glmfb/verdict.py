@@ -127,6 +127,14 @@ def to_json_value(value: Any) -> Any:
     raise TypeError(f"cannot store a {type(value).__name__} in a verdict: {value!r}")
 
 
+def traceback_evidence(exc: BaseException, frames: int = 6) -> dict[str, str]:
+    """An evidence item with the last ``frames`` entries of ``exc``'s traceback."""
+    import traceback
+
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return {"kind": "traceback", "text": "".join(lines[-frames:])}
+
+
 def _finite_or_none(value: Any) -> float | None:
     if value is None:
         return None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import time
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +45,7 @@ from glmfb.env import differences, fingerprint
 from glmfb.errors import GlmfbError, InputError, UsageError
 from glmfb.stats import Decision
 from glmfb.units import format_shape
-from glmfb.verdict import Layer, Metric, ProbeKind, Status, Verdict
+from glmfb.verdict import Layer, Metric, ProbeKind, Status, Verdict, traceback_evidence
 
 AA_SHARE = 0.15  # of each shape's budget, at most, for the A/A noise-floor calibration
 AA_BLOCKS = 40
@@ -96,8 +95,7 @@ def _harness_verdict(name: str, exc: BaseException, started: float, env: dict[st
         evidence: list[dict[str, Any]] = []
     else:
         why = f"the bench harness raised {type(exc).__name__}: {exc}"
-        frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
-        evidence = [{"kind": "traceback", "text": "".join(frames[-6:])}]
+        evidence = [traceback_evidence(exc)]
     return Verdict.harness_error(
         ProbeKind.BENCH, name, why, evidence=evidence, env=env,
         duration_s=time.perf_counter() - started,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +29,7 @@ from glmfb.gap.config import GapConfig
 from glmfb.gap.phases import PhaseChange, compare_phases, grown_phases
 from glmfb.gap.runner import Measurement, TargetFailed, gap_passes, measure
 from glmfb.targets import Target
-from glmfb.verdict import Layer, Metric, ProbeKind, Status, Verdict
+from glmfb.verdict import Layer, Metric, ProbeKind, Status, Verdict, traceback_evidence
 
 Progress = Callable[[str], None]
 
@@ -62,7 +61,7 @@ def run_gap(
     except Exception as exc:  # a broken probe is an error verdict, never a pass
         verdict = Verdict.harness_error(
             ProbeKind.GAP, config.name, f"glmfb gap broke: {type(exc).__name__}: {exc}",
-            evidence=[{"kind": "traceback", "text": _traceback(exc)}],
+            evidence=[traceback_evidence(exc)],
         )
     finally:
         for side in sides:
@@ -107,15 +106,11 @@ def _transfer_env(sides: list[Any]) -> dict[str, Any]:
     return {"transfer_path": path} if path else {}
 
 
-def _traceback(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
-
-
 def _target_failed(config: GapConfig, failure: TargetFailed, sides: list[Any]) -> Verdict:
     evidence: list[dict[str, Any]] = [
         {"kind": "target_error", "side": failure.side, "stage": failure.stage,
          "error": f"{type(failure.error).__name__}: {failure.error}"},
-        {"kind": "traceback", "text": _traceback(failure.error)},
+        traceback_evidence(failure.error),
     ]
     evidence.extend({"kind": "transfer", "side": label, **_describe(side)}
                     for label, side in zip(("baseline", "candidate"), sides, strict=False))

@@ -9,7 +9,6 @@ import shlex
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from glmfb.gil.process import Launched, describe_returncode, wait_until
 from glmfb.gil.procwatch import GilWaitSampler
 from glmfb.gil.rules import MIN_WAITING_SHARE, Observations, decide
 from glmfb.gil.runner import READY_ENV
-from glmfb.verdict import Layer, ProbeKind, Status, Verdict
+from glmfb.verdict import Layer, ProbeKind, Status, Verdict, traceback_evidence
 
 STARTUP_TIMEOUT_S = 10.0  # for the heartbeat to appear (interpreter start, imports)
 STOP_GRACE_S = 5.0
@@ -53,12 +52,11 @@ def trace_gil(
     except UsageError:
         raise
     except Exception as exc:  # a broken probe is an error verdict, never a pass
-        frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
         verdict = Verdict.harness_error(
             ProbeKind.GIL,
             config.name,
             f"glmfb gil broke: {type(exc).__name__}: {exc}",
-            evidence=[{"kind": "traceback", "text": "".join(frames[-6:])}],
+            evidence=[traceback_evidence(exc)],
         )
     from dataclasses import replace
 
