@@ -127,7 +127,7 @@ def test_regex_backtracking_is_named_with_its_thread(tmp_path: Path) -> None:
         TICKER,
     )
     verdict = trace_gil(
-        GilConfig(name="regex", command=(sys.executable, str(program)), duration_s=2),
+        GilConfig(name="regex", command=(sys.executable, str(program)), duration_s=4),
         tmp_path / "a",
     )
     assert verdict.status is Status.FAIL, verdict.why
@@ -156,7 +156,7 @@ def test_json_dumps_of_a_huge_object_is_named_with_its_caller(tmp_path: Path) ->
         TICKER,
     )
     verdict = trace_gil(
-        GilConfig(name="json", command=(sys.executable, str(program)), duration_s=2), tmp_path / "a"
+        GilConfig(name="json", command=(sys.executable, str(program)), duration_s=4), tmp_path / "a"
     )
     assert verdict.status is Status.FAIL, verdict.why
     assert verdict.where["thread"] == "serializer"

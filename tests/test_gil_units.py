@@ -297,3 +297,15 @@ def test_read_heartbeat_drops_records_that_cannot_be_real(tmp_path: Path) -> Non
     assert beat.dropped_records == 3
     assert beat.gil_lateness_s[1] == pytest.approx(0.020)
     assert beat.summary()["dropped_records"] == 3
+
+
+def test_a_few_wake_ups_spread_over_seconds_are_usable_starvation_data() -> None:
+    from glmfb.gil.rules import heartbeat_is_usable
+
+    # Five wake-ups, each ~90 ms late, spread over 1.6 s (the heartbeat also waited for the
+    # GIL after its own writes): the rarity is the signal, not missing data.
+    wake = (100.0, 100.4, 100.8, 101.2, 101.6)
+    beat = Heartbeat(1, 7, 0.001, {7: "glmfb-heartbeat"}, wake, (0.09,) * 5)
+    assert heartbeat_is_usable(beat)
+    short = Heartbeat(1, 7, 0.001, {7: "glmfb-heartbeat"}, (100.0, 100.01, 100.02), (0.001,) * 3)
+    assert not heartbeat_is_usable(short)
