@@ -10,6 +10,7 @@ error verdict (layer harness). Bad user input (a target that does not resolve) r
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -81,12 +82,6 @@ def _pct(value: float) -> str:
 
 def _ci(low: float, high: float) -> str:
     return f"[{low * 100:+.1f}, {high * 100:+.1f}]"
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _harness_verdict(name: str, exc: BaseException, started: float, env: dict[str, Any]) -> Verdict:
@@ -220,8 +215,8 @@ def _measure_shape(
     }
     return ShapeResult(
         shape=label, calls_per_sample=calls, blocks=blocks, change=change, decision=decision,
-        aa=aa, floor=floor, looks=looks, baseline_median_s=_median(base_samples),
-        candidate_median_s=_median(cand_samples), declared=declared,
+        aa=aa, floor=floor, looks=looks, baseline_median_s=statistics.median(base_samples),
+        candidate_median_s=statistics.median(cand_samples), declared=declared,
         measuring_s=time.perf_counter() - begin,
     )
 
@@ -511,7 +506,7 @@ def _measure_only(config: BenchConfig, timer: Any, env: dict[str, Any], started:
         values = run_single(timer, loop, side, 1 << 40, begin + per_shape_s)
         blocks = Blocks(raw=[("baseline", v) for v in values], elapsed_s=time.perf_counter() - begin)
         results.append(ShapeResult(label, calls, blocks, None, Decision.UNDECIDED, None, 0.0, 0,
-                                   _median(values), math.nan))
+                                   statistics.median(values), math.nan))
     _save(config, timer, env, results)
     medians = ", ".join(f"{r.shape} {r.baseline_median_s * 1e6:.4g} µs" for r in results)
     return Verdict(
@@ -553,7 +548,7 @@ def compare_saved(config: SavedCompareConfig) -> Verdict:
         def side_values(side: SavedSide) -> tuple[list[float] | None, float, float, int]:
             if key in side.samples:
                 values = side.samples[key]
-                return values, _median(values), 0.0, len(values)
+                return values, statistics.median(values), 0.0, len(values)
             summary = side.summaries[key]
             return None, summary.median_s, summary.relative_se, summary.rounds
 

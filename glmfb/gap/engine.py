@@ -16,6 +16,7 @@ The verdict rules, in one place:
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -173,8 +174,8 @@ def _judge(
             "ci": list(estimate.ci),
             "confidence": estimate.confidence,
             "threshold": threshold,
-            "baseline_median_s": _median(measurement.baseline.times_s),
-            "candidate_median_s": _median(measurement.candidate.times_s),
+            "baseline_median_s": statistics.median(measurement.baseline.times_s),
+            "candidate_median_s": statistics.median(measurement.candidate.times_s),
             "iterations_per_side": n,
             "stopped_by": measurement.stopped_by,
             "elapsed_s": measurement.elapsed_s,
@@ -227,12 +228,6 @@ def _judge(
         next=tuple(next_steps),
         artifacts=artifacts,
     )
-
-
-def _median(values: list[float]) -> float:
-    import statistics
-
-    return statistics.median(values)
 
 
 def _explain_failure(
