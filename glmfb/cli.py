@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from glmfb.commands.common import JsonOpt, console, dump_json, emit_run, interactive
+from glmfb.commands.common import console, dump_json, emit_run, interactive
 from glmfb.errors import GlmfbError, UsageError
 from glmfb.verdict import ExitCode
 
@@ -65,6 +65,11 @@ class _BoundaryGroup(TyperGroup):
             ) from None
 
 
+JsonOpt = Annotated[
+    bool,
+    typer.Option("--json", help="Print exactly one JSON document on stdout; human text goes to stderr."),
+]
+
 app = typer.Typer(
     cls=_BoundaryGroup,
     name="glmfb",
@@ -75,6 +80,24 @@ app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from glmfb import __version__
+
+        sys.stdout.write(f"glmfb {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Dense-feedback benchmarking and diagnostics: which layer regressed, where, and why."""
 
 
 @app.command("run")
@@ -96,12 +119,13 @@ def run_command(
 ) -> None:
     """Run the probe definitions of a suite and write reports/<run-id>/run.json."""
     from glmfb import suite
+    from glmfb.clock import new_run_id
     from glmfb.io import write_json_atomic
 
     search = paths or ["probes"]
     definitions = suite.select(suite.load_definitions(suite.discover(search)), select or [])
     suite.ensure_definitions(definitions, search)
-    run_id = suite.new_run_id()
+    run_id = new_run_id()
     report_dir = out / run_id
     report_dir.mkdir(parents=True, exist_ok=True)
     notes = console(stderr=True)
@@ -119,22 +143,22 @@ def run_command(
             transient=True,
         )
         task = bar.add_task("probes", total=len(definitions))
-        context = suite.RunContext(
+        context = suite.SuiteContext(
             run_id, report_dir, on_progress=lambda m: bar.update(task, description=m)
         )
         with bar:
             run = suite.run_suite(
                 definitions,
                 context,
-                on_start=lambda d: bar.update(task, description=f"{d.probe.value} {d.name}"),
+                on_start=lambda d: bar.update(task, description=f"{d.probe} {d.name}"),
                 on_done=lambda d, v: bar.advance(task),
             )
     else:
-        context = suite.RunContext(run_id, report_dir)
+        context = suite.SuiteContext(run_id, report_dir)
         run = suite.run_suite(
             definitions,
             context,
-            on_done=lambda d, v: notes.print(f"{v.outcome.value:>12}  {d.probe.value:<5} {d.name}"),
+            on_done=lambda d, v: notes.print(f"{v.outcome.value:>12}  {d.probe:<5} {d.name}"),
         )
     run_file = report_dir / "run.json"
     write_json_atomic(run_file, run.to_dict())
@@ -191,12 +215,14 @@ def gate_command(
     path = source if source is not None else str(_latest_run())
     data = read_json(path)
     try:
-        run = load_document(data)
+        run = load_document(data, typed=False)
     except SchemaError as exc:
         raise UsageError(
             f"{'standard input' if path == '-' else path} is not a glmfb run or verdict: {exc}"
         ) from None
     result = evaluate(run, load_policy(policy) if policy is not None else None)
+    for warning in result.warnings:
+        sys.stderr.write(f"glmfb: warning: {warning}\n")
     if junit is not None:
         from glmfb.report.junit import render_junit
 
@@ -223,23 +249,18 @@ def schema_command() -> None:
     dump_json(json_schema())
 
 
-PROBE_COMMAND_MODULES = (
-    "glmfb.commands.diff",
-    "glmfb.commands.bench",
-    "glmfb.commands.gil",
-    "glmfb.commands.gap",
-)
+def _register_commands() -> None:
+    """``glmfb capture``, then one command per probe of the registry (built-in and installed)."""
+    from glmfb.commands.capture import register as register_capture
+    from glmfb.commands.probes import register_probe
+    from glmfb.probe import all_probes
+
+    register_capture(app)
+    for probe in all_probes():
+        register_probe(app, probe)
 
 
-def _register_probe_commands() -> None:
-    """Each probe's commands live in glmfb/commands/<probe>.py, with ``register(app)``."""
-    import importlib
-
-    for name in PROBE_COMMAND_MODULES:
-        importlib.import_module(name).register(app)
-
-
-_register_probe_commands()
+_register_commands()
 
 
 def main() -> None:

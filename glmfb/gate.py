@@ -41,7 +41,6 @@ DEFAULT_FAIL_ON = frozenset({Status.FAIL, Status.ERROR, Status.INCONCLUSIVE})
 _TOP_KEYS = frozenset({"fail_on", "max_inconclusive", "probes", "names", "allow"})
 _RULE_KEYS = frozenset({"fail_on"})
 _ALLOW_KEYS = frozenset({"name", "reason"})
-_PROBE_KINDS = frozenset({"diff", "bench", "gil", "gap"})
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,7 @@ class Policy:
         for pattern, statuses in self.per_name.items():
             if fnmatch.fnmatchcase(verdict.name, pattern):
                 return statuses
-        return self.per_probe.get(verdict.probe.value, self.fail_on)
+        return self.per_probe.get(verdict.probe, self.fail_on)
 
     def allowance_for(self, verdict: Verdict) -> Allowance | None:
         for allowance in self.allow:
@@ -129,11 +128,14 @@ def parse_policy(document: Mapping[str, Any], source: str = "policy") -> Policy:
     if not isinstance(probes, dict):
         raise InputError(f"{source}: probes must be a table of [probes.<kind>] tables")
     per_probe: dict[str, frozenset[Status]] = {}
+    from glmfb.probe import known_kinds
+
+    kinds = known_kinds()
     for kind, table in probes.items():
-        if kind not in _PROBE_KINDS:
+        if kind not in kinds:
             raise InputError(
                 f"{source}: unknown probe kind probes.{kind}",
-                f"use {', '.join(sorted(_PROBE_KINDS))}",
+                f"use {', '.join(sorted(kinds))} (the probes installed here)",
             )
         per_probe[kind] = _rule_table(table, f"probes.{kind}")
     names = document.get("names", {})
@@ -197,6 +199,7 @@ class GateResult:
     rows: tuple[GateRow, ...]
     exit_code: ExitCode
     max_inconclusive: int
+    warnings: tuple[str, ...] = ()
 
     def count(self, decision: GateDecision) -> int:
         return sum(1 for row in self.rows if row.decision is decision)
@@ -233,7 +236,19 @@ def evaluate(run: Run, policy: Policy | None = None) -> GateResult:
     inconclusive = sum(1 for row in rows if row.decision is GateDecision.INCONCLUSIVE)
     if inconclusive > policy.max_inconclusive:
         codes.append(ExitCode.INCONCLUSIVE)
-    return GateResult(run, tuple(rows), combine_exit_codes(codes), policy.max_inconclusive)
+    return GateResult(run, tuple(rows), combine_exit_codes(codes), policy.max_inconclusive,
+                      _unknown_kind_warnings(run))
+
+
+def _unknown_kind_warnings(run: Run) -> tuple[str, ...]:
+    """A verdict of a probe kind this installation does not know is gated on its status like
+    any other (an older gate never rejects a newer probe's verdict), with a warning."""
+    from glmfb.probe import known_kinds
+
+    kinds = set(known_kinds())
+    unknown = sorted({v.probe for v in run.verdicts if v.probe not in kinds})
+    return tuple(f"probe kind {kind!r} is not installed here: its verdicts are gated on their status alone"
+                 for kind in unknown)
 
 
 def failing_rows(result: GateResult) -> Sequence[GateRow]:

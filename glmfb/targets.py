@@ -172,6 +172,12 @@ def _package_root(path: Path) -> tuple[Path, str]:
     return directory, ".".join(parts)
 
 
+def import_file(path: Path, label: str) -> ModuleType:
+    """Import a Python file (as a package module when it sits in one); ``label`` names it in
+    errors. Raises :class:`TargetError` with one line."""
+    return _import_file(path.resolve(), label)
+
+
 def _import_file(path: Path, ref: str) -> ModuleType:
     root, dotted = _package_root(path)
     if "." in dotted:  # inside a package: import it as such, so relative imports work

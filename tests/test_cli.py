@@ -11,13 +11,13 @@ from typer.testing import CliRunner
 
 from glmfb import suite
 from glmfb.cli import app
-from glmfb.verdict import Layer, ProbeKind, Run, Status, Verdict
+from glmfb.verdict import Layer, Run, Status, Verdict
 
 runner = CliRunner()
 
 
 def verdict(name: str, status: Status) -> Verdict:
-    return Verdict(probe=ProbeKind.GAP, name=name, status=status, layer=Layer.TRANSFER, why="w")
+    return Verdict(probe="gap", name=name, status=status, layer=Layer.TRANSFER, why="w")
 
 
 def run_json(*statuses: Status) -> str:

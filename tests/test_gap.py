@@ -22,7 +22,7 @@ from glmfb.gap.runner import phase_dict
 from glmfb.stats import paired_median_ratio
 from glmfb.suite import load_definitions
 from glmfb.targets import Target
-from glmfb.verdict import Layer, ProbeKind, Status, Verdict
+from glmfb.verdict import Layer, Status, Verdict
 
 HERE = Path(__file__).resolve()
 THIS = f"{HERE}"
@@ -240,7 +240,7 @@ def _gil_verdict(holder_file: str, holder_function: str) -> Verdict:
                   "p99_ms": 61.0, "max_ms": 300.0,
                   "waiting_for_gil": [{"thread": "kv-transfer", "tid": 2, "waiting_share": 0.17},
                                       {"thread": "other", "tid": 3, "waiting_share": 0.5}]}
-    return Verdict(probe=ProbeKind.GIL, name="g", status=Status.FAIL, layer=Layer.RUNTIME, why="w",
+    return Verdict(probe="gil", name="g", status=Status.FAIL, layer=Layer.RUNTIME, why="w",
                    evidence=(starvation, holder, {"kind": "gil_threads", "sites": [site]}))
 
 
@@ -258,7 +258,7 @@ def test_gil_finding_names_starved_thread_and_skips_startup_imports() -> None:
 def test_gil_finding_drops_implausible_canary_lateness() -> None:
     verdict = _gil_verdict("scenarios/x.py", "hog")
     starvation = {**verdict.evidence[0], "p99_ms": 1633183.5, "max_ms": 1633323.8}
-    finding = finding_from_verdict(Verdict(probe=ProbeKind.GIL, name="g", status=Status.FAIL,
+    finding = finding_from_verdict(Verdict(probe="gil", name="g", status=Status.FAIL,
                                            layer=Layer.RUNTIME, why="w", evidence=(starvation, *verdict.evidence[1:])))
     assert finding.canary_p99_ms is None and finding.canary_p50_ms == 0.2
     assert "canary" not in finding.sentence()
@@ -271,7 +271,7 @@ def test_gil_finding_keeps_a_real_top_holder() -> None:
 
 
 def test_gil_error_verdict_means_the_signal_is_missing() -> None:
-    error = Verdict.harness_error(ProbeKind.GIL, "g", "py-spy not found")
+    error = Verdict.harness_error("gil", "g", "py-spy not found")
     finding = finding_from_verdict(error)
     assert not finding.available
     assert finding.sentence().startswith("The GIL signal is missing") and "py-spy not found" in finding.sentence()

@@ -9,10 +9,10 @@ from glmfb.errors import InputError
 from glmfb.gate import GateDecision, Policy, evaluate, load_policy, parse_policy
 from glmfb.report.junit import render_junit
 from glmfb.report.markdown import render_markdown
-from glmfb.verdict import ExitCode, Layer, Metric, ProbeKind, Run, Status, Verdict
+from glmfb.verdict import ExitCode, Layer, Metric, Run, Status, Verdict
 
 
-def verdict(name: str, status: Status, probe: ProbeKind = ProbeKind.BENCH) -> Verdict:
+def verdict(name: str, status: Status, probe: str = "bench") -> Verdict:
     return Verdict(
         probe=probe,
         name=name,
@@ -54,9 +54,9 @@ def test_policy_overrides_and_allow_list() -> None:
     )
     run = run_of(
         verdict("bench-warn", Status.WARN),
-        verdict("gil-warn", Status.WARN, ProbeKind.GIL),
+        verdict("gil-warn", Status.WARN, "gil"),
         verdict("report-only", Status.FAIL),
-        verdict("flaky-gap", Status.FAIL, ProbeKind.GAP),
+        verdict("flaky-gap", Status.FAIL, "gap"),
         verdict("maybe", Status.INCONCLUSIVE),
     )
     result = evaluate(run, policy)

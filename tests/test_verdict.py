@@ -13,7 +13,6 @@ from glmfb.verdict import (
     Expectation,
     Layer,
     Metric,
-    ProbeKind,
     Run,
     SchemaError,
     Status,
@@ -28,7 +27,7 @@ VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 
 def make(status: Status = Status.PASS, **kwargs: object) -> Verdict:
     fields: dict[str, object] = {
-        "probe": ProbeKind.BENCH,
+        "probe": "bench",
         "name": "k",
         "status": status,
         "layer": Layer.KERNEL,
@@ -87,7 +86,7 @@ def test_numpy_and_tuples_are_normalized() -> None:
         evidence=[{"kind": "t", "shape": (2, 3), "v": np.float32(0.5)}],
     )
     assert verdict.where["position"] == 7 and type(verdict.where["position"]) is int
-    assert verdict.evidence[0]["shape"] == [2, 3]
+    assert verdict.evidence[0].to_dict()["shape"] == [2, 3]
     assert Verdict.from_dict(verdict.to_dict()) == verdict
 
 

@@ -9,7 +9,7 @@ expected to allocate fresh inputs.
 
 A kernel's result is checked for NaN/Inf on every warm-up call and on the last call of every
 timed sample; a kernel that raises or returns a non-finite value stops the measurement with
-:class:`KernelError`, which the engine turns into an error verdict (never a pass).
+:class:`~glmfb.errors.TargetFailed`, which the host turns into an error verdict (never a pass).
 """
 
 from __future__ import annotations
@@ -23,13 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from glmfb.bench.timers import Kernel, Loop, Timer, first_nonfinite
-from glmfb.errors import HarnessError
+from glmfb.errors import TargetFailed
 from glmfb.targets import Target
 from glmfb.units import format_shape
-
-
-class KernelError(HarnessError):
-    """A factory or kernel misbehaved: raised, returned a non-callable, produced NaN/Inf."""
 
 
 @dataclass
@@ -75,17 +71,11 @@ def load_side(label: str, target: Target, shape: tuple[int, ...], input_sets: in
         try:
             kernel = factory(shape, **args)
         except Exception as exc:
-            raise KernelError(
-                f"the {label} factory {target.ref} raised {type(exc).__name__} for shape "
-                f"{shape_text}: {exc}",
-                "fix the factory; it is called as factory(shape, **args) with shape a tuple of ints",
-            ) from exc
+            raise TargetFailed(label, f"in its factory {target.ref} for shape {shape_text}", exc) from exc
         if not callable(kernel):
-            raise KernelError(
-                f"the {label} factory {target.ref} returned a {type(kernel).__name__}, "
-                "not a zero-argument callable",
-                "return a function that runs the kernel once on inputs allocated in the factory",
-            )
+            raise TargetFailed(label, f"in its factory {target.ref}", TypeError(
+                f"it returned a {type(kernel).__name__}, not a zero-argument callable that runs the "
+                "kernel once on inputs allocated in the factory"))
         kernels.append(kernel)
     first = kernels[0]
     return Side(
@@ -101,19 +91,16 @@ def load_side(label: str, target: Target, shape: tuple[int, ...], input_sets: in
 def check_result(side: Side, result: Any, call: str) -> None:
     where = first_nonfinite(result)
     if where is not None:
-        raise KernelError(
-            f"the {side.label} kernel {side.kernel_name} returned NaN or Inf in {where} on {call}",
-            "a kernel that returns non-finite values cannot be benchmarked; fix its inputs or math",
-        )
+        raise TargetFailed(side.label, f"on {call}", ValueError(
+            f"the kernel {side.kernel_name} returned NaN or Inf in {where}; a kernel that returns "
+            "non-finite values cannot be benchmarked"))
 
 
 def call_checked(side: Side, kernel: Kernel, call: str) -> Any:
     try:
         result = kernel()
     except Exception as exc:
-        raise KernelError(
-            f"the {side.label} kernel {side.kernel_name} raised {type(exc).__name__} on {call}: {exc}"
-        ) from exc
+        raise TargetFailed(side.label, f"in the kernel {side.kernel_name} on {call}", exc) from exc
     check_result(side, result, call)
     side.calls_checked += 1
     return result

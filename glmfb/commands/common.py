@@ -1,4 +1,4 @@
-"""What every command shares: options declared once, output, progress."""
+"""What every command shares: output, progress."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
@@ -14,27 +14,6 @@ from glmfb.verdict import Run, Verdict
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-JsonOpt = Annotated[
-    bool,
-    typer.Option(
-        "--json", help="Print exactly one JSON document on stdout; human text goes to stderr."
-    ),
-]
-ArgOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--arg", help="key=value passed to the target factory (JSON where it parses). Repeatable."
-    ),
-]
-BaselineArgOpt = Annotated[
-    list[str] | None,
-    typer.Option("--baseline-arg", help="key=value for the baseline only. Repeatable."),
-]
-CandidateArgOpt = Annotated[
-    list[str] | None,
-    typer.Option("--candidate-arg", help="key=value for the candidate only. Repeatable."),
-]
 
 
 def console(stderr: bool = False) -> Console:

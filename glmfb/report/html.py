@@ -44,10 +44,10 @@ def _verdict_section(verdict: Verdict) -> str:
         rows.append((escape(name), f'<a href="{escape(path)}">{escape(path)}</a>'))
     rows.append(("took", f"{verdict.duration_s:.2f} s"))
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
-    evidence = json.dumps([dict(e) for e in verdict.evidence], indent=2)
+    evidence = json.dumps([e.to_dict() for e in verdict.evidence], indent=2)
     anchor = escape(verdict.name)
     return (
-        f'<section class="{outcome}" id="{anchor}"><h2>{escape(verdict.probe.value)}: {anchor}</h2>'
+        f'<section class="{outcome}" id="{anchor}"><h2>{escape(verdict.probe)}: {anchor}</h2>'
         f"<table>{body}</table><details><summary>evidence ({len(verdict.evidence)})</summary>"
         f"<pre>{escape(evidence)}</pre></details></section>"
     )
@@ -60,7 +60,7 @@ def render_html(run: Run) -> str:
     )
     head = "<tr><th>probe</th><th>name</th><th>status</th><th>expected</th><th>layer</th><th>metric</th><th>where</th></tr>"
     rows = "".join(
-        f'<tr><td>{escape(v.probe.value)}</td><td><a href="#{escape(v.name)}">{escape(v.name)}</a></td>'
+        f'<tr><td>{escape(v.probe)}</td><td><a href="#{escape(v.name)}">{escape(v.name)}</a></td>'
         f'<td class="{v.outcome.value}">{escape(status_label(v))}</td><td>{escape(expected_label(v))}</td>'
         f"<td>{escape(v.layer.value)}</td><td>{escape(format_metric(v.metric))}</td>"
         f"<td>{escape(format_where(v.where))}</td></tr>"

@@ -70,7 +70,7 @@ def render_junit(result: GateResult) -> str:
         case = ET.SubElement(
             suite,
             "testcase",
-            classname=f"glmfb.{verdict.probe.value}",
+            classname=f"glmfb.{verdict.probe}",
             name=verdict.name,
             time=f"{verdict.duration_s:.3f}",
         )

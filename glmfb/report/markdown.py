@@ -32,7 +32,7 @@ def render_markdown(result: GateResult) -> str:
     for row in result.rows:
         v = row.verdict
         lines.append(
-            f"| {_ICON[row.decision]} | {v.probe.value} | {_cell(v.name)} | {_cell(status_label(v))} "
+            f"| {_ICON[row.decision]} | {v.probe} | {_cell(v.name)} | {_cell(status_label(v))} "
             f"| {v.layer.value} | {_cell(format_metric(v.metric))} | {_cell(format_where(v.where))} |"
         )
     details = [row for row in result.rows if row.decision is not GateDecision.OK]

@@ -1,0 +1,77 @@
+"""The host boundary: the one place a probe's run turns into a verdict, whatever happens.
+
+:func:`run_probe` calls ``probe.run(config, ctx)`` and guarantees a verdict back:
+
+- :class:`~glmfb.errors.TargetFailed` (the target raised) becomes an error verdict, layer
+  harness, that names the side and the stage, with the traceback in evidence;
+- a :class:`~glmfb.errors.GlmfbError` becomes an error verdict with its message;
+- anything else is glmfb's own failure: an error verdict "glmfb <kind> broke", traceback in
+  evidence. Never a pass.
+
+Usage errors (:class:`~glmfb.errors.UsageError`) are raised on: bad input is exit code 2,
+not a verdict. Ctrl-C propagates.
+
+The probe does not know whether it runs here or in a supervised child process: the host
+decides, and either way the caller gets a :class:`~glmfb.verdict.Verdict`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from typing import Any
+
+from glmfb.errors import TRACEBACK_FRAMES, GlmfbError, TargetFailed, UsageError
+from glmfb.evidence import TargetError, Traceback
+from glmfb.probe import Probe, ProbeContext
+from glmfb.verdict import Verdict
+
+
+def run_probe(probe: Probe, config: Any, ctx: ProbeContext) -> Verdict:
+    """Run one probe and return its verdict (see the module docstring)."""
+    started = ctx.clock.monotonic()
+    name = str(getattr(config, "name", probe.kind))
+    try:
+        verdict = probe.run(config, ctx)
+    except TargetFailed as failure:
+        verdict = target_failed_verdict(probe.kind, name, failure)
+    except UsageError:
+        raise
+    except GlmfbError as exc:
+        verdict = Verdict.harness_error(probe.kind, name, str(exc))
+    except Exception as exc:  # glmfb's own failure: an error verdict, never a pass
+        verdict = Verdict.harness_error(
+            probe.kind, name, f"glmfb {probe.kind} broke: {type(exc).__name__}: {exc}",
+            evidence=[traceback_evidence(exc)],
+            next=["rerun with GLMFB_DEBUG=1 and report the traceback"],
+        )
+    return finish(verdict, ctx.clock.monotonic() - started)
+
+
+def finish(verdict: Verdict, elapsed_s: float) -> Verdict:
+    """Fill what every verdict carries when the engine left it out: duration, environment."""
+    changes: dict[str, Any] = {}
+    if verdict.duration_s == 0.0:
+        changes["duration_s"] = elapsed_s
+    if not verdict.env:
+        from glmfb.env import fingerprint
+
+        changes["env"] = fingerprint()
+    return dataclasses.replace(verdict, **changes) if changes else verdict
+
+
+def target_failed_verdict(kind: str, name: str, failure: TargetFailed, *, next: tuple[str, ...] = ()) -> Verdict:
+    """The error verdict for a target that raised: names the side and stage, keeps the trace."""
+    return Verdict.harness_error(
+        kind, name, str(failure),
+        evidence=[
+            TargetError(side=failure.side, stage=failure.stage, error=failure.error_line),
+            Traceback(text=failure.traceback_text),
+        ],
+        next=next or (f"run the {failure.side} alone to see the error; fix it and rerun",),
+    )
+
+
+def traceback_evidence(exc: BaseException) -> Traceback:
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return Traceback(text="".join(lines[-TRACEBACK_FRAMES:]))
