@@ -12,8 +12,8 @@ a dict.
 
 Field types the codec understands: ``str``, ``int``, ``float``, ``bool``, ``X | None``,
 ``tuple[X, ...]``, ``Mapping[str, X]``, ``Any`` (plain JSON data), and nested
-:class:`Record` dataclasses. A field whose value is None is left out of the JSON (readers see
-the same keys as when the probe had nothing to say there).
+:class:`Record` dataclasses. Every field is written, None as null, so every item of a kind
+has the same keys; a reader fills keys an older writer left out with their defaults.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ class Record:
             if f.name == "extra":
                 continue
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            omit_none = not required and f.default is None
+            omit_none = False  # every field is written (null when None): readers see a fixed set of keys
             result.append(_Field(f.name, _codec(hints[f.name]), required, omit_none))
         fields = tuple(result)
         Record._fields_cache[cls] = fields

@@ -8,8 +8,10 @@
 - anything else is glmfb's own failure: an error verdict "glmfb <kind> broke", traceback in
   evidence. Never a pass.
 
-Usage errors (:class:`~glmfb.errors.UsageError`) are raised on: bad input is exit code 2,
-not a verdict. Ctrl-C propagates.
+Usage errors (:class:`~glmfb.errors.UsageError`) are raised on (bad input is exit code 2,
+not a verdict), except in a suite (``usage_errors=False``), where a problem found only once
+the probe ran (a target attribute that does not exist) is that probe's error verdict and the
+run goes on. Ctrl-C propagates.
 
 The probe does not know whether it runs here or in a supervised child process: the host
 decides, and either way the caller gets a :class:`~glmfb.verdict.Verdict`.
@@ -27,7 +29,7 @@ from glmfb.probe import Probe, ProbeContext
 from glmfb.verdict import Verdict
 
 
-def run_probe(probe: Probe, config: Any, ctx: ProbeContext) -> Verdict:
+def run_probe(probe: Probe, config: Any, ctx: ProbeContext, *, usage_errors: bool = True) -> Verdict:
     """Run one probe and return its verdict (see the module docstring)."""
     started = ctx.clock.monotonic()
     name = str(getattr(config, "name", probe.kind))
@@ -35,8 +37,10 @@ def run_probe(probe: Probe, config: Any, ctx: ProbeContext) -> Verdict:
         verdict = probe.run(config, ctx)
     except TargetFailed as failure:
         verdict = target_failed_verdict(probe.kind, name, failure)
-    except UsageError:
-        raise
+    except UsageError as exc:
+        if usage_errors:
+            raise
+        verdict = Verdict.harness_error(probe.kind, name, str(exc))
     except GlmfbError as exc:
         verdict = Verdict.harness_error(probe.kind, name, str(exc))
     except Exception as exc:  # glmfb's own failure: an error verdict, never a pass

@@ -64,6 +64,7 @@ class ValueType:
     repeatable: bool = False  # CLI: the flag repeats; TOML: a list
     is_flag: bool = False  # CLI: --x / --no-x
     parse_all: Callable[[Any], Any] | None = None  # a repeatable option parsed as a whole
+    check: Callable[[Any], Any] | None = None  # for a value already typed (Python API); default: parse
 
     def parse_many(self, raw: Any) -> Any:
         """A repeatable option's value: from a TOML value or the CLI's repeated strings."""
@@ -102,8 +103,17 @@ def _at_least(parse: Callable[[Any], Any], minimum: float, strict: bool = False)
     return checked
 
 
+def _check_fraction(value: Any) -> float:
+    """A fraction given as a number in code is not ambiguous (5.0 is 500%); it must be finite
+    and not negative."""
+    number = parse_number(value, "a fraction", "write 5% or 0.05")
+    if number < 0:
+        raise OptionValueError(f"{value!r} is negative", "write 5% or 0.05")
+    return number
+
+
 FRACTION = ValueType("fraction", "FRACTION", parse_fraction, _show_fraction,
-                     {"type": ["string", "number"], "description": "5% or 0.05"})
+                     {"type": ["string", "number"], "description": "5% or 0.05"}, check=_check_fraction)
 SECONDS = ValueType("seconds", "SECONDS", _at_least(parse_seconds, 0.0, strict=True), _show_seconds,
                     {"type": ["string", "number"], "description": "a duration: 2s, 500ms (a bare number is seconds)"})
 SECONDS_OR_ZERO = ValueType("seconds", "SECONDS", parse_seconds, _show_seconds,
@@ -285,3 +295,20 @@ def options_schema(config_type: type) -> dict[str, Any]:
 
 FILE = path_type("FILE")
 DIR = path_type("DIR")
+
+
+def check_declared(config: Any) -> None:
+    """Check a config built directly (the Python API) against its declared options: each
+    value must parse as its type would parse it from a user (a budget of 0 s, a threshold of
+    5, a device 'tpu' are refused). Raises :class:`InputError` naming the option."""
+    for spec in options_of(type(config)):
+        value = getattr(config, spec.attr)
+        if value is None or spec.type.name == "path":
+            continue
+        if spec.type.check is not None:
+            try:
+                spec.type.check(value)
+            except OptionValueError as exc:
+                raise InputError(f"option {spec.key!r}: {exc.problem}", exc.hint or None) from None
+            continue
+        _parse(spec, value, f"option {spec.key!r}")

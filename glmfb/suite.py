@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from glmfb.clock import SYSTEM_CLOCK, Clock, utc_now
-from glmfb.errors import GlmfbError, InputError, UsageError
+from glmfb.errors import InputError, UsageError
 from glmfb.options import parse_table
 from glmfb.probe import ProbeContext, ProbeSpec, get_probe, known_kinds, safe_component
 from glmfb.verdict import Expectation, Layer, Run, Status, Verdict
@@ -254,10 +254,7 @@ def run_definition(definition: ProbeDefinition, context: SuiteContext) -> Verdic
     from glmfb.host import run_probe
 
     probe = get_probe(definition.probe)
-    try:
-        verdict = run_probe(probe, definition.config, context.probe_context(definition))
-    except GlmfbError as exc:  # a usage problem found only when the probe ran: this probe errs
-        verdict = Verdict.harness_error(definition.probe, definition.name, str(exc))
+    verdict = run_probe(probe, definition.config, context.probe_context(definition), usage_errors=False)
     if definition.expect is not None:
         verdict = verdict.with_expectation(definition.expect)
     return verdict

@@ -1,6 +1,6 @@
 """Target references: ``package.module:attr`` or ``path/to/file.py:attr``, plus ``--arg k=v``.
 
-What the attribute must be depends on the probe (DESIGN.md, Targets); this module only finds
+What the attribute must be depends on the probe (docs/design.md, Targets); this module only finds
 it, checks that it is callable, and turns ``k=v`` strings into keyword arguments.
 """
 

@@ -155,7 +155,7 @@ def test_bad_request_lines_name_the_line(tmp_path: Path, line: str, phrase: str)
 def test_capture_writes_taps_in_execution_order_with_stable_names(tmp_path: Path, requests_file: Path) -> None:
     out = tmp_path / "cap"
     watch_args = {"watch": str(out)}
-    manifest = run_capture(CaptureConfig(f"{HERE}:toy", requests_file, out, args=watch_args))
+    manifest = run_capture(CaptureConfig(f"{HERE}:toy", out, args=watch_args, requests=requests_file))
     reader = CaptureReader(out)
     data = json.loads((out / "manifest.json").read_text())
     assert data["schema"] == CAPTURE_SCHEMA and data["complete"] is True
@@ -293,7 +293,7 @@ def test_broken_captures_give_one_line_and_exit_2(tmp_path: Path, requests_file:
 
 def test_target_side_without_requests_is_a_usage_error(tmp_path: Path) -> None:
     code, _, stderr = diff_json(f"{HERE}:toy", f"{HERE}:toy", "--out", str(tmp_path / "r"))
-    assert code == 2 and "needs --requests" in one_line_error(stderr)
+    assert code == 2 and "needs requests (--requests FILE" in one_line_error(stderr)
 
 
 def test_target_that_raises_gives_an_error_verdict(tmp_path: Path, requests_file: Path) -> None:
@@ -342,7 +342,7 @@ def test_nan_in_the_candidate_is_classified_non_finite(tmp_path: Path, requests_
     assert code == 1 and verdict is not None
     found = {e["kind"]: e for e in verdict["evidence"]}
     assert found["error_shape"]["shape"] == "non-finite"
-    assert found["diagnosis_rule"]["rule"] == "non-finite"
+    assert found["diagnosis"]["rule"] == "non-finite"
     assert "NaN or Inf" in verdict["why"]
     # the NaN enters in the root's own code, between modules: shared#1 is the first tap that shows it
     assert verdict["where"]["module"] == "shared#1"
@@ -356,7 +356,7 @@ def test_live_error_from_code_between_modules_is_reported_as_inherited(tmp_path:
     found = {e["kind"]: e for e in verdict["evidence"]}
     rows = found["local_error"]["rows"]
     assert rows and all(r["local_exceeds_tolerance"] is False and r["local_rel_l2"] == 0.0 for r in rows)
-    assert found["diagnosis_rule"]["rule"] == "inherited-only"
+    assert found["diagnosis"]["rule"] == "inherited-only"
     assert verdict["where"]["module"] == "shared#1"  # the first tap outside tolerance, said to be inherited
     assert "no module's own error exceeds tolerance" in verdict["why"]
 

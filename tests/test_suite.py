@@ -6,7 +6,6 @@ these tests need no timing and no torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,8 @@ import pytest
 from glmfb import suite
 from glmfb.errors import InputError
 from glmfb.evidence import TargetError, Traceback
-from glmfb.probe import reset_registry
 from glmfb.suite import SuiteContext
 from glmfb.verdict import Layer, Run, Status
-
-TOY = Path(__file__).parent / "toy"
 
 DEFINITIONS = """
 [[probe]]
@@ -47,17 +43,7 @@ options = { outcome = "inconclusive" }
 
 
 @pytest.fixture
-def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The toy probe, installed (its folder holds a dist-info with the entry point)."""
-    monkeypatch.syspath_prepend(str(TOY))
-    reset_registry()
-    yield
-    monkeypatch.undo()
-    reset_registry()
-
-
-@pytest.fixture
-def probes_dir(tmp_path: Path, toy: None) -> Path:
+def probes_dir(tmp_path: Path, toy: Path) -> Path:
     folder = tmp_path / "probes"
     folder.mkdir()
     (folder / "toy.toml").write_text(DEFINITIONS)
@@ -95,7 +81,7 @@ def test_expectations_are_judged_like_strict_xfail(probes_dir: Path, tmp_path: P
     assert Run.from_dict(result.to_dict()) == result
 
 
-def test_engine_exception_becomes_error_verdict(tmp_path: Path, toy: None) -> None:
+def test_engine_exception_becomes_error_verdict(tmp_path: Path, toy: Path) -> None:
     [definition] = suite.load_definitions([write(tmp_path, "[[probe]]\nname='boom'\nprobe='toy'\n"
                                                             "options={outcome='raise'}\n")])
     verdict = suite.run_definition(definition, SuiteContext("r", tmp_path))
@@ -104,7 +90,7 @@ def test_engine_exception_becomes_error_verdict(tmp_path: Path, toy: None) -> No
     assert verdict.find(Traceback) is not None and "engine exploded" in verdict.find(Traceback).text  # type: ignore[union-attr]
 
 
-def test_target_failure_names_side_and_stage_with_traceback(tmp_path: Path, toy: None) -> None:
+def test_target_failure_names_side_and_stage_with_traceback(tmp_path: Path, toy: Path) -> None:
     [definition] = suite.load_definitions([write(tmp_path, "[[probe]]\nname='t'\nprobe='toy'\n"
                                                             "options={outcome='target-raises'}\n")])
     verdict = suite.run_definition(definition, SuiteContext("r", tmp_path))
@@ -115,7 +101,7 @@ def test_target_failure_names_side_and_stage_with_traceback(tmp_path: Path, toy:
     assert verdict.find(Traceback) is not None
 
 
-def test_ctrl_c_keeps_finished_and_marks_rest(tmp_path: Path, toy: None) -> None:
+def test_ctrl_c_keeps_finished_and_marks_rest(tmp_path: Path, toy: Path) -> None:
     file = write(tmp_path, """
 [[probe]]
 name = "done"
@@ -156,7 +142,7 @@ probe = "toy"
         ("[[probe]]\nname='a'\nprobe='toy'\nrules='missing.py'\n", "rules file .* not found"),
     ],
 )
-def test_bad_definitions_are_usage_errors(tmp_path: Path, toy: None, text: str, message: str) -> None:
+def test_bad_definitions_are_usage_errors(tmp_path: Path, toy: Path, text: str, message: str) -> None:
     with pytest.raises(InputError, match=message):
         suite.load_definitions([write(tmp_path, text)])
 
@@ -178,7 +164,7 @@ def test_select_and_discover_errors(probes_dir: Path) -> None:
         suite.discover([probes_dir / "missing"])
 
 
-def test_a_probe_name_becomes_one_path_component(tmp_path: Path, toy: None) -> None:
+def test_a_probe_name_becomes_one_path_component(tmp_path: Path, toy: Path) -> None:
     [definition] = suite.load_definitions([write(tmp_path, "[[probe]]\nname='../../x'\nprobe='toy'\n")])
     context = SuiteContext("r", tmp_path / "reports")
     folder = context.probe_context(definition).artifact_dir

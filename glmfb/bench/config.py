@@ -16,6 +16,7 @@ from glmfb.options import (
     POSITIVE_INT,
     SECONDS,
     SHAPES,
+    check_declared,
     choice,
     option,
 )
@@ -55,6 +56,7 @@ class BenchConfig:
     save: Path | None = option(None, FILE, "Also write the raw samples here (glmfb.bench/1 JSON).")
 
     def __post_init__(self) -> None:
+        check_declared(self)
         if self.saved:
             return
         if not self.shapes:

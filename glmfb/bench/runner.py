@@ -1,6 +1,6 @@
 """Loading kernels from factories and timing them: warm-up, calibration, ABBA blocks.
 
-Factory contract (DESIGN.md): ``factory(shape, **args)`` returns a zero-argument callable that
+Factory contract: ``factory(shape, **args)`` returns a zero-argument callable that
 runs the kernel once on inputs it has already allocated. The runner calls the factory once per
 *input set* (``input_sets``, default 4) and rotates over the callables, so a small shape is not
 flattered by inputs that stay hot in cache. If the factory has a parameter named ``seed`` that

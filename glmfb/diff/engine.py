@@ -8,7 +8,6 @@ mode then measures local error (``localize``) and bisects the shortest failing p
 
 from __future__ import annotations
 
-import csv
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -438,14 +437,16 @@ def _modules_table(request: RequestResult, csv_path: Path) -> Modules:
 
 
 def _write_module_csv(path: Path, request: RequestResult) -> None:
+    """Every tap of the request (the evidence keeps the first rows), as a pandas table."""
+    import pandas as pd
+
     from glmfb.io import atomic_writer
 
+    rows = _module_rows(request)
+    for row in rows:
+        row["worst_index"] = "x".join(str(i) for i in row["worst_index"])
     with atomic_writer(path) as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(MODULE_COLUMNS))
-        writer.writeheader()
-        for row in _module_rows(request):
-            row["worst_index"] = "x".join(str(i) for i in row["worst_index"])
-            writer.writerow(row)
+        pd.DataFrame(rows, columns=list(MODULE_COLUMNS)).to_csv(handle, index=False)
 
 
 def _local_row(entry: LocalError, request: RequestResult) -> LocalRow:

@@ -19,7 +19,9 @@ from glmfb.verdict import Layer, Verdict
 
 
 def _is_capture_dir(ref: str, spec: ProbeSpec) -> bool:
-    return spec.resolve_path(ref).is_dir()
+    """A capture directory (existing, or named without ``:attr``, so that reading it says what
+    is missing) rather than a target reference."""
+    return spec.resolve_path(ref).is_dir() or ":" not in ref or ref.endswith("manifest.json")
 
 
 class DiffProbe(BaseProbe):

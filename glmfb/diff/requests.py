@@ -1,4 +1,4 @@
-"""Request sets: one JSON object per line (DESIGN.md, Requests).
+"""Request sets: one JSON object per line (docs/design.md, Requests).
 
 Each request has a unique string ``id`` and one of ``input_ids`` (a list of ints), ``length``
 (with optional ``seed`` and ``vocab``: token ids drawn deterministically) or ``tensors``

@@ -13,10 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from glmfb.errors import InputError
 from glmfb.gap.config import GapConfig
 from glmfb.gil.evidence import GilHolder, GilThreads, HeldSite, Starvation
 from glmfb.io import write_json_atomic
-from glmfb.probe import ProbeContext
+from glmfb.probe import ProbeContext, get_probe
 from glmfb.verdict import Verdict
 
 IDLE_MAJORITY = 0.5  # a holder blocked in this share of its samples holds the GIL while idle
@@ -187,10 +188,12 @@ def trace_candidate_gil(config: GapConfig, ctx: ProbeContext) -> GilFinding:
     """Run the gil probe on the candidate target (artifacts in ``ctx``'s folder); never raises
     for a probe failure: the attribution degrades, the gap itself stands."""
     from glmfb.host import run_probe
-    from glmfb.probe import get_probe
 
     try:
         probe = get_probe("gil")
+    except InputError as exc:
+        return GilFinding(available=False, reason=f"the gil probe is not installed ({exc})")
+    try:
         gil_config = probe.config_type(
             name=f"{config.name}/gil",
             target=config.candidate,

@@ -13,6 +13,7 @@ from glmfb.options import (
     POSITIVE_INT,
     SECONDS,
     SECONDS_OR_ZERO,
+    check_declared,
     option,
 )
 from glmfb.targets import Target
@@ -45,6 +46,7 @@ class GapConfig:
     confidence: float = 0.95
 
     def __post_init__(self) -> None:
+        check_declared(self)
         if not self.name:
             raise UsageError("a gap check needs a name")
         if self.threshold <= 0:

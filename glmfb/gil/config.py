@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from glmfb.errors import UsageError
-from glmfb.options import BOOL, HERTZ, MILLISECONDS, POSITIVE_INT, SECONDS, option
+from glmfb.options import BOOL, HERTZ, MILLISECONDS, POSITIVE_INT, SECONDS, check_declared, option
 from glmfb.targets import Target
 
 DEFAULT_RATE_HZ = 100
@@ -52,6 +52,7 @@ class GilConfig:
                                     key="setup_timeout")
 
     def __post_init__(self) -> None:
+        check_declared(self)
         object.__setattr__(self, "command", tuple(str(part) for part in self.command))
         given = [self.command != (), self.target is not None, self.pid is not None]
         if sum(given) != 1:

@@ -74,7 +74,7 @@ class ToyProbe(BaseProbe):
         where = {"kernel": config.kernel} if config.kernel else {}
         return Verdict(
             probe=self.kind, name=config.name, status=outcome.diagnosis.status, layer=self.layer,
-            why=outcome.diagnosis.why, where=where, metric=Metric("value", 0.5, "fraction", config.threshold),
+            why=outcome.diagnosis.why, where=where, next=outcome.diagnosis.next, metric=Metric("value", 0.5, "fraction", config.threshold),
             evidence=(ToyReading(value=0.5, outcome=config.outcome), outcome.record),
         )
 
