@@ -242,12 +242,12 @@ def figure_to_svg(figure: Figure, prefix: str, label: str) -> str:
     """The figure as an inline ``<svg>``: no XML prologue, sized by CSS through its viewBox,
     every id prefixed so several plots can share one page."""
     buffer = io.StringIO()
-    figure.savefig(buffer, format="svg", metadata={"Date": None, "Creator": "glmfb (matplotlib)"})
+    figure.savefig(buffer, format="svg", metadata={"Date": None})
     text = buffer.getvalue()
     start = text.find("<svg")
     if start < 0:
         raise ValueError("matplotlib wrote no <svg> element")
-    text = text[start:]
+    text = re.sub(r"<metadata>.*?</metadata>\s*", "", text[start:], flags=re.S)
     ids = set(_ID.findall(text))
     if ids:
         names = "|".join(re.escape(i) for i in sorted(ids, key=len, reverse=True))
