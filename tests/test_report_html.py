@@ -53,6 +53,14 @@ def test_page_from_json_and_from_the_run_object_are_the_same(tmp_path: Path) -> 
     assert render_html(document, run_dir) == render_html(load_document(document), run_dir)
 
 
+def test_a_single_verdict_gets_a_page(tmp_path: Path) -> None:
+    run_dir = tmp_path / RUN_ID
+    verdict = load_document(run_document(run_dir)).verdicts[0]
+    page = render_html(verdict, run_dir)
+    assert 'data-verdict="gap-case"' in page and 'data-plot="gap-phases" data-state="drawn"' in page
+    assert render_html(verdict.to_dict(), run_dir) == page
+
+
 def test_page_is_self_contained_with_named_plots(tmp_path: Path) -> None:
     run_dir = tmp_path / RUN_ID
     page = render_html(run_document(run_dir), run_dir)

@@ -293,3 +293,8 @@ def test_artifacts_resolve_under_a_moved_run_folder(tmp_path: Path) -> None:
     assert resolve_artifact(f"reports/{RUN_ID}/p/a.csv", moved, RUN_ID) == (moved / "p" / "a.csv").resolve()
     assert resolve_artifact("p/a.csv", moved, RUN_ID) == (moved / "p" / "a.csv").resolve()
     assert resolve_artifact(f"reports/{RUN_ID}/p/missing.csv", moved, RUN_ID) is None
+    original = tmp_path / "original" / RUN_ID
+    (original / "p").mkdir(parents=True)
+    (original / "p" / "a.csv").write_text("x")
+    # an absolute path into the original folder: the copy's own file wins
+    assert resolve_artifact(str(original / "p" / "a.csv"), moved, RUN_ID) == (moved / "p" / "a.csv").resolve()

@@ -82,8 +82,10 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "verdict"
 
 
-def _as_run(run: Run | Mapping[str, Any]) -> tuple[Run, dict[str, Any]]:
+def _as_run(run: Run | Verdict | Mapping[str, Any]) -> tuple[Run, dict[str, Any]]:
     """The run as objects (for the shared text helpers) and as its JSON document."""
+    if isinstance(run, Verdict):
+        run = Run(id=f"verdict-{run.name}", started="", verdicts=(run,))
     if isinstance(run, Run):
         return run, run.to_dict()
     loaded = load_document(run)
@@ -196,11 +198,12 @@ def _section(index: int, verdict: Verdict, data: Mapping[str, Any], links: _Link
 
 
 def render_html(
-    run: Run | Mapping[str, Any],
+    run: Run | Verdict | Mapping[str, Any],
     report_dir: Path | None = None,
     page_path: Path | None = None,
 ) -> str:
-    """The page for a run (a :class:`Run` or its ``glmfb.run/1`` / ``glmfb.verdict/1`` JSON).
+    """The page for a run: a :class:`Run`, one :class:`Verdict` (a probe given ``--out``), or
+    their ``glmfb.run/1`` / ``glmfb.verdict/1`` JSON.
 
     ``report_dir`` is the run's folder, where its artifacts are looked up; ``page_path`` is where
     the page will be written (default ``report_dir/report.html``): links are relative to it.
@@ -264,7 +267,7 @@ def render_html(
 
 
 def write_html(
-    run: Run | Mapping[str, Any], report_dir: Path, out: Path | None = None
+    run: Run | Verdict | Mapping[str, Any], report_dir: Path, out: Path | None = None
 ) -> Path:
     """Render the run's page and write it atomically (default ``report_dir/report.html``)."""
     from glmfb.io import write_text_atomic

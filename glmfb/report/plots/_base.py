@@ -133,20 +133,18 @@ class VerdictView:
 
 def resolve_artifact(raw: str, run_dir: Path | None, run_id: str | None) -> Path | None:
     """Find an artifact written as ``reports/<run-id>/probe/file`` (relative to where the run
-    was started), an absolute path, or a path relative to the run folder."""
+    was started, or absolute), or relative to the run folder. A path through the run's own
+    folder is looked up under ``run_dir`` first, so a copied or moved run links to its own files."""
     path = Path(raw)
     candidates: list[Path] = []
-    if path.is_absolute():
-        candidates.append(path)
-    else:
-        if run_dir is not None:
-            parts = path.parts
-            name = run_id or run_dir.name
-            if name in parts:
-                tail = parts[parts.index(name) + 1 :]
-                candidates.append(run_dir.joinpath(*tail))
+    if run_dir is not None:
+        parts = path.parts
+        name = run_id or run_dir.name
+        if name in parts:
+            candidates.append(run_dir.joinpath(*parts[parts.index(name) + 1 :]))
+        if not path.is_absolute():
             candidates.append(run_dir / path)
-        candidates.append(Path.cwd() / path)
+    candidates.append(path if path.is_absolute() else Path.cwd() / path)
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
@@ -258,6 +256,22 @@ def figure_to_svg(figure: Figure, prefix: str, label: str) -> str:
     from html import escape
 
     return text.replace("<svg", f'<svg role="img" aria-label="{escape(label)}"', 1)
+
+
+MIN_LOG_SPAN = 10.0  # a log axis spans at least a decade, so a flat curve looks flat
+
+
+def at_least_a_decade(axes: Axes, values: Sequence[float]) -> None:
+    """Widen a log y axis around its positive values to at least :data:`MIN_LOG_SPAN`: zoomed
+    in further, a few percent of noise reads as a trend."""
+    positive = [v for v in values if v > 0]
+    if not positive:
+        return
+    low, high = min(positive), max(positive)
+    if high / low < MIN_LOG_SPAN:
+        centre = math.sqrt(low * high)
+        half = math.sqrt(MIN_LOG_SPAN)
+        axes.set_ylim(centre / half, centre * half)
 
 
 def threshold_band(axes: Axes, low: float, high: float, *, vertical: bool = True, label: str = "") -> None:

@@ -16,6 +16,7 @@ from glmfb.report.plots._base import (
     Plot,
     PlotSpec,
     VerdictView,
+    at_least_a_decade,
     element_id,
     new_axes,
     number,
@@ -47,6 +48,7 @@ def error_by_position(view: VerdictView) -> Plot:
               label=f"{'own error of' if own else 'error at'} {short(tap, 40)}", gid="error-by-position")
     if all(y > 0 for y in ys):
         axes.set_yscale("log")
+        at_least_a_decade(axes, ys)
     first = item.get("first_failing_position")
     caption = f"Relative L2 error per token position of request {item.get('request')} at {tap}"
     caption += " (the module run on the baseline's inputs)." if own else "."
@@ -63,7 +65,8 @@ def error_by_position(view: VerdictView) -> Plot:
     axes.set_xlabel("token position (averaged over equal bins)")
     axes.set_ylabel("relative L2 error")
     axes.set_title(f"Error by position: {short(tap, 48)}")
-    axes.set_xlim(left=min(0.0, min(xs)))
+    span = max(xs) - min(0.0, min(xs))
+    axes.set_xlim(min(0.0, min(xs)) - 0.02 * span, max(xs) + 0.02 * span)  # a mark at 0 stays visible
     axes.legend(loc="lower right")
     return Plot(figure, caption)
 
@@ -146,6 +149,7 @@ def error_growth(view: VerdictView) -> Plot:
     if log_axes:
         axes.set_xscale("log", base=2)
         axes.set_yscale("log")
+        at_least_a_decade(axes, ys)
     unit = "context length (tokens)" if basis == "requests" else "token position"
     axes.set_xlabel(unit)
     axes.set_ylabel("relative L2 error of the outputs")
