@@ -171,10 +171,10 @@ def _write_run_reports(run: Any, report_dir: Path) -> None:
     """report.html and junit.xml (default gate policy) beside run.json."""
     from glmfb.gate import evaluate
     from glmfb.io import write_text_atomic
-    from glmfb.report.html import render_html
+    from glmfb.report.html import write_html
     from glmfb.report.junit import render_junit
 
-    write_text_atomic(report_dir / "report.html", render_html(run))
+    write_html(run, report_dir)
     write_text_atomic(report_dir / "junit.xml", render_junit(evaluate(run)))
 
 
@@ -239,6 +239,31 @@ def gate_command(
                 handle.write(text)
     console().print(render_gate(result))
     raise typer.Exit(int(result.exit_code))
+
+
+@app.command("report")
+def report_command(
+    source: Annotated[str, typer.Argument(metavar="RUN_JSON", help="A saved run.json (or a verdict).")],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write the page here (default: report.html beside RUN_JSON).")
+    ] = None,
+) -> None:
+    """Re-render report.html from a saved run."""
+    from glmfb.io import read_json
+    from glmfb.report.html import REPORT_NAME, write_html
+    from glmfb.verdict import SchemaError, load_document
+
+    path = Path(source)
+    try:
+        run = load_document(read_json(path))
+    except SchemaError as exc:
+        raise UsageError(f"{source} is not a glmfb run or verdict: {exc}") from None
+    target = out if out is not None else path.parent / REPORT_NAME
+    try:
+        written = write_html(run, path.parent, target)
+    except OSError as exc:
+        raise UsageError(f"cannot write {target}: {exc.strerror or exc}", "pass --out FILE in a writable folder") from None
+    console(stderr=True).print(f"report written to {written}")
 
 
 @app.command("schema")
