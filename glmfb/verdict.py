@@ -363,9 +363,9 @@ class Verdict:
     def from_dict(cls, data: Mapping[str, Any], *, typed: bool = True) -> Verdict:
         """Build a verdict from JSON data, validating it first (raises :class:`SchemaError`).
 
-        With ``typed`` (the default) evidence is read into its typed classes, and a field that
-        does not fit its kind is a :class:`SchemaError`; without it evidence stays as read
-        (:class:`~glmfb.evidence.RawEvidence`), which is all a gate needs."""
+        With ``typed`` (the default) evidence is read into its typed classes (an item that does
+        not fit its kind stays as read, a :class:`~glmfb.evidence.RawEvidence`); without it all
+        evidence stays as read, which is all a gate needs."""
         validate(data, VERDICT_JSON_SCHEMA)
         return cls._from_valid_dict(data, typed=typed)
 
@@ -457,12 +457,14 @@ def _read_evidence(items: Iterable[Any], typed: bool, path: str) -> tuple[Eviden
             RawEvidence(raw_kind=item["kind"], data={k: v for k, v in item.items() if k != "kind"})
             for item in items
         )
-    result = []
+    result: list[Evidence] = []
     for index, item in enumerate(items):
         try:
             result.append(parse_evidence(item, f"{path}evidence[{index}]"))
-        except EvidenceError as exc:
-            raise SchemaError(exc.path, exc.problem) from None
+        except EvidenceError:
+            # An item that does not fit its kind (written by another version, or by hand) is
+            # kept as it was read: a reader never loses evidence, and never fails on it.
+            result.append(RawEvidence(raw_kind=item["kind"], data={k: v for k, v in item.items() if k != "kind"}))
     return tuple(result)
 
 
