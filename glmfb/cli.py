@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from glmfb.commands.common import console, dump_json, emit_run, interactive
+from glmfb.commands.common import console, dump_json, emit_run, interactive, parse_timeout
 from glmfb.errors import GlmfbError, UsageError
 from glmfb.verdict import ExitCode
 
@@ -54,8 +54,10 @@ class _BoundaryGroup(TyperGroup):
             raise _fail(f"{exc.format_message()} (see {command})", int(ExitCode.USAGE)) from None  # type: ignore[attr-defined]
         except (typer.Exit, typer.Abort):
             raise
-        except KeyboardInterrupt:
-            raise _fail("interrupted", 130) from None
+        except KeyboardInterrupt as exc:
+            signal_name = getattr(exc, "signal_name", "SIGINT")
+            raise _fail(f"interrupted ({signal_name}) before anything could be written",
+                        143 if signal_name == "SIGTERM" else 130) from None
         except Exception as exc:
             if os.environ.get("GLMFB_DEBUG"):
                 raise
@@ -116,18 +118,24 @@ def run_command(
             "-k", "--select", help="Run only probes whose name matches (glob or substring)."
         ),
     ] = None,
+    timeout: Annotated[
+        str | None,
+        typer.Option("--timeout", metavar="DURATION",
+                     help="Longest time one probe may take (default: a definition's timeout, else 15min)."),
+    ] = None,
 ) -> None:
     """Run the probe definitions of a suite and write reports/<run-id>/run.json."""
     from glmfb import suite
     from glmfb.clock import new_run_id
     from glmfb.io import write_json_atomic
+    from glmfb.runs import start_run
 
+    run_id = new_run_id()
+    report_dir = start_run(out, run_id)  # the gate's pointer, before anything can fail
+    timeout_s = parse_timeout(timeout)
     search = paths or ["probes"]
     definitions = suite.select(suite.load_definitions(suite.discover(search)), select or [])
     suite.ensure_definitions(definitions, search)
-    run_id = new_run_id()
-    report_dir = out / run_id
-    report_dir.mkdir(parents=True, exist_ok=True)
     notes = console(stderr=True)
     show_progress = interactive()
 
@@ -144,7 +152,7 @@ def run_command(
         )
         task = bar.add_task("probes", total=len(definitions))
         context = suite.SuiteContext(
-            run_id, report_dir, on_progress=lambda m: bar.update(task, description=m)
+            run_id, report_dir, on_progress=lambda m: bar.update(task, description=m), timeout_s=timeout_s,
         )
         with bar:
             run = suite.run_suite(
@@ -154,7 +162,7 @@ def run_command(
                 on_done=lambda d, v: bar.advance(task),
             )
     else:
-        context = suite.SuiteContext(run_id, report_dir)
+        context = suite.SuiteContext(run_id, report_dir, timeout_s=timeout_s)
         run = suite.run_suite(
             definitions,
             context,
@@ -178,24 +186,18 @@ def _write_run_reports(run: Any, report_dir: Path) -> None:
     write_text_atomic(report_dir / "junit.xml", render_junit(evaluate(run)))
 
 
-def _latest_run(out: Path = Path("reports")) -> Path:
-    runs = sorted(out.glob("*/run.json"), key=lambda p: p.stat().st_mtime)
-    if not runs:
-        raise UsageError(
-            "no run given and none found under reports/", "pass a run.json, or - for stdin"
-        )
-    return runs[-1]
-
-
 @app.command("gate")
 def gate_command(
     source: Annotated[
         str | None,
         typer.Argument(
-            metavar="[RUN_JSON | -]",
-            help="A run or verdict JSON file, or - for stdin (default: the newest reports/*/run.json).",
+            metavar="[RUN_JSON | RUN_DIR | -]",
+            help="A run or verdict JSON file, a run folder, or - for stdin (default: the latest run into --out).",
         ),
     ] = None,
+    out: Annotated[Path, typer.Option("--out", help="The reports folder whose latest run to gate.")] = Path(
+        "reports"
+    ),
     policy: Annotated[Path | None, typer.Option("--policy", help="TOML policy file.")] = None,
     junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
     summary: Annotated[
@@ -210,9 +212,10 @@ def gate_command(
     from glmfb.gate import evaluate, load_policy
     from glmfb.io import read_json, write_text_atomic
     from glmfb.report.terminal import render_gate
+    from glmfb.runs import latest_run, run_file_of
     from glmfb.verdict import SchemaError, load_document
 
-    path = source if source is not None else str(_latest_run())
+    path = run_file_of(source) if source is not None else str(latest_run(out))
     data = read_json(path)
     try:
         run = load_document(data, typed=False)
@@ -220,6 +223,7 @@ def gate_command(
         raise UsageError(
             f"{'standard input' if path == '-' else path} is not a glmfb run or verdict: {exc}"
         ) from None
+    sys.stderr.write(f"glmfb gate: read {'standard input' if path == '-' else path} (run {run.id})\n")
     result = evaluate(run, load_policy(policy) if policy is not None else None)
     for warning in result.warnings:
         sys.stderr.write(f"glmfb: warning: {warning}\n")
@@ -251,9 +255,10 @@ def report_command(
     """Re-render report.html from a saved run."""
     from glmfb.io import read_json
     from glmfb.report.html import REPORT_NAME, write_html
+    from glmfb.runs import run_file_of
     from glmfb.verdict import SchemaError, load_document
 
-    path = Path(source)
+    path = Path(run_file_of(source))
     try:
         run = load_document(read_json(path))
     except SchemaError as exc:
@@ -288,8 +293,18 @@ def _register_commands() -> None:
 _register_commands()
 
 
+def _on_sigterm(number: int, frame: Any) -> None:
+    from glmfb.supervise import Interrupted
+
+    raise Interrupted("SIGTERM")
+
+
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. SIGTERM (a cancelled CI job) is handled like Ctrl-C: every
+    child process is stopped and what finished is kept."""
+    import signal
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
     app(prog_name="glmfb")
 
 

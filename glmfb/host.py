@@ -14,12 +14,14 @@ the probe ran (a target attribute that does not exist) is that probe's error ver
 run goes on. Ctrl-C propagates.
 
 The probe does not know whether it runs here or in a supervised child process: the host
-decides, and either way the caller gets a :class:`~glmfb.verdict.Verdict`.
+decides (``isolate``: :mod:`glmfb.supervise`, with a timeout and a cancellation event), and
+either way the caller gets a :class:`~glmfb.verdict.Verdict`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import traceback
 from typing import Any
 
@@ -29,10 +31,21 @@ from glmfb.probe import Probe, ProbeContext
 from glmfb.verdict import Verdict
 
 
-def run_probe(probe: Probe, config: Any, ctx: ProbeContext, *, usage_errors: bool = True) -> Verdict:
-    """Run one probe and return its verdict (see the module docstring)."""
+def run_probe(probe: Probe, config: Any, ctx: ProbeContext, *, usage_errors: bool = True, isolate: bool = False,
+              timeout_s: float | None = None, cancel: threading.Event | None = None) -> Verdict:
+    """Run one probe and return its verdict (see the module docstring). With ``isolate`` the
+    probe runs in a supervised child process, stopped after ``timeout_s`` (default
+    :data:`glmfb.supervise.DEFAULT_TIMEOUT_S`) or when ``cancel`` is set."""
     started = ctx.clock.monotonic()
     name = str(getattr(config, "name", probe.kind))
+    if isolate:
+        from glmfb.supervise import run_isolated
+
+        verdict = run_isolated(
+            probe.kind, name, config, run_id=ctx.run_id, artifact_dir=ctx.artifact_dir, progress=ctx.progress,
+            rules_files=ctx.rules_files, usage_errors=usage_errors, timeout_s=timeout_s, cancel=cancel,
+        )
+        return finish(verdict, ctx.clock.monotonic() - started)
     try:
         verdict = probe.run(config, ctx)
     except TargetFailed as failure:

@@ -43,7 +43,7 @@ else:  # pragma: no cover
 
 DEFINITION_KEYS = frozenset(
     {"name", "probe", "description", "baseline", "candidate", "target", "command", "args",
-     "baseline_args", "candidate_args", "options", "expect", "rules"}
+     "baseline_args", "candidate_args", "options", "expect", "rules", "timeout"}
 )
 EXPECT_KEYS = frozenset({"status", "layer", "where"})
 
@@ -58,6 +58,7 @@ class ProbeDefinition:
     description: str = ""
     expect: Expectation | None = None
     rules_files: tuple[Path, ...] = ()
+    timeout_s: float | None = None  # the definition's own timeout (None: the run's)
 
     @property
     def name(self) -> str:
@@ -185,8 +186,22 @@ def load_table(path: Path, index: int, table: Mapping[str, Any]) -> ProbeDefinit
     return ProbeDefinition(
         spec=spec, config=config, source=path.resolve(),
         description=_string(table, "description", label) or "",
-        expect=_expectation(table, label), rules_files=rules_files,
+        expect=_expectation(table, label), rules_files=rules_files, timeout_s=_timeout(table, label),
     )
+
+
+def _timeout(table: Mapping[str, Any], label: str) -> float | None:
+    if "timeout" not in table:
+        return None
+    from glmfb.units import OptionValueError, parse_seconds
+
+    try:
+        value = parse_seconds(table["timeout"])
+    except OptionValueError as exc:
+        raise InputError(f"{label}: timeout: {exc.problem}", exc.hint or None) from None
+    if not value > 0:
+        raise InputError(f"{label}: timeout must be positive", 'write it as timeout = "30s"')
+    return value
 
 
 def _expectation(table: Mapping[str, Any], label: str) -> Expectation | None:
@@ -238,6 +253,8 @@ class SuiteContext:
     report_dir: Path
     on_progress: Callable[[str], None] | None = field(default=None, compare=False)
     clock: Clock = SYSTEM_CLOCK
+    timeout_s: float | None = None  # per probe, unless a definition says otherwise
+    isolate: bool = True  # each probe in a supervised child process
 
     def probe_context(self, definition: ProbeDefinition) -> ProbeContext:
         return ProbeContext(
@@ -254,7 +271,10 @@ def run_definition(definition: ProbeDefinition, context: SuiteContext) -> Verdic
     from glmfb.host import run_probe
 
     probe = get_probe(definition.probe)
-    verdict = run_probe(probe, definition.config, context.probe_context(definition), usage_errors=False)
+    verdict = run_probe(
+        probe, definition.config, context.probe_context(definition), usage_errors=False, isolate=context.isolate,
+        timeout_s=definition.timeout_s if definition.timeout_s is not None else context.timeout_s,
+    )
     if definition.expect is not None:
         verdict = verdict.with_expectation(definition.expect)
     return verdict
@@ -275,15 +295,17 @@ def run_suite(
     interrupted = False
     for definition in definitions:
         if interrupted:
-            verdict = _interrupted_verdict(definition, "not run: the run was interrupted (Ctrl-C)")
+            verdict = _interrupted_verdict(definition, "not run: the run was interrupted")
         else:
             if on_start is not None:
                 on_start(definition)
             try:
                 verdict = run_definition(definition, context)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as exc:
                 interrupted = True
-                verdict = _interrupted_verdict(definition, "interrupted (Ctrl-C) while running")
+                signal_name = getattr(exc, "signal_name", "SIGINT")
+                verdict = _interrupted_verdict(definition, f"interrupted ({signal_name}) while running; "
+                                                           "its processes were stopped")
         verdicts.append(verdict)
         if on_done is not None:
             on_done(definition, verdict)

@@ -140,6 +140,13 @@ def _find_file(location: str, base_dir: Path | None) -> Path:
     )
 
 
+def _append_path(folder: str) -> None:
+    """A target's folder goes at the *end* of ``sys.path``: a sibling package of the target
+    (a ``safetensors/`` or ``torch/`` folder beside it) cannot shadow what glmfb imports."""
+    if folder not in sys.path:
+        sys.path.append(folder)
+
+
 def _import_error_line(exc: BaseException) -> str:
     text = "".join(str(exc).strip().splitlines()[-1:]) or type(exc).__name__
     return f"{type(exc).__name__}: {text}"
@@ -147,8 +154,7 @@ def _import_error_line(exc: BaseException) -> str:
 
 def _import_module(name: str, ref: str) -> ModuleType:
     cwd = str(Path.cwd())
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
+    _append_path(cwd)
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
@@ -158,7 +164,7 @@ def _import_module(name: str, ref: str) -> ModuleType:
                 "check the module path, or run from the directory that holds the package",
             ) from exc
         raise TargetError(f"importing {name!r} failed: {_import_error_line(exc)}") from exc
-    except Exception as exc:  # an error inside the user's module
+    except (Exception, SystemExit) as exc:  # an error (or an exit) inside the user's module
         raise TargetError(f"importing {name!r} failed: {_import_error_line(exc)}") from exc
 
 
@@ -181,8 +187,7 @@ def import_file(path: Path, label: str) -> ModuleType:
 def _import_file(path: Path, ref: str) -> ModuleType:
     root, dotted = _package_root(path)
     if "." in dotted:  # inside a package: import it as such, so relative imports work
-        if str(root) not in sys.path:
-            sys.path.insert(0, str(root))
+        _append_path(str(root))
         return _import_module(dotted, ref)
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
     module_name = f"glmfb_target_{path.stem}_{digest}"
@@ -192,12 +197,11 @@ def _import_file(path: Path, ref: str) -> ModuleType:
     if spec is None or spec.loader is None:
         raise TargetError(f"cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(spec)
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
+    _append_path(str(path.parent))
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         del sys.modules[module_name]
         raise TargetError(f"importing {path} failed: {_import_error_line(exc)}") from exc
     return module

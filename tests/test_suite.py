@@ -56,8 +56,8 @@ def write(tmp_path: Path, text: str) -> Path:
     return file
 
 
-def run(definitions: list[suite.ProbeDefinition], tmp_path: Path) -> Run:
-    return suite.run_suite(definitions, SuiteContext("test-run", tmp_path / "reports"))
+def run(definitions: list[suite.ProbeDefinition], tmp_path: Path, isolate: bool = True) -> Run:
+    return suite.run_suite(definitions, SuiteContext("test-run", tmp_path / "reports", isolate=isolate))
 
 
 def test_discover_and_load(probes_dir: Path) -> None:
@@ -115,7 +115,8 @@ expect = { status = "error" }
 name = "never"
 probe = "toy"
 """)
-    result = run(suite.load_definitions([file]), tmp_path)
+    # in-process, so the probe's KeyboardInterrupt reaches the suite as a Ctrl-C would
+    result = run(suite.load_definitions([file]), tmp_path, isolate=False)
     assert result.interrupted
     assert [v.status for v in result.verdicts] == [Status.PASS, Status.ERROR, Status.ERROR]
     assert result.verdicts[1].expect_met is False

@@ -70,7 +70,7 @@ def load_side(label: str, target: Target, shape: tuple[int, ...], input_sets: in
             args["seed"] = index
         try:
             kernel = factory(shape, **args)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a target that exits is a failed target
             raise TargetFailed(label, f"in its factory {target.ref} for shape {shape_text}", exc) from exc
         if not callable(kernel):
             raise TargetFailed(label, f"in its factory {target.ref}", TypeError(
@@ -99,7 +99,7 @@ def check_result(side: Side, result: Any, call: str) -> None:
 def call_checked(side: Side, kernel: Kernel, call: str) -> Any:
     try:
         result = kernel()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise TargetFailed(side.label, f"in the kernel {side.kernel_name} on {call}", exc) from exc
     check_result(side, result, call)
     side.calls_checked += 1

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
+from glmfb.errors import UsageError
 from glmfb.verdict import Run, Verdict
 
 if TYPE_CHECKING:
@@ -70,3 +71,18 @@ def progress_messages(enabled: bool | None = None) -> Iterator[Callable[[str], N
         return
     with console(stderr=True).status("starting") as status:
         yield lambda message: status.update(message)
+
+
+def parse_timeout(text: str | None) -> float | None:
+    """``--timeout 30s`` -> 30.0; None when not given."""
+    if text is None:
+        return None
+    from glmfb.units import OptionValueError, parse_seconds
+
+    try:
+        value = parse_seconds(text)
+    except OptionValueError as exc:
+        raise UsageError(f"--timeout: {exc.problem}", exc.hint) from None
+    if not value > 0:
+        raise UsageError(f"--timeout {text!r} must be positive", "write it as 30s or 10min")
+    return value

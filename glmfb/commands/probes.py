@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from glmfb.commands.common import emit_verdict, progress_messages
+from glmfb.commands.common import emit_verdict, parse_timeout, progress_messages
 from glmfb.errors import UsageError
 from glmfb.options import OptionSpec, options_of, parse_given
 from glmfb.probe import Probe, ProbeContext, ProbeForm, ProbeSpec, safe_component
@@ -88,6 +88,9 @@ def _common_parameters(probe: Probe) -> list[inspect.Parameter]:
         "--csv", metavar="DIR", help="Also write the verdict's tables as CSV files into DIR.")]))
     params.append(_param("rules", Annotated[list[Path] | None, typer.Option(
         "--rules", metavar="FILE", help="A Python file defining RULES, tried before the built-in rules. Repeatable.")]))
+    params.append(_param("timeout", Annotated[str | None, typer.Option(
+        "--timeout", metavar="DURATION", help="Stop the probe (and everything it started) after this long. "
+        "[default: 15min]")]))
     params.append(_param("as_json", Annotated[bool, typer.Option(
         "--json", help="Print exactly one JSON document on stdout; human text goes to stderr.")], False))
     return params
@@ -124,17 +127,39 @@ def register_probe(app: typer.Typer, probe: Probe) -> None:
     """Add ``glmfb <kind>`` for one probe."""
 
     def command(**values: Any) -> None:
-        from glmfb.clock import new_run_id
-        from glmfb.host import run_probe
+        import os
 
+        from glmfb.clock import new_run_id, utc_now
+        from glmfb.host import run_probe
+        from glmfb.io import write_json_atomic
+        from glmfb.runs import start_run
+        from glmfb.verdict import Run, Verdict
+
+        out = Path(values["out"])
+        run_id = new_run_id()
+        report_dir = start_run(out, run_id)  # the gate's pointer, before anything can fail
+        started = utc_now()
+        timeout_s = parse_timeout(values.get("timeout"))
+        rules = tuple(Path(p) for p in values.get("rules") or ())
+        for file in rules:
+            if not file.is_file():
+                raise UsageError(f"--rules {file}: no such file", "give a .py file that defines RULES")
         spec = spec_from_command_line(probe, values)
         config = probe.build(spec)
-        run_id = new_run_id()
-        artifact_dir = Path(values["out"]) / run_id / safe_component(spec.name)
+        interrupted = False
         with progress_messages() as progress:
-            ctx = ProbeContext(run_id=run_id, artifact_dir=artifact_dir, progress=progress,
-                               rules_files=tuple(values.get("rules") or ()))
-            verdict = run_probe(probe, config, ctx)
+            ctx = ProbeContext(run_id=run_id, artifact_dir=report_dir / safe_component(spec.name), progress=progress,
+                               rules_files=rules)
+            try:
+                verdict = run_probe(probe, config, ctx, isolate=os.environ.get("GLMFB_ISOLATE", "1") != "0",
+                                    timeout_s=timeout_s)
+            except KeyboardInterrupt as exc:
+                interrupted = True
+                verdict = Verdict.harness_error(
+                    probe.kind, spec.name,
+                    f"interrupted ({getattr(exc, 'signal_name', 'SIGINT')}) while running; its processes were stopped")
+        run = Run(id=run_id, started=started, finished=utc_now(), verdicts=(verdict,), interrupted=interrupted)
+        write_json_atomic(report_dir / "run.json", run.to_dict())
         if values.get("csv") is not None:
             from glmfb.tables import write_csv
 

@@ -54,7 +54,7 @@ def load_side(target: Target, label: str = "target") -> LoadedSide:
     factory = target.load()
     try:
         obj = factory(**dict(target.args))
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a target that exits is a failed target
         raise TargetFailed(label, f"in its factory {target.ref}", exc) from exc
     if isinstance(obj, torch.nn.Module):
         obj.eval()
@@ -174,7 +174,7 @@ def forward(side: LoadedSide, request: Request) -> Any:
                 args, kwargs = request.module_inputs()
                 return side.module(*args, **kwargs)
             return side.obj(request.as_dict())
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise TargetFailed(side.label, f"({side.target.ref}) on request {request.id!r}", exc) from exc
 
 

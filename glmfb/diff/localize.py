@@ -123,7 +123,7 @@ def local_errors(baseline: LoadedSide, candidate: LoadedSide, request: Request,
         try:
             with torch.no_grad():
                 cand_output = module(*args, **kwargs)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             detail = str(exc).strip().splitlines()
             note = f"run in isolation, it raised {type(exc).__name__}" + (f": {detail[0]}" if detail else "")
             results.append(LocalError(module_name, call, name, None, None, note))

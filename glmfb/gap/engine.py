@@ -78,7 +78,7 @@ def _build(label: str, factory: Callable[..., Any], target: Target, report: Prog
     report(f"building the {label}: {target.describe()}")
     try:
         built = factory(**dict(target.args))
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise TargetFailed(label, f"while building ({target.describe()})", exc) from exc
     if not callable(built):
         raise TargetFailed(label, "while building", TypeError(

@@ -70,7 +70,7 @@ def call_side(side: str, function: Callable[[], Any], stage: str) -> tuple[float
     started = time.perf_counter()
     try:
         result = function()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a target that exits is a failed target
         raise TargetFailed(side, stage, exc) from exc
     return time.perf_counter() - started, result
 
