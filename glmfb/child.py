@@ -44,6 +44,8 @@ def main() -> None:
     from glmfb.supervise import decode
     from glmfb.verdict import Verdict
 
+    if "call" in job:  # not a probe: a function of glmfb's (glmfb capture), run the same way
+        _call(job, send)
     kind = job["kind"]
     name = kind
     try:
@@ -67,6 +69,27 @@ def main() -> None:
             next=("a target must return, not exit; remove the sys.exit call from the code glmfb calls",),
         )
     send({"verdict": verdict.to_dict()})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _call(job: dict[str, Any], send: Any) -> None:
+    """Run ``job["call"]`` (``module:function``) on the decoded config; answer its JSON result,
+    or the GlmfbError it raised (message and exit code)."""
+    from glmfb.errors import GlmfbError
+    from glmfb.supervise import _load_class, decode
+
+    try:
+        function = _load_class(job["call"])
+        result = function(decode(job["config"]), lambda message: send({"progress": message}))
+        send({"result": result})
+    except GlmfbError as exc:
+        send({"glmfb_error": str(exc), "exit_code": int(exc.exit_code)})
+    except Stopped:
+        send({"glmfb_error": "stopped by glmfb (SIGTERM) before it finished", "exit_code": 3})
+    except (Exception, SystemExit) as exc:
+        send({"glmfb_error": f"{job['call']} raised {type(exc).__name__}: {exc}", "exit_code": 3})
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -125,15 +125,22 @@ class ProbeSpec:
 
     def side(self, which: str) -> Target:
         """The baseline, candidate or target as a :class:`~glmfb.targets.Target`."""
+        from glmfb.errors import TargetError
         from glmfb.targets import Target
 
         ref = getattr(self, which)
         if not ref:
             raise InputError(f"{self.label}: no {which} given")
         if which == "target":
-            return Target(ref, dict(self.args), self.base_dir)
-        baseline_args, candidate_args = self.side_args()
-        return Target(ref, baseline_args if which == "baseline" else candidate_args, self.base_dir)
+            target = Target(ref, dict(self.args), self.base_dir)
+        else:
+            baseline_args, candidate_args = self.side_args()
+            target = Target(ref, baseline_args if which == "baseline" else candidate_args, self.base_dir)
+        try:
+            target.check()
+        except TargetError as exc:
+            raise TargetError(f"{self.label}: {which}: {exc.message}", exc.hint) from None
+        return target
 
     def resolve_path(self, value: str | Path) -> Path:
         """A file path from the spec: absolute, beside the definition, or in the working dir."""

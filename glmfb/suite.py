@@ -213,6 +213,9 @@ def _expectation(table: Mapping[str, Any], label: str) -> Expectation | None:
         raise InputError(f"{label}: unknown key expect.{sorted(unknown)[0]}", "use status, layer, where")
     if "where" in raw and not isinstance(raw["where"], dict):
         raise InputError(f"{label}: expect.where must be a table")
+    if raw.get("status") == "error":
+        raise InputError(f"{label}: expect.status is 'error', but an error verdict never meets an expectation",
+                         "a probe that could not run has shown nothing; expect pass, warn, fail or inconclusive")
     if "status" not in raw and "layer" not in raw and not raw.get("where"):
         raise InputError(f"{label}: the expectation is empty, so any verdict would meet it",
                          "give expect.status (and layer, where), or remove expect")

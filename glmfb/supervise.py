@@ -22,6 +22,7 @@ The timing of ``glmfb bench`` happens entirely inside the child.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import importlib
@@ -40,7 +41,7 @@ from typing import Any
 from glmfb.errors import HarnessError, UsageError
 from glmfb.evidence import ProcessExit
 from glmfb.process import ProcessTree, describe_returncode
-from glmfb.verdict import Verdict
+from glmfb.verdict import ExitCode, Verdict
 
 RESULT_FD_ENV = "GLMFB_RESULT_FD"
 STDOUT_NAME = "probe-stdout.txt"
@@ -133,32 +134,39 @@ def _tail(path: Path, lines: int = 8, limit: int = 1200) -> str:
     return "\n".join(kept[-lines:])[-limit:]
 
 
-def run_isolated(
-    kind: str,
-    name: str,
-    config: Any,
-    *,
-    run_id: str,
-    artifact_dir: Path,
-    progress: Callable[[str], None],
-    rules_files: tuple[Path, ...] = (),
-    usage_errors: bool = True,
-    timeout_s: float | None = None,
-    cancel: threading.Event | None = None,
-) -> Verdict:
-    """Run probe ``kind`` on ``config`` in a supervised child and return its verdict.
+def call_isolated(function: str, config: Any, *, artifact_dir: Path, progress: Callable[[str], None],
+                  timeout_s: float | None = None) -> Any:
+    """Run ``function`` (``module:function`` taking ``(config, progress)`` and returning JSON
+    data) in a supervised child; its result, or the :class:`GlmfbError` it raised (with its exit
+    code), or a :class:`HarnessError` saying how the child ended."""
+    from glmfb.errors import GlmfbError
 
-    Raises :class:`~glmfb.errors.UsageError` when the child reports one (and
-    ``usage_errors``), and :class:`KeyboardInterrupt` after stopping the child when glmfb
-    itself is interrupted."""
+    messages, returncode, outcome = _supervise(
+        {"call": function, "config": encode(config), "sys_path": [p for p in sys.path if p]},
+        artifact_dir, progress, timeout_s, None,
+    )
+    stderr_tail = _tail(artifact_dir / STDERR_NAME)
+    for message in messages:
+        if "result" in message:
+            return message["result"]
+        if "glmfb_error" in message:
+            error = GlmfbError(str(message["glmfb_error"]))
+            error.exit_code = ExitCode(int(message["exit_code"]))
+            raise error
+    what = (f"was killed after {DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s:g} s timeout"
+            if outcome == "timeout" else describe_returncode(returncode if returncode is not None else -9))
+    last = stderr_tail.splitlines()[-1] if stderr_tail else ""
+    raise HarnessError(f"the process running {function.rpartition(':')[2]} {what}" + (f": {last[:200]}" if last else ""),
+                       f"read {artifact_dir / STDERR_NAME}")
+
+
+def _supervise(job: dict[str, Any], artifact_dir: Path, progress: Callable[[str], None], timeout_s: float | None,
+               cancel: threading.Event | None) -> tuple[list[dict[str, Any]], int | None, str]:
+    """Start ``python -m glmfb.child`` on ``job``; collect its messages until it answers,
+    times out or is cancelled; stop its process tree. ``(messages, returncode, outcome)``."""
     timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
     artifact_dir.mkdir(parents=True, exist_ok=True)
     stdout_path, stderr_path = artifact_dir / STDOUT_NAME, artifact_dir / STDERR_NAME
-    job = {
-        "kind": kind, "config": encode(config), "run_id": run_id, "artifact_dir": str(artifact_dir),
-        "rules_files": [str(p) for p in rules_files], "usage_errors": usage_errors,
-        "sys_path": [p for p in sys.path if p],
-    }
     read_fd, write_fd = os.pipe()
     env = {**os.environ, RESULT_FD_ENV: str(write_fd)}
     started = time.monotonic()
@@ -217,28 +225,58 @@ def run_isolated(
         raise
     finally:
         os.close(read_fd)
-    elapsed_s = time.monotonic() - started
     if outcome != "answered":
         tree.stop(STOP_GRACE_S)
         child.wait()
-        why = (f"killed after {timeout_s:g} s timeout (the target hung, or needs more time: raise the timeout)"
+        return messages, child.returncode, outcome
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=STOP_GRACE_S)
+    leftovers = tree.stop(0.5)  # anything the child left running (a thread's child process)
+    child.wait()
+    if leftovers:
+        messages.append({"leftovers": len(leftovers)})
+    return messages, child.returncode, outcome
+
+
+def run_isolated(
+    kind: str,
+    name: str,
+    config: Any,
+    *,
+    run_id: str,
+    artifact_dir: Path,
+    progress: Callable[[str], None],
+    rules_files: tuple[Path, ...] = (),
+    usage_errors: bool = True,
+    timeout_s: float | None = None,
+    cancel: threading.Event | None = None,
+) -> Verdict:
+    """Run probe ``kind`` on ``config`` in a supervised child and return its verdict.
+
+    Raises :class:`~glmfb.errors.UsageError` when the child reports one (and
+    ``usage_errors``), and :class:`KeyboardInterrupt` after stopping the child when glmfb
+    itself is interrupted."""
+    stdout_path, stderr_path = artifact_dir / STDOUT_NAME, artifact_dir / STDERR_NAME
+    job = {
+        "kind": kind, "config": encode(config), "run_id": run_id, "artifact_dir": str(artifact_dir),
+        "rules_files": [str(p) for p in rules_files], "usage_errors": usage_errors,
+        "sys_path": [p for p in sys.path if p],
+    }
+    started = time.monotonic()
+    messages, returncode, outcome = _supervise(job, artifact_dir, progress, timeout_s, cancel)
+    elapsed_s = time.monotonic() - started
+    if outcome != "answered":
+        limit = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+        why = (f"killed after {limit:g} s timeout (the target hung, or needs more time: raise the timeout)"
                if outcome == "timeout" else "cancelled: the probe and every process it started were stopped")
-        return _failed(kind, name, f"glmfb {kind}: {why}", child.returncode, stdout_path, stderr_path,
+        return _failed(kind, name, f"glmfb {kind}: {why}", returncode, stdout_path, stderr_path,
                        elapsed_s, timed_out=outcome == "timeout")
-    try:
-        returncode = child.wait(timeout=STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        returncode = None
-    leftovers = tree.stop(0.5)  # anything the probe left running (a thread's child process)
-    if returncode is None:
-        child.wait()
-        returncode = child.returncode
-    verdict_message = next((m for m in messages if "verdict" in m), None)
     usage = next((m for m in messages if "usage_error" in m), None)
     if usage is not None:
         raise UsageError(str(usage["usage_error"]))
+    verdict_message = next((m for m in messages if "verdict" in m), None)
     if verdict_message is None:
-        what = describe_returncode(returncode)
+        what = describe_returncode(returncode if returncode is not None else -9)
         return _failed(kind, name, f"glmfb {kind}: the probe's process {what} before answering",
                        returncode, stdout_path, stderr_path, elapsed_s)
     verdict = Verdict.from_dict(verdict_message["verdict"])
@@ -246,8 +284,9 @@ def run_isolated(
     for label, path in (("probe_stdout", stdout_path), ("probe_stderr", stderr_path)):
         if path.is_file() and path.stat().st_size > 0:
             artifacts.setdefault(label, str(path))
+    leftovers = next((m["leftovers"] for m in messages if "leftovers" in m), 0)
     if leftovers:
-        artifacts.setdefault("note", f"{len(leftovers)} process(es) the probe left running were stopped")
+        artifacts.setdefault("note", f"{leftovers} process(es) the probe left running were stopped")
     return dataclasses.replace(verdict, artifacts=artifacts)
 
 

@@ -58,6 +58,13 @@ class Target:
     def load(self) -> Callable[..., Any]:
         return resolve(self.ref, base_dir=self.base_dir)
 
+    def check(self) -> None:
+        """What can be checked without importing the target: the reference's form, and that a
+        file reference names a file that exists. Raises :class:`TargetError`."""
+        location, _ = split_ref(self.ref)
+        if is_file_ref(location):
+            _find_file(location, self.base_dir)
+
     @property
     def portable_ref(self) -> str:
         """The reference as one would type it in the current directory (probe definitions

@@ -201,7 +201,12 @@ class Expectation:
     def mismatches(self, verdict: Verdict) -> list[str]:
         """What differs between this expectation and ``verdict``, one phrase each."""
         problems: list[str] = []
-        if self.status is not None and verdict.status != self.status:
+        if verdict.status is Status.ERROR and self.status is not Status.ERROR:
+            problems.append(f"status: expected {self.status.value if self.status else 'a verdict'}, got error "
+                            "(the probe could not run)")
+        elif verdict.status is Status.ERROR:
+            problems.append("status: an error verdict never meets an expectation")
+        elif self.status is not None and verdict.status != self.status:
             problems.append(f"status: expected {self.status.value}, got {verdict.status.value}")
         if self.layer is not None and verdict.layer != self.layer:
             problems.append(f"layer: expected {self.layer.value}, got {verdict.layer.value}")
@@ -306,8 +311,10 @@ class Verdict:
         return [item for item in self.evidence if isinstance(item, kind)]
 
     def with_expectation(self, expect: Expectation) -> Verdict:
-        """This verdict judged against ``expect``."""
-        return replace(self, expect=expect, expect_met=not expect.mismatches(self))
+        """This verdict judged against ``expect``. An error verdict never meets an expectation:
+        a probe that could not run has not shown anything."""
+        met = self.status is not Status.ERROR and not expect.mismatches(self)
+        return replace(self, expect=expect, expect_met=met)
 
     # ---- constructors --------------------------------------------------------------------
 

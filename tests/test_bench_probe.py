@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from glmfb import suite
-from glmfb.errors import InputError
+from glmfb.errors import InputError, UsageError
 from glmfb.verdict import Status
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +34,7 @@ def test_bench_definitions_meet_their_expectations(name: str, tmp_path: Path) ->
 
 
 def test_unknown_option_and_missing_shapes_are_refused_at_load(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("def f(shape): ...\ndef g(shape): ...\n")
     path = tmp_path / "p.toml"
     path.write_text(
         '[[probe]]\nname = "x"\nprobe = "bench"\nbaseline = "a.py:f"\ncandidate = "a.py:g"\n'
@@ -43,4 +44,12 @@ def test_unknown_option_and_missing_shapes_are_refused_at_load(tmp_path: Path) -
         suite.load_definitions([path])
     path.write_text('[[probe]]\nname = "x"\nprobe = "bench"\nbaseline = "a.py:f"\ncandidate = "a.py:g"\n')
     with pytest.raises(InputError, match="no shape given"):
+        suite.load_definitions([path])
+
+
+def test_a_missing_target_file_is_refused_at_load(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('[[probe]]\nname = "x"\nprobe = "bench"\nbaseline = "nowhere.py:f"\ncandidate = "nowhere.py:g"\n'
+                    'options = { shapes = ["8"] }\n')
+    with pytest.raises(UsageError, match=r"baseline: target file nowhere\.py not found"):
         suite.load_definitions([path])

@@ -249,3 +249,31 @@ def test_a_user_rule_file_changes_the_why(tmp_path: Path, toy: Path) -> None:
     [plain] = load_definitions([tmp_path / "q.toml"])
     baseline = run_definition(plain, SuiteContext("r", tmp_path / "reports"))
     assert baseline.find(RuleFired).rule == "scripted"  # type: ignore[union-attr]
+
+
+# ---- the gate gates the latest run, never a stale one --------------------------------------
+
+
+def test_the_stale_run_recipe_exits_non_zero(tmp_path: Path, toy: Path) -> None:
+    """glmfb run bad.toml --out reports/ ; glmfb gate: the run stops on bad input, and the gate
+    must not gate the previous (green) run instead."""
+    env = toy_env(toy)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "glmfb", *args], capture_output=True, text=True, cwd=tmp_path,
+                              env=env, timeout=120)
+
+    (tmp_path / "good.toml").write_text('[[probe]]\nname = "g"\nprobe = "toy"\n')
+    (tmp_path / "bad.toml").write_text('[[probe]]\nname = "b"\nprobe = "toy"\noptions = { threshold = 5 }\n')
+    assert cli("run", "good.toml", "--out", "reports").returncode == 0
+    gated = cli("gate")
+    assert gated.returncode == 0 and "glmfb gate: read reports/" in gated.stderr
+    ran = cli("run", "bad.toml", "--out", "reports")
+    assert ran.returncode == 2
+    stale = cli("gate")
+    assert stale.returncode == 3, stale.stderr
+    assert "wrote no run.json" in stale.stderr and "never gates an older run" in stale.stderr
+    # a run folder is accepted as the gate's source
+    folder = next(p.parent for p in (tmp_path / "reports").glob("*/run.json"))
+    assert cli("gate", str(folder)).returncode == 0
+    assert cli("gate", str(tmp_path / "reports")).returncode == 3  # the folder's latest run is the bad one

@@ -428,3 +428,19 @@ def test_a_forked_child_does_not_write_into_the_parents_heartbeat(tmp_path: Path
     beat = read_heartbeat(tmp_path / "hb")
     assert beat is not None and beat.ticks > 100
     assert all(a < b for a, b in zip(beat.wake_s, beat.wake_s[1:], strict=False))  # no copies
+
+
+def test_a_target_whose_set_up_hangs_is_an_error_not_a_warn(tmp_path: Path) -> None:
+    program = tmp_path / "slow_factory.py"
+    program.write_text("import time\n\ndef make():\n    time.sleep(3600)\n    return lambda: None\n")
+    verdict = run("gil", GilConfig(name="hang", target=Target(f"{program}:make"), duration_s=1, setup_timeout_s=2.0),
+                  tmp_path)
+    assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
+    assert "did not finish within 2 s, so nothing was sampled" in verdict.why
+
+
+def test_a_target_that_exits_during_set_up_is_an_error(tmp_path: Path) -> None:
+    program = tmp_path / "exits.py"
+    program.write_text("import os\n\ndef make():\n    os._exit(0)\n")
+    verdict = run("gil", GilConfig(name="exits", target=Target(f"{program}:make"), duration_s=1), tmp_path)
+    assert verdict.status is Status.ERROR and "exited with status 0 during its set-up" in verdict.why

@@ -110,7 +110,7 @@ probe = "toy"
 name = "stopped"
 probe = "toy"
 options = { outcome = "interrupt" }
-expect = { status = "error" }
+expect = { status = "pass" }
 [[probe]]
 name = "never"
 probe = "toy"
@@ -134,6 +134,8 @@ probe = "toy"
         ("[[probe]]\nname='a'\nprobe='toy'\nexpect={status='great'}\n", "bad expectation"),
         ("[[probe]]\nname='a'\nprobe='toy'\nexpect={}\n", "expectation is empty"),
         ("[[probe]]\nname='a'\nprobe='toy'\nexpect={where={}}\n", "expectation is empty"),
+        ("[[probe]]\nname='a'\nprobe='toy'\nexpect={status='error'}\n", "never meets an expectation"),
+        ("[[probe]]\nname='a'\nprobe='toy'\ntimeout='soon'\n", "timeout: 'soon' is not a duration"),
         ("[[probe]]\nname='a'\nprobe='toy'\n[[probe]]\nname='a'\nprobe='toy'\n", "already defined"),
         ("[probe\n", "invalid TOML"),
         ("title='x'\n", "unknown top-level key"),
@@ -150,6 +152,7 @@ def test_bad_definitions_are_usage_errors(tmp_path: Path, toy: Path, text: str, 
 
 def test_builtin_probe_checks_run_at_load(tmp_path: Path) -> None:
     """A bench definition without shapes is refused when the file loads, before anything runs."""
+    (tmp_path / "k.py").write_text("def a(shape): ...\ndef b(shape): ...\n")
     text = "[[probe]]\nname='a'\nprobe='bench'\nbaseline='k.py:a'\ncandidate='k.py:b'\n"
     with pytest.raises(InputError, match="no shape given"):
         suite.load_definitions([write(tmp_path, text)])

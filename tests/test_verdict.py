@@ -158,8 +158,10 @@ def test_expectation_turns_expected_failure_into_a_pass() -> None:
     broken = make(Status.ERROR, layer=Layer.HARNESS).with_expectation(expect)
     assert broken.expect_met is False and broken.outcome is Status.ERROR
     assert broken.exit_code is ExitCode.HARNESS_ERROR
-    expected_error = make(Status.ERROR).with_expectation(Expectation(status=Status.ERROR))
-    assert expected_error.outcome is Status.PASS
+    # an error verdict never meets an expectation, not even an empty one or one that asks for it
+    for expectation in (Expectation(status=Status.ERROR), Expectation(), Expectation(where={})):
+        judged = make(Status.ERROR, layer=Layer.HARNESS).with_expectation(expectation)
+        assert judged.expect_met is False and judged.outcome is Status.ERROR
     run = Run(id="r", started="s", verdicts=(met, unmet))
     assert run.summary["expect_met"] == 1 and run.summary["expect_unmet"] == 1
     assert run.exit_code is ExitCode.REGRESSION

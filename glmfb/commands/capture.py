@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from glmfb.commands.common import console, progress_messages
+from glmfb.commands.common import console, parse_timeout, progress_messages
 from glmfb.commands.probes import given_options, option_parameters
 
 
@@ -20,15 +20,31 @@ def register(app: typer.Typer) -> None:
     from glmfb.diff.config import CaptureConfig
 
     def capture_command(**values: Any) -> None:
-        from glmfb.diff.engine import run_capture
+        import tempfile
+
+        from glmfb.supervise import call_isolated
         from glmfb.targets import parse_args
 
         config = CaptureConfig(target=values["target"], out=values["out"], args=parse_args(values.get("arg") or []),
                                **given_options(CaptureConfig, values))
+        if config.requests is not None and not config.requests.is_file():
+            from glmfb.errors import UsageError
+
+            raise UsageError(f"--requests {config.requests}: no such file")
+        import os
+
+        timeout_s = parse_timeout(values.get("timeout"))
         with progress_messages() as progress:
-            manifest = run_capture(config, progress)
-        taps = sum(len(r.taps) for r in manifest.requests)
-        console(stderr=True).print(f"captured {len(manifest.requests)} requests, {taps} tensors into {config.out}")
+            if os.environ.get("GLMFB_ISOLATE", "1") == "0":  # debugging: in this process
+                from glmfb.diff.engine import capture_job
+
+                result = capture_job(config, progress)
+            else:
+                logs = Path(tempfile.mkdtemp(prefix="glmfb-capture-"))  # the child's stdout and stderr
+                result = call_isolated("glmfb.diff.engine:capture_job", config, artifact_dir=logs,
+                                       progress=progress, timeout_s=timeout_s)
+        console(stderr=True).print(f"captured {result['requests']} requests, {result['tensors']} tensors into "
+                                   f"{config.out}")
 
     pos = inspect.Parameter.POSITIONAL_OR_KEYWORD
     kw = inspect.Parameter.KEYWORD_ONLY
@@ -39,6 +55,8 @@ def register(app: typer.Typer) -> None:
             "--out", metavar="DIR", help="Capture directory to write.")]),
         inspect.Parameter("arg", kw, default=None, annotation=Annotated[list[str] | None, typer.Option(
             "--arg", metavar="KEY=VALUE", help="Keyword argument for the target factory. Repeatable.")]),
+        inspect.Parameter("timeout", kw, default=None, annotation=Annotated[str | None, typer.Option(
+            "--timeout", metavar="DURATION", help="Stop the target (and what it started) after this long.")]),
         *option_parameters(CaptureConfig),
     ]
     capture_command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from glmfb.diff.metrics import DEFAULT_CHUNK_ELEMENTS, Tolerances
+from glmfb.diff.requests import DEFAULT_MAX_ELEMENTS
 from glmfb.options import BOOL, FILE, GLOBS, POSITIVE_INT, ValueType, nonnegative_float, option
 from glmfb.units import OptionValueError, parse_number
 
@@ -73,6 +74,8 @@ class DiffConfig:
     localize: bool = option(True, BOOL, "Measure each suspect module's own error on the baseline's inputs.")
     minimize: bool = option(True, BOOL, "Search the shortest failing prefix of the worst request.")
     max_suspects: int = option(16, POSITIVE_INT, "Most modules whose local error is measured.")
+    max_elements: int = option(DEFAULT_MAX_ELEMENTS, POSITIVE_INT,
+                               "Largest request (tokens, or tensor elements) read before allocating it.")
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
 
     @property
@@ -91,3 +94,6 @@ class CaptureConfig:
     requests: Path | None = option(None, FILE, "Requests, one JSON object per line.")
     taps: tuple[str, ...] = option((), GLOBS, "Only tap submodules whose name matches this glob. Repeatable.",
                                    flag="--tap")
+    max_elements: int = option(DEFAULT_MAX_ELEMENTS, POSITIVE_INT,
+                               "Largest request (tokens, or tensor elements) read before allocating it.")
+    force: bool = option(False, BOOL, "Replace an existing capture directory at --out (whole).", toml=False)

@@ -82,13 +82,18 @@ def _utc_now() -> str:
 
 
 def capture(side: LoadedSide, requests: Sequence[Request], out: Path, taps: Sequence[str],
-            progress: Progress | None = None, label: str = "") -> Manifest:
-    """Run the requests through a loaded target and write a capture directory."""
+            progress: Progress | None = None, label: str = "", force: bool = False) -> Manifest:
+    """Run the requests through a loaded target and write a capture directory (written aside
+    and renamed into place when complete; removed when the target fails half-way)."""
     writer = CaptureWriter(
         out, target=side.target.ref, args=side.target.args, kind=side.kind, tap_globs=taps,
-        env=fingerprint(), git=git_revision(), created=_utc_now(),
+        env=fingerprint(), git=git_revision(), created=_utc_now(), force=force,
     )
-    run_requests(side, requests, taps, writer, progress, label)
+    try:
+        run_requests(side, requests, taps, writer, progress, label)
+    except BaseException:
+        writer.abandon()
+        raise
     return writer.finish()
 
 
@@ -99,13 +104,19 @@ def run_capture(config: CaptureConfig, progress: Progress | None = None) -> Mani
 
     if config.requests is None:
         raise UsageError("glmfb capture needs --requests FILE")
-    requests = read_requests(config.requests)
+    requests = read_requests(config.requests, config.max_elements)
     target = Target(config.target, dict(config.args), config.base_dir)
     try:
         side = load_side(target)
-        return capture(side, requests, config.out, config.taps, progress)
+        return capture(side, requests, config.out, config.taps, progress, force=config.force)
     except TargetFailed as exc:
         raise HarnessError(str(exc), "fix the target, or run it alone with GLMFB_DEBUG=1") from exc
+
+
+def capture_job(config: CaptureConfig, progress: Progress) -> dict[str, Any]:
+    """``glmfb capture`` as the supervised child runs it: a summary as JSON data."""
+    manifest = run_capture(config, progress)
+    return {"requests": len(manifest.requests), "tensors": sum(len(r.taps) for r in manifest.requests)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -152,7 +163,7 @@ def _run_diff(config: DiffConfig, env: Mapping[str, Any], ctx: ProbeContext) -> 
     if None in dirs:
         if config.requests is None:
             raise UsageError("a target side needs --requests FILE", "or give two capture directories")
-        requests = read_requests(config.requests)
+        requests = read_requests(config.requests, config.max_elements)
         sides: list[LoadedSide] = []
         for index, (ref, args, label) in enumerate(
             ((config.baseline, config.baseline_args, "baseline"), (config.candidate, config.candidate_args, "candidate"))
@@ -161,7 +172,7 @@ def _run_diff(config: DiffConfig, env: Mapping[str, Any], ctx: ProbeContext) -> 
                 continue
             side = load_side(Target(ref, dict(args), config.base_dir), label)
             out = report_dir / "captures" / label
-            capture(side, requests, out, config.taps, progress, f"{label} ")
+            capture(side, requests, out, config.taps, progress, f"{label} ", force=True)
             dirs[index] = out
             sides.append(side)
         if len(sides) == 2:

@@ -52,8 +52,14 @@ class DiffProbe(BaseProbe):
         if targets and options.get("requests") is None:
             raise UsageError(f"{spec.label}: a target side needs requests (--requests FILE, TOML options.requests)",
                              "or give two capture directories")
-        if options.get("requests") is not None and not options["requests"].is_file():
-            raise UsageError(f"{spec.label}: requests file {options['requests']} not found")
+        if options.get("requests") is not None:
+            from glmfb.diff.requests import DEFAULT_MAX_ELEMENTS, read_requests
+
+            read_requests(options["requests"], options.get("max_elements", DEFAULT_MAX_ELEMENTS))  # checked now
+        for ref in targets:
+            from glmfb.targets import Target
+
+            Target(ref, {}, spec.base_dir).check()
         return DiffConfig(name=spec.name, baseline=refs[0], candidate=refs[1], baseline_args=baseline_args,
                           candidate_args=candidate_args, base_dir=spec.base_dir, **options)
 

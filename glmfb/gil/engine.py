@@ -226,16 +226,18 @@ class _Session:
                 poll_s=0.02,
             )
             if launched.poll() is not None:
-                return self._early_exit(launched)
+                return self._early_exit(launched, during_setup=True)
             try:
                 self.ready_s = float(self.ready_file.read_text(encoding="utf-8"))
             except (OSError, ValueError):
-                self.missing.append(
-                    {
-                        "signal": "steady state",
-                        "reason": f"the target's set-up took over {config.setup_timeout_s:g} s; "
-                        "sampling includes it",
-                    }
+                # Nothing ran: the factory or the first call never returned. Not a pass, and
+                # not a measurement either.
+                return self._error(
+                    f"the target's set-up (its factory and first call) did not finish within "
+                    f"{config.setup_timeout_s:g} s, so nothing was sampled",
+                    [f"run the factory alone; if it is only slow, raise --setup-timeout above "
+                     f"{config.setup_timeout_s:g}s"],
+                    [ProcessExit(stderr_tail=launched.stderr_tail() or None, stderr=str(launched.stderr_path))],
                 )
 
         sampler = GilWaitSampler(python_pid, round(config.rate_hz))
@@ -260,11 +262,20 @@ class _Session:
                 return self._crashed(launched, code)
         return self._decide(python_pid, sampler, sampling_started, launched)
 
-    def _early_exit(self, launched: Launched) -> Verdict:
+    def _early_exit(self, launched: Launched, *, during_setup: bool = False) -> Verdict:
         code = launched.poll()
         assert code is not None
         if code != 0:
             return self._crashed(launched, code)
+        if during_setup or self.config.target is not None:
+            # The runner never exits 0 before its first call returned: the target itself exited.
+            return self._error(
+                "the target's process exited with status 0 during its set-up (the factory or its first call "
+                "called sys.exit or os._exit), so nothing was sampled",
+                ["a target must return a callable, not exit; remove the exit from the code glmfb calls"],
+                [ProcessExit(returncode=code, description=describe_returncode(code),
+                             stderr_tail=launched.stderr_tail() or None, stderr=str(launched.stderr_path))],
+            )
         return Verdict(
             probe="gil",
             name=self.config.name,

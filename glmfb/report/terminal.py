@@ -132,7 +132,8 @@ def render_gate(result: GateResult) -> RenderableType:
     word = "passed" if result.passed else f"failed (exit {int(result.exit_code)})"
     counts = ", ".join(f"{result.count(d)} {d.value}" for d in GateDecision if result.count(d))
     style = "status.pass" if result.passed else "status.fail"
-    lines: list[RenderableType] = [Text(f"glmfb gate {word}: {counts}", style=style)]
+    lines: list[RenderableType] = [Text(f"glmfb gate {word}: {counts or 'no verdicts'}", style=style)]
+    lines.extend(Text(f"  {problem}", style="status.error") for problem in result.problems)
     for row in result.rows:
         if row.decision is not GateDecision.OK:
             suffix = f" (allowed: {row.reason})" if row.reason else ""
