@@ -230,3 +230,37 @@ def test_the_leftover_search_finds_a_marked_process() -> None:
         process.kill()
         process.wait()
     assert wait_for_no_leftovers(mark) == []
+
+
+def test_sigterm_during_gap_attribution_leaves_no_runner_or_receiver(tmp_path: Path) -> None:
+    """The kv_transfer scenario (a receiver process) failing its gap, so the gil probe runs on it
+    (a runner process, two py-spy samplers): SIGTERM then must stop all of them."""
+    scenario = ROOT / "scenarios" / "kv_transfer" / "scenario.py"
+    mark = uuid.uuid4().hex
+    out = tmp_path / "reports"
+    small = [*(f"--arg={k}={v}" for k, v in {"layers": 2, "tokens": 512, "hidden": 64, "heads": 2, "page_tokens": 8,
+                                              "dispatch_ms": 2.0}.items()), "--candidate-arg", "transport=socket"]
+    env = {**os.environ, MARK: mark, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "glmfb", "gap", f"{scenario}:prefill_only", f"{scenario}:prefill_transfer_holding",
+         *small, "--repeats", "12", "--budget", "30", "--gil-duration", "30", "--json", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list(out.glob("*/gap/gil/py-spy.log")):
+            if process.poll() is not None:
+                break
+            time.sleep(0.2)
+        assert process.poll() is None, "the gap finished before its attribution could be interrupted"
+        time.sleep(1.0)
+        running = leftovers(mark)
+        assert len(running) >= 4, (running, process.poll(), list(out.rglob("*")))  # glmfb, its child, the gil runner, py-spy
+        process.send_signal(signal.SIGTERM)
+        stdout, _ = process.communicate(timeout=40)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 3
+    assert "interrupted (SIGTERM)" in json.loads(stdout)["why"]
+    assert run_json(out).interrupted
+    assert wait_for_no_leftovers(mark, within_s=10) == []
