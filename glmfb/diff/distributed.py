@@ -535,32 +535,37 @@ def _supervise(process: subprocess.Popen[bytes], tree: _ProcessTree, status_dir:
 
 def _hung(stalled: Sequence[int], statuses: Mapping[int, dict[str, Any] | None], status_dir: Path,
           timeout_s: float) -> RankFailure:
-    """Name the hung rank(s): of the ranks without progress, those not waiting inside a
-    torch.distributed collective (they wait for the hung one)."""
-    stacks: dict[int, str] = {}
-    for rank in stalled:
+    """Name the hung rank(s). Every unfinished rank dumps its Python stack; those waiting
+    inside a torch.distributed collective wait for the others, so the ranks that are not are
+    the hung ones (all unfinished ranks when every one of them waits in a collective)."""
+    unfinished = sorted({rank for rank, status in statuses.items() if (status or {}).get("state") not in ("done", "raised")}
+                        | set(stalled))
+    for rank in unfinished:
         pid = (statuses.get(rank) or {}).get("pid")
         if pid:
             with contextlib.suppress(OSError):
                 os.kill(int(pid), signal.SIGUSR1)
+    stacks: dict[int, str] = {}
     deadline = time.monotonic() + STACK_WAIT_S
-    while time.monotonic() < deadline and len(stacks) < len(stalled):
-        for rank in stalled:
+    while time.monotonic() < deadline and len(stacks) < len(unfinished):
+        for rank in unfinished:
             text = _read_text(stack_path(status_dir, rank))
             if "File " in text and rank not in stacks:
                 stacks[rank] = text
         time.sleep(POLL_S)
-    waiting = {rank for rank, text in stacks.items() if _in_collective(text)}
-    culprits = [rank for rank in stalled if rank not in waiting] or list(stalled)
+    waiting = sorted(rank for rank, text in stacks.items() if _in_collective(text))
+    culprits = [rank for rank in unfinished if rank not in waiting] or unfinished
     parts = []
     for rank in culprits:
         status = statuses.get(rank) or {}
-        where = _innermost_frame(stacks.get(rank, ""))
         state = "before its first request" if not status.get("request") else f"in request {status['request']!r}"
-        parts.append(f"rank {rank} hung: no progress for {timeout_s:g} s {state}" + (f" (at {where})" if where else ""))
-    if waiting:
-        parts.append(f"rank {', '.join(str(r) for r in sorted(waiting))} waiting for it in a collective")
-    return RankFailure("; ".join(parts), reason="hung", ranks=culprits,
+        where = _innermost_frame(stacks.get(rank, ""))
+        parts.append(f"rank {rank} hung {state}" + (f" (at {where})" if where else ""))
+    if waiting and culprits != unfinished:
+        parts.append(f"rank {', '.join(str(r) for r in waiting)} waiting for it in a collective")
+    elif waiting:
+        parts.append("every unfinished rank waits in a collective (mismatched collectives?)")
+    return RankFailure(f"no progress for {timeout_s:g} s: " + "; ".join(parts), reason="hung", ranks=culprits,
                        hint="fix the rank's hang, or raise the rank timeout if it is only slow")
 
 

@@ -21,13 +21,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script by torchrun: make `scenarios` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+SCENARIOS = str(Path(__file__).resolve().parents[1])
+if SCENARIOS not in sys.path:  # run as a script by torchrun: import the package as glmfb does
+    sys.path.insert(0, SCENARIOS)
 
-import torch
+import torch  # noqa: E402
 
-from scenarios.kda_cp import kda
-from scenarios.kda_cp import model as kda_model
+from kda_cp import kda  # noqa: E402
+from kda_cp import model as kda_model  # noqa: E402
 
 
 def token_ids(length: int, seed: int, vocab: int) -> torch.Tensor:
@@ -58,6 +59,10 @@ def reassemble(parts: list[tuple[torch.Tensor, torch.Tensor]], layout: str, leng
 def relative_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
     difference = (candidate.double() - reference.double()).norm()
     return float(difference / reference.double().norm())
+
+
+def max_abs_error(candidate: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((candidate.double() - reference.double()).abs().max())
 
 
 class _Catch:
@@ -128,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             for dtype, (reference_output, reference_states) in reference_values.items():
                 row[f"output_vs_{dtype}"] = relative_error(full, reference_output)
                 row[f"state_vs_{dtype}"] = relative_error(states[1:], reference_states[1:])
+                row[f"output_max_abs_vs_{dtype}"] = max_abs_error(full, reference_output)
+                row[f"state_max_abs_vs_{dtype}"] = max_abs_error(states, reference_states)
             rows.append(row)
     if rank == 0:
         path = Path(options.out)

@@ -35,12 +35,13 @@ Shapes: ``[..., T, K]`` for q, k, g; ``[..., T, V]`` for v; ``[..., T]`` for bet
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from scenarios.kda_cp.precision import matmul
+from .precision import matmul
 
 CHUNK = 64
 BLOCK = 16  # sub-blocks of a chunk: decays are taken relative to a block's last position
@@ -58,6 +59,8 @@ def recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
         stored = torch.einsum("...k,...kv->...v", k_t, state)  # what the state holds under k_t
         state = state + beta[..., t, None, None] * k_t[..., :, None] * (v_t - stored)[..., None, :]
         outputs.append(torch.einsum("...k,...kv->...v", q[..., t, :], state))
+    if not outputs:
+        return torch.zeros(*v.shape[:-2], 0, v.shape[-1], dtype=v.dtype, device=v.device), state
     return torch.stack(outputs, dim=-2), state
 
 
@@ -139,6 +142,9 @@ def _decayed_scores(qc: torch.Tensor, kc: torch.Tensor, cumulative: torch.Tensor
     product of two matrices, and no overflow however strong the decay); inside a diagonal
     sub-block the decays are taken pairwise, ``[.., B, B, K]``."""
     chunk, dim = kc.shape[-2], kc.shape[-1]
+    if kc.shape[-3] == 0:
+        empty = kc.new_zeros(*kc.shape[:-1], chunk)
+        return empty, empty.clone()
     block = BLOCK if chunk % BLOCK == 0 else chunk
     blocks = chunk // block
     positions = torch.arange(chunk, device=kc.device)
@@ -146,7 +152,7 @@ def _decayed_scores(qc: torch.Tensor, kc: torch.Tensor, cumulative: torch.Tensor
     past = positions[None, :] > reference[:, None]  # [blocks, C]: row i lies past block j
     inside = torch.ones(block, block, dtype=torch.bool, device=kc.device).tril()
     same_block = torch.eye(blocks, dtype=kc.dtype, device=kc.device)[:, None, :, None]
-    per_chunk = max(1, kc[..., 0, 0, 0].numel()) * chunk * block * dim
+    per_chunk = max(1, math.prod(kc.shape[:-3])) * chunk * block * dim
     step = max(1, BUDGET_ELEMENTS // per_chunk)
     kk_parts, qk_parts = [], []
     for start in range(0, kc.shape[-3], step):

@@ -63,8 +63,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from scenarios.kda_cp import kda
-from scenarios.kda_cp.precision import check_precision
+from . import kda
+from .precision import check_precision
 
 LAYOUTS = ("contiguous", "zigzag")
 NORM_EPS = 1e-6  # fixed, not the dtype's epsilon: float32 and float64 runs compute the same function
@@ -359,3 +359,24 @@ def cp(merge_precision: str = "ieee", layout: str = "contiguous", seed: int = 0,
         torch.cuda.set_device(torch.device(device))
     model = ContextParallelKDA(_config(seed, overrides), merge_precision, layout)
     return model.to(device).eval()
+
+
+def emulate_cp(model: SingleDeviceKDA, input_ids: torch.Tensor, segments: int, merge_precision: str,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The context-parallel computation in one process, op for op as the ranks run it (each
+    segment from a zero state, the affine chain at ``merge_precision``, the outputs from the
+    incoming states), with ``model``'s weights. Returns ``(output [B, T, D], incoming states
+    [segments, B, H, K, V])`` in sequence order. A cross-check of the ranks, and a way to run the
+    chain on a GPU's own TF32 (``torch.backends.cuda.matmul.allow_tf32``) with ``ieee``."""
+    check_precision(merge_precision)
+    attn = model.layers[0].attn
+    assert isinstance(attn, SingleDeviceAttention)
+    inputs = attn.project(model.embed(input_ids.to(model.embed.weight.device)))
+    pieces = [kda.prepare(*(t[..., start:end, :] if t.dim() == 4 else t[..., start:end] for t in inputs),
+                          chunk=attn.config.chunk)
+              for start, end in kda.segment_bounds(input_ids.shape[1], segments)]
+    local_states = [kda.forward(piece)[1] for piece in pieces]
+    transitions = [kda.compose_transitions(piece.transitions(), merge_precision) for piece in pieces]
+    incoming = [kda.chain(transitions, local_states, j, merge_precision) for j in range(segments)]
+    outputs = [kda.forward(piece, incoming[j])[0] for j, piece in enumerate(pieces)]
+    return attn.finish(torch.cat(outputs, dim=-2)), torch.stack(incoming)
