@@ -30,6 +30,7 @@ from glmfb.diff.distributed import (
     rank_errors,
     rank_of,
     run_distributed_capture,
+    tap_rank_errors,
     unshard,
 )
 from glmfb.diff.metrics import Tolerance
@@ -243,6 +244,21 @@ def test_torchrun_root_cause_names_the_crashed_rank(tmp_path: Path) -> None:
     failure = _failure(1, tmp_path, log, 4)
     assert failure.reason == "crashed" and failure.rank == 3
     assert "rank 3 crashed: killed by SIGSEGV" in str(failure)
+    # the crashed rank's peer raised first (its collective lost the connection): still the crash
+    (tmp_path / "rank0.json").write_text(json.dumps({"rank": 0, "state": "raised", "in_collective": True,
+                                                     "error": "RuntimeError: Connection closed by peer", "request": "a"}))
+    log.write_text(
+        "Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -11 (pid: 7)  (SIGSEGV)\n"
+        "------\nRoot Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 6)\n")
+    failure = _failure(1, tmp_path, log, 2)
+    assert (failure.reason, failure.rank) == ("crashed", 1) and "SIGSEGV" in str(failure)
+    # a rank torn down by torchrun (SIGTERM) is not the one to blame when another died first
+    (tmp_path / "rank0.json").unlink()
+    log.write_text(
+        "Failures:\n[1]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 6)\n"
+        "------\nRoot Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : 3 (pid: 7)\n")
+    failure = _failure(1, tmp_path, log, 2)
+    assert (failure.reason, failure.rank) == ("crashed", 1) and "exit code 3" in str(failure)
     log.write_text("something else broke\n")
     assert _failure(1, tmp_path, log, 4).reason == "launcher"
 
@@ -329,6 +345,9 @@ def test_capture_on_ranks_unshards_to_the_single_process_capture(layout: str, tm
         for tap_s, tap_j in zip(request_s.taps, request_j.taps, strict=True):
             assert tap_j.layout is not None and tap_j.layout["order"] == layout
             torch.testing.assert_close(joined.load(tap_j), single.load(tap_s), rtol=1e-12, atol=1e-12)
+    slices = tap_rank_errors(single, joined, single.requests[0].taps[-1], joined.requests[0].taps[-1], Tolerance(0.0, 1e-9))
+    assert [sl.rank for sl in slices] == ([0, 1, 2] if layout == "contiguous" else [0, 1, 2, 2, 1, 0])
+    assert not any(sl.failed for sl in slices)
     data = json.loads((out_dir / "manifest.json").read_text())
     assert data["distributed"]["world_size"] == 3 and data["schema"] == CAPTURE_SCHEMA
 

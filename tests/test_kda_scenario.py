@@ -226,13 +226,13 @@ def test_single_device_float32_tracks_float64_and_reports_boundary_states() -> N
     model32 = kda_model.single(world_size=2, layout="zigzag")
     model64 = kda_model.single(world_size=2, layout="zigzag", dtype="float64")
     caught: dict[str, torch.Tensor] = {}
-    model64.layers[0].attn.merge.register_forward_hook(lambda m, a, out: caught.__setitem__("states", out))
+    model64.attention.merge.register_forward_hook(lambda m, a, out: caught.__setitem__("states", out))
     with torch.no_grad():
         out32, out64 = model32(ids), model64(ids)
     assert relative_error(out32, out64) < 1e-5
     states = caught["states"]
     assert states.shape == (4, 1, 2, 128, 128)
-    attn = model64.layers[0].attn
+    attn = model64.attention
     with torch.no_grad():
         q, k, v, g, beta = attn.project(model64.embed(ids))
     for j, (start, _) in enumerate(kda.segment_bounds(300, 4)):  # 75, 150, 225: inside chunks
@@ -316,6 +316,46 @@ def test_contiguous_world_2_has_no_chain_to_round(tmp_path: Path) -> None:
     outputs = by_precision(report, "output_vs_float32")
     assert outputs["tf32"] == outputs["ieee"]
     assert max(outputs["ieee"]) < 1e-6
+
+
+@pytest.mark.slow
+def test_glmfb_finds_the_tf32_merge_on_ranks_and_passes_the_fixes(tmp_path: Path) -> None:
+    from glmfb.diff.distributed import (
+        DistributedCaptureConfig,
+        run_distributed_capture,
+        tap_rank_errors,
+    )
+    from glmfb.diff.engine import CaptureConfig, DiffConfig, run_capture, run_diff
+    from glmfb.diff.metrics import Tolerance, Tolerances
+    from glmfb.diff.store import CaptureReader
+
+    model = ROOT / "scenarios" / "kda_cp" / "model.py"
+    requests = ROOT / "scenarios" / "kda_cp" / "requests.jsonl"
+    taps = ("layers.*.attn.merge", "layers.*.attn.o_proj")
+    args = {"layout": "zigzag"}
+    run_capture(CaptureConfig(f"{model}:single", requests, tmp_path / "single", args={**args, "world_size": 2}, taps=taps))
+    tolerances = Tolerances(rtol=0.0, atol=2e-3)
+    verdicts = {}
+    for precision in ("tf32", "tf32x3"):
+        run_distributed_capture(DistributedCaptureConfig(f"{model}:cp", requests, tmp_path / precision, 2,
+                                                         args={**args, "merge_precision": precision}, taps=taps))
+        verdicts[precision] = run_diff(DiffConfig(precision, str(tmp_path / "single"), str(tmp_path / precision),
+                                                  tmp_path / f"report-{precision}", tolerances=tolerances))
+    failing = verdicts["tf32"]
+    assert failing.status.value == "fail" and failing.layer.value == "numerics"
+    assert failing.where["module"] == "layers.0.attn.merge" and failing.where["request"] == "kda-8192"
+    evidence = {e["kind"]: e for e in failing.evidence}
+    assert evidence["error_shape"]["shape"] == "growing"
+    assert evidence["precision_signature"]["nearest"].startswith("tf32")
+    rows = {r["request"]: r for r in evidence["requests"]["rows"]}
+    assert rows["kda-512"]["status"] == "pass" and rows["kda-8192"]["status"] == "fail"
+    assert verdicts["tf32x3"].status.value == "pass"
+    # the merge's error starts on rank 1: segment 2 of the zig-zag chain (segments 0 and 1 are exact)
+    single, candidate = CaptureReader(tmp_path / "single"), CaptureReader(tmp_path / "tf32")
+    tap_b, tap_c = (next(t for t in r.requests[-1].taps if t.module == "layers.0.attn.merge") for r in (single, candidate))
+    slices = tap_rank_errors(single, candidate, tap_b, tap_c, Tolerance(0.0, 2e-3))
+    assert [sl.max_abs for sl in slices[:2]] == [0.0, 0.0]
+    assert next(sl for sl in slices if sl.failed).rank == 1
 
 
 # ---- CUDA (skipped without a GPU) --------------------------------------------------------------

@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     import torch
 
     from glmfb.diff.metrics import Tolerance
-    from glmfb.diff.store import Manifest, TapRecord
+    from glmfb.diff.store import CaptureReader, Manifest, TapRecord
 
 Progress = Callable[[str], None]
 
@@ -301,6 +301,17 @@ def rank_errors(baseline: torch.Tensor, candidate: torch.Tensor, layout: Mapping
         ))
         start += size
     return slices
+
+
+def tap_rank_errors(baseline: CaptureReader, candidate: CaptureReader, baseline_tap: TapRecord,
+                    candidate_tap: TapRecord, tolerance: Tolerance) -> list[RankSlice]:
+    """:func:`rank_errors` of one tap of two captures, by the layout of whichever side was
+    captured on ranks (the candidate's if both were); empty when neither was. The first failing
+    slice's ``rank`` is the verdict's ``where.rank``."""
+    layout = candidate_tap.layout if candidate_tap.layout is not None else baseline_tap.layout
+    if not layout or layout.get("kind") != "shard":
+        return []
+    return rank_errors(baseline.load(baseline_tap), candidate.load(candidate_tap), layout, tolerance)
 
 
 # --------------------------------------------------------------------------------------------
@@ -600,38 +611,67 @@ def _innermost_frame(stack: str) -> str | None:
 
 
 def _failure(code: int, status_dir: Path, log_path: Path, world_size: int) -> RankFailure:
-    """What went wrong when torchrun exits non-zero: a rank that raised (its own report), else
-    the root cause torchrun printed (rank, exit code, signal), else the launcher itself."""
+    """What went wrong when torchrun exits non-zero, most direct cause first: a rank that raised
+    in its own code; else a rank that died (torchrun's root cause: rank, exit code, signal);
+    else a rank whose torch.distributed call raised (typically because a peer went away);
+    else the launcher itself."""
     statuses = {rank: read_status(status_dir, rank) or {} for rank in range(world_size)}
     raised = sorted((s.get("time", 0.0), rank) for rank, s in statuses.items() if s.get("state") == "raised")
+    primary = [rank for _, rank in raised if not statuses[rank].get("in_collective")]
+    if primary:
+        return _raised(primary, statuses)
+    crashed = _crashed(_read_text(log_path), statuses, log_path)
+    if crashed is not None:
+        return crashed
     if raised:
-        rank = raised[0][1]
-        status = statuses[rank]
-        where = f" in request {status['request']!r}" if status.get("request") else ""
-        return RankFailure(f"rank {rank} raised{where}: {status.get('error', 'an exception')}", reason="raised",
-                           ranks=[r for _, r in raised], hint="fix the target, or run that rank's request alone")
+        return _raised([rank for _, rank in raised], statuses)
     log = _read_text(log_path)
-    root = log[log.rfind("Root Cause"):] if "Root Cause" in log else ""
-    rank_match = re.search(r"rank\s*:\s*(\d+)", root)
-    if rank_match is not None:
-        rank = int(rank_match.group(1))
-        exit_match = re.search(r"exitcode\s*:\s*(-?\d+)", root)
-        trace = re.search(r"traceback\s*:\s*(.+)", root)
-        exit_code = int(exit_match.group(1)) if exit_match else None
-        detail = f"exit code {exit_code}" if exit_code is not None else "failed"
-        if exit_code is not None and exit_code < 0:
-            try:
-                detail = f"killed by {signal.Signals(-exit_code).name}"
-            except ValueError:
-                detail = f"killed by signal {-exit_code}"
-        status = statuses.get(rank, {})
-        where = f" in request {status['request']!r}" if status.get("request") else ""
-        note = f" ({trace.group(1).strip()})" if trace and exit_code is not None and exit_code >= 0 else ""
-        return RankFailure(f"rank {rank} crashed{where}: {detail}{note}", reason="crashed", ranks=[rank],
-                           hint=f"torchrun's log: {log_path}")
     last = next((line for line in reversed(log.splitlines()) if line.strip()), "no output")
     return RankFailure(f"torch.distributed.run exited with code {code}: {last.strip()[:300]}", reason="launcher",
                        hint=f"see {log_path}")
+
+
+def _raised(ranks: Sequence[int], statuses: Mapping[int, dict[str, Any]]) -> RankFailure:
+    status = statuses[ranks[0]]
+    where = f" in request {status['request']!r}" if status.get("request") else ""
+    return RankFailure(f"rank {ranks[0]} raised{where}: {status.get('error', 'an exception')}", reason="raised",
+                       ranks=ranks, hint="fix the target, or run that rank's request alone")
+
+
+TEARDOWN_SIGNALS = (signal.SIGTERM, signal.SIGKILL)  # how torchrun ends the ranks that did not fail
+
+
+def _torchrun_failures(log: str) -> list[tuple[int, int]]:
+    """``(rank, exit code)`` of every failure in torchrun's report, the root cause first."""
+    banner = log.rfind("Failures:")
+    report = log[banner:] if banner >= 0 else log[log.rfind("Root Cause"):] if "Root Cause" in log else ""
+    root = report.find("Root Cause")
+    sections = [report[root:], report[:root]] if root >= 0 else [report]
+    found = []
+    for section in sections:
+        for match in re.finditer(r"rank\s*:\s*(\d+)[^\n]*\n(?:[^\n]*\n)*?\s*exitcode\s*:\s*(-?\d+)", section):
+            found.append((int(match.group(1)), int(match.group(2))))
+    return found
+
+
+def _crashed(log: str, statuses: Mapping[int, dict[str, Any]], log_path: Path) -> RankFailure | None:
+    """A rank that died without reporting an exception: by a signal other than torchrun's own
+    teardown, or with an exit code of its own; torchrun's root cause otherwise."""
+    failures = [(rank, code) for rank, code in _torchrun_failures(log) if statuses.get(rank, {}).get("state") != "raised"]
+    if not failures:
+        return None
+    torn_down = {-int(sig) for sig in TEARDOWN_SIGNALS}
+    rank, exit_code = next(((r, c) for r, c in failures if c not in torn_down), failures[0])
+    detail = f"exit code {exit_code}"
+    if exit_code < 0:
+        try:
+            detail = f"killed by {signal.Signals(-exit_code).name}"
+        except ValueError:
+            detail = f"killed by signal {-exit_code}"
+    status = statuses.get(rank, {})
+    where = f" in request {status['request']!r}" if status.get("request") else ""
+    return RankFailure(f"rank {rank} crashed{where}: {detail}", reason="crashed", ranks=[rank],
+                       hint=f"torchrun's log: {log_path}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -751,5 +791,5 @@ def unshard_capture(directory: Path, base_dir: Path | None = None, backend: str 
 __all__ = [
     "DistributedCaptureConfig", "Layout", "RankFailure", "RankSlice", "check_ranks_agree", "declared_layouts",
     "launch_command", "layout_for", "owner_rank", "rank_errors", "rank_of", "run_distributed_capture",
-    "unshard", "unshard_capture",
+    "tap_rank_errors", "unshard", "unshard_capture",
 ]

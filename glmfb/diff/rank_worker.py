@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -73,6 +74,11 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
+def _raised_in_distributed(exc: BaseException) -> bool:
+    frames = traceback.extract_tb(exc.__traceback__)
+    return any("torch/distributed/" in frame.filename.replace("\\", "/") for frame in frames[-3:])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     spec = json.loads(Path(args[0]).read_text(encoding="utf-8"))
@@ -89,8 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         from glmfb.diff.capture import TargetRaised
 
+        original = exc.original if isinstance(exc, TargetRaised) else exc
         message = str(exc) if isinstance(exc, TargetRaised) else _one_line(exc)
-        status.update(state="raised", error=message)
+        # raised inside torch.distributed: usually a peer that died or left (the effect, not the cause)
+        status.update(state="raised", error=message, in_collective=_raised_in_distributed(original))
         return 1
 
 

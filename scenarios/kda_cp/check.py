@@ -91,13 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     models = {p: kda_model.cp(p, options.layout, seed=options.model_seed) for p in precisions}
     rank, world_size = dist.get_rank(), dist.get_world_size()
     device = next(iter(models.values())).embed.weight.device
-    catches = {p: _Catch(m.layers[0].attn.merge) for p, m in models.items()}
-    references: dict[str, torch.nn.Module] = {}
+    catches = {p: _Catch(m.attention.merge) for p, m in models.items()}
+    references: dict[str, kda_model.SingleDeviceKDA] = {}
     if rank == 0:
         for dtype in ("float32", "float64"):
             references[dtype] = kda_model.single(world_size, options.layout, seed=options.model_seed,
                                                  dtype=dtype, device=str(device))
-    reference_catches = {d: _Catch(m.layers[0].attn.merge) for d, m in references.items()}
+    reference_catches = {d: _Catch(m.attention.merge) for d, m in references.items()}
     rows: list[dict[str, Any]] = []
     for length in lengths:
         ids = token_ids(length, options.seed, models[precisions[0]].embed.num_embeddings)

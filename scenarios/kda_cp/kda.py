@@ -133,6 +133,13 @@ def prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, 
     )
 
 
+def prepare_range(inputs: Sequence[torch.Tensor], start: int, end: int, chunk: int = CHUNK) -> Chunks:
+    """:func:`prepare` on tokens ``[start, end)`` of ``inputs = (q, k, v, g, beta)``."""
+    q, k, v, g, beta = inputs
+    return prepare(q[..., start:end, :], k[..., start:end, :], v[..., start:end, :], g[..., start:end, :],
+                   beta[..., start:end], chunk)
+
+
 def _decayed_scores(qc: torch.Tensor, kc: torch.Tensor, cumulative: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``[k_i . (exp(G_i - G_s) * k_s)]`` and ``[q_i . (exp(G_i - G_s) * k_s)]`` for ``s <= i``
     (zero above the diagonal), ``[.., n, C, C]`` each.
@@ -154,7 +161,8 @@ def _decayed_scores(qc: torch.Tensor, kc: torch.Tensor, cumulative: torch.Tensor
     same_block = torch.eye(blocks, dtype=kc.dtype, device=kc.device)[:, None, :, None]
     per_chunk = max(1, math.prod(kc.shape[:-3])) * chunk * block * dim
     step = max(1, BUDGET_ELEMENTS // per_chunk)
-    kk_parts, qk_parts = [], []
+    kk_parts: list[torch.Tensor] = []
+    qk_parts: list[torch.Tensor] = []
     for start in range(0, kc.shape[-3], step):
         part = slice(start, min(kc.shape[-3], start + step))
         g, k, q = cumulative[..., part, :, :], kc[..., part, :, :], qc[..., part, :, :]

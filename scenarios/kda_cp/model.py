@@ -58,7 +58,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -179,9 +179,7 @@ class BoundaryStates(nn.Module):
             index, offset = divmod(start, chunk)
             state = states[index]
             if offset:
-                begin = index * chunk
-                piece = [x[..., begin:start, :] if x.dim() == 4 else x[..., begin:start] for x in inputs]
-                _, state, _ = kda.forward(kda.prepare(*piece, chunk=chunk), state)
+                _, state, _ = kda.forward(kda.prepare_range(inputs, index * chunk, start, chunk), state)
             result.append(state)
         return torch.stack(result)
 
@@ -193,7 +191,7 @@ class SingleDeviceAttention(KDAAttention):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         inputs = self.project(x)
-        chunks = kda.prepare(*inputs, chunk=self.config.chunk)
+        chunks = kda.prepare_range(inputs, 0, x.shape[1], self.config.chunk)
         o, _, states = kda.forward(chunks, keep_states=True)
         assert states is not None
         starts = [start for start, _ in kda.segment_bounds(x.shape[1], self.segments)]
@@ -221,6 +219,10 @@ class SingleDeviceKDA(nn.Module):
         with torch.no_grad():
             self.embed.weight.copy_(torch.randn(self.embed.weight.shape, generator=generator))
         self.layers = nn.ModuleList([Block(SingleDeviceAttention(config, generator, _segments(layout, world_size)))])
+
+    @property
+    def attention(self) -> SingleDeviceAttention:
+        return cast(SingleDeviceAttention, self.layers[0].attn)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(input_ids.to(self.embed.weight.device))
@@ -278,8 +280,7 @@ class ContextParallelAttention(KDAAttention):
         pieces = []
         begin = 0
         for size in sizes:
-            pieces.append(kda.prepare(*(t[..., begin:begin + size, :] if t.dim() == 4 else t[..., begin:begin + size]
-                                        for t in inputs), chunk=self.config.chunk))
+            pieces.append(kda.prepare_range(inputs, begin, begin + size, self.config.chunk))
             begin += size
         local_states = [kda.forward(piece)[1] for piece in pieces]
         incoming = self.merge([piece.transitions() for piece in pieces], local_states)
@@ -315,6 +316,10 @@ class ContextParallelKDA(nn.Module):
             "*": {"axis": 1, "order": layout},
         }
 
+    @property
+    def attention(self) -> ContextParallelAttention:
+        return cast(ContextParallelAttention, self.layers[0].attn)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         import torch.distributed as dist
 
@@ -338,14 +343,14 @@ def _config(seed: int, overrides: dict[str, Any]) -> KDAConfig:
 
 
 def single(world_size: int = 2, layout: str = "contiguous", seed: int = 0, dtype: str = "float32",
-           device: str = "cpu", **overrides: Any) -> nn.Module:
+           device: str = "cpu", **overrides: Any) -> SingleDeviceKDA:
     """The single-device model; ``merge`` reports states at a ``world_size``-way split."""
     model = SingleDeviceKDA(_config(seed, overrides), world_size, layout)
     return model.to(device=device, dtype=getattr(torch, dtype)).eval()
 
 
 def cp(merge_precision: str = "ieee", layout: str = "contiguous", seed: int = 0, device: str = "auto",
-       backend: str | None = None, **overrides: Any) -> nn.Module:
+       backend: str | None = None, **overrides: Any) -> ContextParallelKDA:
     """One rank of the context-parallel model. Initializes the default process group from the
     torchrun environment if nobody has (gloo on CPU, nccl when CUDA is there)."""
     import torch.distributed as dist
@@ -369,11 +374,9 @@ def emulate_cp(model: SingleDeviceKDA, input_ids: torch.Tensor, segments: int, m
     [segments, B, H, K, V])`` in sequence order. A cross-check of the ranks, and a way to run the
     chain on a GPU's own TF32 (``torch.backends.cuda.matmul.allow_tf32``) with ``ieee``."""
     check_precision(merge_precision)
-    attn = model.layers[0].attn
-    assert isinstance(attn, SingleDeviceAttention)
+    attn = model.attention
     inputs = attn.project(model.embed(input_ids.to(model.embed.weight.device)))
-    pieces = [kda.prepare(*(t[..., start:end, :] if t.dim() == 4 else t[..., start:end] for t in inputs),
-                          chunk=attn.config.chunk)
+    pieces = [kda.prepare_range(inputs, start, end, attn.config.chunk)
               for start, end in kda.segment_bounds(input_ids.shape[1], segments)]
     local_states = [kda.forward(piece)[1] for piece in pieces]
     transitions = [kda.compose_transitions(piece.transitions(), merge_precision) for piece in pieces]
