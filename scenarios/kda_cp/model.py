@@ -80,7 +80,7 @@ class KDAConfig:
     key_dim: int = 128  # real KDA heads are 128 x 128
     value_dim: int = 128
     chunk: int = kda.CHUNK
-    key_profile: float = 1.0  # key channel d has energy ~ rank(d)^-2*key_profile (a power law)
+    key_profile: float = 1.0  # key channel d has amplitude ~ rank(d)^-key_profile (a power law)
     slow_fraction: float = 0.25  # channels with long memory
     slow_rates: tuple[float, float] = (1e-7, 1e-5)  # per-token decay rates -g, log-uniform
     fast_rates: tuple[float, float] = (0.05, 1.0)
