@@ -240,6 +240,7 @@ def test_single_device_float32_tracks_float64_and_reports_boundary_states() -> N
         torch.testing.assert_close(states[j], expected, rtol=1e-9, atol=1e-11)
 
 
+@pytest.mark.slow
 def test_emulated_cp_signature_small_on_short_inputs_growing_with_length() -> None:
     model = kda_model.single(world_size=2, layout="zigzag")
     errors: dict[str, list[float]] = {p: [] for p in ("ieee", "tf32", "tf32x3")}
