@@ -12,7 +12,12 @@ false until the last one. Nothing is ever unpickled: tensor files are safetensor
 header this module parses itself so that tensors can be read in chunks into preallocated
 buffers (bounded memory, no mmap of whole files).
 
-Format history: ``glmfb.capture/1``: first version.
+Format history: ``glmfb.capture/1``: first version. Later additions, all optional (a reader
+of the first version ignores them and a single-process capture writes none of them): the
+manifest's ``distributed`` (``world_size``, ``backend``, the per-rank capture directories, and
+for a rank's own capture its ``rank`` and the layouts its target declared) and a tap's
+``layout`` (how an unsharded tap was put together from the ranks: see
+:mod:`glmfb.diff.distributed`).
 """
 
 from __future__ import annotations
@@ -65,19 +70,25 @@ class TapRecord:
     key: str  # tensor name inside the safetensors file
     shape: tuple[int, ...]
     dtype: str
+    layout: Mapping[str, Any] | None = None  # distributed captures: how the ranks' parts were joined
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "name": self.name, "module": self.module, "call": self.call, "file": self.file,
             "key": self.key, "shape": list(self.shape), "dtype": self.dtype,
         }
+        if self.layout is not None:
+            data["layout"] = dict(self.layout)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TapRecord:
+        layout = data.get("layout")
         return cls(
             name=str(data["name"]), module=str(data["module"]), call=int(data["call"]),
             file=str(data["file"]), key=str(data["key"]),
             shape=tuple(int(d) for d in data["shape"]), dtype=str(data["dtype"]),
+            layout=dict(layout) if isinstance(layout, Mapping) else None,
         )
 
     @property
@@ -121,9 +132,10 @@ class Manifest:
     git: str | None = None
     created: str = ""
     complete: bool = True
+    distributed: Mapping[str, Any] | None = None  # world size, ranks, layouts (multi-rank captures)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "schema": CAPTURE_SCHEMA,
             "target": self.target,
             "args": to_json_value(dict(self.args)),  # NaN or Inf arguments as strings
@@ -137,6 +149,23 @@ class Manifest:
             "taps": tap_order(self.requests),
             "requests": [r.to_dict() for r in self.requests],
         }
+        if self.distributed is not None:
+            data["distributed"] = to_json_value(dict(self.distributed))
+        return data
+
+    @property
+    def world_size(self) -> int | None:
+        """The number of ranks that made this capture; None for a single process."""
+        if self.distributed is None:
+            return None
+        return int(self.distributed["world_size"])
+
+    @property
+    def rank(self) -> int | None:
+        """The rank whose own capture this is; None for a single process or an unsharded one."""
+        if self.distributed is None or self.distributed.get("rank") is None:
+            return None
+        return int(self.distributed["rank"])
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
@@ -150,6 +179,7 @@ class Manifest:
             git=data.get("git"),
             created=str(data.get("created", "")),
             complete=bool(data.get("complete", True)),
+            distributed=dict(data["distributed"]) if isinstance(data.get("distributed"), Mapping) else None,
         )
 
 
@@ -189,7 +219,7 @@ class CaptureWriter:
 
     def __init__(self, directory: Path, *, target: str, args: Mapping[str, Any], kind: str,
                  tap_globs: Sequence[str], env: Mapping[str, Any], git: str | None, created: str,
-                 force: bool = False) -> None:
+                 force: bool = False, distributed: Mapping[str, Any] | None = None) -> None:
         """Tensors go to a hidden ``.<name>.partial-<pid>`` folder beside ``directory``, which
         :meth:`finish` renames to ``directory``: a capture that was cut short never looks like
         one. An existing ``directory`` is refused unless ``force`` (then replaced whole)."""
@@ -208,7 +238,8 @@ class CaptureWriter:
             shutil.rmtree(self.directory)
         self.directory.mkdir()
         self._meta = dict(target=target, args=dict(args), kind=kind, tap_globs=tuple(tap_globs),
-                          env=dict(env), git=git, created=created)
+                          env=dict(env), git=git, created=created,
+                          distributed=dict(distributed) if distributed is not None else None)
         self._requests: list[RequestRecord] = []
         self._current: list[tuple[str, int, str, str, str, tuple[int, ...], str]] = []
         self._request_dir = ""
