@@ -338,7 +338,7 @@ def test_capture_on_ranks_unshards_to_the_single_process_capture(layout: str, tm
         own = CaptureReader(out_dir / f"rank{rank}").manifest
         assert (own.rank, own.world_size) == (rank, 3)
         assert own.requests[0].taps[0].shape[1] == len(shard(torch.zeros(1, 12), layout, rank, 3)[0])
-    run_capture(CaptureConfig(f"{HERE}:toy_single", requests, tmp_path / "single"))
+    run_capture(CaptureConfig(f"{HERE}:toy_single", tmp_path / "single", requests=requests))
     single, joined = CaptureReader(tmp_path / "single"), CaptureReader(out_dir)
     assert [t.name for t in joined.requests[0].taps] == [t.name for t in single.requests[0].taps]
     for request_s, request_j in zip(single.requests, joined.requests, strict=True):

@@ -321,31 +321,33 @@ def test_contiguous_world_2_has_no_chain_to_round(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_glmfb_finds_the_tf32_merge_on_ranks_and_passes_the_fixes(tmp_path: Path) -> None:
+    from helpers import run
+
     from glmfb.diff.distributed import (
         DistributedCaptureConfig,
         run_distributed_capture,
         tap_rank_errors,
     )
-    from glmfb.diff.engine import CaptureConfig, DiffConfig, run_capture, run_diff
-    from glmfb.diff.metrics import Tolerance, Tolerances
+    from glmfb.diff.engine import CaptureConfig, DiffConfig, run_capture
+    from glmfb.diff.metrics import Tolerance
     from glmfb.diff.store import CaptureReader
 
     model = ROOT / "scenarios" / "kda_cp" / "model.py"
     requests = ROOT / "scenarios" / "kda_cp" / "requests.jsonl"
     taps = ("layers.*.attn.merge", "layers.*.attn.o_proj")
     args = {"layout": "zigzag"}
-    run_capture(CaptureConfig(f"{model}:single", requests, tmp_path / "single", args={**args, "world_size": 2}, taps=taps))
-    tolerances = Tolerances(rtol=0.0, atol=2e-3)
+    run_capture(CaptureConfig(f"{model}:single", tmp_path / "single", args={**args, "world_size": 2}, taps=taps,
+                              requests=requests))
     verdicts = {}
     for precision in ("tf32", "tf32x3"):
         run_distributed_capture(DistributedCaptureConfig(f"{model}:cp", requests, tmp_path / precision, 2,
                                                          args={**args, "merge_precision": precision}, taps=taps))
-        verdicts[precision] = run_diff(DiffConfig(precision, str(tmp_path / "single"), str(tmp_path / precision),
-                                                  tmp_path / f"report-{precision}", tolerances=tolerances))
+        verdicts[precision] = run("diff", DiffConfig(precision, str(tmp_path / "single"), str(tmp_path / precision),
+                                                     rtol=0.0, atol=2e-3), tmp_path / f"report-{precision}")
     failing = verdicts["tf32"]
     assert failing.status.value == "fail" and failing.layer.value == "numerics"
     assert failing.where["module"] == "layers.0.attn.merge" and failing.where["request"] == "kda-8192"
-    evidence = {e["kind"]: e for e in failing.evidence}
+    evidence = {e.kind: e.to_dict() for e in failing.evidence}
     assert evidence["error_shape"]["shape"] == "growing"
     assert evidence["precision_signature"]["nearest"].startswith("tf32")
     rows = {r["request"]: r for r in evidence["requests"]["rows"]}
