@@ -90,6 +90,20 @@ def module_in_dtype(
     return model
 
 
+def scaled_module(
+    arch: str = "llama", module: str = "model.layers.1.mlp.down_proj", scale: float = 1e8,
+    dtype: str = "float32", seed: int = 0, attn: str = "sdpa",
+) -> nn.Module:
+    """The model with ``module``'s weights multiplied by ``scale`` (outputs of about 1e5, as a
+    trained layer with outlier features can give), run in ``dtype`` as :func:`module_in_dtype`
+    does: in float16 those outputs overflow its range (65504) to infinity."""
+    model = module_in_dtype(arch, module, dtype, seed, attn)
+    with torch.no_grad():
+        for parameter in model.get_submodule(module).parameters():
+            parameter.mul_(scale)
+    return model
+
+
 def mlp_functional(
     arch: str = "llama", layer: int = 1, activation: str = "same", seed: int = 0, attn: str = "sdpa"
 ) -> nn.Module:
