@@ -18,8 +18,11 @@ prepares a layer is the case:
 - ``"bulk"``: after the prefill, one write of ``bulk_mib`` MiB with nothing overlapping it:
   the transfer runs as fast as the engine moves bytes on this host (bandwidth bound).
 
-The threads are created by the ``prefill`` thread after it pinned itself, so they inherit its
-CPU mask and the calling process is left as it was. Each iteration returns phase timings
+By default the prefill runs on a thread of its own, ``prefill``, which pins itself and then
+starts the sender (and Mooncake's threads), so they inherit its CPU mask and the calling process
+is left as it was. ``on_caller=True`` runs the prefill on the calling thread instead (pinned
+while the target lives), as a serving engine's main loop does: under ``glmfb gil`` that is the
+thread of glmfb's own runner. Each iteration returns phase timings
 (``prefill_s``, ``kv_wait_s``), ``kv_bytes`` and ``transfer_busy_s``; the target offers
 ``measure_ceiling()`` / ``measure_page_rate()`` (docs/gap.md), ``describe()`` and ``close()``.
 """
@@ -78,6 +81,33 @@ class MooncakeLink:
                 engine.unregister_memory(pointer)
 
 
+_pin_lock = threading.Lock()
+_pins: dict[int, tuple[set[int], int]] = {}  # native thread id -> (mask before, pin count)
+
+
+def pin_this_thread(cpus: int) -> None:
+    """Pin the calling thread to the first ``cpus`` CPUs of its mask; nested pins count, the
+    last :func:`unpin_this_thread` puts back the mask from before the first."""
+    tid = threading.get_native_id()
+    with _pin_lock:
+        before, count = _pins.get(tid, (os.sched_getaffinity(0), 0))
+        os.sched_setaffinity(0, set(sorted(before)[:cpus]))
+        _pins[tid] = (before, count + 1)
+
+
+def unpin_this_thread() -> None:
+    tid = threading.get_native_id()
+    with _pin_lock:
+        if tid not in _pins:
+            return
+        before, count = _pins[tid]
+        if count > 1:
+            _pins[tid] = (before, count - 1)
+            return
+        del _pins[tid]
+        os.sched_setaffinity(0, before)
+
+
 class PrefillKV:
     """One gap target: the ``prefill`` thread owns the model, the KV pool, the Mooncake link and
     the sender thread; calling the target runs one iteration there and waits for it."""
@@ -85,7 +115,7 @@ class PrefillKV:
     def __init__(
         self, sender: str = "none", threads: int = 1, cpus: int = 0, tokens: int = 1024,
         layers: int = 4, hidden: int = 128, page_table: int = 6000, pickles_per_layer: int = 6,
-        zlib_level: int = 6, bulk_mib: int = 64, seed: int = 0,
+        zlib_level: int = 6, bulk_mib: int = 64, on_caller: bool = False, seed: int = 0,
     ) -> None:
         if sender not in SENDERS:
             raise ValueError(f"sender {sender!r}: use one of {', '.join(SENDERS)}")
@@ -109,9 +139,15 @@ class PrefillKV:
         self.pool = torch.empty(0)
         self.layer_bytes = 0
         self.bulk: torch.Tensor | None = None
-        self.thread = threading.Thread(target=self._serve, name=PREFILL_THREAD, daemon=True)
-        self.thread.start()
-        self._wait()  # the set-up, or its error
+        self.on_caller = on_caller
+        self.pinned = False
+        self.thread: threading.Thread | None = None
+        if on_caller:
+            self._set_up()
+        else:
+            self.thread = threading.Thread(target=self._serve, name=PREFILL_THREAD, daemon=True)
+            self.thread.start()
+            self._wait()  # the set-up, or its error
 
     # ---- the prefill thread -------------------------------------------------------------------
 
@@ -136,7 +172,8 @@ class PrefillKV:
 
         cpus, hidden, tokens = (int(self.settings[k]) for k in ("cpus", "hidden", "tokens"))
         if cpus > 0:  # this thread only; the threads it starts below inherit the mask
-            os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:cpus]))
+            pin_this_thread(cpus)
+            self.pinned = True
         torch.set_num_threads(self.settings["threads"])
         seed = self.settings["seed"]
         self.model = causal_lm("llama", seed, layers=self.settings["layers"], hidden_size=hidden,
@@ -224,6 +261,8 @@ class PrefillKV:
         return value
 
     def _on_prefill_thread(self, call: Callable[[], Any]) -> Any:
+        if self.thread is None:
+            return call()
         if not self.thread.is_alive():
             raise RuntimeError("the prefill thread is gone (set-up failed or closed)")
         self.calls.put(call)
@@ -272,11 +311,15 @@ class PrefillKV:
         if self.sender_thread is not None:
             self.jobs.put(None)
             self.sender_thread.join(timeout=5)
-        if self.thread.is_alive():
+        if self.thread is not None and self.thread.is_alive():
             self.calls.put(None)
             self.thread.join(timeout=5)
         if self.link is not None:
             self.link.close()
+            self.link = None
+        if self.on_caller and self.pinned:
+            unpin_this_thread()
+            self.pinned = False
 
 
 def prefill(**args: Any) -> PrefillKV:
