@@ -1,4 +1,4 @@
-"""Calibration figures of the kv_transfer scenario (CONTEXT.md bug 2), per transfer path.
+"""Calibration figures of the kv_transfer scenario (bug 2 of docs/background.md), per transfer path.
 
 For each transport (Mooncake when importable, and the plain socket), builds the three variants
 in one process (prefill only; + transfer with the GIL-holding dispatch; + transfer with the

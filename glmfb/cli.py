@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from glmfb.commands.common import JsonOpt, console, dump_json, emit_run, interactive
+from glmfb.commands.common import console, dump_json, emit_run, interactive, parse_timeout
 from glmfb.errors import GlmfbError, UsageError
 from glmfb.verdict import ExitCode
 
@@ -54,8 +54,10 @@ class _BoundaryGroup(TyperGroup):
             raise _fail(f"{exc.format_message()} (see {command})", int(ExitCode.USAGE)) from None  # type: ignore[attr-defined]
         except (typer.Exit, typer.Abort):
             raise
-        except KeyboardInterrupt:
-            raise _fail("interrupted", 130) from None
+        except KeyboardInterrupt as exc:
+            signal_name = getattr(exc, "signal_name", "SIGINT")
+            raise _fail(f"interrupted ({signal_name}) before anything could be written",
+                        143 if signal_name == "SIGTERM" else 130) from None
         except Exception as exc:
             if os.environ.get("GLMFB_DEBUG"):
                 raise
@@ -64,6 +66,11 @@ class _BoundaryGroup(TyperGroup):
                 int(ExitCode.HARNESS_ERROR),
             ) from None
 
+
+JsonOpt = Annotated[
+    bool,
+    typer.Option("--json", help="Print exactly one JSON document on stdout; human text goes to stderr."),
+]
 
 app = typer.Typer(
     cls=_BoundaryGroup,
@@ -75,6 +82,24 @@ app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from glmfb import __version__
+
+        sys.stdout.write(f"glmfb {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Dense-feedback benchmarking and diagnostics: which layer regressed, where, and why."""
 
 
 @app.command("run")
@@ -93,17 +118,24 @@ def run_command(
             "-k", "--select", help="Run only probes whose name matches (glob or substring)."
         ),
     ] = None,
+    timeout: Annotated[
+        str | None,
+        typer.Option("--timeout", metavar="DURATION",
+                     help="Longest time one probe may take (default: a definition's timeout, else 15min)."),
+    ] = None,
 ) -> None:
     """Run the probe definitions of a suite and write reports/<run-id>/run.json."""
     from glmfb import suite
+    from glmfb.clock import new_run_id
     from glmfb.io import write_json_atomic
+    from glmfb.runs import start_run
 
+    run_id = new_run_id()
+    report_dir = start_run(out, run_id)  # the gate's pointer, before anything can fail
+    timeout_s = parse_timeout(timeout)
     search = paths or ["probes"]
     definitions = suite.select(suite.load_definitions(suite.discover(search)), select or [])
     suite.ensure_definitions(definitions, search)
-    run_id = suite.new_run_id()
-    report_dir = out / run_id
-    report_dir.mkdir(parents=True, exist_ok=True)
     notes = console(stderr=True)
     show_progress = interactive()
 
@@ -119,22 +151,22 @@ def run_command(
             transient=True,
         )
         task = bar.add_task("probes", total=len(definitions))
-        context = suite.RunContext(
-            run_id, report_dir, on_progress=lambda m: bar.update(task, description=m)
+        context = suite.SuiteContext(
+            run_id, report_dir, on_progress=lambda m: bar.update(task, description=m), timeout_s=timeout_s,
         )
         with bar:
             run = suite.run_suite(
                 definitions,
                 context,
-                on_start=lambda d: bar.update(task, description=f"{d.probe.value} {d.name}"),
+                on_start=lambda d: bar.update(task, description=f"{d.probe} {d.name}"),
                 on_done=lambda d, v: bar.advance(task),
             )
     else:
-        context = suite.RunContext(run_id, report_dir)
+        context = suite.SuiteContext(run_id, report_dir, timeout_s=timeout_s)
         run = suite.run_suite(
             definitions,
             context,
-            on_done=lambda d, v: notes.print(f"{v.outcome.value:>12}  {d.probe.value:<5} {d.name}"),
+            on_done=lambda d, v: notes.print(f"{v.outcome.value:>12}  {d.probe:<5} {d.name}"),
         )
     run_file = report_dir / "run.json"
     write_json_atomic(run_file, run.to_dict())
@@ -147,20 +179,11 @@ def _write_run_reports(run: Any, report_dir: Path) -> None:
     """report.html and junit.xml (default gate policy) beside run.json."""
     from glmfb.gate import evaluate
     from glmfb.io import write_text_atomic
-    from glmfb.report.html import render_html
+    from glmfb.report.html import write_html
     from glmfb.report.junit import render_junit
 
-    write_text_atomic(report_dir / "report.html", render_html(run))
+    write_html(run, report_dir)
     write_text_atomic(report_dir / "junit.xml", render_junit(evaluate(run)))
-
-
-def _latest_run(out: Path = Path("reports")) -> Path:
-    runs = sorted(out.glob("*/run.json"), key=lambda p: p.stat().st_mtime)
-    if not runs:
-        raise UsageError(
-            "no run given and none found under reports/", "pass a run.json, or - for stdin"
-        )
-    return runs[-1]
 
 
 @app.command("gate")
@@ -168,10 +191,13 @@ def gate_command(
     source: Annotated[
         str | None,
         typer.Argument(
-            metavar="[RUN_JSON | -]",
-            help="A run or verdict JSON file, or - for stdin (default: the newest reports/*/run.json).",
+            metavar="[RUN_JSON | RUN_DIR | -]",
+            help="A run or verdict JSON file, a run folder, or - for stdin (default: the latest run into --out).",
         ),
     ] = None,
+    out: Annotated[Path, typer.Option("--out", help="The reports folder whose latest run to gate.")] = Path(
+        "reports"
+    ),
     policy: Annotated[Path | None, typer.Option("--policy", help="TOML policy file.")] = None,
     junit: Annotated[Path | None, typer.Option("--junit", help="Write JUnit XML here.")] = None,
     summary: Annotated[
@@ -186,17 +212,21 @@ def gate_command(
     from glmfb.gate import evaluate, load_policy
     from glmfb.io import read_json, write_text_atomic
     from glmfb.report.terminal import render_gate
+    from glmfb.runs import latest_run, run_file_of
     from glmfb.verdict import SchemaError, load_document
 
-    path = source if source is not None else str(_latest_run())
+    path = run_file_of(source) if source is not None else str(latest_run(out))
     data = read_json(path)
     try:
-        run = load_document(data)
+        run = load_document(data, typed=False)
     except SchemaError as exc:
         raise UsageError(
             f"{'standard input' if path == '-' else path} is not a glmfb run or verdict: {exc}"
         ) from None
+    sys.stderr.write(f"glmfb gate: read {'standard input' if path == '-' else path} (run {run.id})\n")
     result = evaluate(run, load_policy(policy) if policy is not None else None)
+    for warning in result.warnings:
+        sys.stderr.write(f"glmfb: warning: {warning}\n")
     if junit is not None:
         from glmfb.report.junit import render_junit
 
@@ -215,6 +245,32 @@ def gate_command(
     raise typer.Exit(int(result.exit_code))
 
 
+@app.command("report")
+def report_command(
+    source: Annotated[str, typer.Argument(metavar="RUN_JSON", help="A saved run.json (or a verdict).")],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write the page here (default: report.html beside RUN_JSON).")
+    ] = None,
+) -> None:
+    """Re-render report.html from a saved run."""
+    from glmfb.io import read_json
+    from glmfb.report.html import REPORT_NAME, write_html
+    from glmfb.runs import run_file_of
+    from glmfb.verdict import SchemaError, load_document
+
+    path = Path(run_file_of(source))
+    try:
+        run = load_document(read_json(path))
+    except SchemaError as exc:
+        raise UsageError(f"{source} is not a glmfb run or verdict: {exc}") from None
+    target = out if out is not None else path.parent / REPORT_NAME
+    try:
+        written = write_html(run, path.parent, target)
+    except OSError as exc:
+        raise UsageError(f"cannot write {target}: {exc.strerror or exc}", "pass --out FILE in a writable folder") from None
+    console(stderr=True).print(f"report written to {written}")
+
+
 @app.command("schema")
 def schema_command() -> None:
     """Print the JSON Schema (draft 2020-12) of verdict and run documents."""
@@ -223,27 +279,32 @@ def schema_command() -> None:
     dump_json(json_schema())
 
 
-PROBE_COMMAND_MODULES = (
-    "glmfb.commands.diff",
-    "glmfb.commands.bench",
-    "glmfb.commands.gil",
-    "glmfb.commands.gap",
-)
+def _register_commands() -> None:
+    """``glmfb capture``, then one command per probe of the registry (built-in and installed)."""
+    from glmfb.commands.capture import register as register_capture
+    from glmfb.commands.probes import register_probe
+    from glmfb.probe import all_probes
+
+    register_capture(app)
+    for probe in all_probes():
+        register_probe(app, probe)
 
 
-def _register_probe_commands() -> None:
-    """Each probe's commands live in glmfb/commands/<probe>.py, with ``register(app)``."""
-    import importlib
-
-    for name in PROBE_COMMAND_MODULES:
-        importlib.import_module(name).register(app)
+_register_commands()
 
 
-_register_probe_commands()
+def _on_sigterm(number: int, frame: Any) -> None:
+    from glmfb.supervise import Interrupted
+
+    raise Interrupted("SIGTERM")
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. SIGTERM (a cancelled CI job) is handled like Ctrl-C: every
+    child process is stopped and what finished is kept."""
+    import signal
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
     app(prog_name="glmfb")
 
 

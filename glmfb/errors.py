@@ -1,6 +1,15 @@
-"""The one exception family the CLI catches: each error carries its exit code and a hint."""
+"""The exceptions glmfb raises on purpose.
+
+- :class:`GlmfbError` and its subclasses: an error a user can act on; each carries its exit
+  code and a hint, and the CLI turns it into one line (see :mod:`glmfb.cli`).
+- :class:`TargetFailed`: the one exception for "the target raised". Engines raise it around
+  every call into a target; the host boundary (:mod:`glmfb.host`) turns it into an error
+  verdict that names the side and the stage and keeps the traceback in evidence.
+"""
 
 from __future__ import annotations
+
+import traceback
 
 from glmfb.verdict import ExitCode
 
@@ -37,3 +46,32 @@ class HarnessError(GlmfbError):
     """A probe could not run for a reason outside the user's input (exit code 3)."""
 
     exit_code = ExitCode.HARNESS_ERROR
+
+
+TRACEBACK_FRAMES = 8  # the innermost entries of a target's traceback kept in evidence
+
+
+class TargetFailed(Exception):
+    """A target raised (or misbehaved) while glmfb called it.
+
+    ``side`` is "baseline", "candidate" or "target"; ``stage`` says when ("while building",
+    "on request r3", "on a warm-up call of shape 8x4096"); ``error`` is the original
+    exception. The traceback is formatted when this is built, so it survives the trip out of
+    a child process as text.
+    """
+
+    def __init__(self, side: str, stage: str, error: BaseException) -> None:
+        detail = str(error).strip().splitlines()
+        message = f"{type(error).__name__}: {detail[-1]}" if detail else type(error).__name__
+        super().__init__(f"the {side} raised {message} {stage}".rstrip())
+        self.side = side
+        self.stage = stage
+        self.error = error
+        lines = traceback.format_exception(type(error), error, error.__traceback__)
+        self.traceback_text = "".join(lines[-TRACEBACK_FRAMES:])
+
+    @property
+    def error_line(self) -> str:
+        """``TypeError: bad shape``: the original exception in one line."""
+        detail = str(self.error).strip().splitlines()
+        return f"{type(self.error).__name__}: {detail[-1]}" if detail else type(self.error).__name__

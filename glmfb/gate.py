@@ -15,8 +15,12 @@ A policy is a TOML file; every key is checked (an unknown key is an error, never
     name = "gil-shared-runner"
     reason = "runner has one core; tracked in #41"  # required
 
-Exit code: 3 if a failing outcome is an error, else 1 if one is a fail or warn, else 4 if
-more inconclusive verdicts fail than ``max_inconclusive`` allows, else 0.
+    allow_empty = false                            # a run with no verdicts fails the gate (exit 3)
+    allow_interrupted = false                      # so does a run cut short by a signal
+
+Exit code: 3 if a failing outcome is an error (or the run is empty or was interrupted), else 1
+if one is a fail or warn, else 4 if more inconclusive verdicts fail than ``max_inconclusive``
+allows, else 0.
 """
 
 from __future__ import annotations
@@ -38,10 +42,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEFAULT_FAIL_ON = frozenset({Status.FAIL, Status.ERROR, Status.INCONCLUSIVE})
-_TOP_KEYS = frozenset({"fail_on", "max_inconclusive", "probes", "names", "allow"})
+_TOP_KEYS = frozenset({"fail_on", "max_inconclusive", "probes", "names", "allow", "allow_empty",
+                       "allow_interrupted"})
 _RULE_KEYS = frozenset({"fail_on"})
 _ALLOW_KEYS = frozenset({"name", "reason"})
-_PROBE_KINDS = frozenset({"diff", "bench", "gil", "gap"})
 
 
 @dataclass(frozen=True)
@@ -59,13 +63,15 @@ class Policy:
     per_probe: Mapping[str, frozenset[Status]] = field(default_factory=dict)
     per_name: Mapping[str, frozenset[Status]] = field(default_factory=dict)
     allow: tuple[Allowance, ...] = ()
+    allow_empty: bool = False  # a run with no verdicts passes (it fails by default: nothing was checked)
+    allow_interrupted: bool = False  # a run cut short passes on what finished
 
     def fail_on_for(self, verdict: Verdict) -> frozenset[Status]:
         """The failing statuses for one verdict: a name rule beats a probe rule beats the default."""
         for pattern, statuses in self.per_name.items():
             if fnmatch.fnmatchcase(verdict.name, pattern):
                 return statuses
-        return self.per_probe.get(verdict.probe.value, self.fail_on)
+        return self.per_probe.get(verdict.probe, self.fail_on)
 
     def allowance_for(self, verdict: Verdict) -> Allowance | None:
         for allowance in self.allow:
@@ -129,11 +135,14 @@ def parse_policy(document: Mapping[str, Any], source: str = "policy") -> Policy:
     if not isinstance(probes, dict):
         raise InputError(f"{source}: probes must be a table of [probes.<kind>] tables")
     per_probe: dict[str, frozenset[Status]] = {}
+    from glmfb.probe import known_kinds
+
+    kinds = known_kinds()
     for kind, table in probes.items():
-        if kind not in _PROBE_KINDS:
+        if kind not in kinds:
             raise InputError(
                 f"{source}: unknown probe kind probes.{kind}",
-                f"use {', '.join(sorted(_PROBE_KINDS))}",
+                f"use {', '.join(sorted(kinds))} (the probes installed here)",
             )
         per_probe[kind] = _rule_table(table, f"probes.{kind}")
     names = document.get("names", {})
@@ -162,7 +171,14 @@ def parse_policy(document: Mapping[str, Any], source: str = "policy") -> Policy:
                 "say why it may fail, and where it is tracked",
             )
         allow.append(Allowance(name=name, reason=reason.strip()))
-    return Policy(fail_on, max_inconclusive, per_probe, per_name, tuple(allow))
+    flags = {}
+    for key in ("allow_empty", "allow_interrupted"):
+        value = document.get(key, False)
+        if not isinstance(value, bool):
+            raise InputError(f"{source}: {key} must be true or false, got {value!r}")
+        flags[key] = value
+    return Policy(fail_on, max_inconclusive, per_probe, per_name, tuple(allow), flags["allow_empty"],
+                  flags["allow_interrupted"])
 
 
 def load_policy(path: str | Path) -> Policy:
@@ -197,6 +213,8 @@ class GateResult:
     rows: tuple[GateRow, ...]
     exit_code: ExitCode
     max_inconclusive: int
+    warnings: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()  # what fails the gate besides the verdicts (empty, interrupted)
 
     def count(self, decision: GateDecision) -> int:
         return sum(1 for row in self.rows if row.decision is decision)
@@ -233,7 +251,27 @@ def evaluate(run: Run, policy: Policy | None = None) -> GateResult:
     inconclusive = sum(1 for row in rows if row.decision is GateDecision.INCONCLUSIVE)
     if inconclusive > policy.max_inconclusive:
         codes.append(ExitCode.INCONCLUSIVE)
-    return GateResult(run, tuple(rows), combine_exit_codes(codes), policy.max_inconclusive)
+    problems: list[str] = []
+    if not run.verdicts and not policy.allow_empty:
+        problems.append("the run has no verdicts: nothing was checked (allow_empty = true in a policy accepts that)")
+    if run.interrupted and not policy.allow_interrupted:
+        problems.append("the run was interrupted before it finished (allow_interrupted = true in a policy gates "
+                        "what finished)")
+    if problems:
+        codes.append(ExitCode.HARNESS_ERROR)
+    return GateResult(run, tuple(rows), combine_exit_codes(codes), policy.max_inconclusive,
+                      _unknown_kind_warnings(run), tuple(problems))
+
+
+def _unknown_kind_warnings(run: Run) -> tuple[str, ...]:
+    """A verdict of a probe kind this installation does not know is gated on its status like
+    any other (an older gate never rejects a newer probe's verdict), with a warning."""
+    from glmfb.probe import known_kinds
+
+    kinds = set(known_kinds())
+    unknown = sorted({v.probe for v in run.verdicts if v.probe not in kinds})
+    return tuple(f"probe kind {kind!r} is not installed here: its verdicts are gated on their status alone"
+                 for kind in unknown)
 
 
 def failing_rows(result: GateResult) -> Sequence[GateRow]:

@@ -1,6 +1,6 @@
 """Target references: ``package.module:attr`` or ``path/to/file.py:attr``, plus ``--arg k=v``.
 
-What the attribute must be depends on the probe (DESIGN.md, Targets); this module only finds
+What the attribute must be depends on the probe (docs/design.md, Targets); this module only finds
 it, checks that it is callable, and turns ``k=v`` strings into keyword arguments.
 """
 
@@ -57,6 +57,13 @@ class Target:
 
     def load(self) -> Callable[..., Any]:
         return resolve(self.ref, base_dir=self.base_dir)
+
+    def check(self) -> None:
+        """What can be checked without importing the target: the reference's form, and that a
+        file reference names a file that exists. Raises :class:`TargetError`."""
+        location, _ = split_ref(self.ref)
+        if is_file_ref(location):
+            _find_file(location, self.base_dir)
 
     @property
     def portable_ref(self) -> str:
@@ -140,6 +147,13 @@ def _find_file(location: str, base_dir: Path | None) -> Path:
     )
 
 
+def _append_path(folder: str) -> None:
+    """A target's folder goes at the *end* of ``sys.path``: a sibling package of the target
+    (a ``safetensors/`` or ``torch/`` folder beside it) cannot shadow what glmfb imports."""
+    if folder not in sys.path:
+        sys.path.append(folder)
+
+
 def _import_error_line(exc: BaseException) -> str:
     text = "".join(str(exc).strip().splitlines()[-1:]) or type(exc).__name__
     return f"{type(exc).__name__}: {text}"
@@ -147,8 +161,7 @@ def _import_error_line(exc: BaseException) -> str:
 
 def _import_module(name: str, ref: str) -> ModuleType:
     cwd = str(Path.cwd())
-    if cwd not in sys.path:
-        sys.path.insert(0, cwd)
+    _append_path(cwd)
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
@@ -158,7 +171,7 @@ def _import_module(name: str, ref: str) -> ModuleType:
                 "check the module path, or run from the directory that holds the package",
             ) from exc
         raise TargetError(f"importing {name!r} failed: {_import_error_line(exc)}") from exc
-    except Exception as exc:  # an error inside the user's module
+    except (Exception, SystemExit) as exc:  # an error (or an exit) inside the user's module
         raise TargetError(f"importing {name!r} failed: {_import_error_line(exc)}") from exc
 
 
@@ -172,11 +185,16 @@ def _package_root(path: Path) -> tuple[Path, str]:
     return directory, ".".join(parts)
 
 
+def import_file(path: Path, label: str) -> ModuleType:
+    """Import a Python file (as a package module when it sits in one); ``label`` names it in
+    errors. Raises :class:`TargetError` with one line."""
+    return _import_file(path.resolve(), label)
+
+
 def _import_file(path: Path, ref: str) -> ModuleType:
     root, dotted = _package_root(path)
     if "." in dotted:  # inside a package: import it as such, so relative imports work
-        if str(root) not in sys.path:
-            sys.path.insert(0, str(root))
+        _append_path(str(root))
         return _import_module(dotted, ref)
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
     module_name = f"glmfb_target_{path.stem}_{digest}"
@@ -186,12 +204,11 @@ def _import_file(path: Path, ref: str) -> ModuleType:
     if spec is None or spec.loader is None:
         raise TargetError(f"cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(spec)
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
+    _append_path(str(path.parent))
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         del sys.modules[module_name]
         raise TargetError(f"importing {path} failed: {_import_error_line(exc)}") from exc
     return module

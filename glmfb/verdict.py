@@ -3,6 +3,11 @@
 Format history (never renumber; a change bumps the version and keeps a reader for the old one):
 
 - ``glmfb.verdict/1``, ``glmfb.run/1``: first version.
+- still ``/1``, evidence typed: each evidence kind has its own schema in ``glmfb schema``
+  (``$defs``). Readers accept the older spellings: kind ``env_mismatch`` reads as
+  ``env_differences``, ``diagnosis_rule`` as ``diagnosis``; ``gil_holder.share_of_samples``
+  (a copy of ``share_of_time``) is dropped on reading. ``probe`` is any registered kind
+  (built-in or installed); a reader accepts kinds it does not know.
 
 Reading a document validates it against :func:`json_schema` and names the first offending
 field (``verdicts[3].metric.value: expected number or null, got 'fast'``).
@@ -15,7 +20,11 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum, IntEnum
-from typing import Any
+from typing import Any, TypeVar
+
+from glmfb.evidence import Evidence, EvidenceError, RawEvidence, as_evidence, parse_evidence
+
+E = TypeVar("E", bound=Evidence)
 
 VERDICT_SCHEMA = "glmfb.verdict/1"
 RUN_SCHEMA = "glmfb.run/1"
@@ -39,13 +48,6 @@ class Layer(str, Enum):
     RUNTIME = "runtime"
     TRANSFER = "transfer"
     HARNESS = "harness"
-
-
-class ProbeKind(str, Enum):
-    DIFF = "diff"
-    BENCH = "bench"
-    GIL = "gil"
-    GAP = "gap"
 
 
 class ExitCode(IntEnum):
@@ -127,14 +129,6 @@ def to_json_value(value: Any) -> Any:
     raise TypeError(f"cannot store a {type(value).__name__} in a verdict: {value!r}")
 
 
-def traceback_evidence(exc: BaseException, frames: int = 6) -> dict[str, str]:
-    """An evidence item with the last ``frames`` entries of ``exc``'s traceback."""
-    import traceback
-
-    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    return {"kind": "traceback", "text": "".join(lines[-frames:])}
-
-
 def _finite_or_none(value: Any) -> float | None:
     if value is None:
         return None
@@ -207,7 +201,12 @@ class Expectation:
     def mismatches(self, verdict: Verdict) -> list[str]:
         """What differs between this expectation and ``verdict``, one phrase each."""
         problems: list[str] = []
-        if self.status is not None and verdict.status != self.status:
+        if verdict.status is Status.ERROR and self.status is not Status.ERROR:
+            problems.append(f"status: expected {self.status.value if self.status else 'a verdict'}, got error "
+                            "(the probe could not run)")
+        elif verdict.status is Status.ERROR:
+            problems.append("status: an error verdict never meets an expectation")
+        elif self.status is not None and verdict.status != self.status:
             problems.append(f"status: expected {self.status.value}, got {verdict.status.value}")
         if self.layer is not None and verdict.layer != self.layer:
             problems.append(f"layer: expected {self.layer.value}, got {verdict.layer.value}")
@@ -250,14 +249,14 @@ class Verdict:
     built, so ``Verdict.from_dict(v.to_dict()) == v`` holds.
     """
 
-    probe: ProbeKind
+    probe: str
     name: str
     status: Status
     layer: Layer
     why: str
     where: Mapping[str, Any] = field(default_factory=dict)
     metric: Metric | None = None
-    evidence: tuple[Mapping[str, Any], ...] = ()
+    evidence: tuple[Evidence, ...] = ()
     next: tuple[str, ...] = ()
     artifacts: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, Any] = field(default_factory=dict)
@@ -266,17 +265,18 @@ class Verdict:
     expect_met: bool | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "probe", ProbeKind(self.probe))
+        if not isinstance(self.probe, str) or not self.probe:
+            raise ValueError("a verdict needs a probe kind")
+        object.__setattr__(self, "probe", str(self.probe))
         object.__setattr__(self, "status", Status(self.status))
         object.__setattr__(self, "layer", Layer(self.layer))
         if not self.name:
             raise ValueError("a verdict needs a non-empty name")
         object.__setattr__(self, "where", to_json_value(dict(self.where)))
-        evidence = tuple(to_json_value(dict(item)) for item in self.evidence)
-        for index, item in enumerate(evidence):
-            if not isinstance(item.get("kind"), str):
-                raise ValueError(f"evidence[{index}] needs a string 'kind'")
-        object.__setattr__(self, "evidence", evidence)
+        object.__setattr__(
+            self, "evidence",
+            tuple(as_evidence(item, f"evidence[{i}]") for i, item in enumerate(self.evidence)),
+        )
         object.__setattr__(self, "next", tuple(str(step) for step in self.next))
         object.__setattr__(
             self, "artifacts", {str(k): str(v) for k, v in dict(self.artifacts).items()}
@@ -303,33 +303,42 @@ class Verdict:
     def exit_code(self) -> ExitCode:
         return STATUS_EXIT_CODE[self.outcome]
 
+    def find(self, kind: type[E]) -> E | None:
+        """The first evidence item of a type (``verdict.find(GilHolder)``)."""
+        return next((item for item in self.evidence if isinstance(item, kind)), None)
+
+    def find_all(self, kind: type[E]) -> list[E]:
+        return [item for item in self.evidence if isinstance(item, kind)]
+
     def with_expectation(self, expect: Expectation) -> Verdict:
-        """This verdict judged against ``expect``."""
-        return replace(self, expect=expect, expect_met=not expect.mismatches(self))
+        """This verdict judged against ``expect``. An error verdict never meets an expectation:
+        a probe that could not run has not shown anything."""
+        met = self.status is not Status.ERROR and not expect.mismatches(self)
+        return replace(self, expect=expect, expect_met=met)
 
     # ---- constructors --------------------------------------------------------------------
 
     @classmethod
     def harness_error(
         cls,
-        probe: ProbeKind | str,
+        probe: str,
         name: str,
         why: str,
         *,
         next: Iterable[str] = (),
-        evidence: Iterable[Mapping[str, Any]] = (),
+        evidence: Iterable[Evidence | Mapping[str, Any]] = (),
         env: Mapping[str, Any] | None = None,
         duration_s: float = 0.0,
     ) -> Verdict:
         """A verdict for a probe that could not run: status error, layer harness."""
         return cls(
-            probe=ProbeKind(probe),
+            probe=probe,
             name=name,
             status=Status.ERROR,
             layer=Layer.HARNESS,
             why=why,
             next=tuple(next),
-            evidence=tuple(evidence),
+            evidence=tuple(as_evidence(item) for item in evidence),
             env=env or {},
             duration_s=duration_s,
         )
@@ -339,14 +348,14 @@ class Verdict:
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "schema": VERDICT_SCHEMA,
-            "probe": self.probe.value,
+            "probe": self.probe,
             "name": self.name,
             "status": self.status.value,
             "layer": self.layer.value,
             "where": dict(self.where),
             "why": self.why,
             "metric": self.metric.to_dict() if self.metric is not None else None,
-            "evidence": [dict(item) for item in self.evidence],
+            "evidence": [item.to_dict() for item in self.evidence],
             "next": list(self.next),
             "artifacts": dict(self.artifacts),
             "env": dict(self.env),
@@ -358,24 +367,28 @@ class Verdict:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Verdict:
-        """Build a verdict from JSON data, validating it first (raises :class:`SchemaError`)."""
+    def from_dict(cls, data: Mapping[str, Any], *, typed: bool = True) -> Verdict:
+        """Build a verdict from JSON data, validating it first (raises :class:`SchemaError`).
+
+        With ``typed`` (the default) evidence is read into its typed classes (an item that does
+        not fit its kind stays as read, a :class:`~glmfb.evidence.RawEvidence`); without it all
+        evidence stays as read, which is all a gate needs."""
         validate(data, VERDICT_JSON_SCHEMA)
-        return cls._from_valid_dict(data)
+        return cls._from_valid_dict(data, typed=typed)
 
     @classmethod
-    def _from_valid_dict(cls, data: Mapping[str, Any]) -> Verdict:
+    def _from_valid_dict(cls, data: Mapping[str, Any], *, typed: bool = True, path: str = "") -> Verdict:
         metric = data.get("metric")
         expect = data.get("expect")
         return cls(
-            probe=ProbeKind(data["probe"]),
+            probe=data["probe"],
             name=data["name"],
             status=Status(data["status"]),
             layer=Layer(data["layer"]),
             why=data["why"],
             where=data.get("where") or {},
             metric=Metric.from_dict(metric) if metric is not None else None,
-            evidence=tuple(data.get("evidence") or ()),
+            evidence=_read_evidence(data.get("evidence") or (), typed, path),
             next=tuple(data.get("next") or ()),
             artifacts=data.get("artifacts") or {},
             env=data.get("env") or {},
@@ -430,7 +443,7 @@ class Run:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Run:
+    def from_dict(cls, data: Mapping[str, Any], *, typed: bool = True) -> Run:
         validate(data, RUN_JSON_SCHEMA)
         return cls(
             id=data["id"],
@@ -438,19 +451,39 @@ class Run:
             finished=data.get("finished"),
             interrupted=bool(data.get("interrupted", False)),
             env=data.get("env") or {},
-            verdicts=tuple(Verdict._from_valid_dict(v) for v in data["verdicts"]),
+            verdicts=tuple(
+                Verdict._from_valid_dict(v, typed=typed, path=f"verdicts[{i}].")
+                for i, v in enumerate(data["verdicts"])
+            ),
         )
 
 
-def load_document(data: Any) -> Run:
+def _read_evidence(items: Iterable[Any], typed: bool, path: str) -> tuple[Evidence, ...]:
+    if not typed:
+        return tuple(
+            RawEvidence(raw_kind=item["kind"], data={k: v for k, v in item.items() if k != "kind"})
+            for item in items
+        )
+    result: list[Evidence] = []
+    for index, item in enumerate(items):
+        try:
+            result.append(parse_evidence(item, f"{path}evidence[{index}]"))
+        except EvidenceError:
+            # An item that does not fit its kind (written by another version, or by hand) is
+            # kept as it was read: a reader never loses evidence, and never fails on it.
+            result.append(RawEvidence(raw_kind=item["kind"], data={k: v for k, v in item.items() if k != "kind"}))
+    return tuple(result)
+
+
+def load_document(data: Any, *, typed: bool = True) -> Run:
     """A run from parsed JSON that holds either a run or a single verdict."""
     if not isinstance(data, Mapping):
         raise SchemaError("(document)", f"expected a JSON object, got {_json_type(data)}")
     schema = data.get("schema")
     if schema == RUN_SCHEMA:
-        return Run.from_dict(data)
+        return Run.from_dict(data, typed=typed)
     if schema == VERDICT_SCHEMA:
-        verdict = Verdict.from_dict(data)
+        verdict = Verdict.from_dict(data, typed=typed)
         return Run(id=f"verdict-{verdict.name}", started="", verdicts=(verdict,))
     raise SchemaError(
         "schema",
@@ -517,7 +550,7 @@ VERDICT_JSON_SCHEMA: dict[str, Any] = {
     "required": ["schema", "probe", "name", "status", "layer", "why"],
     "properties": {
         "schema": {"const": VERDICT_SCHEMA},
-        "probe": {"enum": [p.value for p in ProbeKind]},
+        "probe": {"type": "string", "minLength": 1},
         "name": {"type": "string", "minLength": 1},
         "status": {"enum": [s.value for s in Status]},
         "layer": {"enum": [layer.value for layer in Layer]},
@@ -563,8 +596,33 @@ RUN_JSON_SCHEMA: dict[str, Any] = {
 
 
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of both documents, verdict and run."""
-    verdict = {k: v for k, v in VERDICT_JSON_SCHEMA.items() if not k.startswith("$")}
+    """The JSON Schema (draft 2020-12) of both documents, verdict and run.
+
+    ``probe`` lists the kinds this installation knows (built-in and installed); each known
+    evidence kind has its schema under ``$defs`` and is checked when its ``kind`` matches.
+    Other kinds stay valid (a newer probe's evidence), with only ``kind`` required."""
+    import copy
+
+    from glmfb.evidence import evidence_schema_defs
+    from glmfb.probe import known_kinds
+
+    evidence_defs = evidence_schema_defs()
+    verdict = copy.deepcopy({k: v for k, v in VERDICT_JSON_SCHEMA.items() if not k.startswith("$")})
+    verdict["properties"]["probe"] = {
+        "type": "string",
+        "enum": list(known_kinds()),
+        "description": "the probe kinds of this installation; readers accept others with a warning",
+    }
+    verdict["properties"]["evidence"]["items"] = {
+        "type": "object",
+        "required": ["kind"],
+        "properties": {"kind": {"type": "string"}},
+        "allOf": [
+            {"if": {"properties": {"kind": {"const": name.removeprefix("evidence.")}}, "required": ["kind"]},
+             "then": {"$ref": f"#/$defs/{name}"}}
+            for name in evidence_defs if name.startswith("evidence.")
+        ],
+    }
     run = {k: v for k, v in RUN_JSON_SCHEMA.items() if not k.startswith("$")}
     run["properties"] = {
         **run["properties"],
@@ -575,7 +633,7 @@ def json_schema() -> dict[str, Any]:
         "$id": "https://glmfb.dev/schema/glmfb-1.json",
         "title": "glmfb verdict and run documents",
         "oneOf": [{"$ref": "#/$defs/verdict"}, {"$ref": "#/$defs/run"}],
-        "$defs": {"verdict": verdict, "run": run},
+        "$defs": {"verdict": verdict, "run": run, **evidence_defs},
     }
 
 

@@ -1,6 +1,24 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+
+TOY = Path(__file__).parent / "toy"
+
+
+@pytest.fixture
+def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The toy probe of tests/toy, installed through the glmfb.probes entry point (its folder
+    holds a dist-info); yields that folder, for subprocesses' PYTHONPATH."""
+    from glmfb.probe import reset_registry
+
+    monkeypatch.syspath_prepend(str(TOY))
+    reset_registry()
+    yield TOY
+    monkeypatch.undo()
+    reset_registry()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

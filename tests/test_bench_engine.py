@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from glmfb.bench.config import BenchConfig
-from glmfb.bench.engine import run_bench
+from glmfb.bench.evidence import BenchSummary, OpDiff, Roofline
 from glmfb.cli import app
 from glmfb.errors import TargetError, UsageError
 from glmfb.targets import Target
@@ -59,7 +59,18 @@ def non_callable_factory(shape: tuple[int, ...]) -> Any:
 def config(baseline: Target, candidate: Target | None, **kwargs: Any) -> BenchConfig:
     kwargs.setdefault("shapes", ((64, 1024),))
     kwargs.setdefault("budget_s", 4.0)
+    if "sample_s" in kwargs:
+        kwargs["sample_ms"] = kwargs.pop("sample_s") * 1e3
     return BenchConfig(name="t", baseline=baseline, candidate=candidate, **kwargs)
+
+
+def run_bench(config: BenchConfig, folder: Path | None = None) -> Verdict:
+    """The bench probe through the host boundary, as glmfb bench runs it."""
+    import tempfile
+
+    from helpers import run
+
+    return run("bench", config, folder or Path(tempfile.mkdtemp(prefix="glmfb-bench-")))
 
 
 def roundtrip(verdict: Verdict) -> None:
@@ -98,16 +109,18 @@ def test_planted_regression_tiled_vs_fused_names_the_repeated_reductions() -> No
     assert verdict.where["shape"] in ("8x4096", "32x1024")
     assert "redundant recomputation" in verdict.why
     assert "aten::mean" in verdict.why
-    op_diff = next(e for e in verdict.evidence if e["kind"] == "op_diff")
-    assert op_diff["rule"] == "redundant-recomputation"
-    assert "aten::mean" in op_diff["repeated_reductions"]
-    mean = next(op for op in op_diff["ops"] if op["op"] == "aten::mean")
-    assert mean["candidate_calls"] == pytest.approx(4 * mean["baseline_calls"])
+    from glmfb.evidence import RuleFired
+
+    assert verdict.find(RuleFired).rule == "redundant-recomputation"  # type: ignore[union-attr]
+    op_diff = verdict.find(OpDiff)
+    assert op_diff is not None and "aten::mean" in op_diff.repeated_reductions
+    mean = next(op for op in op_diff.ops if op.op == "aten::mean")
+    assert mean.candidate_calls == pytest.approx(4 * mean.baseline_calls)
     summary = verdict.evidence[0]
-    assert summary["kind"] == "summary" and summary["slower"] == 2
-    roofline = next(e for e in verdict.evidence if e["kind"] == "roofline")
-    assert roofline["ceilings"]["flops_per_s"] > 0 and roofline["ceilings"]["bytes_per_s"] > 0
-    assert {row["bound"] for row in roofline["placements"]} <= {"memory-bound", "compute-bound"}
+    assert isinstance(summary, BenchSummary) and summary.slower == 2
+    roofline = verdict.find(Roofline)
+    assert roofline is not None and roofline.ceilings["flops_per_s"] > 0 and roofline.ceilings["bytes_per_s"] > 0
+    assert {row.bound for row in roofline.placements} <= {"memory-bound", "compute-bound"}
     assert verdict.env["threads"] == 1
     roundtrip(verdict)
 
@@ -126,14 +139,14 @@ def test_fused_vs_tiled_is_an_improvement() -> None:
 def test_factory_that_raises_is_an_error_verdict() -> None:
     verdict = run_bench(config(Target(f"{HERE}:doubled"), Target(f"{HERE}:raising_factory")))
     assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
-    assert "candidate factory" in verdict.why and "CUDA kernel image not found" in verdict.why
+    assert "candidate raised RuntimeError: CUDA kernel image not found in its factory" in verdict.why
     assert verdict.exit_code == 3
 
 
 def test_non_callable_is_an_error_verdict() -> None:
     verdict = run_bench(config(Target(f"{HERE}:non_callable_factory"), Target(f"{HERE}:doubled")))
     assert verdict.status is Status.ERROR
-    assert "returned a Tensor, not a zero-argument callable" in verdict.why
+    assert "returned a Tensor, not a zero-argument callable" in verdict.why, verdict.why
 
 
 def test_nan_on_one_call_is_an_error_verdict() -> None:
@@ -164,7 +177,9 @@ def test_threads_are_restored() -> None:
 
 
 def cli(*args: str) -> Any:
-    return runner.invoke(app, ["bench", *args])
+    import tempfile
+
+    return runner.invoke(app, ["bench", *args, "--out", tempfile.mkdtemp(prefix="glmfb-bench-cli-")])
 
 
 @pytest.mark.slow
@@ -195,7 +210,10 @@ def test_cli_factory_raises_is_exit_3_with_error_json() -> None:
     assert result.exit_code == 3
     data = json.loads(result.stdout)
     assert data["status"] == "error" and data["layer"] == "harness"
-    assert "Traceback" not in result.output
+    # the target's traceback is evidence in the verdict, not noise on the terminal
+    trace = next(e for e in data["evidence"] if e["kind"] == "traceback")
+    assert "raising_factory" in trace["text"]
+    assert "Traceback" not in result.stderr
 
 
 def test_cli_nan_kernel_is_exit_3() -> None:
@@ -218,18 +236,4 @@ def test_budget_too_small_is_inconclusive() -> None:
     assert "did not fit" in verdict.why and verdict.next
 
 
-def test_inconclusive_why_estimates_the_samples_needed() -> None:
-    from glmfb.bench.decision import normal_change
-    from glmfb.bench.engine import ShapeResult, _inconclusive_why
-    from glmfb.bench.runner import Blocks
-    from glmfb.stats import Decision
 
-    blocks = Blocks(baseline=[1.0] * 50, candidate=[1.0] * 50, elapsed_s=1.0)
-    result = ShapeResult("8x8", 10, blocks, normal_change(1.09, 0.03, 50), Decision.UNDECIDED,
-                         None, 0.0, 3, 1e-4, 1.09e-4)
-    cfg = config(Target("a:b"), Target("a:c"))
-    why = _inconclusive_why(cfg, "c", "b", [result], 1)
-    assert "straddles ±5%" in why and "blocks (~" in why and "would decide it" in why
-    at_threshold = ShapeResult("8x8", 10, blocks, normal_change(1.05, 0.03, 50), Decision.UNDECIDED,
-                               None, 0.0, 3, 1e-4, 1.05e-4)
-    assert "no sample size decides it" in _inconclusive_why(cfg, "c", "b", [at_threshold], 1)

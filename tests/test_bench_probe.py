@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from glmfb import suite
+from glmfb.errors import InputError, UsageError
 from glmfb.verdict import Status
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,7 +21,7 @@ def definitions() -> dict[str, suite.ProbeDefinition]:
 @pytest.mark.parametrize("name", ["gated-norm-tiled-vs-fused", "gated-norm-fused-vs-tiled"])
 def test_bench_definitions_meet_their_expectations(name: str, tmp_path: Path) -> None:
     definition = definitions()[name]
-    verdict = suite.run_definition(definition, suite.RunContext("t", tmp_path))
+    verdict = suite.run_definition(definition, suite.SuiteContext("t", tmp_path))
     assert verdict.expect_met, (verdict.status, verdict.why, verdict.where)
     assert Path(verdict.artifacts["samples"]).is_file()
     if definition.expect is not None and definition.expect.status is Status.FAIL:
@@ -32,22 +33,23 @@ def test_bench_definitions_meet_their_expectations(name: str, tmp_path: Path) ->
         assert "speed-up" in verdict.why
 
 
-def test_unknown_option_is_an_error_verdict(tmp_path: Path) -> None:
+def test_unknown_option_and_missing_shapes_are_refused_at_load(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("def f(shape): ...\ndef g(shape): ...\n")
     path = tmp_path / "p.toml"
     path.write_text(
         '[[probe]]\nname = "x"\nprobe = "bench"\nbaseline = "a.py:f"\ncandidate = "a.py:g"\n'
         'options = { shapes = ["8"], budgte = 3 }\n'
     )
-    [definition] = suite.load_definitions([path])
-    verdict = suite.run_definition(definition, suite.RunContext("t", tmp_path))
-    assert verdict.status is Status.ERROR
-    assert "unknown bench option 'budgte'" in verdict.why
-
-
-def test_missing_shapes_is_an_error_verdict(tmp_path: Path) -> None:
-    path = tmp_path / "p.toml"
+    with pytest.raises(InputError, match="unknown option 'budgte'"):
+        suite.load_definitions([path])
     path.write_text('[[probe]]\nname = "x"\nprobe = "bench"\nbaseline = "a.py:f"\ncandidate = "a.py:g"\n')
-    [definition] = suite.load_definitions([path])
-    verdict = suite.run_definition(definition, suite.RunContext("t", tmp_path))
-    assert verdict.status is Status.ERROR
-    assert "options.shapes" in verdict.why
+    with pytest.raises(InputError, match="no shape given"):
+        suite.load_definitions([path])
+
+
+def test_a_missing_target_file_is_refused_at_load(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('[[probe]]\nname = "x"\nprobe = "bench"\nbaseline = "nowhere.py:f"\ncandidate = "nowhere.py:g"\n'
+                    'options = { shapes = ["8"] }\n')
+    with pytest.raises(UsageError, match=r"baseline: target file nowhere\.py not found"):
+        suite.load_definitions([path])

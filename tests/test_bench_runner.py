@@ -12,7 +12,6 @@ import torch
 from glmfb.bench.runner import (
     Blocks,
     InterleavedRunner,
-    KernelError,
     calibrate,
     calls_per_sample,
     kernel_name,
@@ -20,6 +19,7 @@ from glmfb.bench.runner import (
     warm_up,
 )
 from glmfb.bench.timers import CpuTimer, first_nonfinite, make_timer
+from glmfb.errors import TargetFailed
 from glmfb.targets import Target, resolve
 
 HERE = __file__
@@ -78,19 +78,19 @@ def test_user_seed_is_not_overridden() -> None:
     assert target_seeds() == [7, 7]
 
 
-def test_factory_that_raises_is_a_kernel_error() -> None:
-    with pytest.raises(KernelError, match="raised ValueError for shape 4x8: no such head size"):
+def test_factory_that_raises_is_a_target_failure() -> None:
+    with pytest.raises(TargetFailed, match=r"raised ValueError: no such head size in its factory .* for shape 4x8"):
         load_side("baseline", Target(f"{HERE}:raising_factory"), (4, 8), 1)
 
 
-def test_non_callable_is_a_kernel_error() -> None:
-    with pytest.raises(KernelError, match="returned a int, not a zero-argument callable"):
+def test_non_callable_is_a_target_failure() -> None:
+    with pytest.raises(TargetFailed, match="returned a int, not a zero-argument callable"):
         load_side("candidate", Target(f"{HERE}:non_callable_factory"), (4,), 1)
 
 
 def test_nan_on_one_call_is_caught_in_warm_up() -> None:
     side = load_side("candidate", Target(f"{HERE}:nan_on_third_call"), (4,), 1)
-    with pytest.raises(KernelError, match="NaN or Inf in result on warm-up call 3"):
+    with pytest.raises(TargetFailed, match=r"NaN or Inf in result; .* on warm-up call 3"):
         warm_up(side)
 
 
@@ -169,17 +169,19 @@ def test_result_device() -> None:
 def test_gpu_end_to_end_tiled_vs_fused_on_cuda() -> None:
     from pathlib import Path
 
+    from helpers import run
+
     from glmfb.bench.config import BenchConfig
-    from glmfb.bench.engine import run_bench
+    from glmfb.bench.evidence import BenchHarness
     from glmfb.verdict import Status
 
     kernels = str(Path(__file__).resolve().parents[1] / "scenarios" / "decode_norm" / "kernels.py")
     for cuda_graph in (False, True):
-        verdict = run_bench(BenchConfig(
+        verdict = run("bench", BenchConfig(
             name="gpu", baseline=Target(f"{kernels}:gated_norm_fused", {"device": "cuda"}),
             candidate=Target(f"{kernels}:gated_norm_tiled", {"device": "cuda"}),
             shapes=((64, 4096),), budget_s=3.0, cuda_graph=cuda_graph,
-        ))
+        ), Path(f"/tmp/glmfb-gpu-{cuda_graph}"))
         assert verdict.status is Status.FAIL, verdict.why
-        harness = next(e for e in verdict.evidence if e["kind"] == "harness")
-        assert harness["timer"] == "cuda-events" and harness["cuda_graph"] is cuda_graph
+        harness = verdict.find(BenchHarness)
+        assert harness is not None and harness.timer == "cuda-events" and harness.cuda_graph is cuda_graph

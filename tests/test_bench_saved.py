@@ -11,11 +11,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from glmfb.bench.config import SavedCompareConfig
-from glmfb.bench.engine import compare_saved
+from glmfb.bench.config import BenchConfig
 from glmfb.bench.saved import SAVED_SCHEMA, load_side
 from glmfb.cli import app
 from glmfb.errors import InputError
+from glmfb.targets import Target
 from glmfb.verdict import Status, Verdict
 
 HERE = __file__
@@ -64,14 +64,20 @@ def pytest_benchmark_file(path: Path, median: float, *, data: bool, python: str 
     return path
 
 
+def compare_saved(name: str, baseline: str, candidate: str, folder: Path) -> Verdict:
+    from helpers import run
+
+    return run("bench", BenchConfig(name=name, baseline=Target(baseline), candidate=Target(candidate)), folder)
+
+
 def test_saved_comparison_flags_a_slowdown_as_cross_process(tmp_path: Path) -> None:
     old = write_glmfb(tmp_path / "old.json", {"8x4096": {"baseline": noisy(1e-4, 200, 1)}})
     new = write_glmfb(tmp_path / "new.json", {"8x4096": {"baseline": noisy(1.2e-4, 200, 2)}})
-    verdict = compare_saved(SavedCompareConfig("s", str(old), str(new)))
+    verdict = compare_saved("s", str(old), str(new), tmp_path)
     assert verdict.status is Status.FAIL
     assert verdict.where["shape"] == "8x4096"
     assert "across processes" in verdict.why
-    assert verdict.evidence[0]["in_process"] is False
+    assert verdict.evidence[0].in_process is False  # type: ignore[attr-defined]
     assert Verdict.from_dict(verdict.to_dict()) == verdict
 
 
@@ -79,7 +85,7 @@ def test_two_sided_file_needs_a_selector(tmp_path: Path) -> None:
     both = write_glmfb(tmp_path / "ab.json", {"8x8": {"baseline": noisy(1e-4, 50, 3), "candidate": noisy(1e-4, 50, 4)}})
     with pytest.raises(InputError, match="pick one"):
         load_side(str(both))
-    verdict = compare_saved(SavedCompareConfig("s", f"{both}#baseline", f"{both}#candidate"))
+    verdict = compare_saved("s", f"{both}#baseline", f"{both}#candidate", tmp_path)
     assert verdict.status is Status.PASS
     assert "equivalent" in verdict.why
 
@@ -87,20 +93,22 @@ def test_two_sided_file_needs_a_selector(tmp_path: Path) -> None:
 def test_environment_mismatch_is_stated_and_downgrades_a_pass(tmp_path: Path) -> None:
     old = write_glmfb(tmp_path / "old.json", {"s": {"baseline": noisy(1e-4, 100, 5)}}, {"python": "3.11.7", "torch": "2.12"})
     new = write_glmfb(tmp_path / "new.json", {"s": {"baseline": noisy(1e-4, 100, 6)}}, {"python": "3.11.7", "torch": "2.13"})
-    verdict = compare_saved(SavedCompareConfig("s", str(old), str(new)))
+    verdict = compare_saved("s", str(old), str(new), tmp_path)
     assert verdict.status is Status.WARN
     assert "environments differ (torch: 2.12 vs 2.13)" in verdict.why
-    assert any(e["kind"] == "env_mismatch" for e in verdict.evidence)
+    from glmfb.evidence import EnvDifferences
+
+    assert verdict.find(EnvDifferences) is not None
 
 
 def test_pytest_benchmark_json_with_and_without_raw_data(tmp_path: Path) -> None:
     base = pytest_benchmark_file(tmp_path / "base.json", 1e-4, data=True)
     slow = pytest_benchmark_file(tmp_path / "slow.json", 1.3e-4, data=True)
-    verdict = compare_saved(SavedCompareConfig("p", str(base), str(slow)))
+    verdict = compare_saved("p", str(base), str(slow), tmp_path)
     assert verdict.status is Status.FAIL
     assert verdict.where["function"] == "test_kernel"
     summary_only = pytest_benchmark_file(tmp_path / "summary.json", 1.3e-4, data=False, python="3.12.1")
-    verdict = compare_saved(SavedCompareConfig("p", str(base), str(summary_only)))
+    verdict = compare_saved("p", str(base), str(summary_only), tmp_path)
     assert verdict.status is Status.FAIL
     assert "medians and IQR only" in verdict.why
     assert "python: 3.11.7 vs 3.12.1" in verdict.why
@@ -110,13 +118,13 @@ def test_no_common_shapes_is_an_input_error(tmp_path: Path) -> None:
     a = write_glmfb(tmp_path / "a.json", {"8x8": {"baseline": noisy(1e-4, 20, 7)}})
     b = write_glmfb(tmp_path / "b.json", {"16x16": {"baseline": noisy(1e-4, 20, 8)}})
     with pytest.raises(InputError, match="in common"):
-        compare_saved(SavedCompareConfig("s", str(a), str(b)))
+        compare_saved("s", str(a), str(b), tmp_path)
 
 
 def test_not_a_results_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"hello": 1}')
-    result = runner.invoke(app, ["bench", str(bad), str(bad), "--json"])
+    result = runner.invoke(app, ["bench", str(bad), str(bad), "--json", "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert "not a glmfb bench file" in result.output
 
@@ -124,18 +132,20 @@ def test_not_a_results_file(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_cli_save_then_compare_saved_runs(tmp_path: Path) -> None:
     first, second = tmp_path / "rev1.json", tmp_path / "rev2.json"
-    result = runner.invoke(app, ["bench", f"{HERE}:scaled", "--shape", "64x512", "--budget", "1", "--save", str(first), "--json"])
+    out = ["--out", str(tmp_path / "reports")]
+    result = runner.invoke(app, ["bench", f"{HERE}:scaled", "--shape", "64x512", "--budget", "1", "--save", str(first),
+                                 "--json", *out])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["status"] == "pass" and "nothing compared" in data["why"]
-    assert data["artifacts"]["samples"] == str(first)
+    assert data["artifacts"]["saved"] == str(first) and Path(data["artifacts"]["samples"]).is_file()
     saved = json.loads(first.read_text())
     assert saved["schema"] == SAVED_SCHEMA and saved["env"]["threads"] == 1
     assert len(saved["shapes"]["64x512"]["baseline"]) > 10
     result = runner.invoke(app, ["bench", f"{HERE}:scaled", "--arg", "times=3", "--shape", "64x512",
-                                 "--budget", "1", "--save", str(second)])
+                                 "--budget", "1", "--save", str(second), *out])
     assert result.exit_code == 0, result.output
-    result = runner.invoke(app, ["bench", str(first), str(second), "--json"])
+    result = runner.invoke(app, ["bench", str(first), str(second), "--json", *out])
     assert result.exit_code == 1, result.output
     verdict = json.loads(result.stdout)
     assert verdict["status"] == "fail" and verdict["metric"]["value"] > 0.5

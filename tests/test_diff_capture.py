@@ -23,6 +23,14 @@ runner = CliRunner()
 HERE = Path(__file__).resolve()
 
 
+@pytest.fixture(autouse=True)
+def in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about captures and comparisons, so the targets run in this process
+    (GLMFB_ISOLATE=0); the supervised child is covered by test_isolation.py and the test of a
+    target that fails half-way below."""
+    monkeypatch.setenv("GLMFB_ISOLATE", "0")
+
+
 # ---- targets used by these tests (referenced as tests/test_diff_capture.py:NAME) -------------
 
 
@@ -155,7 +163,7 @@ def test_bad_request_lines_name_the_line(tmp_path: Path, line: str, phrase: str)
 def test_capture_writes_taps_in_execution_order_with_stable_names(tmp_path: Path, requests_file: Path) -> None:
     out = tmp_path / "cap"
     watch_args = {"watch": str(out)}
-    manifest = run_capture(CaptureConfig(f"{HERE}:toy", requests_file, out, args=watch_args))
+    manifest = run_capture(CaptureConfig(f"{HERE}:toy", out, args=watch_args, requests=requests_file))
     reader = CaptureReader(out)
     data = json.loads((out / "manifest.json").read_text())
     assert data["schema"] == CAPTURE_SCHEMA and data["complete"] is True
@@ -176,16 +184,20 @@ def test_capture_writes_taps_in_execution_order_with_stable_names(tmp_path: Path
 
 
 def test_capture_writes_tensors_as_they_are_produced(tmp_path: Path, requests_file: Path) -> None:
+    import os
+
     from glmfb.diff.capture import load_side, run_requests
     from glmfb.diff.engine import capture as capture_side
     from glmfb.targets import Target
 
     out = tmp_path / "cap"
-    side = load_side(Target(f"{HERE}:toy", {"watch": str(out)}))
+    partial = tmp_path / f".cap.partial-{os.getpid()}"  # where a capture is written until complete
+    side = load_side(Target(f"{HERE}:toy", {"watch": str(partial)}))
     capture_side(side, read_requests(requests_file), out, ())
     # one file per module call: during request 2, request 1's five calls and this one's first
     # two (embed, shared#0) were already on disk
     assert side.obj.files_seen == [2, 5 + 2]
+    assert not partial.exists() and (out / "manifest.json").is_file()
     assert run_requests  # imported for the public API
 
 
@@ -293,7 +305,7 @@ def test_broken_captures_give_one_line_and_exit_2(tmp_path: Path, requests_file:
 
 def test_target_side_without_requests_is_a_usage_error(tmp_path: Path) -> None:
     code, _, stderr = diff_json(f"{HERE}:toy", f"{HERE}:toy", "--out", str(tmp_path / "r"))
-    assert code == 2 and "needs --requests" in one_line_error(stderr)
+    assert code == 2 and "needs requests (--requests FILE" in one_line_error(stderr)
 
 
 def test_target_that_raises_gives_an_error_verdict(tmp_path: Path, requests_file: Path) -> None:
@@ -342,7 +354,7 @@ def test_nan_in_the_candidate_is_classified_non_finite(tmp_path: Path, requests_
     assert code == 1 and verdict is not None
     found = {e["kind"]: e for e in verdict["evidence"]}
     assert found["error_shape"]["shape"] == "non-finite"
-    assert found["diagnosis_rule"]["rule"] == "non-finite"
+    assert found["diagnosis"]["rule"] == "non-finite"
     assert "NaN or Inf" in verdict["why"]
     # the NaN enters in the root's own code, between modules: shared#1 is the first tap that shows it
     assert verdict["where"]["module"] == "shared#1"
@@ -356,7 +368,7 @@ def test_live_error_from_code_between_modules_is_reported_as_inherited(tmp_path:
     found = {e["kind"]: e for e in verdict["evidence"]}
     rows = found["local_error"]["rows"]
     assert rows and all(r["local_exceeds_tolerance"] is False and r["local_rel_l2"] == 0.0 for r in rows)
-    assert found["diagnosis_rule"]["rule"] == "inherited-only"
+    assert found["diagnosis"]["rule"] == "inherited-only"
     assert verdict["where"]["module"] == "shared#1"  # the first tap outside tolerance, said to be inherited
     assert "no module's own error exceeds tolerance" in verdict["why"]
 
@@ -369,3 +381,100 @@ def test_tap_globs_narrow_a_comparison_of_captures(tmp_path: Path, requests_file
     rows = {e["kind"]: e for e in verdict["evidence"]}["modules"]["rows"]
     assert [r["tap"] for r in rows] == ["split[0][left]", "split[0][right]", "split[1][sum]", "output[y]", "output[extra][sum]"]
     assert "module" not in verdict["where"]  # only the outputs differ among these taps
+
+
+# ---- captures that are cut short, reused or tampered with ----------------------------------------
+
+
+def test_an_existing_out_is_refused_unless_force_replaces_it_whole(tmp_path: Path, requests_file: Path) -> None:
+    out = capture(tmp_path, requests_file, "cap")
+    (out / "r0009").mkdir()  # a stale request folder from an older capture
+    again = runner.invoke(app, ["capture", f"{HERE}:toy", "--requests", str(requests_file), "--out", str(out)])
+    assert again.exit_code == 2 and "already exists" in one_line_error(again.stderr)
+    forced = runner.invoke(app, ["capture", f"{HERE}:toy", "--requests", str(requests_file), "--out", str(out),
+                                 "--force"])
+    assert forced.exit_code == 0, forced.stderr
+    assert not (out / "r0009").exists()  # replaced whole, nothing stale kept
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("mine")
+    refused = runner.invoke(app, ["capture", f"{HERE}:toy", "--requests", str(requests_file), "--out", str(other),
+                                  "--force"])
+    assert refused.exit_code == 2 and "is not a capture directory" in one_line_error(refused.stderr)
+    assert (other / "todo.txt").read_text() == "mine"
+
+
+def test_a_target_that_fails_half_way_leaves_no_capture(tmp_path: Path, requests_file: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLMFB_ISOLATE", "1")  # through the supervised child, as a user runs it
+    out = tmp_path / "cap"
+    result = runner.invoke(app, ["capture", f"{HERE}:explode", "--requests", str(requests_file), "--out", str(out)])
+    assert result.exit_code == 3
+    assert not out.exists() and not list(tmp_path.glob(".cap.partial-*"))
+
+
+def test_an_incomplete_capture_is_refused(tmp_path: Path, requests_file: Path) -> None:
+    out = capture(tmp_path, requests_file, "cap")
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["complete"] = False
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    code, verdict, stderr = diff_json(str(out), str(out), "--out", str(tmp_path / "r"))
+    assert code == 2 and verdict is None and "the capture is incomplete" in one_line_error(stderr)
+
+
+@pytest.mark.parametrize("tamper", ["outside", "absolute", "symlink", "fifo"])
+def test_manifest_paths_stay_inside_the_capture(tmp_path: Path, requests_file: Path, tamper: str) -> None:
+    import os
+
+    out = capture(tmp_path, requests_file, "cap")
+    manifest = json.loads((out / "manifest.json").read_text())
+    tap = manifest["requests"][0]["taps"][0]
+    victim = out / tap["file"]
+    if tamper == "outside":
+        tap["file"] = "../../etc/passwd"
+    elif tamper == "absolute":
+        tap["file"] = "/etc/passwd"
+    elif tamper == "symlink":
+        victim.unlink()
+        victim.symlink_to("/etc/passwd")
+    else:
+        victim.unlink()
+        os.mkfifo(victim)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    code, _, stderr = diff_json(str(out), str(out), "--out", str(tmp_path / "r"))
+    assert code == 2
+    phrase = {"outside": "lies outside the capture folder", "absolute": "lies outside the capture folder",
+              "symlink": "a symlink inside the capture", "fifo": "not a regular file"}[tamper]
+    assert phrase in one_line_error(stderr)
+
+
+@pytest.mark.parametrize(
+    ("line", "phrase"),
+    [
+        ('{"id": "huge", "length": 1000000000}', "asks for 1,000,000,000 elements, over the limit"),
+        ('{"id": "wide", "tensors": {"x": {"shape": [100000, 100000]}}}', "over the limit"),
+        ('{"id": "empty", "tensors": {"x": {"shape": [1, 0, 8]}}}', "has no elements"),
+        ('{"id": "\\ud800"}', "not valid Unicode"),
+        ('{"id": "deep", "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    ],
+)
+def test_bad_requests_are_refused_before_anything_is_allocated(tmp_path: Path, line: str, phrase: str) -> None:
+    requests = write_requests(tmp_path / "r.jsonl", [line])
+    code, verdict, stderr = diff_json(f"{HERE}:toy", f"{HERE}:toy", "--requests", str(requests),
+                                      "--out", str(tmp_path / "r"))
+    assert code == 2 and verdict is None
+    assert phrase in one_line_error(stderr)
+
+
+def test_max_elements_raises_the_limit(tmp_path: Path) -> None:
+    requests = write_requests(tmp_path / "r.jsonl", ['{"id": "a", "length": 600}'])
+    code, _, stderr = diff_json(f"{HERE}:toy", f"{HERE}:toy", "--requests", str(requests), "--max-elements", "500",
+                                "--out", str(tmp_path / "r"))
+    assert code == 2 and "over the limit of 500" in one_line_error(stderr)
+
+
+def test_an_out_that_is_a_file_is_a_usage_error(tmp_path: Path, requests_file: Path) -> None:
+    (tmp_path / "reports").write_text("not a folder")
+    code, _, stderr = diff_json(f"{HERE}:toy", f"{HERE}:toy", "--requests", str(requests_file),
+                                "--out", str(tmp_path / "reports"))
+    assert code == 2 and "is a file" in one_line_error(stderr)

@@ -11,8 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from glmfb.cli import app
-from glmfb.diff.engine import DiffConfig, run_diff
-from glmfb.diff.metrics import Tolerances
+from glmfb.diff.config import DiffConfig
 from glmfb.diff.requests import read_requests
 from glmfb.verdict import Verdict
 
@@ -24,8 +23,14 @@ runner = CliRunner()
 
 
 def evidence(verdict: Verdict | dict[str, Any]) -> dict[str, dict[str, Any]]:
-    items = verdict.evidence if isinstance(verdict, Verdict) else verdict["evidence"]
+    items = [e.to_dict() for e in verdict.evidence] if isinstance(verdict, Verdict) else verdict["evidence"]
     return {e["kind"]: e for e in items}
+
+
+def run_diff(config: DiffConfig, folder: Path) -> Verdict:
+    from helpers import run
+
+    return run("diff", config, folder)
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +67,8 @@ def test_llama_live_names_the_patched_projection(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_llama_against_itself_passes_with_zero_error(tmp_path: Path) -> None:
-    verdict = run_diff(DiffConfig("self", f"{LLAMA}:clean", f"{LLAMA}:clean", tmp_path,
-                                  requests=NUMERICS / "llama_requests.jsonl"))
+    verdict = run_diff(DiffConfig("self", f"{LLAMA}:clean", f"{LLAMA}:clean",
+                                  requests=NUMERICS / "llama_requests.jsonl"), tmp_path)
     assert verdict.status.value == "pass"
     assert verdict.metric is not None and verdict.metric.value == 0.0
     rows = evidence(verdict)["modules"]["rows"]
@@ -71,9 +76,8 @@ def test_llama_against_itself_passes_with_zero_error(tmp_path: Path) -> None:
 
 
 def test_tf32_scan_grows_with_length_and_minimizes(tmp_path: Path, scan_requests: Path) -> None:
-    config = DiffConfig("scan", f"{SCAN}:fp32", f"{SCAN}:tf32", tmp_path, requests=scan_requests,
-                        tolerances=Tolerances(rtol=0.01, atol=0.05))
-    verdict = run_diff(config)
+    config = DiffConfig("scan", f"{SCAN}:fp32", f"{SCAN}:tf32", requests=scan_requests, rtol=0.01, atol=0.05)
+    verdict = run_diff(config, tmp_path)
     assert verdict.status.value == "fail"
     assert verdict.where["module"] == "layers.0.scan"
     assert verdict.where["request"] == "s256"
@@ -98,8 +102,8 @@ def test_tf32_scan_grows_with_length_and_minimizes(tmp_path: Path, scan_requests
 
 
 def test_fixed_scan_passes_with_zero_error(tmp_path: Path, scan_requests: Path) -> None:
-    verdict = run_diff(DiffConfig("fixed", f"{SCAN}:fp32", f"{SCAN}:fp32", tmp_path, requests=scan_requests,
-                                  tolerances=Tolerances(rtol=0.01, atol=0.05)))
+    verdict = run_diff(DiffConfig("fixed", f"{SCAN}:fp32", f"{SCAN}:fp32", requests=scan_requests,
+                                  rtol=0.01, atol=0.05), tmp_path)
     assert verdict.status.value == "pass" and verdict.why.startswith("All 4 requests match exactly")
     assert Verdict.from_dict(verdict.to_dict()) == verdict
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from glmfb.diff.diagnosis import Findings, Rule, add_rule, diagnose, rules
 from glmfb.diff.metrics import typical_relative_error
+from glmfb.diff.rules import RULES, DiffFindings
 from glmfb.diff.shape import (
     ErrorShape,
     classify,
@@ -17,6 +17,7 @@ from glmfb.diff.shape import (
     position_curve,
     precision_signature,
 )
+from glmfb.rules import diagnose
 
 
 def test_growth_fit_recovers_a_power_law() -> None:
@@ -73,32 +74,35 @@ def test_precision_signature_of_nothing() -> None:
     assert typical_relative_error(same, same.clone(), dim=1) is None
 
 
+def _diagnose(findings: DiffFindings) -> tuple[str, tuple[str, ...], str]:
+    outcome = diagnose(RULES, findings)
+    return outcome.diagnosis.why, outcome.diagnosis.next, outcome.rule.name
+
+
 def test_diagnosis_rules_pick_the_cause() -> None:
     tf32 = precision_signature(2.2e-4, "test")
     bf16 = precision_signature(1.5e-3, "test")
     fit = growth_fit([64, 128, 256], [1e-3, 2e-3, 4e-3], "requests")
-    growing = Findings(failed=True, requests=3, failing_requests=2, module="layers.0.scan", local=True,
-                       shape=ErrorShape.GROWING, fit=fit, signature=tf32, dtype="float32", rerun="glmfb diff a b")
-    why, steps, rule = diagnose(growing)
+    growing = DiffFindings(failed=True, requests=3, failing_requests=2, module="layers.0.scan", local=True,
+                           shape=ErrorShape.GROWING, fit=fit, signature=tf32, dtype="float32", rerun="glmfb diff a b")
+    why, steps, rule = _diagnose(growing)
     assert rule == "growing-tf32" and "TF32" in why and "layers.0.scan" in why
     assert steps[-1] == "glmfb diff a b"
-    rounded = Findings(failed=True, requests=3, failing_requests=3, module="mlp.down_proj", local=True,
-                       shape=ErrorShape.CONSTANT, signature=bf16, dtype="float32")
-    why, _, rule = diagnose(rounded)
+    rounded = DiffFindings(failed=True, requests=3, failing_requests=3, module="mlp.down_proj", local=True,
+                           shape=ErrorShape.CONSTANT, signature=bf16, dtype="float32")
+    why, _, rule = _diagnose(rounded)
     assert rule == "bf16-rounding" and "bfloat16" in why and "mlp.down_proj" in why
-    inherited = Findings(failed=True, requests=1, failing_requests=1, local=False, first_divergent="x",
-                         shape=ErrorShape.CONSTANT)
-    assert diagnose(inherited)[2] == "inherited-only"
-    assert diagnose(Findings(failed=False, requests=2, failing_requests=0))[2] == "pass"
-    assert diagnose(Findings(failed=True, requests=1, failing_requests=1, shape=ErrorShape.NON_FINITE,
-                             nonfinite_tap="out"))[2] == "non-finite"
+    inherited = DiffFindings(failed=True, requests=1, failing_requests=1, local=False, first_divergent="x",
+                             shape=ErrorShape.CONSTANT)
+    assert _diagnose(inherited)[2] == "inherited-only"
+    assert _diagnose(DiffFindings(failed=False, requests=2, failing_requests=0))[2] == "pass"
+    assert _diagnose(DiffFindings(failed=True, requests=1, failing_requests=1, shape=ErrorShape.NON_FINITE,
+                                  nonfinite_tap="out"))[2] == "non-finite"
 
 
-def test_user_rules_come_before_the_builtin_ones(monkeypatch: pytest.MonkeyPatch) -> None:
-    import glmfb.diff.diagnosis as diagnosis
-
-    monkeypatch.setattr(diagnosis, "_user_rules", [])
-    add_rule(Rule("mine", lambda f: f.module == "special", lambda f: ("my reason.", ["my step"])))
-    assert [r.name for r in rules()][:2] == ["pass", "mine"]
-    why, steps, rule = diagnose(Findings(failed=True, requests=1, failing_requests=1, module="special"))
-    assert (why, steps, rule) == ("my reason.", ["my step"], "mine")
+def test_the_diagnosis_records_what_the_rule_saw() -> None:
+    fit = growth_fit([64, 128, 256], [1e-3, 2e-3, 4e-3], "requests")
+    outcome = diagnose(RULES, DiffFindings(failed=True, requests=3, failing_requests=2, module="m", local=True,
+                                           shape=ErrorShape.GROWING, fit=fit, dtype="float32"))
+    assert outcome.record.rule == "growing" and outcome.record.checked == ("pass", "non-finite", "growing-tf32")
+    assert outcome.record.saw["growth_exponent"] == pytest.approx(1.0) and outcome.record.saw["module"] == "m"

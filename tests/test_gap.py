@@ -13,16 +13,16 @@ import pytest
 from typer.testing import CliRunner
 
 from glmfb.errors import InputError, TargetError, UsageError
-from glmfb.gap import GapConfig, run_gap
+from glmfb.gap import GapConfig
 from glmfb.gap.attribution import GilFinding, finding_from_verdict
 from glmfb.gap.bandwidth import check_bandwidth
 from glmfb.gap.phases import compare_phases, grown_phases, median_bytes
-from glmfb.gap.probe import config_from_definition
 from glmfb.gap.runner import phase_dict
+from glmfb.gil.evidence import GilHolder, GilSite, GilThreads, Starvation, WaitingThread
 from glmfb.stats import paired_median_ratio
 from glmfb.suite import load_definitions
 from glmfb.targets import Target
-from glmfb.verdict import Layer, ProbeKind, Status, Verdict
+from glmfb.verdict import Layer, Status, Verdict
 
 HERE = Path(__file__).resolve()
 THIS = f"{HERE}"
@@ -80,6 +80,16 @@ def not_callable() -> int:
     return 42
 
 
+def run_gap(config: GapConfig, folder: Path) -> Verdict:
+    from helpers import run
+
+    return run("gap", config, folder)
+
+
+def config_from_definition(definition: Any) -> GapConfig:
+    return definition.config  # type: ignore[no-any-return]
+
+
 def config(factory: str, **overrides: Any) -> GapConfig:
     values: dict[str, Any] = {
         "name": "t", "baseline": Target(f"{THIS}:spin"), "candidate": Target(f"{THIS}:{factory}"),
@@ -102,10 +112,10 @@ def test_planted_2x_slowdown_fails_with_the_phase_that_grew(tmp_path: Path) -> N
     assert verdict.metric is not None and verdict.metric.ci is not None
     assert verdict.metric.ci[0] > 0.05
     assert (verdict.metric.value or 0.0) > 0.3  # planted: about +100%, noisy on a busy host
-    phases = [e for e in verdict.evidence if e["kind"] == "phase"]
+    phases = [e for e in (x.to_dict() for x in verdict.evidence) if e["kind"] == "phase"]
     assert phases[0]["phase"] == "extra_s" and phases[0]["baseline_s"] is None
     assert "extra_s" in verdict.why and "only in the candidate" in verdict.why
-    gap = next(e for e in verdict.evidence if e["kind"] == "gap")
+    gap = next(e for e in (x.to_dict() for x in verdict.evidence) if e["kind"] == "gap")
     assert gap["stopped_by"] == "decided"
     assert len(gap["baseline_samples_s"]) == len(gap["candidate_samples_s"]) == gap["iterations_per_side"]
     assert Verdict.from_dict(verdict.to_dict()) == verdict
@@ -129,7 +139,7 @@ def test_too_few_repeats_is_inconclusive_not_a_pass(tmp_path: Path) -> None:
 def test_budget_stops_the_loop_inconclusive(tmp_path: Path) -> None:
     verdict = run_gap(config("erratic", repeats=10_000, min_repeats=10_000, budget_s=0.3), tmp_path)
     assert verdict.status is Status.INCONCLUSIVE
-    gap = next(e for e in verdict.evidence if e["kind"] == "gap")
+    gap = next(e for e in (x.to_dict() for x in verdict.evidence) if e["kind"] == "gap")
     assert gap["stopped_by"] == "budget"
     assert "budget" in verdict.why
 
@@ -138,7 +148,7 @@ def test_target_that_raises_is_an_error_verdict(tmp_path: Path) -> None:
     verdict = run_gap(config("broken_after"), tmp_path)
     assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
     assert "ConnectionError" in verdict.why and "peer went away" in verdict.why
-    kinds = {e["kind"] for e in verdict.evidence}
+    kinds = {e.kind for e in verdict.evidence}
     assert {"target_error", "traceback"} <= kinds
 
 
@@ -230,18 +240,25 @@ def test_bandwidth_against_ceiling_and_page_rate() -> None:
     assert check_bandwidth(lambda: None, [{"compute_s": 1.0}]) is None
 
 
-def _gil_verdict(holder_file: str, holder_function: str) -> Verdict:
-    holder = {"kind": "gil_holder", "thread": "MainThread", "function": holder_function, "file": holder_file,
-              "line": 241, "idle_share": 0.0, "share_of_samples": 0.4, "native_frame": "dlopen"}
-    site = {"kind": "site", "thread": "MainThread", "function": "intranode_dispatch",
-            "file": "scenarios/kv_transfer/dispatch.py", "line": 39, "idle_share": 1.0,
-            "share_of_samples": 0.35, "native_frame": "usleep"}
-    starvation = {"kind": "starvation", "threads": ["kv-transfer", "glmfb-heartbeat"], "p50_ms": 0.2,
-                  "p99_ms": 61.0, "max_ms": 300.0,
-                  "waiting_for_gil": [{"thread": "kv-transfer", "tid": 2, "waiting_share": 0.17},
-                                      {"thread": "other", "tid": 3, "waiting_share": 0.5}]}
-    return Verdict(probe=ProbeKind.GIL, name="g", status=Status.FAIL, layer=Layer.RUNTIME, why="w",
-                   evidence=(starvation, holder, {"kind": "gil_threads", "sites": [site]}))
+def _starvation(p99_ms: float = 61.0, max_ms: float = 300.0) -> Starvation:
+    return Starvation(
+        threads=("kv-transfer", "glmfb-heartbeat"), canary="glmfb-heartbeat", threshold_ms=10.0, starved=True,
+        ticks=400, period_ms=1.0, p50_ms=0.2, p99_ms=p99_ms, max_ms=max_ms, wall_p99_ms=p99_ms, cpu_wait_total_ms=0.0,
+        waiting_for_gil=(WaitingThread(thread="kv-transfer", tid=2, waiting_share=0.17),
+                         WaitingThread(thread="other", tid=3, waiting_share=0.5)),
+    )
+
+
+def _gil_verdict(holder_file: str, holder_function: str, starvation: Starvation | None = None) -> Verdict:
+    holder = GilHolder(thread="MainThread", tid=1, function=holder_function, qualname=holder_function,
+                       file=holder_file, line=241, samples=40, idle_share=0.0, share_of_time=0.4,
+                       native_frame="dlopen")
+    site = GilSite(thread="MainThread", tid=1, function="intranode_dispatch", qualname="intranode_dispatch",
+                   file="scenarios/kv_transfer/dispatch.py", line=39, samples=35, idle_share=1.0,
+                   share_of_time=0.35, native_frame="usleep")
+    threads = GilThreads(samples=100, sample_instants=100, native=True, threads=(), sites=(site,))
+    return Verdict(probe="gil", name="g", status=Status.FAIL, layer=Layer.RUNTIME, why="w",
+                   evidence=(starvation or _starvation(), holder, threads))
 
 
 def test_gil_finding_names_starved_thread_and_skips_startup_imports() -> None:
@@ -256,10 +273,8 @@ def test_gil_finding_names_starved_thread_and_skips_startup_imports() -> None:
 
 
 def test_gil_finding_drops_implausible_canary_lateness() -> None:
-    verdict = _gil_verdict("scenarios/x.py", "hog")
-    starvation = {**verdict.evidence[0], "p99_ms": 1633183.5, "max_ms": 1633323.8}
-    finding = finding_from_verdict(Verdict(probe=ProbeKind.GIL, name="g", status=Status.FAIL,
-                                           layer=Layer.RUNTIME, why="w", evidence=(starvation, *verdict.evidence[1:])))
+    verdict = _gil_verdict("scenarios/x.py", "hog", _starvation(p99_ms=1633183.5, max_ms=1633323.8))
+    finding = finding_from_verdict(verdict)
     assert finding.canary_p99_ms is None and finding.canary_p50_ms == 0.2
     assert "canary" not in finding.sentence()
 
@@ -271,7 +286,7 @@ def test_gil_finding_keeps_a_real_top_holder() -> None:
 
 
 def test_gil_error_verdict_means_the_signal_is_missing() -> None:
-    error = Verdict.harness_error(ProbeKind.GIL, "g", "py-spy not found")
+    error = Verdict.harness_error("gil", "g", "py-spy not found")
     finding = finding_from_verdict(error)
     assert not finding.available
     assert finding.sentence().startswith("The GIL signal is missing") and "py-spy not found" in finding.sentence()
@@ -301,11 +316,11 @@ def test_definition_options(tmp_path: Path) -> None:
     assert cfg.candidate.args == {"extra_units": 100}
 
 
-@pytest.mark.parametrize("options", ['{ treshold = "5%" }', '{ repeats = "many" }', "{ repeats = 1 }"])
+@pytest.mark.parametrize("options", ['{ treshold = "5%" }', '{ repeats = "many" }', "{ repeats = 1 }",
+                                     "{ threshold = 20 }"])
 def test_definition_errors_name_the_problem(tmp_path: Path, options: str) -> None:
-    (definition,) = load_definitions([_definition(tmp_path, options)])
-    with pytest.raises(InputError):
-        config_from_definition(definition)
+    with pytest.raises(InputError, match=r"gap\.toml: probe 'p'"):
+        load_definitions([_definition(tmp_path, options)])
 
 
 def test_shipped_definitions_parse() -> None:
@@ -341,14 +356,17 @@ def test_cli_bad_threshold_is_a_usage_error() -> None:
 def test_failure_without_the_gil_probe_names_the_missing_signal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sys
+    import glmfb.gap.attribution as attribution
 
-    monkeypatch.setitem(sys.modules, "glmfb.gil", None)  # import glmfb.gil -> ImportError
+    def no_gil(kind: str) -> Any:
+        raise InputError(f"unknown probe kind {kind!r}")
+
+    monkeypatch.setattr(attribution, "get_probe", no_gil)  # an installation without the gil probe
     cfg = config("spin", candidate=Target(f"{THIS}:spin", {"extra_units": 60_000}), attribute=True)
     verdict = run_gap(cfg, tmp_path)
     assert verdict.status is Status.FAIL
     assert "The GIL signal is missing: the gil probe is not installed" in verdict.why
-    gil = next(e for e in verdict.evidence if e["kind"] == "gil_attribution")
+    gil = next(e for e in (x.to_dict() for x in verdict.evidence) if e["kind"] == "gil_attribution")
     assert gil["available"] is False
     assert verdict.where == {}
     assert any(step.startswith("glmfb gil --target") for step in verdict.next)

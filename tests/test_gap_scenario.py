@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import run
 from typer.testing import CliRunner
 
-from glmfb.gap import GapConfig, run_gap
+from glmfb.gap import GapConfig
 from glmfb.targets import Target
 from glmfb.verdict import Layer, Status
 
@@ -111,12 +112,12 @@ def test_receiver_death_mid_run_is_an_error_verdict_in_bounded_time(tmp_path: Pa
         repeats=20, warmup=1,
     )
     started = time.monotonic()
-    verdict = run_gap(config, tmp_path)
+    verdict = run("gap", config, tmp_path)
     assert time.monotonic() - started < 30
     assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
     assert "receiver process was killed by SIGKILL" in verdict.why
     assert "candidate" in verdict.why and "iteration 3" in verdict.why  # 1 warm-up + 3 measured
-    transfer = [e for e in verdict.evidence if e["kind"] == "transfer" and e["side"] == "candidate"]
+    transfer = [e for e in (x.to_dict() for x in verdict.evidence) if e["kind"] == "transfer" and e["side"] == "candidate"]
     assert transfer and transfer[0]["transfer_path"] == transport
 
 
@@ -146,10 +147,10 @@ def test_missing_mooncake_falls_back_to_a_socket_and_says_so(
         candidate=Target(f"{SCENARIO}:prefill_transfer_releasing", dict(SMALL)),
         threshold=5.0, repeats=4, min_repeats=4, warmup=1,
     )
-    verdict = run_gap(config, tmp_path)
+    verdict = run("gap", config, tmp_path)
     assert verdict.env["transfer_path"] == "socket"
     assert "Transfer path: socket" in verdict.why and "not importable (test)" in verdict.why
-    bandwidth = next(e for e in verdict.evidence if e["kind"] == "bandwidth")
+    bandwidth = next(e for e in (x.to_dict() for x in verdict.evidence) if e["kind"] == "bandwidth")
     assert bandwidth["transfer_path"] == "socket" and bandwidth["fallback_reason"]
     # Asking for Mooncake explicitly when it is missing is an error, not a silent fallback.
     with pytest.raises(RuntimeError, match="not importable"):
@@ -205,6 +206,6 @@ def test_releasing_dispatch_passes_within_5_percent(tmp_path: Path) -> None:
         candidate=Target(f"{SCENARIO}:prefill_transfer_releasing"),
         threshold=0.05, repeats=60, budget_s=45,  # as probes/gap.toml; decides in ~12 s when quiet
     )
-    verdict = run_gap(config, tmp_path)
+    verdict = run("gap", config, tmp_path)
     assert verdict.status is Status.PASS, verdict.why
     assert verdict.metric is not None and verdict.metric.ci is not None and verdict.metric.ci[1] < 0.05

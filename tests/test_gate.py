@@ -9,10 +9,10 @@ from glmfb.errors import InputError
 from glmfb.gate import GateDecision, Policy, evaluate, load_policy, parse_policy
 from glmfb.report.junit import render_junit
 from glmfb.report.markdown import render_markdown
-from glmfb.verdict import ExitCode, Layer, Metric, ProbeKind, Run, Status, Verdict
+from glmfb.verdict import ExitCode, Layer, Metric, Run, Status, Verdict
 
 
-def verdict(name: str, status: Status, probe: ProbeKind = ProbeKind.BENCH) -> Verdict:
+def verdict(name: str, status: Status, probe: str = "bench") -> Verdict:
     return Verdict(
         probe=probe,
         name=name,
@@ -54,9 +54,9 @@ def test_policy_overrides_and_allow_list() -> None:
     )
     run = run_of(
         verdict("bench-warn", Status.WARN),
-        verdict("gil-warn", Status.WARN, ProbeKind.GIL),
+        verdict("gil-warn", Status.WARN, "gil"),
         verdict("report-only", Status.FAIL),
-        verdict("flaky-gap", Status.FAIL, ProbeKind.GAP),
+        verdict("flaky-gap", Status.FAIL, "gap"),
         verdict("maybe", Status.INCONCLUSIVE),
     )
     result = evaluate(run, policy)
@@ -129,3 +129,29 @@ def test_markdown_summary_lists_failures() -> None:
     assert text.startswith("## glmfb gate failed (exit 1)")
     assert "| ❌ | bench | slow |" in text
     assert "**slow** (failed): slow is fail" in text
+
+
+# ---- runs that must not gate green ----------------------------------------------------------
+
+
+def test_an_empty_or_interrupted_run_fails_unless_the_policy_allows_it() -> None:
+    empty = Run(id="r", started="s", verdicts=())
+    result = evaluate(empty)
+    assert result.exit_code is ExitCode.HARNESS_ERROR and "no verdicts" in result.problems[0]
+    assert evaluate(empty, parse_policy({"allow_empty": True})).exit_code is ExitCode.OK
+    cut = Run(id="r", started="s", verdicts=(verdict("done", Status.PASS),), interrupted=True)
+    assert evaluate(cut).exit_code is ExitCode.HARNESS_ERROR
+    assert evaluate(cut, parse_policy({"allow_interrupted": True})).exit_code is ExitCode.OK
+    junit = ET.fromstring(render_junit(evaluate(cut)))
+    assert junit.get("errors") == "1" and junit.find(".//testcase[@classname='glmfb.run']/error") is not None
+    with pytest.raises(InputError, match="allow_empty must be true or false"):
+        parse_policy({"allow_empty": "yes"})
+
+
+def test_junit_stays_well_formed_with_control_characters_in_a_why() -> None:
+    nasty = Verdict(probe="bench", name="k\x1b[31m", status=Status.FAIL, layer=Layer.KERNEL,
+                    why="the target raised ValueError: \x00\x07 bad \ud800 bytes")
+    text = render_junit(evaluate(Run(id="r", started="s", verdicts=(nasty,))))
+    root = ET.fromstring(text)  # parses: no raw control character left
+    assert "\\x00" in root.find(".//failure").get("message")  # type: ignore[union-attr]
+    assert "\x1b" not in render_markdown(evaluate(Run(id="r", started="s", verdicts=(nasty,))))

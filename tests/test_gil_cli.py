@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 
 from glmfb import suite
 from glmfb.cli import app
-from glmfb.gil.probe import config_from_definition
 from glmfb.verdict import ExitCode, Status
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,11 +74,11 @@ def test_cli_usage_errors_exit_2(args: list[str], tmp_path: Path) -> None:
 
 def test_probe_definitions_resolve_python_and_paths() -> None:
     definitions = {d.name: d for d in suite.load_definitions([ROOT / "probes" / "gil.toml"])}
-    hold = config_from_definition(definitions["gil-dispatch-holds-gil"])
+    hold = definitions["gil-dispatch-holds-gil"].config
     assert hold.command[0] == sys.executable
     assert Path(hold.command[1]) == DISPATCH
     assert hold.duration_s == 3 and hold.starvation_p99_ms == 10.0
-    target = config_from_definition(definitions["gil-dispatch-target-holds-gil"])
+    target = definitions["gil-dispatch-target-holds-gil"].config
     assert target.target is not None and target.target.args == {"mode": "hold"}
     assert definitions["gil-dispatch-holds-gil"].expect is not None
 
@@ -89,6 +88,6 @@ def test_suite_runs_the_holding_probe_and_meets_its_expectation(tmp_path: Path) 
     definitions = suite.select(
         suite.load_definitions([ROOT / "probes" / "gil.toml"]), ["gil-dispatch-holds-gil"]
     )
-    run = suite.run_suite(definitions, suite.RunContext("t", tmp_path))
+    run = suite.run_suite(definitions, suite.SuiteContext("t", tmp_path))
     (verdict,) = run.verdicts
     assert verdict.status is Status.FAIL and verdict.expect_met, verdict.why

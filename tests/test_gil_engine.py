@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import run
 
-from glmfb.gil import GilConfig, trace_gil
+from glmfb.gil import GilConfig
 from glmfb.gil import engine as gil_engine
 from glmfb.targets import Target
 from glmfb.verdict import Layer, Status, Verdict
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 
 def _evidence(verdict: Verdict, kind: str) -> dict[str, object]:
-    return next(dict(e) for e in verdict.evidence if e["kind"] == kind)
+    return next(dict(e) for e in (x.to_dict() for x in verdict.evidence) if e["kind"] == kind)
 
 
 def _program(tmp_path: Path, name: str, body: str, tail: str = "") -> Path:
@@ -61,7 +62,7 @@ def test_holding_dispatch_names_the_call_the_thread_and_the_starved_transfer(
         command=(sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30"),
         duration_s=2,
     )
-    verdict = trace_gil(config, tmp_path)
+    verdict = run("gil", config, tmp_path)
     assert verdict.status is Status.FAIL, verdict.why
     assert verdict.layer is Layer.RUNTIME
     assert verdict.where["thread"] == "moe-dispatch"
@@ -91,7 +92,7 @@ def test_releasing_dispatch_passes(tmp_path: Path) -> None:
         command=(sys.executable, str(DISPATCH), "--mode", "release", "--duration", "30"),
         duration_s=2,
     )
-    verdict = trace_gil(config, tmp_path)
+    verdict = run("gil", config, tmp_path)
     assert verdict.status is Status.PASS, verdict.why
     assert _evidence(verdict, "starvation")["p99_ms"] < 10  # type: ignore[operator]
 
@@ -126,7 +127,7 @@ def test_regex_backtracking_is_named_with_its_thread(tmp_path: Path) -> None:
     """,
         TICKER,
     )
-    verdict = trace_gil(
+    verdict = run("gil",
         GilConfig(name="regex", command=(sys.executable, str(program)), duration_s=4),
         tmp_path / "a",
     )
@@ -155,7 +156,7 @@ def test_json_dumps_of_a_huge_object_is_named_with_its_caller(tmp_path: Path) ->
     """,
         TICKER,
     )
-    verdict = trace_gil(
+    verdict = run("gil",
         GilConfig(name="json", command=(sys.executable, str(program)), duration_s=4), tmp_path / "a"
     )
     assert verdict.status is Status.FAIL, verdict.why
@@ -171,7 +172,7 @@ def test_target_form_runs_the_callable_in_a_child(tmp_path: Path) -> None:
     config = GilConfig(
         name="target", target=Target(f"{DISPATCH}:make", {"mode": "hold"}), duration_s=2
     )
-    verdict = trace_gil(config, tmp_path)
+    verdict = run("gil", config, tmp_path)
     assert verdict.status is Status.FAIL, verdict.why
     assert verdict.where["function"] == "intranode_dispatch"
     assert "kv-transfer" in _evidence(verdict, "starvation")["threads"]  # type: ignore[operator]
@@ -179,7 +180,7 @@ def test_target_form_runs_the_callable_in_a_child(tmp_path: Path) -> None:
 
 def test_bad_target_is_an_error_verdict(tmp_path: Path) -> None:
     config = GilConfig(name="bad", target=Target(f"{DISPATCH}:no_such_factory"), duration_s=1)
-    verdict = trace_gil(config, tmp_path)
+    verdict = run("gil", config, tmp_path)
     assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
     assert "exited with status 3" in verdict.why and "no_such_factory" in verdict.why
 
@@ -188,7 +189,7 @@ def test_without_pyspy_starvation_is_inconclusive_and_names_the_missing_signal(
     tmp_path: Path,
 ) -> None:
     command = (sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30")
-    verdict = trace_gil(
+    verdict = run("gil",
         GilConfig(name="nospy", command=command, duration_s=1.5, use_pyspy=False), tmp_path
     )
     assert verdict.status is Status.INCONCLUSIVE, verdict.why
@@ -206,7 +207,7 @@ def test_ptrace_refused_is_named_and_never_a_silent_pass(
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setattr(gil_engine.pyspy, "find_pyspy", lambda: str(fake))
     command = (sys.executable, str(DISPATCH), "--mode", "release", "--duration", "30")
-    verdict = trace_gil(GilConfig(name="refused", command=command, duration_s=1), tmp_path / "a")
+    verdict = run("gil", GilConfig(name="refused", command=command, duration_s=1), tmp_path / "a")
     assert verdict.status is Status.WARN, verdict.why
     assert "ptrace refused" in verdict.why
 
@@ -216,7 +217,7 @@ def test_pyspy_not_installed_warns_naming_it(
 ) -> None:
     monkeypatch.setattr(gil_engine.pyspy, "find_pyspy", lambda: None)
     command = (sys.executable, str(DISPATCH), "--mode", "release", "--duration", "30")
-    verdict = trace_gil(GilConfig(name="nospy", command=command, duration_s=1), tmp_path)
+    verdict = run("gil", GilConfig(name="nospy", command=command, duration_s=1), tmp_path)
     assert verdict.status is Status.WARN, verdict.why
     assert "py-spy is not installed" in verdict.why
 
@@ -235,7 +236,7 @@ def test_pyspy_without_native_support_still_samples(
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setattr(gil_engine.pyspy, "find_pyspy", lambda: str(wrapper))
     command = (sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30")
-    verdict = trace_gil(GilConfig(name="nonative", command=command, duration_s=2), tmp_path / "a")
+    verdict = run("gil", GilConfig(name="nonative", command=command, duration_s=2), tmp_path / "a")
     assert verdict.status is Status.FAIL, verdict.why
     assert verdict.where["function"] == "intranode_dispatch"
     assert "active/idle split unknown" in verdict.why
@@ -243,22 +244,22 @@ def test_pyspy_without_native_support_still_samples(
 
 
 def test_a_program_too_brief_to_sample_is_inconclusive(tmp_path: Path) -> None:
-    verdict = trace_gil(
+    verdict = run("gil",
         GilConfig(name="brief", command=(sys.executable, "-c", "pass"), duration_s=1), tmp_path
     )
     assert verdict.status is Status.INCONCLUSIVE, verdict.why
 
 
 def test_a_program_that_is_not_python_is_inconclusive(tmp_path: Path) -> None:
-    verdict = trace_gil(GilConfig(name="sleep", command=("sleep", "5"), duration_s=1), tmp_path)
+    verdict = run("gil", GilConfig(name="sleep", command=("sleep", "5"), duration_s=1), tmp_path)
     assert verdict.status is Status.INCONCLUSIVE, verdict.why
-    reasons = {e["signal"]: e["reason"] for e in verdict.evidence if e["kind"] == "missing_signal"}
+    reasons = {e["signal"]: e["reason"] for e in (x.to_dict() for x in verdict.evidence) if e["kind"] == "missing_signal"}
     assert "never started the heartbeat" in reasons["heartbeat"]
     assert "Failed to find python version" in reasons["holder sampling"]
 
 
 def test_command_not_found_is_an_error_verdict(tmp_path: Path) -> None:
-    verdict = trace_gil(
+    verdict = run("gil",
         GilConfig(name="nf", command=("no-such-command-glmfb",), duration_s=1), tmp_path
     )
     assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
@@ -278,7 +279,7 @@ def test_non_zero_exit_is_an_error_naming_the_status_and_leaves_nothing(tmp_path
         sys.exit(3)
     """,
     )
-    verdict = trace_gil(
+    verdict = run("gil",
         GilConfig(name="exit3", command=(sys.executable, str(program)), duration_s=3),
         tmp_path / "a",
     )
@@ -300,7 +301,7 @@ def test_segfault_is_an_error_naming_the_signal_and_leaves_nothing(tmp_path: Pat
         ctypes.string_at(0)  # reads address 0: SIGSEGV
     """,
     )
-    verdict = trace_gil(
+    verdict = run("gil",
         GilConfig(name="segv", command=(sys.executable, str(program)), duration_s=3), tmp_path / "a"
     )
     assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
@@ -322,7 +323,7 @@ def test_a_program_outliving_the_duration_is_stopped_with_its_children(tmp_path:
     """,
     )
     started = time.monotonic()
-    verdict = trace_gil(
+    verdict = run("gil",
         GilConfig(name="forever", command=(sys.executable, str(program)), duration_s=1),
         tmp_path / "a",
     )
@@ -339,7 +340,7 @@ def test_attach_by_pid_samples_the_holder_but_cannot_pass(tmp_path: Path) -> Non
     )
     try:
         time.sleep(0.5)  # let it start its threads
-        verdict = trace_gil(GilConfig(name="attach", pid=process.pid, duration_s=1.5), tmp_path)
+        verdict = run("gil", GilConfig(name="attach", pid=process.pid, duration_s=1.5), tmp_path)
     finally:
         process.kill()
         process.wait()
@@ -350,12 +351,12 @@ def test_attach_by_pid_samples_the_holder_but_cannot_pass(tmp_path: Path) -> Non
 
 def test_trace_mode_writes_a_perfetto_trace_and_ranks_the_holder(tmp_path: Path) -> None:
     command = (sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30")
-    verdict = trace_gil(
+    verdict = run("gil",
         GilConfig(name="trace", command=command, duration_s=2, trace=True), tmp_path
     )
     assert verdict.status is Status.FAIL, verdict.why
     trace = Path(verdict.artifacts["trace"])
-    assert trace.is_file() and trace.parent == tmp_path
+    assert trace.is_file() and trace.parent == tmp_path / "trace"
     ranked = _evidence(verdict, "trace_overlap")["functions"]
     assert ranked[0]["thread"] == "moe-dispatch"  # type: ignore[index]
     assert "intranode_dispatch" in ranked[0]["function"]  # type: ignore[index]
@@ -364,7 +365,7 @@ def test_trace_mode_writes_a_perfetto_trace_and_ranks_the_holder(tmp_path: Path)
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")
 def test_gil_waiters_are_seen_in_proc(tmp_path: Path) -> None:
     command = (sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30")
-    verdict = trace_gil(
+    verdict = run("gil",
         GilConfig(name="waiters", command=command, duration_s=1.5, use_pyspy=False), tmp_path
     )
     waiting = _evidence(verdict, "starvation")["waiting_for_gil"]
@@ -396,7 +397,7 @@ def test_holding_dispatch_starves_a_real_mooncake_transfer_thread(tmp_path: Path
         "mooncake.engine", reason="needs the Mooncake transfer engine (mooncake extra)"
     )
     command = (sys.executable, str(DISPATCH), "--mode", "hold", "--transport", "mooncake")
-    verdict = trace_gil(
+    verdict = run("gil",
         GilConfig(name="mooncake", command=(*command, "--duration", "30"), duration_s=2), tmp_path
     )
     assert verdict.status is Status.FAIL, verdict.why
@@ -427,3 +428,19 @@ def test_a_forked_child_does_not_write_into_the_parents_heartbeat(tmp_path: Path
     beat = read_heartbeat(tmp_path / "hb")
     assert beat is not None and beat.ticks > 100
     assert all(a < b for a, b in zip(beat.wake_s, beat.wake_s[1:], strict=False))  # no copies
+
+
+def test_a_target_whose_set_up_hangs_is_an_error_not_a_warn(tmp_path: Path) -> None:
+    program = tmp_path / "slow_factory.py"
+    program.write_text("import time\n\ndef make():\n    time.sleep(3600)\n    return lambda: None\n")
+    verdict = run("gil", GilConfig(name="hang", target=Target(f"{program}:make"), duration_s=1, setup_timeout_s=2.0),
+                  tmp_path)
+    assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
+    assert "did not finish within 2 s, so nothing was sampled" in verdict.why
+
+
+def test_a_target_that_exits_during_set_up_is_an_error(tmp_path: Path) -> None:
+    program = tmp_path / "exits.py"
+    program.write_text("import os\n\ndef make():\n    os._exit(0)\n")
+    verdict = run("gil", GilConfig(name="exits", target=Target(f"{program}:make"), duration_s=1), tmp_path)
+    assert verdict.status is Status.ERROR and "exited with status 0 during its set-up" in verdict.why

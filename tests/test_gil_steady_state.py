@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from glmfb.gil import GilConfig, trace_gil
+from helpers import run
+
+from glmfb.gil import GilConfig
 from glmfb.targets import Target
 from glmfb.verdict import Status
 
@@ -25,11 +27,11 @@ def make(setup_ms=1500):
 def test_gil_hogging_setup_is_left_out_of_the_verdict(tmp_path: Path) -> None:
     file = tmp_path / "setup_hog.py"
     file.write_text(TARGET)
-    verdict = trace_gil(
+    verdict = run("gil",
         GilConfig(name="setup-hog", target=Target(f"{file}:make"), duration_s=2.0),
-        artifact_dir=tmp_path / "out",
+        tmp_path / "out",
     )
     assert verdict.status is Status.PASS, verdict.why
-    starvation = next(e for e in verdict.evidence if e["kind"] == "starvation")
+    starvation = next(e for e in (x.to_dict() for x in verdict.evidence) if e["kind"] == "starvation")
     assert starvation["max_ms"] < 1000  # the 1.5 s set-up stall is not in the samples
-    assert (tmp_path / "out" / "target-ready").is_file()
+    assert (tmp_path / "out" / "setup-hog" / "target-ready").is_file()

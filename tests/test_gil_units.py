@@ -11,7 +11,6 @@ import pytest
 
 from glmfb.errors import UsageError
 from glmfb.gil import GilConfig
-from glmfb.gil.config import parse_milliseconds
 from glmfb.gil.engine import python_command, reproduce_command
 from glmfb.gil.heartbeat import Heartbeat, injection_env, read_heartbeat
 from glmfb.gil.process import describe_returncode
@@ -19,6 +18,7 @@ from glmfb.gil.pyspy import explain_failure, parse_raw, profile_holders, sampled
 from glmfb.gil.rules import Observations, decide
 from glmfb.gil.trace import overlap_blame
 from glmfb.targets import Target
+from glmfb.units import OptionValueError, parse_milliseconds
 from glmfb.verdict import Layer, Status, Verdict
 
 # As py-spy 0.4.3 writes it with --gil --idle --threads --native --full-filenames (shortened).
@@ -160,12 +160,15 @@ def test_rule_idle_holder_with_starvation_fails_naming_the_native_call() -> None
         "intranode_dispatch holds the GIL inside a native call (usleep); release it"
     )
     assert "py::gil_scoped_release, Py_BEGIN_ALLOW_THREADS" in verdict.why
-    starvation = next(e for e in verdict.evidence if e["kind"] == "starvation")
+    starvation = next(e for e in (x.to_dict() for x in verdict.evidence) if e["kind"] == "starvation")
     assert starvation["threads"] == ["kv-transfer", "glmfb-heartbeat"]
     assert starvation["p99_ms"] == pytest.approx(25.0)
-    holder = next(e for e in verdict.evidence if e["kind"] == "gil_holder")
+    holder = next(e for e in (x.to_dict() for x in verdict.evidence) if e["kind"] == "gil_holder")
     assert holder["idle_share"] == 1.0 and holder["native_frame"] == "usleep"
-    assert holder["share_of_time"] == holder["share_of_samples"]  # glmfb gap reads the latter
+    assert "share_of_samples" not in holder  # the old duplicate of share_of_time is gone
+    from glmfb.evidence import RuleFired
+
+    assert verdict.find(RuleFired).rule == "gil-hold-native"  # type: ignore[union-attr]
     assert Verdict.from_dict(verdict.to_dict()) == verdict
 
 
@@ -193,7 +196,7 @@ def test_rule_starved_without_holder_is_inconclusive() -> None:
     missing = [{"signal": "holder sampling", "reason": "ptrace refused"}]
     verdict = decide(_observations(None, [0.2] * 50 + [40.0] * 50, missing=missing))
     assert verdict.status is Status.INCONCLUSIVE and "ptrace refused" in verdict.why
-    assert any(e["kind"] == "missing_signal" for e in verdict.evidence)
+    assert any(e.kind == "missing_signal" for e in verdict.evidence)
     cpu = decide(_observations("", [0.2] * 50 + [40.0] * 50))
     assert cpu.status is Status.INCONCLUSIVE and "not the GIL" in cpu.why
 
@@ -258,7 +261,7 @@ def test_describe_returncode_and_milliseconds() -> None:
     assert parse_milliseconds("10ms") == 10.0
     assert parse_milliseconds("0.02s") == pytest.approx(20.0)
     assert parse_milliseconds("7") == 7.0
-    with pytest.raises(UsageError):
+    with pytest.raises(OptionValueError):
         parse_milliseconds("fast")
 
 

@@ -5,7 +5,7 @@ import io
 from rich.console import Console
 
 from glmfb.report.terminal import render_run, render_verdict, theme
-from glmfb.verdict import Expectation, Layer, Metric, ProbeKind, Run, Status, Verdict
+from glmfb.verdict import Expectation, Layer, Metric, Run, Status, Verdict
 
 
 def render(renderable: object) -> str:
@@ -16,7 +16,7 @@ def render(renderable: object) -> str:
 
 def planted() -> Verdict:
     verdict = Verdict(
-        probe=ProbeKind.BENCH,
+        probe="bench",
         name="tiled-vs-fused",
         status=Status.FAIL,
         layer=Layer.KERNEL,
@@ -39,7 +39,7 @@ def test_verdict_panel_shows_where_why_metric_next() -> None:
 
 def test_run_table_shows_expected_against_got() -> None:
     unmet = Verdict(
-        probe=ProbeKind.GIL,
+        probe="gil",
         name="holds-gil",
         status=Status.PASS,
         layer=Layer.RUNTIME,

@@ -1,3 +1,9 @@
+"""glmfb run's suite: discovery, loading checks, expectations, the host boundary, Ctrl-C.
+
+The probe here is the toy probe of tests/toy, installed through the entry-point mechanism, so
+these tests need no timing and no torch.
+"""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,79 +12,60 @@ import pytest
 
 from glmfb import suite
 from glmfb.errors import InputError
-from glmfb.suite import ProbeDefinition, RunContext
-from glmfb.verdict import Layer, Run, Status, Verdict
+from glmfb.evidence import TargetError, Traceback
+from glmfb.suite import SuiteContext
+from glmfb.verdict import Layer, Run, Status
 
 DEFINITIONS = """
 [[probe]]
 name = "planted"
-probe = "bench"
-baseline = "../scen/k.py:fused"
-candidate = "../scen/k.py:tiled"
+probe = "toy"
 options = { outcome = "fail", kernel = "gated_norm_tiled" }
 expect = { status = "fail", layer = "kernel", where = { kernel = "gated_norm*" } }
 
 [[probe]]
 name = "clean"
-probe = "bench"
+probe = "toy"
 options = { outcome = "pass" }
 expect = { status = "pass" }
 
 [[probe]]
 name = "wrong-diagnosis"
-probe = "bench"
+probe = "toy"
 options = { outcome = "fail", kernel = "softmax" }
 expect = { status = "fail", where = { kernel = "gated_norm*" } }
 
 [[probe]]
 name = "no-expectation"
-probe = "bench"
+probe = "toy"
 options = { outcome = "inconclusive" }
 """
 
 
-def fake_engine(definition: ProbeDefinition, context: RunContext) -> Verdict:
-    """A stand-in probe engine whose verdict the definition's options dictate."""
-    outcome = definition.options["outcome"]
-    if outcome == "raise":
-        raise RuntimeError("engine exploded")
-    if outcome == "interrupt":
-        raise KeyboardInterrupt
-    where = {"kernel": definition.options["kernel"]} if "kernel" in definition.options else {}
-    return Verdict(
-        probe=definition.probe,
-        name=definition.name,
-        status=Status(outcome),
-        layer=Layer.KERNEL,
-        why="fake",
-        where=where,
-    )
-
-
 @pytest.fixture
-def probes_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def probes_dir(tmp_path: Path, toy: Path) -> Path:
     folder = tmp_path / "probes"
     folder.mkdir()
-    (folder / "bench.toml").write_text(DEFINITIONS)
-    monkeypatch.setattr(suite, "load_engine", lambda kind: fake_engine)
+    (folder / "toy.toml").write_text(DEFINITIONS)
     return folder
 
 
-def run(definitions: list[ProbeDefinition], tmp_path: Path) -> Run:
-    return suite.run_suite(definitions, RunContext("test-run", tmp_path / "reports"))
+def write(tmp_path: Path, text: str) -> Path:
+    file = tmp_path / "p.toml"
+    file.write_text(text)
+    return file
+
+
+def run(definitions: list[suite.ProbeDefinition], tmp_path: Path, isolate: bool = True) -> Run:
+    return suite.run_suite(definitions, SuiteContext("test-run", tmp_path / "reports", isolate=isolate))
 
 
 def test_discover_and_load(probes_dir: Path) -> None:
     definitions = suite.load_definitions(suite.discover([probes_dir]))
-    assert [d.name for d in definitions] == [
-        "planted",
-        "clean",
-        "wrong-diagnosis",
-        "no-expectation",
-    ]
+    assert [d.name for d in definitions] == ["planted", "clean", "wrong-diagnosis", "no-expectation"]
     planted = definitions[0]
-    assert planted.resolve_path("../scen/k.py") == probes_dir.parent / "scen" / "k.py"
-    assert planted.expect is not None and planted.expect.layer is Layer.KERNEL
+    assert planted.spec.resolve_path("../scen/k.py") == probes_dir.parent / "scen" / "k.py"
+    assert planted.config.outcome == "fail" and planted.config.threshold == 0.05
 
 
 def test_expectations_are_judged_like_strict_xfail(probes_dir: Path, tmp_path: Path) -> None:
@@ -91,54 +78,45 @@ def test_expectations_are_judged_like_strict_xfail(probes_dir: Path, tmp_path: P
     assert by_name["no-expectation"].expect_met is None
     assert result.summary["expect_met"] == 2 and result.summary["expect_unmet"] == 1
     assert int(result.exit_code) == 1
+    assert Run.from_dict(result.to_dict()) == result
 
 
-def test_engine_exception_becomes_error_verdict(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(suite, "load_engine", lambda kind: fake_engine)
-    definition = ProbeDefinition(
-        name="boom",
-        probe=suite.ProbeKind.GIL,
-        source=tmp_path / "x.toml",
-        options={"outcome": "raise"},
-    )
-    verdict = suite.run_definition(definition, RunContext("r", tmp_path))
+def test_engine_exception_becomes_error_verdict(tmp_path: Path, toy: Path) -> None:
+    [definition] = suite.load_definitions([write(tmp_path, "[[probe]]\nname='boom'\nprobe='toy'\n"
+                                                            "options={outcome='raise'}\n")])
+    verdict = suite.run_definition(definition, SuiteContext("r", tmp_path))
     assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
-    assert "engine exploded" in verdict.why
-    assert verdict.evidence[0]["kind"] == "traceback"
+    assert "glmfb toy broke: RuntimeError: engine exploded" in verdict.why
+    assert verdict.find(Traceback) is not None and "engine exploded" in verdict.find(Traceback).text  # type: ignore[union-attr]
 
 
-def test_missing_engine_module_is_an_error_verdict(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(suite.ENGINES, suite.ProbeKind.GIL, "glmfb.no_such_engine:run_definition")
-    definition = ProbeDefinition(name="x", probe=suite.ProbeKind.GIL, source=tmp_path / "x.toml")
-    verdict = suite.run_definition(definition, RunContext("r", tmp_path))
+def test_target_failure_names_side_and_stage_with_traceback(tmp_path: Path, toy: Path) -> None:
+    [definition] = suite.load_definitions([write(tmp_path, "[[probe]]\nname='t'\nprobe='toy'\n"
+                                                            "options={outcome='target-raises'}\n")])
+    verdict = suite.run_definition(definition, SuiteContext("r", tmp_path))
     assert verdict.status is Status.ERROR
+    assert verdict.why == "the target raised ValueError: bad input tensor on its first call"
+    error = verdict.find(TargetError)
+    assert error is not None and (error.side, error.stage) == ("target", "on its first call")
+    assert verdict.find(Traceback) is not None
 
 
-def test_ctrl_c_keeps_finished_and_marks_rest(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(suite, "load_engine", lambda kind: fake_engine)
-    source = tmp_path / "p.toml"
-    definitions = [
-        ProbeDefinition(
-            name="done", probe=suite.ProbeKind.BENCH, source=source, options={"outcome": "pass"}
-        ),
-        ProbeDefinition(
-            name="stopped",
-            probe=suite.ProbeKind.BENCH,
-            source=source,
-            options={"outcome": "interrupt"},
-            expect=suite.Expectation(status=Status.ERROR),
-        ),
-        ProbeDefinition(
-            name="never", probe=suite.ProbeKind.BENCH, source=source, options={"outcome": "pass"}
-        ),
-    ]
-    result = run(definitions, tmp_path)
+def test_ctrl_c_keeps_finished_and_marks_rest(tmp_path: Path, toy: Path) -> None:
+    file = write(tmp_path, """
+[[probe]]
+name = "done"
+probe = "toy"
+[[probe]]
+name = "stopped"
+probe = "toy"
+options = { outcome = "interrupt" }
+expect = { status = "pass" }
+[[probe]]
+name = "never"
+probe = "toy"
+""")
+    # in-process, so the probe's KeyboardInterrupt reaches the suite as a Ctrl-C would
+    result = run(suite.load_definitions([file]), tmp_path, isolate=False)
     assert result.interrupted
     assert [v.status for v in result.verdicts] == [Status.PASS, Status.ERROR, Status.ERROR]
     assert result.verdicts[1].expect_met is False
@@ -150,23 +128,36 @@ def test_ctrl_c_keeps_finished_and_marks_rest(
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[[probe]]\nname='a'\nprobe='bench'\ncolour='red'\n", "unknown key 'colour'"),
+        ("[[probe]]\nname='a'\nprobe='toy'\ncolour='red'\n", "unknown key 'colour'"),
         ("[[probe]]\nname='a'\nprobe='fuzz'\n", "'probe' is 'fuzz'"),
-        ("[[probe]]\nprobe='bench'\n", "missing 'name'"),
-        ("[[probe]]\nname='a'\nprobe='bench'\nexpect={status='great'}\n", "bad expectation"),
-        (
-            "[[probe]]\nname='a'\nprobe='bench'\n[[probe]]\nname='a'\nprobe='gil'\n",
-            "already defined",
-        ),
+        ("[[probe]]\nprobe='toy'\n", "missing 'name'"),
+        ("[[probe]]\nname='a'\nprobe='toy'\nexpect={status='great'}\n", "bad expectation"),
+        ("[[probe]]\nname='a'\nprobe='toy'\nexpect={}\n", "expectation is empty"),
+        ("[[probe]]\nname='a'\nprobe='toy'\nexpect={where={}}\n", "expectation is empty"),
+        ("[[probe]]\nname='a'\nprobe='toy'\nexpect={status='error'}\n", "never meets an expectation"),
+        ("[[probe]]\nname='a'\nprobe='toy'\ntimeout='soon'\n", "timeout: 'soon' is not a duration"),
+        ("[[probe]]\nname='a'\nprobe='toy'\n[[probe]]\nname='a'\nprobe='toy'\n", "already defined"),
         ("[probe\n", "invalid TOML"),
         ("title='x'\n", "unknown top-level key"),
+        ("[[probe]]\nname='a'\nprobe='toy'\noptions={colour=1}\n", "unknown option 'colour'"),
+        ("[[probe]]\nname='a'\nprobe='toy'\noptions={outcome='great'}\n", "option 'outcome'"),
+        ("[[probe]]\nname='a'\nprobe='toy'\noptions={threshold=5}\n", "write 5% or 0.05"),
+        ("[[probe]]\nname='a'\nprobe='toy'\nrules='missing.py'\n", "rules file .* not found"),
     ],
 )
-def test_bad_definitions_are_usage_errors(tmp_path: Path, text: str, message: str) -> None:
-    file = tmp_path / "bad.toml"
-    file.write_text(text)
+def test_bad_definitions_are_usage_errors(tmp_path: Path, toy: Path, text: str, message: str) -> None:
     with pytest.raises(InputError, match=message):
-        suite.load_definitions([file])
+        suite.load_definitions([write(tmp_path, text)])
+
+
+def test_builtin_probe_checks_run_at_load(tmp_path: Path) -> None:
+    """A bench definition without shapes is refused when the file loads, before anything runs."""
+    (tmp_path / "k.py").write_text("def a(shape): ...\ndef b(shape): ...\n")
+    text = "[[probe]]\nname='a'\nprobe='bench'\nbaseline='k.py:a'\ncandidate='k.py:b'\n"
+    with pytest.raises(InputError, match="no shape given"):
+        suite.load_definitions([write(tmp_path, text)])
+    with pytest.raises(InputError, match=r"option 'threshold'.*write 5% or 0.05"):
+        suite.load_definitions([write(tmp_path, text + "options={shapes=['8x8'], threshold=5}\n")])
 
 
 def test_select_and_discover_errors(probes_dir: Path) -> None:
@@ -177,18 +168,8 @@ def test_select_and_discover_errors(probes_dir: Path) -> None:
         suite.discover([probes_dir / "missing"])
 
 
-def test_option_helpers_name_the_definition(tmp_path: Path) -> None:
-    definition = ProbeDefinition(
-        name="x",
-        probe=suite.ProbeKind.BENCH,
-        source=tmp_path / "p.toml",
-        options={"budget": "ten", "threads": 2, "budgte": 1},
-    )
-    assert definition.number_option("threads", 1) == 2.0
-    assert definition.number_option("seed", 0) == 0.0
-    with pytest.raises(
-        InputError, match=r"p\.toml: probe 'x': option 'budget' must be a number, got 'ten'"
-    ):
-        definition.number_option("budget", 10)
-    with pytest.raises(InputError, match="unknown bench option 'budgte'"):
-        definition.check_options({"budget", "threads"})
+def test_a_probe_name_becomes_one_path_component(tmp_path: Path, toy: Path) -> None:
+    [definition] = suite.load_definitions([write(tmp_path, "[[probe]]\nname='../../x'\nprobe='toy'\n")])
+    context = SuiteContext("r", tmp_path / "reports")
+    folder = context.probe_context(definition).artifact_dir
+    assert folder.parent == tmp_path / "reports" and folder.name not in (".", "..") and "/" not in folder.name

@@ -13,7 +13,6 @@ from glmfb.verdict import (
     Expectation,
     Layer,
     Metric,
-    ProbeKind,
     Run,
     SchemaError,
     Status,
@@ -28,7 +27,7 @@ VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 
 def make(status: Status = Status.PASS, **kwargs: object) -> Verdict:
     fields: dict[str, object] = {
-        "probe": ProbeKind.BENCH,
+        "probe": "bench",
         "name": "k",
         "status": status,
         "layer": Layer.KERNEL,
@@ -87,7 +86,7 @@ def test_numpy_and_tuples_are_normalized() -> None:
         evidence=[{"kind": "t", "shape": (2, 3), "v": np.float32(0.5)}],
     )
     assert verdict.where["position"] == 7 and type(verdict.where["position"]) is int
-    assert verdict.evidence[0]["shape"] == [2, 3]
+    assert verdict.evidence[0].to_dict()["shape"] == [2, 3]
     assert Verdict.from_dict(verdict.to_dict()) == verdict
 
 
@@ -159,8 +158,10 @@ def test_expectation_turns_expected_failure_into_a_pass() -> None:
     broken = make(Status.ERROR, layer=Layer.HARNESS).with_expectation(expect)
     assert broken.expect_met is False and broken.outcome is Status.ERROR
     assert broken.exit_code is ExitCode.HARNESS_ERROR
-    expected_error = make(Status.ERROR).with_expectation(Expectation(status=Status.ERROR))
-    assert expected_error.outcome is Status.PASS
+    # an error verdict never meets an expectation, not even an empty one or one that asks for it
+    for expectation in (Expectation(status=Status.ERROR), Expectation(), Expectation(where={})):
+        judged = make(Status.ERROR, layer=Layer.HARNESS).with_expectation(expectation)
+        assert judged.expect_met is False and judged.outcome is Status.ERROR
     run = Run(id="r", started="s", verdicts=(met, unmet))
     assert run.summary["expect_met"] == 1 and run.summary["expect_unmet"] == 1
     assert run.exit_code is ExitCode.REGRESSION

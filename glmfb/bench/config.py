@@ -1,74 +1,78 @@
-"""The frozen configurations the bench engine takes (built by the CLI or a probe definition)."""
+"""The frozen configuration of ``glmfb bench``; its options are declared here, once."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from glmfb.errors import UsageError
+from glmfb.options import (
+    BOOL,
+    FILE,
+    FRACTION,
+    INT,
+    MILLISECONDS,
+    NONNEGATIVE_INT,
+    POSITIVE_INT,
+    SECONDS,
+    SHAPES,
+    check_declared,
+    choice,
+    option,
+)
 from glmfb.targets import Target
 
-DEFAULT_THRESHOLD = 0.05
-DEFAULT_BUDGET_S = 10.0
-DEFAULT_INPUT_SETS = 4
-DEFAULT_SAMPLE_S = 1e-3
+
+def is_saved_ref(ref: str) -> bool:
+    """A saved result file (glmfb ``--save`` or pytest-benchmark JSON), with an optional
+    ``#baseline`` / ``#candidate`` suffix."""
+    return ref.partition("#")[0].endswith(".json")
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """An in-process comparison (``candidate`` set) or a measurement of one target to save.
+    """An in-process comparison, a measurement of one target to save (no candidate), or a
+    comparison of two saved files (both refs end in ``.json``).
 
     ``budget_s`` is the measuring time for all shapes together (A/A calibration included);
     loading, warm-up, profiling and ceilings come on top. ``threads`` pins torch's intra-op
-    thread count for the run (None leaves it as it is); it is restored afterwards.
+    thread count for the run (0 leaves it as it is); it is restored afterwards.
     """
 
     name: str
     baseline: Target
-    candidate: Target | None
-    shapes: tuple[tuple[int, ...], ...]
-    threshold: float = DEFAULT_THRESHOLD
-    budget_s: float = DEFAULT_BUDGET_S
-    threads: int | None = 1
-    input_sets: int = DEFAULT_INPUT_SETS
-    sample_s: float = DEFAULT_SAMPLE_S
-    device: str = "auto"
-    cuda_graph: bool = False
-    profile: bool = True
-    seed: int = 0
-    save: Path | None = None
-    on_progress: Callable[[str], None] | None = field(default=None, compare=False)
+    candidate: Target | None = None
+    shapes: tuple[tuple[int, ...], ...] = option(
+        (), SHAPES, "Input shape such as 8x4096. Repeatable (TOML: a list).", key="shapes", flag="--shape")
+    threshold: float = option(0.05, FRACTION, "Smallest change that matters: 5% or 0.05.")
+    budget_s: float = option(10.0, SECONDS, "Measuring time, all shapes together.", key="budget")
+    threads: int = option(1, NONNEGATIVE_INT, "torch intra-op threads during the run (0: leave as is).")
+    input_sets: int = option(4, POSITIVE_INT, "Input sets rotated per side (factory calls).")
+    sample_ms: float = option(1.0, MILLISECONDS, "Target duration of one timed sample.")
+    device: str = option("auto", choice("auto", "cpu", "cuda"), "Where to time: auto, cpu or cuda.")
+    cuda_graph: bool = option(False, BOOL, "Replay a captured CUDA graph (CUDA only).")
+    profile: bool = option(True, BOOL, "Profile both sides (torch.profiler) for the operator diff.")
+    seed: int = option(0, INT, "Seed of the block order and the bootstrap.")
+    save: Path | None = option(None, FILE, "Also write the raw samples here (glmfb.bench/1 JSON).")
 
     def __post_init__(self) -> None:
+        check_declared(self)
+        if self.saved:
+            return
         if not self.shapes:
-            raise UsageError("no shape given", "pass at least one --shape, such as --shape 8x4096")
-        if not self.budget_s > 0:
-            raise UsageError(f"budget {self.budget_s} s is not positive", "use --budget 10")
-        if self.threads is not None and self.threads < 1:
-            raise UsageError(f"threads {self.threads} must be at least 1")
-        if self.input_sets < 1:
-            raise UsageError(f"input sets {self.input_sets} must be at least 1")
-        if not self.sample_s > 0:
-            raise UsageError(f"sample time {self.sample_s} s is not positive")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise UsageError(f"device {self.device!r} is not auto, cpu or cuda")
+            raise UsageError("no shape given", "pass at least one, such as --shape 8x4096 (TOML: shapes = [\"8x4096\"])")
+        if self.candidate is None and self.save is None:
+            raise UsageError("give BASELINE and CANDIDATE", "or one target with --save FILE to only measure it")
 
-    def progress(self, message: str) -> None:
-        if self.on_progress is not None:
-            self.on_progress(message)
+    @property
+    def saved(self) -> bool:
+        """Both sides are saved result files: compare them across processes."""
+        return is_saved_ref(self.baseline.ref) and self.candidate is not None and is_saved_ref(self.candidate.ref)
 
+    @property
+    def sample_s(self) -> float:
+        return self.sample_ms / 1e3
 
-@dataclass(frozen=True)
-class SavedCompareConfig:
-    """A comparison of two saved result files (glmfb ``--save`` or pytest-benchmark JSON).
-
-    Each path may end in ``#baseline`` or ``#candidate`` to pick a side of a file that holds
-    both (one written by ``glmfb bench A B --save``).
-    """
-
-    name: str
-    baseline: str
-    candidate: str
-    threshold: float = DEFAULT_THRESHOLD
-    on_progress: Callable[[str], None] | None = field(default=None, compare=False)
+    @property
+    def torch_threads(self) -> int | None:
+        return self.threads if self.threads > 0 else None

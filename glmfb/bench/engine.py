@@ -1,22 +1,22 @@
 """The bench engine: measure, decide, explain, and answer with a Verdict.
 
 :func:`run_bench` compares two kernel factories in one process (or measures one target for
-``--save``); :func:`compare_saved` compares two saved result files. Both return a Verdict and
-never raise for a broken kernel: a factory that raises, a non-callable, a NaN result become an
-error verdict (layer harness). Bad user input (a target that does not resolve) raises
-:class:`~glmfb.errors.UsageError` subclasses, which the CLI turns into exit code 2.
+``--save``); :func:`compare_saved` compares two saved result files. A factory or kernel that
+raises, returns a non-callable or NaN raises :class:`~glmfb.errors.TargetFailed`, which the
+host turns into an error verdict. The statistics decide per shape; the rules in
+:mod:`glmfb.bench.rules` turn that and the operator diff into the verdict's status and why.
 """
 
 from __future__ import annotations
 
 import math
+import shutil
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from glmfb.bench.config import BenchConfig, SavedCompareConfig
+from glmfb.bench.config import BenchConfig
 from glmfb.bench.decision import (
     LOOK_CONFIDENCE,
     Change,
@@ -30,23 +30,36 @@ from glmfb.bench.decision import (
     samples_needed,
     unpaired_change,
 )
+from glmfb.bench.evidence import (
+    BenchHarness,
+    BenchSummary,
+    Measurement,
+    OpDiff,
+    Placement,
+    Roofline,
+    SavedComparison,
+    ShapeChange,
+)
+from glmfb.bench.probe import kernel_name
+from glmfb.bench.rules import RULES, BenchFindings, ShapeOutcome
 from glmfb.bench.runner import (
     Blocks,
     InterleavedRunner,
-    KernelError,
     Side,
     calibrate,
     call_checked,
-    kernel_name,
     load_side,
     run_single,
     warm_up,
 )
 from glmfb.env import differences, fingerprint
-from glmfb.errors import GlmfbError, InputError, UsageError
+from glmfb.errors import InputError, UsageError
+from glmfb.evidence import EnvDifferences, Evidence
+from glmfb.probe import ProbeContext
+from glmfb.rules import diagnose
 from glmfb.stats import Decision
 from glmfb.units import format_shape
-from glmfb.verdict import Layer, Metric, ProbeKind, Status, Verdict, traceback_evidence
+from glmfb.verdict import Layer, Metric, Status, Verdict
 
 AA_SHARE = 0.15  # of each shape's budget, at most, for the A/A noise-floor calibration
 AA_BLOCKS = 40
@@ -84,49 +97,32 @@ def _ci(low: float, high: float) -> str:
     return f"[{low * 100:+.1f}, {high * 100:+.1f}]"
 
 
-def _harness_verdict(name: str, exc: BaseException, started: float, env: dict[str, Any]) -> Verdict:
-    if isinstance(exc, GlmfbError):
-        why = str(exc)
-        evidence: list[dict[str, Any]] = []
-    else:
-        why = f"the bench harness raised {type(exc).__name__}: {exc}"
-        evidence = [traceback_evidence(exc)]
-    return Verdict.harness_error(
-        ProbeKind.BENCH, name, why, evidence=evidence, env=env,
-        duration_s=time.perf_counter() - started,
-        next=("call the factory and its kernel by hand: k = factory(shape); k()",),
-    )
-
-
 # --------------------------------------------------------------------------------------------
 # In-process comparison
 # --------------------------------------------------------------------------------------------
 
 
-def run_bench(config: BenchConfig) -> Verdict:
+def run_bench(config: BenchConfig, ctx: ProbeContext) -> Verdict:
     """Measure per :class:`BenchConfig` and return the verdict (see the module docstring)."""
-    started = time.perf_counter()
     import torch
 
+    started = ctx.clock.monotonic()
     threads_before = torch.get_num_threads()
-    env: dict[str, Any] = {}
     try:
-        if config.threads is not None:
-            torch.set_num_threads(config.threads)
+        if config.torch_threads is not None:
+            torch.set_num_threads(config.torch_threads)
         env = fingerprint()
         timer = _pick_timer(config)
         env["device"] = timer.device if timer.device == "cpu" else env.get("device", "cuda")
         if config.candidate is None:
-            return _measure_only(config, timer, env, started)
-        return _compare(config, timer, env, started)
-    except UsageError:
-        raise
-    except KeyboardInterrupt:
-        raise
-    except Exception as exc:  # KernelError and anything unexpected: an error verdict
-        return _harness_verdict(config.name, exc, started, env)
+            verdict = _measure_only(config, ctx, timer, env)
+        else:
+            verdict = _compare(config, ctx, timer, env)
     finally:
         torch.set_num_threads(threads_before)
+    from dataclasses import replace
+
+    return replace(verdict, duration_s=ctx.clock.monotonic() - started)
 
 
 def _pick_timer(config: BenchConfig) -> Any:
@@ -159,10 +155,11 @@ def _load_pair(config: BenchConfig, shape: tuple[int, ...]) -> tuple[Side, Side]
 
 
 def _measure_shape(
-    config: BenchConfig, timer: Any, shape: tuple[int, ...], budget_s: float, seed: int
+    config: BenchConfig, ctx: ProbeContext, timer: Any, shape: tuple[int, ...], budget_s: float,
+    seed: int,
 ) -> ShapeResult:
     label = format_shape(shape)
-    config.progress(f"bench {label}: loading and warming up")
+    ctx.progress(f"bench {label}: loading and warming up")
     baseline, candidate = _load_pair(config, shape)
     warm_up(baseline)
     warm_up(candidate)
@@ -171,10 +168,10 @@ def _measure_shape(
         "baseline": timer.prepare(baseline.kernels, calls),
         "candidate": timer.prepare(candidate.kernels, calls),
     }
-    begin = time.perf_counter()
+    begin = ctx.clock.monotonic()
     deadline = begin + budget_s
 
-    config.progress(f"bench {label}: A/A noise floor")
+    ctx.progress(f"bench {label}: A/A noise floor")
     # The baseline against a second, independently allocated copy of itself: what the harness
     # reads between identical kernels (order effects, memory placement) is not an effect.
     again = load_side("baseline", config.baseline, shape, config.input_sets)
@@ -201,11 +198,11 @@ def _measure_shape(
             looks += 1
             change = paired_change(blocks.baseline, blocks.candidate, confidence=LOOK_CONFIDENCE, seed=seed)
             decision = decide_with_floor(change, config.threshold, floor)
-            config.progress(
+            ctx.progress(
                 f"bench {label}: {len(blocks)} blocks, {_pct(change.estimate.value)} "
                 f"{_ci(*change.estimate.ci)}: {decision.value}"
             )
-        if decision is not Decision.UNDECIDED or time.perf_counter() >= deadline:
+        if decision is not Decision.UNDECIDED or ctx.clock.monotonic() >= deadline:
             break
     base_samples = blocks.samples_of("baseline") or [math.nan]
     cand_samples = blocks.samples_of("candidate") or [math.nan]
@@ -217,215 +214,171 @@ def _measure_shape(
         shape=label, calls_per_sample=calls, blocks=blocks, change=change, decision=decision,
         aa=aa, floor=floor, looks=looks, baseline_median_s=statistics.median(base_samples),
         candidate_median_s=statistics.median(cand_samples), declared=declared,
-        measuring_s=time.perf_counter() - begin,
+        measuring_s=ctx.clock.monotonic() - begin,
     )
 
 
-def _compare(config: BenchConfig, timer: Any, env: dict[str, Any], started: float) -> Verdict:
+def _outcome(result: ShapeResult, decision: Decision | None, threshold: float) -> ShapeOutcome:
+    if result.change is None:
+        return ShapeOutcome(shape=result.shape, decision="too-few-blocks", blocks=len(result.blocks))
+    estimate = result.change.estimate
+    final = decision or result.decision
+    needed = samples_needed(result.change, threshold) if final is Decision.UNDECIDED else None
+    return ShapeOutcome(
+        shape=result.shape, decision=final.value, change=estimate.value, low=estimate.low, high=estimate.high,
+        blocks=len(result.blocks), needed_blocks=needed, blocks_per_s=result.blocks.blocks_per_s,
+        aa_change=result.aa.estimate.value if result.aa is not None else None,
+        aa_biased=result.aa is not None and aa_biased(result.aa), floor=result.floor,
+    )
+
+
+def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, Any]) -> Verdict:
     assert config.candidate is not None
     results: list[ShapeResult] = []
     spent_s = 0.0
     for index, shape in enumerate(config.shapes):
         # A shape decided early leaves its budget to the shapes after it.
         share_s = (config.budget_s - spent_s) / (len(config.shapes) - index)
-        results.append(_measure_shape(config, timer, shape, share_s, config.seed + 7 * index))
+        results.append(_measure_shape(config, ctx, timer, shape, share_s, config.seed + 7 * index))
         spent_s += min(share_s, results[-1].measuring_s)
     baseline_name = kernel_name(config.baseline.ref)
     candidate_name = kernel_name(config.candidate.ref)
-    artifacts: dict[str, str] = {}
-    if config.save is not None:
-        _save(config, timer, env, results)
-        artifacts["samples"] = str(config.save)
+    artifacts = _save(config, ctx, timer, env, results)
 
     decided = [r for r in results if r.change is not None]
-    if len(decided) < len(results):
-        short = ", ".join(r.shape for r in results if r.change is None)
-        return Verdict(
-            probe=ProbeKind.BENCH, name=config.name, status=Status.INCONCLUSIVE, layer=Layer.KERNEL,
-            where={"kernel": candidate_name, "shape": short.split(", ")[0]},
-            why=f"the budget of {config.budget_s:g} s did not fit {MIN_BLOCKS} ABBA blocks on {short}",
-            evidence=tuple(_shape_evidence(r, None, None) for r in results),
-            next=(f"rerun with --budget {max(config.budget_s * 4, 30):g}",),
-            artifacts=artifacts, env=env, duration_s=time.perf_counter() - started,
-        )
-    changes = [r.change for r in decided if r.change is not None]
-    combined = combine(changes, [r.decision for r in decided], confidence=LOOK_CONFIDENCE)
-    for result, final in zip(decided, combined.decisions, strict=True):
-        result.decision = final
+    decisions: dict[str, Decision] = {r.shape: r.decision for r in decided}
+    significant: dict[str, bool] = {}
+    geomean = None
+    if len(decided) == len(results):
+        changes = [r.change for r in decided if r.change is not None]
+        combined = combine(changes, [r.decision for r in decided], confidence=LOOK_CONFIDENCE)
+        for result, final, flag in zip(decided, combined.decisions, combined.significant, strict=True):
+            result.decision = final
+            decisions[result.shape] = final
+            significant[result.shape] = flag
+        geomean = combined.geomean
+    outcomes = tuple(_outcome(r, decisions.get(r.shape), config.threshold) for r in results)
+    focus = _focus(results)
 
-    regressions = [r for r in decided if r.decision is Decision.REGRESSION]
-    improvements = [r for r in decided if r.decision is Decision.IMPROVEMENT]
-    undecided = [r for r in decided if r.decision is Decision.UNDECIDED]
+    op_diff: OpDiff | None = None
+    slower = any(o.decision == "regression" for o in outcomes)
+    faster_only = (not slower and all(o.decision in ("improvement", "equivalent") for o in outcomes)
+                   and any(o.decision == "improvement" for o in outcomes))
+    if config.profile and focus is not None and (slower or faster_only):
+        ctx.progress(f"bench {focus.shape}: profiling both sides")
+        focus_shape = config.shapes[[format_shape(s) for s in config.shapes].index(focus.shape)]
+        op_diff = _profile(config, timer, focus_shape, focus, slower)
+
+    shapes_args = " ".join(f"--shape {format_shape(s)}" for s in config.shapes)
+    refs = f"{config.baseline.describe()} {config.candidate.describe()}"
+    findings = BenchFindings(
+        baseline=baseline_name, candidate=candidate_name, threshold=config.threshold, budget_s=config.budget_s,
+        shapes=outcomes,
+        geomean=geomean.value if geomean is not None else None,
+        geomean_low=geomean.low if geomean is not None else None,
+        geomean_high=geomean.high if geomean is not None else None,
+        focus=focus.shape if focus is not None else None, op_diff=op_diff, device=timer.device,
+        reproduce=(f"glmfb bench {refs} --shape {focus.shape} --json  # reproduce on the worst shape"
+                   if focus is not None else None),
+        more_evidence=f"glmfb bench {refs} {shapes_args} --budget {_suggest_budget(config, results):g}",
+    )
+    outcome = diagnose(ctx.rules("bench", RULES), findings)
+    diagnosis = outcome.diagnosis
+
+    evidence: list[Evidence] = []
+    if geomean is not None:
+        evidence.append(BenchSummary(
+            shapes=len(outcomes), slower=sum(o.decision == "regression" for o in outcomes),
+            faster=sum(o.decision == "improvement" for o in outcomes),
+            undecided=sum(o.decision == "undecided" for o in outcomes),
+            geomean_change=geomean.value, geomean_ci=geomean.ci, confidence=LOOK_CONFIDENCE,
+            threshold=config.threshold,
+            statistic="median of paired ABBA block ratios (each side's faster sample per block), "
+                      "percentile bootstrap over blocks",
+            fdr="Benjamini-Hochberg at 0.05 across shapes",
+        ))
+    evidence.extend(_shape_evidence(r, significant.get(r.shape), decisions.get(r.shape)) for r in results)
+    if op_diff is not None:
+        evidence.append(op_diff)
+    roofline = _roofline(timer.device, decided)
+    if roofline is not None:
+        evidence.append(roofline)
+    evidence.append(BenchHarness(
+        **timer.describe(), threads=env.get("threads"), input_sets=config.input_sets, sample_s=config.sample_s,
+        order="randomized balanced ABBA/BAAB blocks", budget_s=config.budget_s,
+    ))
+    evidence.append(outcome.record)
+
+    metric = None
+    if focus is not None and focus.change is not None:
+        estimate = focus.change.estimate if len(results) == 1 or geomean is None else geomean
+        metric = Metric("time_change" if len(results) == 1 else "geomean_time_change", estimate.value, "fraction",
+                        config.threshold, estimate.ci)
+    where = dict(diagnosis.where) if diagnosis.where is not None else {
+        "kernel": candidate_name, **({"shape": focus.shape} if focus is not None else {})}
+    return Verdict(
+        probe="bench", name=config.name, status=diagnosis.status, layer=Layer.KERNEL, where=where,
+        why=diagnosis.why, metric=metric, evidence=tuple(evidence), next=diagnosis.next, artifacts=artifacts,
+        env=env,
+    )
+
+
+def _focus(results: Sequence[ShapeResult]) -> ShapeResult | None:
+    """The shape the verdict speaks about: the largest regression, else the first undecided,
+    else the largest improvement, else the largest change."""
+    decided = [r for r in results if r.change is not None]
+    if not decided:
+        return results[0] if results else None
 
     def size(r: ShapeResult) -> float:
         return r.change.estimate.value if r.change is not None else 0.0
 
-    if regressions:
-        status, focus = Status.FAIL, max(regressions, key=size)
-    elif undecided:
-        status, focus = Status.INCONCLUSIVE, undecided[0]
-    elif improvements:
-        status, focus = Status.PASS, min(improvements, key=size)
-    else:
-        status, focus = Status.PASS, max(decided, key=lambda r: abs(size(r)))
-    assert focus.change is not None
-
-    evidence: list[dict[str, Any]] = []
-    explanation_clause = ""
-    rule_next: tuple[str, ...] = ()
-    focus_shape = config.shapes[[format_shape(s) for s in config.shapes].index(focus.shape)]
-    shows_effect = status is Status.FAIL or (bool(improvements) and status is Status.PASS)
-    if config.profile and shows_effect:
-        config.progress(f"bench {focus.shape}: profiling both sides")
-        op_evidence, explanation_clause, rule_next = _profile(config, timer, focus_shape, focus, status)
-        evidence.append(op_evidence)
-    roofline = _roofline(timer.device, decided)
-    if roofline is not None:
-        evidence.append(roofline)
-
-    total = len(decided)
-    geomean = combined.geomean
-    summary = f"geomean {_pct(geomean.value)} {_ci(*geomean.ci)}"
-    per_shape = f"on {focus.shape} {_pct(focus.change.estimate.value)} {_ci(*focus.change.estimate.ci)}"
-    if status is Status.FAIL:
-        headline = (
-            f"{candidate_name} is slower than {baseline_name} on {len(regressions)} of {total} "
-            f"shape{'s' if total > 1 else ''} ({summary}); {per_shape}"
-        )
-    elif status is Status.INCONCLUSIVE:
-        headline = _inconclusive_why(config, candidate_name, baseline_name, undecided, total)
-    elif improvements:
-        speedup = 1.0 / (1.0 + focus.change.estimate.value)
-        headline = (
-            f"{candidate_name} is faster than {baseline_name} on {len(improvements)} of {total} "
-            f"shape{'s' if total > 1 else ''} ({summary}); {per_shape}, a {speedup:.2f}x speed-up"
-        )
-    else:
-        headline = (
-            f"{candidate_name} and {baseline_name} are equivalent within ±{config.threshold:.0%} "
-            f"on {total} shape{'s' if total > 1 else ''} ({summary})"
-        )
-    floor_note = ""
-    if focus.aa is not None and aa_biased(focus.aa):
-        floor_note = (f" The A/A calibration read {_pct(focus.aa.estimate.value)} between the "
-                      "baseline and itself; effects smaller than that are not called.")
-    if focus.floor > config.threshold:
-        floor_note = (f" The A/A noise floor here, ±{focus.floor:.1%}, exceeds the threshold; "
-                      "effects were judged against it.")
-    why = headline + (f": {explanation_clause}." if explanation_clause else ".") + floor_note
-
-    evidence[:0] = [
-        _shape_evidence(r, combined.significant[i], combined.decisions[i]) for i, r in enumerate(decided)
-    ]
-    evidence.insert(0, {
-        "kind": "summary", "shapes": total, "slower": len(regressions), "faster": len(improvements),
-        "undecided": len(undecided), "geomean_change": geomean.value, "geomean_ci": list(geomean.ci),
-        "confidence": LOOK_CONFIDENCE, "threshold": config.threshold,
-        "statistic": "median of paired ABBA block ratios (each side's faster sample per block), percentile bootstrap over blocks",
-        "fdr": "Benjamini-Hochberg at 0.05 across shapes",
-    })
-    evidence.append({
-        "kind": "harness", **timer.describe(), "threads": env.get("threads"),
-        "input_sets": config.input_sets, "sample_s": config.sample_s,
-        "order": "randomized balanced ABBA/BAAB blocks", "budget_s": config.budget_s,
-    })
-    metric_name = "time_change" if total == 1 else "geomean_time_change"
-    metric_estimate = focus.change.estimate if total == 1 else geomean
-    next_steps = list(rule_next)
-    shapes_args = " ".join(f"--shape {format_shape(s)}" for s in config.shapes)
-    refs = f"{config.baseline.describe()} {config.candidate.describe()}"
-    if status is Status.INCONCLUSIVE:
-        next_steps.append(f"glmfb bench {refs} {shapes_args} --budget {_suggest_budget(config, undecided):g}")
-    elif status is Status.FAIL:
-        next_steps.append(f"glmfb bench {refs} --shape {focus.shape} --json  # reproduce on the worst shape")
-    return Verdict(
-        probe=ProbeKind.BENCH,
-        name=config.name,
-        status=status,
-        layer=Layer.KERNEL,
-        where={"kernel": candidate_name, "shape": focus.shape},
-        why=why,
-        metric=Metric(metric_name, metric_estimate.value, "fraction", config.threshold, metric_estimate.ci),
-        evidence=tuple(evidence),
-        next=tuple(next_steps),
-        artifacts=artifacts,
-        env=env,
-        duration_s=time.perf_counter() - started,
-    )
+    by = {d: [r for r in decided if r.decision is d] for d in Decision}
+    if by[Decision.REGRESSION]:
+        return max(by[Decision.REGRESSION], key=size)
+    if by[Decision.UNDECIDED]:
+        return by[Decision.UNDECIDED][0]
+    if by[Decision.IMPROVEMENT]:
+        return min(by[Decision.IMPROVEMENT], key=size)
+    return max(decided, key=lambda r: abs(size(r)))
 
 
-def _needed(result: ShapeResult, threshold: float) -> float:
-    return samples_needed(result.change, threshold) if result.change is not None else math.inf
-
-
-def _suggest_budget(config: BenchConfig, undecided: Sequence[ShapeResult]) -> float:
+def _suggest_budget(config: BenchConfig, results: Sequence[ShapeResult]) -> float:
     per_shape = config.budget_s / len(config.shapes)
     worst = 0.0
-    for result in undecided:
-        needed = _needed(result, config.threshold)
+    for result in results:
+        if result.change is None or result.decision is not Decision.UNDECIDED:
+            continue
+        needed = samples_needed(result.change, config.threshold)
         rate = result.blocks.blocks_per_s
         if math.isfinite(needed) and rate > 0:
             worst = max(worst, needed / rate)
     if worst == 0.0:
-        return round(config.budget_s * 4, 1)
+        return round(max(config.budget_s * 4, 30), 1)
     return round(max(config.budget_s, worst * len(config.shapes) / (1 - AA_SHARE) + per_shape), 1)
 
 
-def _inconclusive_why(
-    config: BenchConfig, candidate: str, baseline: str, undecided: Sequence[ShapeResult], total: int
-) -> str:
-    result = undecided[0]
-    assert result.change is not None
-    needed = _needed(result, config.threshold)
-    estimate = result.change.estimate
-    head = (
-        f"the budget of {config.budget_s:g} s ran out before {candidate} vs {baseline} was decided "
-        f"on {len(undecided)} of {total} shape{'s' if total > 1 else ''}: on {result.shape} "
-        f"{_pct(estimate.value)} {_ci(*estimate.ci)} straddles ±{config.threshold:.0%} after "
-        f"{len(result.blocks)} blocks"
+def _shape_evidence(result: ShapeResult, significant: bool | None, decision: Decision | None) -> ShapeChange:
+    change = result.change
+    aa = result.aa
+    return ShapeChange(
+        shape=result.shape, decision=(decision or result.decision).value,
+        change=change.estimate.value if change is not None else None,
+        ci=change.estimate.ci if change is not None else None,
+        confidence=change.estimate.confidence if change is not None else None,
+        pvalue=change.pvalue if change is not None else None,
+        fdr_significant=significant, blocks=len(result.blocks), looks=result.looks,
+        calls_per_sample=result.calls_per_sample, baseline_median_s=result.baseline_median_s,
+        candidate_median_s=result.candidate_median_s, ratio_of_medians_change=result.ratio_of_medians,
+        noise_floor=result.floor, measuring_s=result.measuring_s,
+        aa_change=aa.estimate.value if aa is not None else None, aa_ci=aa.estimate.ci if aa is not None else None,
+        aa_blocks=aa.samples if aa is not None else None,
     )
-    if math.isfinite(needed) and result.blocks.blocks_per_s > 0:
-        seconds = needed / result.blocks.blocks_per_s
-        return f"{head}; about {needed:,.0f} blocks (~{seconds:,.0f} s of measuring) would decide it"
-    return f"{head}; the change sits on the threshold, so no sample size decides it (move the threshold)"
 
 
-def _shape_evidence(
-    result: ShapeResult, significant: bool | None, decision: Decision | None
-) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "kind": "shape",
-        "shape": result.shape,
-        "decision": (decision or result.decision).value,
-        "blocks": len(result.blocks),
-        "looks": result.looks,
-        "calls_per_sample": result.calls_per_sample,
-        "baseline_median_s": result.baseline_median_s,
-        "candidate_median_s": result.candidate_median_s,
-        "ratio_of_medians_change": result.ratio_of_medians,
-        "noise_floor": result.floor,
-        "measuring_s": result.measuring_s,
-    }
-    if result.change is not None:
-        data.update(
-            change=result.change.estimate.value,
-            ci=list(result.change.estimate.ci),
-            confidence=result.change.estimate.confidence,
-            pvalue=result.change.pvalue,
-        )
-    if significant is not None:
-        data["fdr_significant"] = significant
-    if result.aa is not None:
-        data["aa_change"] = result.aa.estimate.value
-        data["aa_ci"] = list(result.aa.estimate.ci)
-        data["aa_blocks"] = result.aa.samples
-    return data
-
-
-def _profile(
-    config: BenchConfig, timer: Any, shape: tuple[int, ...], focus: ShapeResult, status: Status
-) -> tuple[dict[str, Any], str, tuple[str, ...]]:
-    from glmfb.bench.opdiff import diff_ops, explain, profile_pair
+def _profile(config: BenchConfig, timer: Any, shape: tuple[int, ...], focus: ShapeResult, slower: bool) -> OpDiff:
+    from glmfb.bench.opdiff import diff_ops, profile_pair
+    from glmfb.bench.rules import repeated_reductions
 
     baseline, candidate = _load_pair(config, shape)
     slower_side_s = max(focus.baseline_median_s, focus.candidate_median_s)
@@ -433,21 +386,14 @@ def _profile(
     for side in (baseline, candidate):
         warm_up(side, min_calls=1, min_s=0.0)
     base_ops, cand_ops = profile_pair(baseline.kernels, candidate.kernels, calls, timer.device)
-    slower = status is Status.FAIL
-    deltas = diff_ops(base_ops, cand_ops, slower)
-    explanation = explain(deltas, slower)
-    evidence = {
-        "kind": "op_diff",
-        "shape": focus.shape,
-        "profiled_calls": calls,
-        "rule": explanation.rule,
-        "repeated_reductions": list(explanation.repeated_reductions),
-        "ops": [d.to_dict() for d in deltas[:10]],
-    }
-    return evidence, explanation.clause, explanation.next
+    rows = diff_ops(base_ops, cand_ops, slower)
+    return OpDiff(
+        shape=focus.shape, profiled_calls=calls, ops=tuple(rows[:10]), device=timer.device,
+        repeated_reductions=tuple(op.op for op in repeated_reductions(rows, slower)),
+    )
 
 
-def _roofline(device: str, results: Sequence[ShapeResult]) -> dict[str, Any] | None:
+def _roofline(device: str, results: Sequence[ShapeResult]) -> Roofline | None:
     if not any(v["flops_per_call"] or v["bytes_per_call"] for r in results for v in r.declared.values()):
         return None
     from glmfb.bench.roofline import measure_ceilings, place
@@ -460,16 +406,15 @@ def _roofline(device: str, results: Sequence[ShapeResult]) -> dict[str, Any] | N
             if not (declared["flops_per_call"] or declared["bytes_per_call"]) or not median > 0:
                 continue
             placement = place(median, declared["flops_per_call"], declared["bytes_per_call"], ceilings)
-            rows.append({"shape": result.shape, "side": label, **placement.to_dict(),
-                         "summary": placement.describe()})
-    return {"kind": "roofline", "ceilings": ceilings.to_dict(), "placements": rows}
+            rows.append(Placement(shape=result.shape, side=label, **placement.to_dict(), summary=placement.describe()))
+    return Roofline(ceilings=ceilings.to_dict(), placements=tuple(rows))
 
 
-def _save(config: BenchConfig, timer: Any, env: dict[str, Any], results: Sequence[ShapeResult]) -> None:
+def _save(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, Any],
+          results: Sequence[ShapeResult]) -> dict[str, str]:
+    """The raw samples, always into the artifact folder, and to ``--save`` when given."""
     from glmfb.bench.saved import write_saved
-    from glmfb.suite import utc_now
 
-    assert config.save is not None
     sides = {"baseline": {"ref": config.baseline.ref, "kernel": kernel_name(config.baseline.ref),
                           "args": dict(config.baseline.args)}}
     if config.candidate is not None:
@@ -480,8 +425,17 @@ def _save(config: BenchConfig, timer: Any, env: dict[str, Any], results: Sequenc
                   **{label: r.blocks.samples_of(label) for label in sides}}
         for r in results
     }
-    write_saved(config.save, env=env, created=utc_now(), device=timer.device,
+    artifact = ctx.artifact("bench-samples.json")
+    write_saved(artifact, env=env, created=ctx.clock.utc_now(), device=timer.device,
                 threads=int(env.get("threads") or 0), timer=timer.describe(), sides=sides, shapes=shapes)
+    artifacts = {"samples": str(artifact)}
+    if config.save is not None:
+        from glmfb.io import atomic_writer
+
+        with atomic_writer(config.save, "wb") as handle, open(artifact, "rb") as source:
+            shutil.copyfileobj(source, handle)
+        artifacts["saved"] = str(config.save)
+    return artifacts
 
 
 # --------------------------------------------------------------------------------------------
@@ -489,37 +443,34 @@ def _save(config: BenchConfig, timer: Any, env: dict[str, Any], results: Sequenc
 # --------------------------------------------------------------------------------------------
 
 
-def _measure_only(config: BenchConfig, timer: Any, env: dict[str, Any], started: float) -> Verdict:
-    if config.save is None:
-        raise UsageError("one target given and no --save", "give BASELINE and CANDIDATE, or --save FILE")
+def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, Any]) -> Verdict:
     per_shape_s = config.budget_s / len(config.shapes)
     results: list[ShapeResult] = []
     name = kernel_name(config.baseline.ref)
     for shape in config.shapes:
         label = format_shape(shape)
-        config.progress(f"bench {label}: measuring {name}")
+        ctx.progress(f"bench {label}: measuring {name}")
         side = load_side("baseline", config.baseline, shape, config.input_sets)
         warm_up(side)
         calls = calibrate(timer, [side], config.sample_s)
         loop = timer.prepare(side.kernels, calls)
-        begin = time.perf_counter()
+        begin = ctx.clock.monotonic()
         values = run_single(timer, loop, side, 1 << 40, begin + per_shape_s)
-        blocks = Blocks(raw=[("baseline", v) for v in values], elapsed_s=time.perf_counter() - begin)
+        blocks = Blocks(raw=[("baseline", v) for v in values], elapsed_s=ctx.clock.monotonic() - begin)
         results.append(ShapeResult(label, calls, blocks, None, Decision.UNDECIDED, None, 0.0, 0,
                                    statistics.median(values), math.nan))
-    _save(config, timer, env, results)
+    artifacts = _save(config, ctx, timer, env, results)
+    saved = artifacts.get("saved", artifacts["samples"])
     medians = ", ".join(f"{r.shape} {r.baseline_median_s * 1e6:.4g} µs" for r in results)
     return Verdict(
-        probe=ProbeKind.BENCH, name=config.name, status=Status.PASS, layer=Layer.KERNEL,
+        probe="bench", name=config.name, status=Status.PASS, layer=Layer.KERNEL,
         where={"kernel": name},
-        why=f"measured {name} only (nothing compared): median per call {medians}; samples saved to "
-            f"{config.save}",
+        why=f"measured {name} only (nothing compared): median per call {medians}; samples saved to {saved}",
         metric=Metric("median_time", results[0].baseline_median_s, "s"),
-        evidence=tuple({"kind": "measurement", "shape": r.shape, "samples": len(r.blocks.raw),
-                        "calls_per_sample": r.calls_per_sample, "median_s": r.baseline_median_s}
-                       for r in results),
-        next=(f"glmfb bench OLD.json {config.save}  # compare with another saved run",),
-        artifacts={"samples": str(config.save)}, env=env, duration_s=time.perf_counter() - started,
+        evidence=tuple(Measurement(shape=r.shape, samples=len(r.blocks.raw), calls_per_sample=r.calls_per_sample,
+                                   median_s=r.baseline_median_s) for r in results),
+        next=(f"glmfb bench OLD.json {saved}  # compare with another saved run",),
+        artifacts=artifacts, env=env,
     )
 
 
@@ -528,18 +479,18 @@ def _measure_only(config: BenchConfig, timer: Any, env: dict[str, Any], started:
 # --------------------------------------------------------------------------------------------
 
 
-def compare_saved(config: SavedCompareConfig) -> Verdict:
+def compare_saved(config: BenchConfig, ctx: ProbeContext) -> Verdict:
     """Compare two saved sides (glmfb ``--save`` files or pytest-benchmark JSON), unpaired."""
-    started = time.perf_counter()
     from glmfb.bench.saved import SavedSide
     from glmfb.bench.saved import load_side as load_saved
 
-    baseline = load_saved(config.baseline)
-    candidate = load_saved(config.candidate)
+    assert config.candidate is not None
+    baseline = load_saved(config.baseline.ref)
+    candidate = load_saved(config.candidate.ref)
     keys = [k for k in baseline.keys if k in set(candidate.keys)]
     if not keys:
         raise InputError(
-            f"{config.baseline} and {config.candidate} have no shape or benchmark in common",
+            f"{config.baseline.ref} and {config.candidate.ref} have no shape or benchmark in common",
             f"baseline has {', '.join(baseline.keys[:5])}; candidate has {', '.join(candidate.keys[:5])}",
         )
     approximate: list[str] = []
@@ -566,68 +517,67 @@ def compare_saved(config: SavedCompareConfig) -> Verdict:
     changes = [change_for(key, i) for i, key in enumerate(keys)]
     decisions = [decide_with_floor(c, config.threshold, 0.0) for c in changes]
     combined = combine(changes, decisions)
-    regress = [i for i, d in enumerate(combined.decisions) if d is Decision.REGRESSION]
-    improve = [i for i, d in enumerate(combined.decisions) if d is Decision.IMPROVEMENT]
-    undecided = [i for i, d in enumerate(combined.decisions) if d is Decision.UNDECIDED]
-    if regress:
-        status, focus = Status.FAIL, max(regress, key=lambda i: changes[i].estimate.value)
-    elif undecided:
-        status, focus = Status.INCONCLUSIVE, undecided[0]
-    elif improve:
-        status, focus = Status.PASS, min(improve, key=lambda i: changes[i].estimate.value)
-    else:
-        status, focus = Status.PASS, 0
     geomean = combined.geomean
-    total = len(keys)
-    verb = {Status.FAIL: f"slower on {len(regress)} of {total}",
-            Status.INCONCLUSIVE: f"undecided on {len(undecided)} of {total}",
-            Status.PASS: f"faster on {len(improve)} of {total}" if improve else
-            f"equivalent within ±{config.threshold:.0%} on all {total}"}[status]
-    estimate = changes[focus].estimate
-    why = (
-        f"{candidate.source} vs {baseline.source}: {verb} ({'shapes' if baseline.format != 'pytest-benchmark' else 'benchmarks'}), "
-        f"geomean {_pct(geomean.value)} {_ci(*geomean.ci)}; {keys[focus]} {_pct(estimate.value)} "
-        f"{_ci(*estimate.ci)}. Compared across processes: noisier than an in-process A/B run"
+    outcomes = tuple(
+        ShapeOutcome(shape=key, decision=combined.decisions[i].value, change=changes[i].estimate.value,
+                     low=changes[i].estimate.low, high=changes[i].estimate.high, blocks=changes[i].samples)
+        for i, key in enumerate(keys)
     )
-    env_diff = differences(baseline.env, candidate.env)
-    if env_diff:
-        listed = "; ".join(f"{k}: {a} vs {b}" for k, a, b in ((k, *v) for k, v in env_diff.items()))
-        why += f"; the environments differ ({listed}), so part of the change may be the environment"
-        if status is Status.PASS:
-            status = Status.WARN
-    if approximate:
-        why += f"; {len(approximate)} comparison(s) from medians and IQR only (no raw samples)"
-    evidence: list[dict[str, Any]] = [{
-        "kind": "saved_comparison", "baseline": baseline.source, "candidate": candidate.source,
-        "formats": [baseline.format, candidate.format], "in_process": False,
-        "statistic": "ratio of medians, each side bootstrapped on its own",
-        "geomean_change": geomean.value, "geomean_ci": list(geomean.ci),
-        "approximate": approximate,
-    }]
-    for i, key in enumerate(keys):
-        evidence.append({
-            "kind": "shape", "shape": key, "change": changes[i].estimate.value,
-            "ci": list(changes[i].estimate.ci), "pvalue": changes[i].pvalue,
-            "decision": combined.decisions[i].value, "fdr_significant": combined.significant[i],
-        })
-    if env_diff:
-        evidence.append({"kind": "env_mismatch",
-                         "differences": {k: [a, b] for k, (a, b) in env_diff.items()}})
-    where: dict[str, Any] = {"kernel": candidate.kernel}
-    if baseline.format != "pytest-benchmark":
-        where["shape"] = keys[focus]
+
+    def of(decision: Decision) -> list[int]:
+        return [i for i, d in enumerate(combined.decisions) if d is decision]
+
+    def size(i: int) -> float:
+        return changes[i].estimate.value
+
+    if of(Decision.REGRESSION):
+        focus = max(of(Decision.REGRESSION), key=size)
+    elif of(Decision.UNDECIDED):
+        focus = of(Decision.UNDECIDED)[0]
+    elif of(Decision.IMPROVEMENT):
+        focus = min(of(Decision.IMPROVEMENT), key=size)
     else:
-        where["function"] = keys[focus]
+        focus = 0
+    env_diff = differences(baseline.env, candidate.env)
+    pytest_format = baseline.format == "pytest-benchmark"
+    findings = BenchFindings(
+        baseline=baseline.source, candidate=candidate.source, threshold=config.threshold, budget_s=0.0,
+        shapes=outcomes, geomean=geomean.value, geomean_low=geomean.low, geomean_high=geomean.high,
+        focus=keys[focus], saved=True, unit="benchmark" if pytest_format else "shape",
+        env_differences=tuple(f"{k}: {a} vs {b}" for k, (a, b) in env_diff.items()),
+        approximate=len(approximate),
+        more_evidence="rerun both kernels in one process for a paired measurement: glmfb bench BASELINE "
+                      "CANDIDATE --shape ...",
+        reproduce="rerun both kernels in one process for a paired measurement: glmfb bench BASELINE "
+                  "CANDIDATE --shape ...",
+    )
+    outcome = diagnose(ctx.rules("bench", RULES), findings)
+    evidence: list[Evidence] = [SavedComparison(
+        baseline=baseline.source, candidate=candidate.source, formats=(baseline.format, candidate.format),
+        in_process=False, statistic="ratio of medians, each side bootstrapped on its own",
+        geomean_change=geomean.value, geomean_ci=geomean.ci, approximate=tuple(approximate),
+    )]
+    for i, key in enumerate(keys):
+        evidence.append(ShapeChange(
+            shape=key, change=changes[i].estimate.value, ci=changes[i].estimate.ci, pvalue=changes[i].pvalue,
+            decision=combined.decisions[i].value, fdr_significant=combined.significant[i],
+        ))
+    if env_diff:
+        evidence.append(EnvDifferences(differences={k: [a, b] for k, (a, b) in env_diff.items()},
+                                       note="the two saved runs were measured in different environments"))
+    evidence.append(outcome.record)
+    where: dict[str, Any] = {"kernel": candidate.kernel}
+    where["function" if pytest_format else "shape"] = keys[focus]
+    if outcome.diagnosis.where is not None:
+        where = {**where, **{k: v for k, v in outcome.diagnosis.where.items() if k != "kernel"}}
+    total = len(keys)
+    estimate = changes[focus].estimate if total == 1 else geomean
     return Verdict(
-        probe=ProbeKind.BENCH, name=config.name, status=status, layer=Layer.KERNEL, where=where,
-        why=why + ".",
-        metric=Metric("time_change" if total == 1 else "geomean_time_change",
-                      estimate.value if total == 1 else geomean.value, "fraction", config.threshold,
-                      estimate.ci if total == 1 else geomean.ci),
-        evidence=tuple(evidence),
-        next=("rerun both kernels in one process for a paired measurement: glmfb bench BASELINE "
-              "CANDIDATE --shape ...",),
-        env=fingerprint(), duration_s=time.perf_counter() - started,
+        probe="bench", name=config.name, status=outcome.diagnosis.status, layer=Layer.KERNEL, where=where,
+        why=outcome.diagnosis.why,
+        metric=Metric("time_change" if total == 1 else "geomean_time_change", estimate.value, "fraction",
+                      config.threshold, estimate.ci),
+        evidence=tuple(evidence), next=outcome.diagnosis.next, env=fingerprint(),
     )
 
 
@@ -638,4 +588,4 @@ def _robust_sd(values: Sequence[float]) -> float:
     return (q3 - q1) / 1.349
 
 
-__all__ = ["KernelError", "compare_saved", "run_bench"]
+__all__ = ["compare_saved", "run_bench"]

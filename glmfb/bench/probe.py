@@ -1,95 +1,76 @@
-"""``run_definition`` for ``glmfb run``: a bench probe definition to a verdict.
+"""``glmfb bench``: kernel microbenchmarks, baseline against candidate, with honest statistics
+and an explanation of a slowdown (which operators got more or slower).
 
-Options (``options = {...}`` in a ``[[probe]]`` table, all optional except ``shapes``)::
-
-    shapes = ["8x4096", "32x2048"]   # required
-    threshold = "5%"                 # or 0.05
-    budget = 10                      # seconds of measuring, all shapes together
-    threads = 1                      # torch intra-op threads (0: leave as it is)
-    input_sets = 4
-    sample_ms = 1.0                  # target duration of one timed sample
-    device = "auto"                  # auto | cpu | cuda
-    cuda_graph = false
-    profile = true                   # torch.profiler operator diff for the why
-    seed = 0
-    save = true                      # write the samples to the probe's artifact folder
-
-``baseline`` and ``candidate`` are factory targets, or both saved files (``.json``, a
-``#side`` suffix allowed), which are then compared across processes.
+``baseline`` and ``candidate`` are factories ``f(shape, **args)`` returning a zero-argument
+callable that runs the kernel once, or both saved result files (``.json`` from ``--save`` or
+pytest-benchmark, a ``#side`` suffix allowed), which are then compared across processes.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, ClassVar
 
-from glmfb.bench.config import (
-    DEFAULT_BUDGET_S,
-    DEFAULT_INPUT_SETS,
-    DEFAULT_SAMPLE_S,
-    BenchConfig,
-    SavedCompareConfig,
-)
-from glmfb.bench.engine import compare_saved, run_bench
-from glmfb.errors import InputError
-from glmfb.suite import ProbeDefinition, RunContext
-from glmfb.targets import Target, portable_ref
-from glmfb.units import parse_fraction, parse_shape
-from glmfb.verdict import Verdict
-
-OPTIONS = frozenset(
-    {"shapes", "threshold", "budget", "threads", "input_sets", "sample_ms", "device", "cuda_graph",
-     "profile", "seed", "save"}
-)
+from glmfb.bench.config import BenchConfig, is_saved_ref
+from glmfb.bench.evidence import EVIDENCE_TYPES
+from glmfb.bench.rules import RULES
+from glmfb.errors import UsageError
+from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec
+from glmfb.targets import Target
+from glmfb.verdict import Layer, Verdict
 
 
-def _is_saved(ref: str) -> bool:
-    return ref.partition("#")[0].endswith(".json")
+def kernel_name(ref: str) -> str:
+    """The attribute part of a target reference: ``a/b.py:gated_norm_tiled`` -> ``gated_norm_tiled``."""
+    return ref.rpartition(":")[2] or ref
 
 
-def run_definition(definition: ProbeDefinition, context: RunContext) -> Verdict:
-    """Build the bench configuration from a definition and run it."""
-    definition.check_options(OPTIONS)
-    if not definition.baseline or not definition.candidate:
-        raise InputError(f"probe {definition.name!r}: a bench probe needs baseline and candidate")
-    threshold = parse_fraction(definition.option("threshold", "5%"))
-    if _is_saved(definition.baseline) and _is_saved(definition.candidate):
-        return compare_saved(SavedCompareConfig(
-            name=definition.name,
-            baseline=str(definition.resolve_path(definition.baseline.partition("#")[0]))
-            + _suffix(definition.baseline),
-            candidate=str(definition.resolve_path(definition.candidate.partition("#")[0]))
-            + _suffix(definition.candidate),
-            threshold=threshold,
-            on_progress=context.progress,
-        ))
-    shapes_option: Any = definition.option("shapes")
-    if not isinstance(shapes_option, list) or not shapes_option:
-        raise InputError(f"probe {definition.name!r}: options.shapes must be a list such as ['8x4096']")
-    baseline_args, candidate_args = definition.side_args()
-    threads = int(definition.number_option("threads", 1))
-    save = definition.option("save", True)
-    config = BenchConfig(
-        name=definition.name,
-        baseline=Target(portable_ref(definition.baseline, definition.base_dir), baseline_args,
-                        base_dir=definition.base_dir),
-        candidate=Target(portable_ref(definition.candidate, definition.base_dir), candidate_args,
-                         base_dir=definition.base_dir),
-        shapes=tuple(parse_shape(s) for s in shapes_option),
-        threshold=threshold,
-        budget_s=definition.number_option("budget", DEFAULT_BUDGET_S),
-        threads=threads if threads > 0 else None,
-        input_sets=int(definition.number_option("input_sets", DEFAULT_INPUT_SETS)),
-        sample_s=definition.number_option("sample_ms", DEFAULT_SAMPLE_S * 1e3) / 1e3,
-        device=str(definition.option("device", "auto")),
-        cuda_graph=bool(definition.option("cuda_graph", False)),
-        profile=bool(definition.option("profile", True)),
-        seed=int(definition.number_option("seed", 0)),
-        save=context.artifact_dir(definition.name) / "bench-samples.json" if save else None,
-        on_progress=context.progress,
+class BenchProbe(BaseProbe):
+    kind: ClassVar[str] = "bench"
+    layer: ClassVar[Layer] = Layer.KERNEL
+    summary: ClassVar[str] = (
+        "Compare two kernels in one process (interleaved ABBA blocks): how much slower or faster the "
+        "candidate is, with a confidence interval, and why (operator diff)."
     )
-    return run_bench(config)
+    form: ClassVar[ProbeForm] = ProbeForm.PAIR
+    config_type: ClassVar[type] = BenchConfig
+    evidence_types = EVIDENCE_TYPES
+    candidate_optional: ClassVar[bool] = True  # with --save, one target is measured alone
+    builtin_rules = RULES
+
+    def default_name(self, spec: ProbeSpec) -> str:
+        if spec.candidate is None:
+            return kernel_name(spec.baseline or "bench")
+        if is_saved_ref(spec.baseline or "") and is_saved_ref(spec.candidate):
+            return "bench-saved"
+        return f"{kernel_name(spec.candidate)}-vs-{kernel_name(spec.baseline or '')}"
+
+    def build(self, spec: ProbeSpec) -> Any:
+        if not spec.baseline:
+            raise UsageError(f"{spec.label}: a bench probe needs a baseline")
+        saved = [is_saved_ref(ref) for ref in (spec.baseline, spec.candidate) if ref]
+        if any(saved) and not (len(saved) == 2 and all(saved)):
+            raise UsageError(f"{spec.label}: comparing saved results needs two .json files",
+                             "glmfb bench OLD.json NEW.json")
+        if all(saved) and len(saved) == 2:
+            def resolved(ref: str) -> Target:
+                path, sep, side = ref.partition("#")
+                return Target(str(spec.resolve_path(path)) + (f"#{side}" if sep else ""))
+
+            assert spec.candidate is not None
+            return BenchConfig(name=spec.name, baseline=resolved(spec.baseline), candidate=resolved(spec.candidate),
+                               **spec.options)
+        config = super().build(spec)
+        if config.save is not None and spec.base_dir is not None:
+            config = dataclasses.replace(config, save=spec.resolve_path(config.save))
+        return config
+
+    def run(self, config: BenchConfig, ctx: ProbeContext) -> Verdict:
+        from glmfb.bench.engine import compare_saved, run_bench
+
+        if config.saved:
+            return compare_saved(config, ctx)
+        return run_bench(config, ctx)
 
 
-def _suffix(ref: str) -> str:
-    _, sep, side = ref.partition("#")
-    return f"#{side}" if sep else ""
+PROBE = BenchProbe()

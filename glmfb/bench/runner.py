@@ -1,6 +1,6 @@
 """Loading kernels from factories and timing them: warm-up, calibration, ABBA blocks.
 
-Factory contract (DESIGN.md): ``factory(shape, **args)`` returns a zero-argument callable that
+Factory contract: ``factory(shape, **args)`` returns a zero-argument callable that
 runs the kernel once on inputs it has already allocated. The runner calls the factory once per
 *input set* (``input_sets``, default 4) and rotates over the callables, so a small shape is not
 flattered by inputs that stay hot in cache. If the factory has a parameter named ``seed`` that
@@ -9,7 +9,7 @@ expected to allocate fresh inputs.
 
 A kernel's result is checked for NaN/Inf on every warm-up call and on the last call of every
 timed sample; a kernel that raises or returns a non-finite value stops the measurement with
-:class:`KernelError`, which the engine turns into an error verdict (never a pass).
+:class:`~glmfb.errors.TargetFailed`, which the host turns into an error verdict (never a pass).
 """
 
 from __future__ import annotations
@@ -23,13 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from glmfb.bench.timers import Kernel, Loop, Timer, first_nonfinite
-from glmfb.errors import HarnessError
+from glmfb.errors import TargetFailed
 from glmfb.targets import Target
 from glmfb.units import format_shape
-
-
-class KernelError(HarnessError):
-    """A factory or kernel misbehaved: raised, returned a non-callable, produced NaN/Inf."""
 
 
 @dataclass
@@ -74,18 +70,12 @@ def load_side(label: str, target: Target, shape: tuple[int, ...], input_sets: in
             args["seed"] = index
         try:
             kernel = factory(shape, **args)
-        except Exception as exc:
-            raise KernelError(
-                f"the {label} factory {target.ref} raised {type(exc).__name__} for shape "
-                f"{shape_text}: {exc}",
-                "fix the factory; it is called as factory(shape, **args) with shape a tuple of ints",
-            ) from exc
+        except (Exception, SystemExit) as exc:  # a target that exits is a failed target
+            raise TargetFailed(label, f"in its factory {target.ref} for shape {shape_text}", exc) from exc
         if not callable(kernel):
-            raise KernelError(
-                f"the {label} factory {target.ref} returned a {type(kernel).__name__}, "
-                "not a zero-argument callable",
-                "return a function that runs the kernel once on inputs allocated in the factory",
-            )
+            raise TargetFailed(label, f"in its factory {target.ref}", TypeError(
+                f"it returned a {type(kernel).__name__}, not a zero-argument callable that runs the "
+                "kernel once on inputs allocated in the factory"))
         kernels.append(kernel)
     first = kernels[0]
     return Side(
@@ -101,19 +91,16 @@ def load_side(label: str, target: Target, shape: tuple[int, ...], input_sets: in
 def check_result(side: Side, result: Any, call: str) -> None:
     where = first_nonfinite(result)
     if where is not None:
-        raise KernelError(
-            f"the {side.label} kernel {side.kernel_name} returned NaN or Inf in {where} on {call}",
-            "a kernel that returns non-finite values cannot be benchmarked; fix its inputs or math",
-        )
+        raise TargetFailed(side.label, f"on {call}", ValueError(
+            f"the kernel {side.kernel_name} returned NaN or Inf in {where}; a kernel that returns "
+            "non-finite values cannot be benchmarked"))
 
 
 def call_checked(side: Side, kernel: Kernel, call: str) -> Any:
     try:
         result = kernel()
-    except Exception as exc:
-        raise KernelError(
-            f"the {side.label} kernel {side.kernel_name} raised {type(exc).__name__} on {call}: {exc}"
-        ) from exc
+    except (Exception, SystemExit) as exc:
+        raise TargetFailed(side.label, f"in the kernel {side.kernel_name} on {call}", exc) from exc
     check_result(side, result, call)
     side.calls_checked += 1
     return result

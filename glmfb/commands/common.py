@@ -1,4 +1,4 @@
-"""What every command shares: options declared once, output, progress."""
+"""What every command shares: output, progress."""
 
 from __future__ import annotations
 
@@ -6,35 +6,15 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
+from glmfb.errors import UsageError
 from glmfb.verdict import Run, Verdict
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-JsonOpt = Annotated[
-    bool,
-    typer.Option(
-        "--json", help="Print exactly one JSON document on stdout; human text goes to stderr."
-    ),
-]
-ArgOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--arg", help="key=value passed to the target factory (JSON where it parses). Repeatable."
-    ),
-]
-BaselineArgOpt = Annotated[
-    list[str] | None,
-    typer.Option("--baseline-arg", help="key=value for the baseline only. Repeatable."),
-]
-CandidateArgOpt = Annotated[
-    list[str] | None,
-    typer.Option("--candidate-arg", help="key=value for the candidate only. Repeatable."),
-]
 
 
 def console(stderr: bool = False) -> Console:
@@ -91,3 +71,18 @@ def progress_messages(enabled: bool | None = None) -> Iterator[Callable[[str], N
         return
     with console(stderr=True).status("starting") as status:
         yield lambda message: status.update(message)
+
+
+def parse_timeout(text: str | None) -> float | None:
+    """``--timeout 30s`` -> 30.0; None when not given."""
+    if text is None:
+        return None
+    from glmfb.units import OptionValueError, parse_seconds
+
+    try:
+        value = parse_seconds(text)
+    except OptionValueError as exc:
+        raise UsageError(f"--timeout: {exc.problem}", exc.hint) from None
+    if not value > 0:
+        raise UsageError(f"--timeout {text!r} must be positive", "write it as 30s or 10min")
+    return value

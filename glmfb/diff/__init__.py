@@ -2,7 +2,7 @@
 
 Modules, in the order data flows through them:
 
-- ``requests``: the JSONL request set (DESIGN.md, Requests) and its tensors.
+- ``requests``: the JSONL request set (docs/design.md, Requests) and its tensors.
 - ``store``: capture directories (one safetensors file per tap call, ``manifest.json``).
 - ``capture``: running a target over the requests with forward hooks.
 - ``metrics``: fused, chunked tensor metrics; per-position and token-level metrics.

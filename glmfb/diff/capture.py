@@ -20,22 +20,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from glmfb.diff.requests import Request
 from glmfb.diff.store import call_counts, tap_name
-from glmfb.errors import InputError
+from glmfb.errors import InputError, TargetFailed
 from glmfb.targets import Target
 
 if TYPE_CHECKING:
     import torch
 
 OUTPUT = "output"
-
-
-class TargetRaised(Exception):
-    """The target (its factory or its forward) raised; carries a one-line description."""
-
-    def __init__(self, stage: str, exc: BaseException) -> None:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        super().__init__(f"{stage} raised {type(exc).__name__}: {first}".rstrip(": "))
-        self.original = exc
 
 
 @dataclass
@@ -45,6 +36,7 @@ class LoadedSide:
     target: Target
     obj: Any
     kind: str  # "module" or "callable"
+    label: str = "target"  # which side it is: "baseline", "candidate" or "target"
     names: dict[int, str] = field(default_factory=dict)  # id(module) -> qualified name
 
     @property
@@ -55,25 +47,25 @@ class LoadedSide:
         return self.module.get_submodule(name)
 
 
-def load_side(target: Target) -> LoadedSide:
-    """Call the factory; a module is put in eval mode. Raises :class:`TargetRaised`."""
+def load_side(target: Target, label: str = "target") -> LoadedSide:
+    """Call the factory; a module is put in eval mode. Raises :class:`TargetFailed`."""
     import torch
 
     factory = target.load()
     try:
         obj = factory(**dict(target.args))
-    except Exception as exc:
-        raise TargetRaised(f"the factory {target.ref}", exc) from exc
+    except (Exception, SystemExit) as exc:  # a target that exits is a failed target
+        raise TargetFailed(label, f"in its factory {target.ref}", exc) from exc
     if isinstance(obj, torch.nn.Module):
         obj.eval()
         names = {id(module): name for name, module in obj.named_modules()}
-        return LoadedSide(target, obj, "module", names)
+        return LoadedSide(target, obj, "module", label, names)
     if not callable(obj):
         raise InputError(
             f"diff target {target.ref} returned a {type(obj).__name__}",
             "a diff factory returns a torch.nn.Module or a callable taking the request",
         )
-    return LoadedSide(target, obj, "callable")
+    return LoadedSide(target, obj, "callable", label=label)
 
 
 def flatten(value: Any, prefix: str) -> tuple[list[tuple[str, torch.Tensor]], list[str]]:
@@ -173,7 +165,7 @@ def hooks(side: LoadedSide, globs: Sequence[str], sink: Sink) -> Iterator[dict[s
 
 
 def forward(side: LoadedSide, request: Request) -> Any:
-    """Run one request through the target (no autograd). Raises :class:`TargetRaised`."""
+    """Run one request through the target (no autograd). Raises :class:`TargetFailed`."""
     import torch
 
     with torch.no_grad():
@@ -182,8 +174,8 @@ def forward(side: LoadedSide, request: Request) -> Any:
                 args, kwargs = request.module_inputs()
                 return side.module(*args, **kwargs)
             return side.obj(request.as_dict())
-        except Exception as exc:
-            raise TargetRaised(f"{side.target.ref} on request {request.id!r}", exc) from exc
+        except (Exception, SystemExit) as exc:
+            raise TargetFailed(side.label, f"({side.target.ref}) on request {request.id!r}", exc) from exc
 
 
 def run_requests(side: LoadedSide, requests: Sequence[Request], globs: Sequence[str], sink: Sink,
@@ -198,9 +190,9 @@ def run_requests(side: LoadedSide, requests: Sequence[Request], globs: Sequence[
             output = forward(side, request)
             tensors, skipped = flatten(output, OUTPUT)
             if not tensors:
-                raise TargetRaised(
-                    f"{side.target.ref} on request {request.id!r}",
-                    TypeError(f"returned {type(output).__name__} with no tensor in it"),
+                raise TargetFailed(
+                    side.label, f"({side.target.ref}) on request {request.id!r}",
+                    TypeError(f"it returned {type(output).__name__} with no tensor in it"),
                 )
             sink.write_call(OUTPUT, 0, tensors)
             sink.end_request(request.id, request.length, skipped)

@@ -8,26 +8,39 @@ mode then measures local error (``localize``) and bisects the shortest failing p
 
 from __future__ import annotations
 
-import csv
 import shlex
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from glmfb.diff.capture import OUTPUT, LoadedSide, TargetRaised, load_side, run_requests
+from glmfb.diff.capture import OUTPUT, LoadedSide, load_side, run_requests
 from glmfb.diff.compare import RequestResult, TapResult, compare_captures
-from glmfb.diff.diagnosis import Findings, diagnose
+from glmfb.diff.config import CaptureConfig, DiffConfig
+from glmfb.diff.evidence import (
+    ErrorByPosition,
+    ErrorShape,
+    Fit,
+    LocalErrors,
+    LocalRow,
+    MinimalReproducer,
+    ModuleRow,
+    Modules,
+    PrecisionSignatureEvidence,
+    RequestRow,
+    Requests,
+    TapTolerance,
+    Tokens,
+    TolerancesUsed,
+    Tried,
+)
 from glmfb.diff.localize import LocalError, local_errors
 from glmfb.diff.metrics import (
-    DEFAULT_CHUNK_ELEMENTS,
     PairComparer,
     PositionErrors,
     TokenMetrics,
     Tolerance,
-    Tolerances,
     is_logits,
     position_dim,
     position_errors,
@@ -36,8 +49,8 @@ from glmfb.diff.metrics import (
 )
 from glmfb.diff.minimize import MinimalPrefix, shortest_failing_prefix
 from glmfb.diff.requests import Request, read_requests, write_requests
+from glmfb.diff.rules import RULES, DiffFindings
 from glmfb.diff.shape import (
-    ErrorShape,
     GrowthFit,
     PrecisionSignature,
     classify,
@@ -49,41 +62,14 @@ from glmfb.diff.shape import (
 from glmfb.diff.store import MANIFEST, CaptureReader, CaptureWriter, Manifest, TapRecord
 from glmfb.env import differences, fingerprint, git_revision
 from glmfb.errors import UsageError
+from glmfb.evidence import EnvDifferences, Evidence
+from glmfb.probe import ProbeContext
+from glmfb.rules import diagnose
 from glmfb.targets import Target, portable_ref
-from glmfb.verdict import Layer, Metric, ProbeKind, Status, Verdict
+from glmfb.verdict import Layer, Metric, Verdict
 
 Progress = Callable[[str], None]
 EVIDENCE_ROWS = 200  # the per-module table in the verdict is cut here (the CSV has every row)
-
-
-@dataclass(frozen=True)
-class CaptureConfig:
-    target: str
-    requests: Path
-    out: Path
-    args: Mapping[str, Any] = field(default_factory=dict)
-    taps: tuple[str, ...] = ()
-    base_dir: Path | None = None
-
-
-@dataclass(frozen=True)
-class DiffConfig:
-    """Everything one diff needs. Sides are capture directories or target references."""
-
-    name: str
-    baseline: str
-    candidate: str
-    report_dir: Path
-    baseline_args: Mapping[str, Any] = field(default_factory=dict)
-    candidate_args: Mapping[str, Any] = field(default_factory=dict)
-    requests: Path | None = None
-    tolerances: Tolerances = field(default_factory=Tolerances)
-    taps: tuple[str, ...] = ()
-    base_dir: Path | None = None
-    localize: bool = True
-    minimize: bool = True
-    max_suspects: int = 16
-    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
 
 
 # --------------------------------------------------------------------------------------------
@@ -96,28 +82,41 @@ def _utc_now() -> str:
 
 
 def capture(side: LoadedSide, requests: Sequence[Request], out: Path, taps: Sequence[str],
-            progress: Progress | None = None, label: str = "") -> Manifest:
-    """Run the requests through a loaded target and write a capture directory."""
+            progress: Progress | None = None, label: str = "", force: bool = False) -> Manifest:
+    """Run the requests through a loaded target and write a capture directory (written aside
+    and renamed into place when complete; removed when the target fails half-way)."""
     writer = CaptureWriter(
         out, target=side.target.ref, args=side.target.args, kind=side.kind, tap_globs=taps,
-        env=fingerprint(), git=git_revision(), created=_utc_now(),
+        env=fingerprint(), git=git_revision(), created=_utc_now(), force=force,
     )
-    run_requests(side, requests, taps, writer, progress, label)
+    try:
+        run_requests(side, requests, taps, writer, progress, label)
+    except BaseException:
+        writer.abandon()
+        raise
     return writer.finish()
 
 
 def run_capture(config: CaptureConfig, progress: Progress | None = None) -> Manifest:
     """``glmfb capture``: a target over a request set into ``config.out``. A target that
     raises is a :class:`~glmfb.errors.HarnessError` naming the exception."""
-    from glmfb.errors import HarnessError
+    from glmfb.errors import HarnessError, TargetFailed
 
-    requests = read_requests(config.requests)
+    if config.requests is None:
+        raise UsageError("glmfb capture needs --requests FILE")
+    requests = read_requests(config.requests, config.max_elements)
     target = Target(config.target, dict(config.args), config.base_dir)
     try:
         side = load_side(target)
-        return capture(side, requests, config.out, config.taps, progress)
-    except TargetRaised as exc:
+        return capture(side, requests, config.out, config.taps, progress, force=config.force)
+    except TargetFailed as exc:
         raise HarnessError(str(exc), "fix the target, or run it alone with GLMFB_DEBUG=1") from exc
+
+
+def capture_job(config: CaptureConfig, progress: Progress) -> dict[str, Any]:
+    """``glmfb capture`` as the supervised child runs it: a summary as JSON data."""
+    manifest = run_capture(config, progress)
+    return {"requests": len(manifest.requests), "tensors": sum(len(r.taps) for r in manifest.requests)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,23 +137,12 @@ def _capture_dir(ref: str, base_dir: Path | None) -> Path | None:
     return None
 
 
-def run_diff(config: DiffConfig, progress: Progress | None = None) -> Verdict:
-    """Compare the two sides; a target that raises gives an error verdict (layer harness)."""
+def run_diff(config: DiffConfig, ctx: ProbeContext) -> Verdict:
+    """Compare the two sides; a target that raises raises :class:`~glmfb.errors.TargetFailed`
+    (the host makes it an error verdict)."""
     import torch  # noqa: F401  (imported first so that the fingerprint records torch's threads)
 
-    started = time.perf_counter()
-    env = fingerprint()
-    try:
-        verdict = _run_diff(config, env, progress)
-    except TargetRaised as exc:
-        return Verdict.harness_error(
-            ProbeKind.DIFF, config.name, f"the target raised: {exc}",
-            next=["fix the target, or rerun with GLMFB_DEBUG=1 to see the traceback"],
-            env=env, duration_s=time.perf_counter() - started,
-        )
-    from dataclasses import replace
-
-    return replace(verdict, duration_s=time.perf_counter() - started)
+    return _run_diff(config, fingerprint(), ctx)
 
 
 @dataclass
@@ -164,25 +152,27 @@ class _Live:
     requests: dict[str, Request]
 
 
-def _run_diff(config: DiffConfig, env: Mapping[str, Any], progress: Progress | None) -> Verdict:
+def _run_diff(config: DiffConfig, env: Mapping[str, Any], ctx: ProbeContext) -> Verdict:
     import torch
 
-    config.report_dir.mkdir(parents=True, exist_ok=True)
+    progress = ctx.progress
+    report_dir = ctx.artifact_dir
+    report_dir.mkdir(parents=True, exist_ok=True)
     dirs = [_capture_dir(ref, config.base_dir) for ref in (config.baseline, config.candidate)]
     live: _Live | None = None
     if None in dirs:
         if config.requests is None:
             raise UsageError("a target side needs --requests FILE", "or give two capture directories")
-        requests = read_requests(config.requests)
+        requests = read_requests(config.requests, config.max_elements)
         sides: list[LoadedSide] = []
         for index, (ref, args, label) in enumerate(
             ((config.baseline, config.baseline_args, "baseline"), (config.candidate, config.candidate_args, "candidate"))
         ):
             if dirs[index] is not None:
                 continue
-            side = load_side(Target(ref, dict(args), config.base_dir))
-            out = config.report_dir / "captures" / label
-            capture(side, requests, out, config.taps, progress, f"{label} ")
+            side = load_side(Target(ref, dict(args), config.base_dir), label)
+            out = report_dir / "captures" / label
+            capture(side, requests, out, config.taps, progress, f"{label} ", force=True)
             dirs[index] = out
             sides.append(side)
         if len(sides) == 2:
@@ -193,7 +183,7 @@ def _run_diff(config: DiffConfig, env: Mapping[str, Any], progress: Progress | N
     baseline, candidate = readers
     with PairComparer(config.chunk_elements) as comparer, torch.no_grad():
         results = compare_captures(baseline, candidate, config.tolerances, comparer, progress)
-        return _analyse(config, env, baseline, candidate, results, live, comparer, progress)
+        return _analyse(config, ctx, env, baseline, candidate, results, live, comparer)
 
 
 def _worst(results: Sequence[RequestResult]) -> RequestResult:
@@ -211,15 +201,16 @@ def _module_label(tap: TapResult, request: RequestResult) -> str:
     return f"{tap.tap.module}#{tap.tap.call}" if _calls(request, tap.tap.module) > 1 else tap.tap.module
 
 
-def _analyse(config: DiffConfig, env: Mapping[str, Any], baseline: CaptureReader, candidate: CaptureReader,
-             results: Sequence[RequestResult], live: _Live | None, comparer: PairComparer,
-             progress: Progress | None) -> Verdict:
+def _analyse(config: DiffConfig, ctx: ProbeContext, env: Mapping[str, Any], baseline: CaptureReader,
+             candidate: CaptureReader, results: Sequence[RequestResult], live: _Live | None,
+             comparer: PairComparer) -> Verdict:
+    progress = ctx.progress
     failed = any(r.failed for r in results)
     worst = _worst(results)
     first = worst.first_divergent
-    evidence: list[dict[str, Any]] = [_requests_table(results)]
+    evidence: list[Evidence] = [_requests_table(results)]
     artifacts: dict[str, str] = {}
-    csv_path = config.report_dir / "diff-modules.csv"
+    csv_path = ctx.artifact("diff-modules.csv")
     _write_module_csv(csv_path, worst)
     artifacts["modules_csv"] = str(csv_path)
     evidence.append(_modules_table(worst, csv_path))
@@ -229,11 +220,10 @@ def _analyse(config: DiffConfig, env: Mapping[str, Any], baseline: CaptureReader
     if failed and live is not None and config.localize and live.baseline.kind == "module" and live.candidate.kind == "module":
         local = _localize(config, live, worst, comparer, progress)
         localized = next((entry for entry in local if entry.failed), None)
-        evidence.append({
-            "kind": "local_error", "request": worst.id,
-            "note": "each module run on the baseline's inputs; local = the error it adds by itself",
-            "rows": [_local_row(entry, worst) for entry in local],
-        })
+        evidence.append(LocalErrors(
+            request=worst.id, note="each module run on the baseline's inputs; local = the error it adds by itself",
+            rows=tuple(_local_row(entry, worst) for entry in local),
+        ))
 
     module: str | None = None
     tap_for_positions: TapResult | None = first
@@ -250,12 +240,11 @@ def _analyse(config: DiffConfig, env: Mapping[str, Any], baseline: CaptureReader
     position = positions.first_failing if positions is not None else None
     if positions is not None:
         xs, ys = position_curve(list(positions.rel_l2))
-        evidence.append({
-            "kind": "error_by_position", "request": worst.id, "tap": positions_tap,
-            "local": localized is not None, "first_failing_position": position,
-            "failing_positions": int((positions.outside > 0).sum()),
-            "positions": xs, "rel_l2": ys,
-        })
+        evidence.append(ErrorByPosition(
+            request=worst.id, tap=positions_tap, local=localized is not None, first_failing_position=position,
+            failing_positions=int((positions.outside > 0).sum()), positions=tuple(int(x) for x in xs),
+            rel_l2=tuple(float(y) for y in ys),
+        ))
 
     nonfinite = next((t for r in results for t in r.taps if t.metrics.nonfinite_mismatch), None)
     fit = growth_fit([r.length or 0 for r in results], [r.output_error for r in results], "requests")
@@ -264,38 +253,42 @@ def _analyse(config: DiffConfig, env: Mapping[str, Any], baseline: CaptureReader
     spike = positions is not None and is_spike(list(positions.rel_l2), int((positions.outside > 0).sum()))
     any_error = any(t.metrics.max_abs > 0 for r in results for t in r.taps)
     shape = classify(fit, nonfinite=nonfinite is not None, spike=spike, any_error=any_error)
-    evidence.append({"kind": "error_shape", "shape": shape.value, "fit": fit.to_dict() if fit else None,
-                     "measure": "relative L2 error of the final outputs per request"})
+    evidence.append(ErrorShape(shape=shape.value, fit=_fit(fit),
+                               measure="relative L2 error of the final outputs per request"))
 
     signature = _signature(localized, first, baseline, candidate, worst.length) if failed else None
     if signature is not None:
-        evidence.append({"kind": "precision_signature", **signature.to_dict()})
+        evidence.append(PrecisionSignatureEvidence(**signature.to_dict()))
 
     tokens = _tokens(baseline, candidate, worst)
     if tokens is not None:
-        evidence.append({"kind": "tokens", "request": worst.id, "tap": tokens[0], **tokens[1].to_row()})
+        row = tokens[1].to_row()
+        evidence.append(Tokens(request=worst.id, tap=tokens[0], **row))
 
     rerun: str | None = None
     if failed and live is not None and config.minimize:
         minimal = _minimize(config, live, worst, comparer, progress)
         if minimal is not None:
-            path = config.report_dir / f"minimal-{_safe(worst.id)}.jsonl"
+            path = ctx.artifact(f"minimal-{_safe(worst.id)}.jsonl")
             write_requests(path, [minimal.request])
             artifacts["minimal_requests"] = str(path)
             rerun = _rerun_command(config, path)
-            evidence.append({
-                "kind": "minimal_reproducer", "request": worst.id, "length": minimal.length,
-                "original_length": minimal.original_length, "file": str(path),
-                "tried": [{"length": n, "failed": f} for n, f in minimal.tried], "command": rerun,
-            })
+            evidence.append(MinimalReproducer(
+                request=worst.id, length=minimal.length, original_length=minimal.original_length, file=str(path),
+                tried=tuple(Tried(length=n, failed=f) for n, f in minimal.tried), command=rerun,
+            ))
 
     env_diff = differences(baseline.manifest.env, candidate.manifest.env)
     if env_diff:
-        evidence.append({"kind": "env_differences", "note": "the captures were made in different environments",
-                         "differences": {k: list(v) for k, v in env_diff.items()}})
-    evidence.append({"kind": "tolerances", **config.tolerances.describe()})
+        evidence.append(EnvDifferences(note="the captures were made in different environments",
+                                       differences={k: list(v) for k, v in env_diff.items()}))
+    tolerances = config.tolerances
+    evidence.append(TolerancesUsed(
+        rtol=tolerances.rtol, atol=tolerances.atol,
+        per_tap=tuple(TapTolerance(glob=g, rtol=r, atol=a) for g, r, a in tolerances.per_tap),
+    ))
 
-    findings = Findings(
+    findings = DiffFindings(
         failed=failed, requests=len(results), failing_requests=sum(r.failed for r in results),
         request=worst.id if failed else None, module=module,
         tap=(localized.tap if localized else (first.tap.name if first else None)), position=position,
@@ -305,8 +298,8 @@ def _analyse(config: DiffConfig, env: Mapping[str, Any], baseline: CaptureReader
         nonfinite_tap=nonfinite.tap.name if nonfinite else None,
         output_rel_l2=max(r.output_error for r in results), rerun=rerun,
     )
-    why, next_steps, rule = diagnose(findings)
-    evidence.append({"kind": "diagnosis_rule", "rule": rule})
+    outcome = diagnose(ctx.rules("diff", RULES), findings)
+    evidence.append(outcome.record)
     where: dict[str, Any] = {}
     if failed:
         where["request"] = worst.id
@@ -316,12 +309,21 @@ def _analyse(config: DiffConfig, env: Mapping[str, Any], baseline: CaptureReader
             where["position"] = position
         if first is not None:
             where["shape"] = "x".join(str(d) for d in first.tap.shape)
+    if outcome.diagnosis.where is not None:
+        where = dict(outcome.diagnosis.where)
     return Verdict(
-        probe=ProbeKind.DIFF, name=config.name, status=Status.FAIL if failed else Status.PASS,
-        layer=Layer.NUMERICS, why=why, where=where,
+        probe="diff", name=config.name, status=outcome.diagnosis.status,
+        layer=Layer.NUMERICS, why=outcome.diagnosis.why, where=where,
         metric=Metric("output_rel_l2", worst.output_error),  # ||c - b|| / ||b||, not a change
-        evidence=tuple(evidence), next=tuple(next_steps), artifacts=artifacts, env=env,
+        evidence=tuple(evidence), next=outcome.diagnosis.next, artifacts=artifacts, env=env,
     )
+
+
+def _fit(fit: GrowthFit | None) -> Fit | None:
+    if fit is None:
+        return None
+    data = fit.to_dict()
+    return Fit(**data)
 
 
 def _local_flag(local: Sequence[LocalError], localized: LocalError | None) -> bool | None:
@@ -403,18 +405,18 @@ def _tokens(baseline: CaptureReader, candidate: CaptureReader, request: RequestR
 # --------------------------------------------------------------------------------------------
 
 
-def _requests_table(results: Sequence[RequestResult]) -> dict[str, Any]:
+def _requests_table(results: Sequence[RequestResult]) -> Requests:
     rows = []
     for result in results:
         first = result.first_divergent
-        rows.append({
-            "request": result.id, "length": result.length, "status": "fail" if result.failed else "pass",
-            "first_divergent": first.tap.name if first else None,
-            "failing_taps": len(result.failing_taps), "taps": len(result.taps),
-            "output_rel_l2": result.output_error,
-            "output_max_abs": max((t.metrics.max_abs for t in result.outputs), default=0.0),
-        })
-    return {"kind": "requests", "rows": rows}
+        rows.append(RequestRow(
+            request=result.id, length=result.length, status="fail" if result.failed else "pass",
+            first_divergent=first.tap.name if first else None,
+            failing_taps=len(result.failing_taps), taps=len(result.taps),
+            output_rel_l2=result.output_error,
+            output_max_abs=max((t.metrics.max_abs for t in result.outputs), default=0.0),
+        ))
+    return Requests(rows=tuple(rows))
 
 
 MODULE_COLUMNS = ("order", "tap", "module", "call", "shape", "dtype", "status", "max_abs", "max_rel", "rmse",
@@ -437,26 +439,28 @@ def _module_rows(request: RequestResult) -> list[dict[str, Any]]:
     return rows
 
 
-def _modules_table(request: RequestResult, csv_path: Path) -> dict[str, Any]:
+def _modules_table(request: RequestResult, csv_path: Path) -> Modules:
     rows = _module_rows(request)
-    table: dict[str, Any] = {"kind": "modules", "request": request.id, "csv": str(csv_path), "rows": rows[:EVIDENCE_ROWS]}
-    if len(rows) > EVIDENCE_ROWS:
-        table["truncated"] = f"{len(rows) - EVIDENCE_ROWS} more rows in the CSV"
-    return table
+    return Modules(
+        request=request.id, csv=str(csv_path), rows=tuple(ModuleRow(**row) for row in rows[:EVIDENCE_ROWS]),
+        truncated=f"{len(rows) - EVIDENCE_ROWS} more rows in the CSV" if len(rows) > EVIDENCE_ROWS else None,
+    )
 
 
 def _write_module_csv(path: Path, request: RequestResult) -> None:
+    """Every tap of the request (the evidence keeps the first rows), as a pandas table."""
+    import pandas as pd
+
     from glmfb.io import atomic_writer
 
+    rows = _module_rows(request)
+    for row in rows:
+        row["worst_index"] = "x".join(str(i) for i in row["worst_index"])
     with atomic_writer(path) as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(MODULE_COLUMNS))
-        writer.writeheader()
-        for row in _module_rows(request):
-            row["worst_index"] = "x".join(str(i) for i in row["worst_index"])
-            writer.writerow(row)
+        pd.DataFrame(rows, columns=list(MODULE_COLUMNS)).to_csv(handle, index=False)
 
 
-def _local_row(entry: LocalError, request: RequestResult) -> dict[str, Any]:
+def _local_row(entry: LocalError, request: RequestResult) -> LocalRow:
     inherited = next((t.metrics for t in request.taps if t.tap.name == entry.tap), None)
     row: dict[str, Any] = {"module": entry.module, "call": entry.call, "tap": entry.tap,
                            "local_exceeds_tolerance": entry.failed}
@@ -467,7 +471,7 @@ def _local_row(entry: LocalError, request: RequestResult) -> dict[str, Any]:
         row.update(total_rel_l2=inherited.rel_l2, total_max_abs=inherited.max_abs)
     if entry.note:
         row["note"] = entry.note
-    return row
+    return LocalRow(**row)
 
 
 def _safe(text: str) -> str:
@@ -494,4 +498,4 @@ def _rerun_command(config: DiffConfig, requests: Path) -> str:
     return shlex.join(parts)
 
 
-__all__ = ["OUTPUT", "CaptureConfig", "DiffConfig", "ErrorShape", "GrowthFit", "run_capture", "run_diff"]
+__all__ = ["OUTPUT", "CaptureConfig", "DiffConfig", "GrowthFit", "run_capture", "run_diff"]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from glmfb.diff.capture import LoadedSide, TargetRaised, flatten, forward
+from glmfb.diff.capture import LoadedSide, flatten, forward
 from glmfb.diff.metrics import (
     PairComparer,
     PositionErrors,
@@ -123,8 +123,9 @@ def local_errors(baseline: LoadedSide, candidate: LoadedSide, request: Request,
         try:
             with torch.no_grad():
                 cand_output = module(*args, **kwargs)
-        except Exception as exc:
-            note = str(TargetRaised("run in isolation, it", exc))
+        except (Exception, SystemExit) as exc:
+            detail = str(exc).strip().splitlines()
+            note = f"run in isolation, it raised {type(exc).__name__}" + (f": {detail[0]}" if detail else "")
             results.append(LocalError(module_name, call, name, None, None, note))
             continue
         base_parts = dict(flatten(base_output, module_name)[0])

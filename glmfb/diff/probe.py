@@ -1,70 +1,72 @@
-"""Suite entry point: a ``[[probe]]`` definition with ``probe = "diff"`` to a verdict.
+"""``glmfb diff``: per-request output diffs between a baseline and a candidate (before and after
+a patch, or two execution paths), down to the first module and token position that diverge,
+with the error's shape and a minimal reproducer.
 
-Options (all optional except ``requests`` when a side is a target)::
-
-    options = { requests = "../scenarios/numerics/scan_requests.jsonl",
-                rtol = 0.01, atol = 0.05,                      # global tolerance override
-                tolerances = { "layers.*.scan" = { rtol = 0.02 } },   # per tap glob
-                taps = ["layers.*"], localize = true, minimize = true }
+Each side is a capture directory (``glmfb capture``) or a target: a factory returning a
+``torch.nn.Module`` (every named submodule is a tap) or a callable on the request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
-from glmfb.diff.engine import DiffConfig, run_diff
-from glmfb.diff.metrics import Tolerances
-from glmfb.errors import InputError
-from glmfb.suite import ProbeDefinition, RunContext
-from glmfb.verdict import Verdict
-
-OPTIONS = frozenset({"requests", "rtol", "atol", "tolerances", "taps", "localize", "minimize", "max_suspects"})
+from glmfb.diff.config import DiffConfig
+from glmfb.diff.evidence import EVIDENCE_TYPES
+from glmfb.diff.rules import RULES
+from glmfb.errors import UsageError
+from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec
+from glmfb.verdict import Layer, Verdict
 
 
-def _number(label: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise InputError(f"{label} must be a non-negative number, got {value!r}")
-    return float(value)
+def _is_capture_dir(ref: str, spec: ProbeSpec) -> bool:
+    """A capture directory (existing, or named without ``:attr``, so that reading it says what
+    is missing) rather than a target reference."""
+    return spec.resolve_path(ref).is_dir() or ":" not in ref or ref.endswith("manifest.json")
 
 
-def tolerances_from_options(options: Mapping[str, Any], label: str) -> Tolerances:
-    per_tap: list[tuple[str, float | None, float | None]] = []
-    table = options.get("tolerances", {})
-    if not isinstance(table, Mapping):
-        raise InputError(f"{label}: options.tolerances must be a table of glob -> {{rtol, atol}}")
-    for glob, entry in table.items():
-        if not isinstance(entry, Mapping) or set(entry) - {"rtol", "atol"}:
-            raise InputError(f"{label}: options.tolerances.{glob} must be {{ rtol = X, atol = Y }}")
-        per_tap.append((str(glob), _number(f"{label}: rtol", entry.get("rtol")), _number(f"{label}: atol", entry.get("atol"))))
-    return Tolerances(_number(f"{label}: rtol", options.get("rtol")), _number(f"{label}: atol", options.get("atol")), tuple(per_tap))
-
-
-def run_definition(definition: ProbeDefinition, context: RunContext) -> Verdict:
-    label = definition.label
-    definition.check_options(OPTIONS)
-    if not definition.baseline or not definition.candidate:
-        raise InputError(f"{label}: a diff needs baseline and candidate (capture directories or targets)")
-    requests = definition.option("requests")
-    taps = definition.option("taps", [])
-    if not isinstance(taps, list) or not all(isinstance(t, str) for t in taps):
-        raise InputError(f"{label}: options.taps must be a list of globs")
-    baseline_args, candidate_args = definition.side_args()
-    config = DiffConfig(
-        name=definition.name,
-        baseline=definition.baseline,
-        candidate=definition.candidate,
-        report_dir=context.artifact_dir(definition.name),
-        baseline_args=baseline_args,
-        candidate_args=candidate_args,
-        requests=definition.resolve_path(requests) if requests else None,
-        tolerances=tolerances_from_options(definition.options, label),
-        taps=tuple(taps),
-        base_dir=definition.base_dir,
-        localize=bool(definition.option("localize", True)),
-        minimize=bool(definition.option("minimize", True)),
-        max_suspects=int(definition.option("max_suspects", 16)),
+class DiffProbe(BaseProbe):
+    kind: ClassVar[str] = "diff"
+    layer: ClassVar[Layer] = Layer.NUMERICS
+    summary: ClassVar[str] = (
+        "Compare two sides per request and tap; localize the error to a module, a position and a cause."
     )
-    return run_diff(config, context.progress)
+    form: ClassVar[ProbeForm] = ProbeForm.PAIR
+    config_type: ClassVar[type] = DiffConfig
+    evidence_types = EVIDENCE_TYPES
+    builtin_rules = RULES
+
+    def default_name(self, spec: ProbeSpec) -> str:
+        return "diff"
+
+    def build(self, spec: ProbeSpec) -> Any:
+        if not spec.baseline or not spec.candidate:
+            raise UsageError(f"{spec.label}: a diff needs a baseline and a candidate (capture directories or targets)")
+        baseline_args, candidate_args = spec.side_args()
+        options = dict(spec.options)
+        requests = options.get("requests")
+        if requests is not None:
+            options["requests"] = spec.resolve_path(requests)
+        sides = [spec.baseline, spec.candidate]
+        refs = [str(spec.resolve_path(ref)) if _is_capture_dir(ref, spec) else ref for ref in sides]
+        targets = [ref for ref in sides if not _is_capture_dir(ref, spec)]
+        if targets and options.get("requests") is None:
+            raise UsageError(f"{spec.label}: a target side needs requests (--requests FILE, TOML options.requests)",
+                             "or give two capture directories")
+        if options.get("requests") is not None:
+            from glmfb.diff.requests import DEFAULT_MAX_ELEMENTS, read_requests
+
+            read_requests(options["requests"], options.get("max_elements", DEFAULT_MAX_ELEMENTS))  # checked now
+        for ref in targets:
+            from glmfb.targets import Target
+
+            Target(ref, {}, spec.base_dir).check()
+        return DiffConfig(name=spec.name, baseline=refs[0], candidate=refs[1], baseline_args=baseline_args,
+                          candidate_args=candidate_args, base_dir=spec.base_dir, **options)
+
+    def run(self, config: DiffConfig, ctx: ProbeContext) -> Verdict:
+        from glmfb.diff.engine import run_diff
+
+        return run_diff(config, ctx)
+
+
+PROBE = DiffProbe()

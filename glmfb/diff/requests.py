@@ -1,4 +1,4 @@
-"""Request sets: one JSON object per line (DESIGN.md, Requests).
+"""Request sets: one JSON object per line (docs/design.md, Requests).
 
 Each request has a unique string ``id`` and one of ``input_ids`` (a list of ints), ``length``
 (with optional ``seed`` and ``vocab``: token ids drawn deterministically) or ``tensors``
@@ -9,6 +9,7 @@ callable targets. A malformed line is an :class:`InputError` naming the file and
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
 
 DEFAULT_VOCAB = 256
 TENSOR_DTYPES = ("float64", "float32", "bfloat16", "float16", "int64", "int32")
+# Elements one request may ask for (its token count, or its tensors' elements together): 2^28 is
+# 1 GiB of float32, so a request and the copies a comparison makes fit in a 24 GB machine.
+DEFAULT_MAX_ELEMENTS = 1 << 28
 
 
 @dataclass(frozen=True)
@@ -92,12 +96,13 @@ class Request:
 
 
 def make_tensor(spec: TensorSpec) -> torch.Tensor:
+    """The tensor a spec names, drawn directly in its dtype (no float64 copy on the way)."""
     import torch
 
     generator = torch.Generator().manual_seed(spec.seed)
     dtype = getattr(torch, spec.dtype)
     if dtype.is_floating_point:
-        return torch.randn(spec.shape, generator=generator, dtype=torch.float64).to(dtype)
+        return torch.randn(spec.shape, generator=generator, dtype=dtype)
     return torch.randint(0, 1000, spec.shape, generator=generator, dtype=dtype)
 
 
@@ -111,13 +116,19 @@ def draw_ids(length: int, seed: int, vocab: int) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def parse_request(data: Any, label: str) -> Request:
-    """One request from a decoded JSON value; ``label`` names it in errors (file:line)."""
+def parse_request(data: Any, label: str, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Request:
+    """One request from a decoded JSON value; ``label`` names it in errors (file:line). Its
+    size (tokens, or tensor elements) is checked against ``max_elements`` before anything is
+    allocated."""
     if not isinstance(data, dict):
         raise InputError(f"{label}: expected a JSON object, got {type(data).__name__}")
     rid = data.get("id")
     if not isinstance(rid, str) or not rid:
         raise InputError(f"{label}: needs a non-empty string 'id'")
+    try:
+        rid.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{label}: id {rid!r} is not valid Unicode (a lone surrogate)", "use plain text ids") from None
     kinds = [k for k in ("input_ids", "length", "tensors") if k in data]
     if len(kinds) != 1:
         raise InputError(
@@ -129,12 +140,14 @@ def parse_request(data: Any, label: str) -> Request:
         ids = data["input_ids"]
         if not isinstance(ids, list) or not ids or not all(_is_int(i) and i >= 0 for i in ids):
             raise InputError(f"{label}: input_ids must be a non-empty list of non-negative ints")
+        _check_size(label, rid, len(ids), max_elements)
         return Request(id=rid, input_ids=tuple(ids), extra=extra, raw=dict(data))
     if "length" in data:
         length, seed, vocab = data["length"], data.get("seed", 0), data.get("vocab", DEFAULT_VOCAB)
         for key, value, low in (("length", length, 1), ("seed", seed, 0), ("vocab", vocab, 1)):
             if not _is_int(value) or value < low:
                 raise InputError(f"{label}: {key} must be an integer >= {low}, got {value!r}")
+        _check_size(label, rid, length, max_elements)
         return Request(id=rid, input_ids=draw_ids(length, seed, vocab), extra=extra, raw=dict(data))
     specs = data["tensors"]
     if not isinstance(specs, dict) or not specs:
@@ -147,6 +160,8 @@ def parse_request(data: Any, label: str) -> Request:
         shape = spec["shape"]
         if not all(_is_int(d) and d >= 0 for d in shape):
             raise InputError(f"{where}: shape must hold non-negative ints, got {shape!r}")
+        if any(d == 0 for d in shape):
+            raise InputError(f"{where}: shape {shape!r} has no elements", "every dimension must be at least 1")
         dtype = spec.get("dtype", "float32")
         if dtype not in TENSOR_DTYPES:
             raise InputError(f"{where}: dtype {dtype!r} not supported", f"use one of {', '.join(TENSOR_DTYPES)}")
@@ -154,14 +169,24 @@ def parse_request(data: Any, label: str) -> Request:
         if not _is_int(seed):
             raise InputError(f"{where}: seed must be an integer")
         tensors[name] = TensorSpec(tuple(shape), dtype, seed)
+    elements = sum(math.prod(spec.shape) for spec in tensors.values())
+    _check_size(label, rid, elements, max_elements)
     return Request(id=rid, tensors=tensors, extra=extra, raw=dict(data))
+
+
+def _check_size(label: str, rid: str, elements: int, max_elements: int) -> None:
+    if elements > max_elements:
+        raise InputError(
+            f"{label}: request {rid!r} asks for {elements:,} elements, over the limit of {max_elements:,}",
+            "make it smaller, or raise --max-elements (max_elements in a definition) if the machine has the memory",
+        )
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def read_requests(path: str | Path) -> list[Request]:
+def read_requests(path: str | Path, max_elements: int = DEFAULT_MAX_ELEMENTS) -> list[Request]:
     """All requests of a JSONL file, ids unique; blank lines and ``#`` lines are skipped."""
     file = Path(path)
     try:
@@ -181,7 +206,9 @@ def read_requests(path: str | Path) -> list[Request]:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(f"{label}: not valid JSON: {exc.msg} at column {exc.colno}") from None
-        request = parse_request(data, label)
+        except RecursionError:
+            raise InputError(f"{label}: nested too deeply to be a request") from None
+        request = parse_request(data, label, max_elements)
         if request.id in seen:
             raise InputError(f"{label}: duplicate id {request.id!r} (first on line {seen[request.id]})")
         seen[request.id] = number

@@ -20,6 +20,8 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import shutil
+import stat
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -186,9 +188,25 @@ class CaptureWriter:
     """Writes a capture directory as tensors are produced."""
 
     def __init__(self, directory: Path, *, target: str, args: Mapping[str, Any], kind: str,
-                 tap_globs: Sequence[str], env: Mapping[str, Any], git: str | None, created: str) -> None:
-        self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
+                 tap_globs: Sequence[str], env: Mapping[str, Any], git: str | None, created: str,
+                 force: bool = False) -> None:
+        """Tensors go to a hidden ``.<name>.partial-<pid>`` folder beside ``directory``, which
+        :meth:`finish` renames to ``directory``: a capture that was cut short never looks like
+        one. An existing ``directory`` is refused unless ``force`` (then replaced whole)."""
+        self.final = directory
+        if directory.exists() or directory.is_symlink():
+            if not force:
+                raise InputError(f"{directory} already exists",
+                                 "give a new --out folder, or --force to replace it whole")
+            if not (directory / MANIFEST).is_file() and any(directory.iterdir()):
+                raise InputError(f"{directory} exists and is not a capture directory; glmfb will not replace it",
+                                 "give a new --out folder")
+        self.force = force
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        self.directory = directory.parent / f".{directory.name}.partial-{os.getpid()}"
+        if self.directory.exists():
+            shutil.rmtree(self.directory)
+        self.directory.mkdir()
         self._meta = dict(target=target, args=dict(args), kind=kind, tap_globs=tuple(tap_globs),
                           env=dict(env), git=git, created=created)
         self._requests: list[RequestRecord] = []
@@ -237,7 +255,20 @@ class CaptureWriter:
         self._save(complete=False)
 
     def finish(self) -> Manifest:
-        return self._save(complete=True)
+        """Mark the capture complete and move it into place in one rename."""
+        manifest = self._save(complete=True)
+        if self.final.exists() or self.final.is_symlink():
+            if self.final.is_symlink() or not self.final.is_dir():
+                self.final.unlink()
+            else:
+                shutil.rmtree(self.final)
+        os.replace(self.directory, self.final)
+        self.directory = self.final
+        return manifest
+
+    def abandon(self) -> None:
+        """Remove what was written (a capture that failed half-way)."""
+        shutil.rmtree(self.directory, ignore_errors=True)
 
     def _save(self, complete: bool) -> Manifest:
         manifest = Manifest(requests=tuple(self._requests), complete=complete, **self._meta)  # type: ignore[arg-type]
@@ -263,6 +294,17 @@ class TensorLocation:
     @property
     def itemsize(self) -> int:
         return next(size for name, size in SAFETENSORS_DTYPES.values() if name == self.dtype)
+
+
+def _check_regular(path: Path) -> None:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise InputError(f"{path}: tensor file missing from the capture") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise InputError(f"{path}: a symlink inside the capture; glmfb does not follow it", "capture again")
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"{path}: not a regular file", "a capture holds only regular files; capture again")
 
 
 def read_safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
@@ -318,6 +360,7 @@ class CaptureReader:
                 f"{self.directory}: no {MANIFEST}; not a capture directory",
                 "make one with glmfb capture TARGET --requests FILE --out DIR",
             )
+        _check_regular(path)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -332,7 +375,27 @@ class CaptureReader:
             self.manifest = Manifest.from_dict(data)
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"{path}: malformed manifest ({type(exc).__name__}: {exc})") from None
+        if not self.manifest.complete:
+            raise InputError(f"{self.directory}: the capture is incomplete (it was cut short: interrupted, or the "
+                             "target failed half-way)", "capture again")
+        for request in self.manifest.requests:
+            for tap in request.taps:
+                self._inside(tap.file)
         self._headers: dict[str, tuple[dict[str, Any], int]] = {}
+
+    def _inside(self, relative: str) -> Path:
+        """A file the manifest names, confined to the capture folder: relative, no ``..``,
+        no symlink on the way, a regular file (a FIFO would hang the reader)."""
+        rel = Path(relative)
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+            raise InputError(f"{self.directory}/{MANIFEST}: file {relative!r} lies outside the capture folder",
+                             "a manifest names files inside its own folder; capture again")
+        current = self.directory
+        for part in rel.parts:
+            current = current / part
+            if current.is_symlink():
+                raise InputError(f"{current}: a symlink inside the capture; glmfb does not follow it", "capture again")
+        return current
 
     @property
     def requests(self) -> tuple[RequestRecord, ...]:
@@ -352,7 +415,9 @@ class CaptureReader:
         if tap.file not in self._headers:
             if len(self._headers) > 256:
                 self._headers.clear()
-            self._headers[tap.file] = read_safetensors_header(self.directory / tap.file)
+            path = self._inside(tap.file)
+            _check_regular(path)
+            self._headers[tap.file] = read_safetensors_header(path)
         header, data_start = self._headers[tap.file]
         entry = header.get(tap.key)
         if entry is None:

@@ -9,13 +9,16 @@ missing or breaks, the finding says so and the gap verdict names the missing sig
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
+from glmfb.errors import InputError
 from glmfb.gap.config import GapConfig
+from glmfb.gil.evidence import GilHolder, GilThreads, HeldSite, Starvation
 from glmfb.io import write_json_atomic
+from glmfb.probe import ProbeContext, get_probe
+from glmfb.verdict import Verdict
 
 IDLE_MAJORITY = 0.5  # a holder blocked in this share of its samples holds the GIL while idle
 CANARY_PREFIX = "glmfb-"  # threads the gil probe injects, never the starved thread we name
@@ -110,115 +113,100 @@ class GilFinding:
         }
 
 
-def _evidence(items: Sequence[Mapping[str, Any]], kind: str) -> Mapping[str, Any] | None:
-    return next((item for item in items if item.get("kind") == kind), None)
-
-
-def _starved_thread(starvation: Mapping[str, Any] | None, holder_thread: str | None) -> tuple[str | None, float | None]:
+def _starved_thread(starvation: Starvation | None, holder_thread: str | None) -> tuple[str | None, float | None]:
     """The thread the gil probe called starved (not the holder, not glmfb's canary) that it saw
     waiting for the GIL most often."""
     if starvation is None:
         return None, None
-    starved = {name for name in starvation.get("threads") or () if isinstance(name, str)}
-    waiting = [
-        w for w in starvation.get("waiting_for_gil") or ()
-        if isinstance(w, Mapping) and w.get("thread") in starved
-        and w["thread"] != holder_thread and not str(w["thread"]).startswith(CANARY_PREFIX)
-    ]
+    starved = set(starvation.threads)
+    waiting = [w for w in starvation.waiting_for_gil
+               if w.thread in starved and w.thread != holder_thread and not w.thread.startswith(CANARY_PREFIX)]
     if not waiting:
         return None, None
-    top = max(waiting, key=lambda w: float(w.get("waiting_share") or 0.0))
-    share = top.get("waiting_share")
-    return str(top["thread"]), float(share) if share is not None else None
+    top = max(waiting, key=lambda w: w.waiting_share)
+    return top.thread, top.waiting_share
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _lateness_ms(value: Any) -> float | None:
+def _lateness_ms(value: float | None) -> float | None:
     """A canary lateness figure, or None when it cannot be one (longer than any window the gil
     probe samples: a corrupt heartbeat record)."""
-    number = _number(value)
-    return number if number is not None and 0 <= number <= MAX_PLAUSIBLE_LATENESS_MS else None
+    return value if value is not None and 0 <= value <= MAX_PLAUSIBLE_LATENESS_MS else None
 
 
-def _startup_frame(site: Mapping[str, Any]) -> bool:
-    file = str(site.get("file") or "")
-    return file.startswith("<frozen importlib") or str(site.get("function")) in STARTUP_FUNCTIONS
+def _startup_frame(site: HeldSite) -> bool:
+    return site.file.startswith("<frozen importlib") or site.function in STARTUP_FUNCTIONS
 
 
-def _steady_state_holder(evidence: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any] | None, str]:
+def _steady_state_holder(verdict: Verdict) -> tuple[HeldSite | None, str]:
     """The GIL holder of the steady state: the gil probe's top holder, unless that is the
     child's own import machinery (its window starts when the child starts, so imports and the
     target's setup fall inside it); then the most sampled site that is not."""
-    top = _evidence(evidence, "gil_holder")
+    top = verdict.find(GilHolder)
     if top is None or not _startup_frame(top):
         return top, "gil_holder"
-    threads = _evidence(evidence, "gil_threads")
-    for index, site in enumerate((threads or {}).get("sites") or ()):
-        if isinstance(site, Mapping) and not _startup_frame(site):
+    threads = verdict.find(GilThreads)
+    for index, site in enumerate(threads.sites if threads is not None else ()):
+        if not _startup_frame(site):
             return site, f"gil_threads.sites[{index}] (the top holder was import machinery of the child's startup)"
     return None, "only import machinery of the child's startup held the GIL"
 
 
-def finding_from_verdict(verdict: Any) -> GilFinding:
-    """Read a gil verdict (glmfb.verdict.Verdict with probe gil) into a finding."""
-    evidence = list(verdict.evidence)
-    holder, holder_source = _steady_state_holder(evidence)
-    starvation = _evidence(evidence, "starvation")
+def finding_from_verdict(verdict: Verdict) -> GilFinding:
+    """Read a gil verdict into a finding, through its typed evidence."""
+    holder, holder_source = _steady_state_holder(verdict)
+    starvation = verdict.find(Starvation)
     status = verdict.status.value
     if status == "error":
         return GilFinding(available=False, status=status, reason=f"the gil probe could not run: {verdict.why}",
                           artifacts=dict(verdict.artifacts))
-    holder_thread = holder.get("thread") if holder else None
+    holder_thread = holder.thread if holder else None
     starved_thread, waiting_share = _starved_thread(starvation, holder_thread)
-    line = holder.get("line") if holder else None
     return GilFinding(
         available=True,
         status=status,
         reason=None if holder else f"no steady-state GIL holder: {holder_source}",
         holder_source=holder_source,
         holder_thread=holder_thread,
-        holder_function=holder.get("function") if holder else None,
-        holder_file=holder.get("file") if holder else None,
-        holder_line=int(line) if isinstance(line, int) else None,
-        holder_idle_share=_number(holder.get("idle_share")) if holder else None,
-        holder_share=_number(holder.get("share_of_samples")) if holder else None,
-        native_frame=holder.get("native_frame") if holder else None,
+        holder_function=holder.function if holder else None,
+        holder_file=holder.file if holder else None,
+        holder_line=holder.line if holder else None,
+        holder_idle_share=holder.idle_share if holder else None,
+        holder_share=holder.share_of_time if holder else None,
+        native_frame=holder.native_frame if holder else None,
         starved_thread=starved_thread,
         starved_waiting_share=waiting_share,
-        canary_p50_ms=_lateness_ms(starvation.get("p50_ms")) if starvation else None,
-        canary_p99_ms=_lateness_ms(starvation.get("p99_ms")) if starvation else None,
-        canary_max_ms=_lateness_ms(starvation.get("max_ms")) if starvation else None,
+        canary_p50_ms=_lateness_ms(starvation.p50_ms) if starvation else None,
+        canary_p99_ms=_lateness_ms(starvation.p99_ms) if starvation else None,
+        canary_max_ms=_lateness_ms(starvation.max_ms) if starvation else None,
         gil_why=verdict.why,
         next=tuple(verdict.next),
         artifacts=dict(verdict.artifacts),
     )
 
 
-def trace_candidate_gil(
-    config: GapConfig, artifact_dir: Path, progress: Callable[[str], None] = lambda message: None
-) -> GilFinding:
-    """Run the gil probe on the candidate target; never raises for a probe failure."""
+def trace_candidate_gil(config: GapConfig, ctx: ProbeContext) -> GilFinding:
+    """Run the gil probe on the candidate target (artifacts in ``ctx``'s folder); never raises
+    for a probe failure: the attribution degrades, the gap itself stands."""
+    from glmfb.host import run_probe
+
     try:
-        from glmfb.gil import GilConfig, trace_gil
-    except ImportError as exc:
+        probe = get_probe("gil")
+    except InputError as exc:
         return GilFinding(available=False, reason=f"the gil probe is not installed ({exc})")
     try:
-        gil_config = GilConfig(
+        gil_config = probe.config_type(
             name=f"{config.name}/gil",
             target=config.candidate,
             # The gil probe samples once the target is built and has run once (steady state).
             duration_s=config.gil_duration_s,
-            setup_timeout_s=config.gil_startup_s,
-            rate_hz=round(config.gil_rate_hz),
+            setup_timeout_s=max(config.gil_startup_s, 1.0),
+            rate_hz=config.gil_rate_hz,
         )
-        verdict = trace_gil(gil_config, artifact_dir=artifact_dir, progress=progress)
-    except Exception as exc:  # the attribution degrades; the gap itself stands
+        verdict = run_probe(probe, gil_config, ctx)
+    except Exception as exc:
         return GilFinding(available=False, reason=f"the gil probe broke: {type(exc).__name__}: {exc}")
     finding = finding_from_verdict(verdict)
-    verdict_file = Path(artifact_dir) / "gil-verdict.json"
+    verdict_file = ctx.artifact("gil-verdict.json")
     try:
         write_json_atomic(verdict_file, verdict.to_dict())
     except OSError:

@@ -1,63 +1,38 @@
-"""``glmfb run`` entry point for ``probe = "gap"`` definitions.
+"""``glmfb gap``: prefill alone against prefill + KV transfer (or any two iteration loops),
+interleaved in one process, against a threshold such as 5%; when the gap is too large, what ate
+it: the phases that grew, the transfer's bandwidth against its ceiling, the GIL.
 
-A definition names ``baseline`` and ``candidate`` targets (factories returning a zero-argument
-callable that runs one iteration), with ``args`` / ``baseline_args`` / ``candidate_args``.
-Options: ``threshold`` ("5%" or 0.05), ``repeats``, ``min_repeats``, ``warmup``, ``budget``
-(s), ``attribute`` (bool), ``gil_duration`` and ``gil_startup`` (s), ``gil_rate`` (Hz)::
-
-    [[probe]]
-    name = "kv-transfer-dispatch-holds-gil"
-    probe = "gap"
-    baseline = "../scenarios/kv_transfer/scenario.py:prefill_only"
-    candidate = "../scenarios/kv_transfer/scenario.py:prefill_transfer_holding"
-    options = { threshold = "5%", budget = 30 }
-    expect = { status = "fail", layer = "transfer", where = { function = "intranode_dispatch" } }
+``baseline`` and ``candidate`` are factories returning a zero-argument callable that runs one
+iteration and may return a dict of phase timings in seconds.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import ClassVar
 
-from glmfb.errors import InputError, UsageError
 from glmfb.gap.config import GapConfig
-from glmfb.gap.engine import run_gap
-from glmfb.suite import ProbeDefinition, RunContext
-from glmfb.targets import Target
-from glmfb.units import parse_fraction
-from glmfb.verdict import Verdict
-
-KNOWN_OPTIONS = frozenset(
-    {"threshold", "repeats", "min_repeats", "warmup", "budget", "attribute",
-     "gil_duration", "gil_startup", "gil_rate"}
-)
+from glmfb.gap.evidence import EVIDENCE_TYPES
+from glmfb.gap.rules import RULES
+from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec
+from glmfb.verdict import Layer, Verdict
 
 
-def config_from_definition(definition: ProbeDefinition) -> GapConfig:
-    label = definition.label
-    definition.check_options(KNOWN_OPTIONS)
-    if not definition.baseline or not definition.candidate:
-        raise InputError(f"{label}: a gap probe needs 'baseline' and 'candidate' targets")
-    baseline_args, candidate_args = definition.side_args()
-    defaults: dict[str, Any] = {name: f.default for name, f in GapConfig.__dataclass_fields__.items()}
-    try:
-        return GapConfig(
-            name=definition.name,
-            baseline=Target(definition.baseline, baseline_args, base_dir=definition.base_dir),
-            candidate=Target(definition.candidate, candidate_args, base_dir=definition.base_dir),
-            threshold=parse_fraction(definition.option("threshold", "5%")),
-            repeats=int(definition.number_option("repeats", defaults["repeats"])),
-            min_repeats=int(definition.number_option("min_repeats", defaults["min_repeats"])),
-            warmup=int(definition.number_option("warmup", defaults["warmup"])),
-            budget_s=definition.number_option("budget", defaults["budget_s"]),
-            attribute=bool(definition.option("attribute", True)),
-            gil_duration_s=definition.number_option("gil_duration", defaults["gil_duration_s"]),
-            gil_startup_s=definition.number_option("gil_startup", defaults["gil_startup_s"]),
-            gil_rate_hz=definition.number_option("gil_rate", defaults["gil_rate_hz"]),
-        )
-    except UsageError as exc:
-        raise InputError(f"{label}: {exc}") from None
+class GapProbe(BaseProbe):
+    kind: ClassVar[str] = "gap"
+    layer: ClassVar[Layer] = Layer.TRANSFER
+    summary: ClassVar[str] = "Is the candidate more than THRESHOLD slower than the baseline? If so, what ate the time."
+    form: ClassVar[ProbeForm] = ProbeForm.PAIR
+    config_type: ClassVar[type] = GapConfig
+    evidence_types = EVIDENCE_TYPES
+    builtin_rules = RULES
+
+    def default_name(self, spec: ProbeSpec) -> str:
+        return "gap"
+
+    def run(self, config: GapConfig, ctx: ProbeContext) -> Verdict:
+        from glmfb.gap.engine import run_gap
+
+        return run_gap(config, ctx)
 
 
-def run_definition(definition: ProbeDefinition, context: RunContext) -> Verdict:
-    config = config_from_definition(definition)
-    return run_gap(config, context.artifact_dir(definition.name), progress=context.progress)
+PROBE = GapProbe()

@@ -15,21 +15,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from glmfb.errors import TargetFailed
 from glmfb.gap.config import GapConfig
 from glmfb.stats import Decision, Estimate, decide, paired_median_ratio
 
 CHECK_EVERY = 4  # rounds between looks at the interval
 BYTES_SUFFIX = "_bytes"
-
-
-class TargetFailed(Exception):
-    """A side's factory or iteration raised; carries which side, when, and the original error."""
-
-    def __init__(self, side: str, stage: str, error: BaseException) -> None:
-        super().__init__(f"the {side} raised {type(error).__name__} {stage}: {error}")
-        self.side = side
-        self.stage = stage
-        self.error = error
 
 
 @dataclass
@@ -79,7 +70,7 @@ def call_side(side: str, function: Callable[[], Any], stage: str) -> tuple[float
     started = time.perf_counter()
     try:
         result = function()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a target that exits is a failed target
         raise TargetFailed(side, stage, exc) from exc
     return time.perf_counter() - started, result
 

@@ -1,5 +1,5 @@
 """``glmfb gil``: which thread cannot get the GIL, which thread holds it, where, and whether it
-holds it inside a native call that never lets it go (CONTEXT.md bug 2).
+holds it inside a native call that never lets it go (bug 2 of docs/background.md).
 
 Public API (used by ``glmfb gap``)::
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from glmfb.errors import UsageError
+from glmfb.options import BOOL, HERTZ, MILLISECONDS, POSITIVE_INT, SECONDS, check_declared, option
 from glmfb.targets import Target
 
 DEFAULT_RATE_HZ = 100
@@ -29,25 +30,29 @@ class GilConfig:
     name: str = "gil"
     command: tuple[str, ...] = ()
     target: Target | None = None
-    pid: int | None = None
-    duration_s: float = DEFAULT_DURATION_S
-    rate_hz: int = DEFAULT_RATE_HZ
-    starvation_p99_ms: float = DEFAULT_STARVATION_P99_MS
-    native: bool = True  # a second py-spy with --native: the holder's native frame, the idle split
-    native_rate_hz: int = (
-        DEFAULT_NATIVE_RATE_HZ  # --native pauses the program per sample: keep it low
-    )
-    trace: bool = False  # also record a viztracer trace and rank overlapping functions
-    use_pyspy: bool = True  # False: heartbeat (and trace) only, as when py-spy is missing
+    pid: int | None = option(None, POSITIVE_INT, "Attach to a running process instead (no heartbeat then).",
+                             toml=False)
+    duration_s: float = option(DEFAULT_DURATION_S, SECONDS, "Time to sample; a program still running then is stopped.",
+                               key="duration")
+    rate_hz: float = option(DEFAULT_RATE_HZ, HERTZ, "GIL-holder samples per second (py-spy --nonblocking).",
+                            key="rate")
+    starvation_p99_ms: float = option(DEFAULT_STARVATION_P99_MS, MILLISECONDS,
+                                      "Fail when a thread's p99 wake-up lateness exceeds this.", key="starvation_p99")
+    native: bool = option(True, BOOL, "A second py-spy with --native: native frames and the active/idle split.")
+    native_rate_hz: float = option(DEFAULT_NATIVE_RATE_HZ, HERTZ,
+                                   "Samples per second of the --native py-spy (it pauses the program per sample).",
+                                   key="native_rate")
+    trace: bool = option(False, BOOL, "Also record a viztracer trace and rank what overlaps starved slices.")
+    use_pyspy: bool = option(True, BOOL, "Sample the GIL holder with py-spy.", key="pyspy")
     heartbeat: bool = True
     cwd: str | None = None
     env: tuple[tuple[str, str], ...] = field(default=())
     min_holder_share: float = 0.05  # a holder must hold the GIL in this share of sample instants
-    setup_timeout_s: float = (
-        60.0  # target form: longest wait for imports, the factory, a warm-up call
-    )
+    setup_timeout_s: float = option(60.0, SECONDS, "Target form: longest wait for imports, the factory, a warm-up call.",
+                                    key="setup_timeout")
 
     def __post_init__(self) -> None:
+        check_declared(self)
         object.__setattr__(self, "command", tuple(str(part) for part in self.command))
         given = [self.command != (), self.target is not None, self.pid is not None]
         if sum(given) != 1:
@@ -58,35 +63,12 @@ class GilConfig:
         if not self.duration_s > 0:
             raise UsageError(f"--duration must be positive, got {self.duration_s}")
         if not 1 <= self.rate_hz <= 10_000:
-            raise UsageError(f"--rate must be between 1 and 10000 Hz, got {self.rate_hz}")
+            raise UsageError(f"--rate must be between 1 and 10000 Hz, got {self.rate_hz:g}")
         if not 1 <= self.native_rate_hz <= 10_000:
-            raise UsageError(
-                f"--native-rate must be between 1 and 10000 Hz, got {self.native_rate_hz}"
-            )
+            raise UsageError(f"--native-rate must be between 1 and 10000 Hz, got {self.native_rate_hz:g}")
         if not self.starvation_p99_ms > 0:
-            raise UsageError(
-                f"the starvation threshold must be positive, got {self.starvation_p99_ms} ms"
-            )
+            raise UsageError(f"the starvation threshold must be positive, got {self.starvation_p99_ms} ms")
         if not self.setup_timeout_s > 0:
             raise UsageError(f"the setup timeout must be positive, got {self.setup_timeout_s} s")
         if self.pid is not None and self.pid <= 0:
             raise UsageError(f"--pid must be a positive process id, got {self.pid}")
-
-
-def parse_milliseconds(text: str) -> float:
-    """``"10"``, ``"10ms"``, ``"0.01s"`` -> 10.0 (milliseconds)."""
-    raw = text.strip().lower()
-    scale = 1.0
-    if raw.endswith("ms"):
-        raw = raw[:-2]
-    elif raw.endswith("s"):
-        raw, scale = raw[:-1], 1e3
-    try:
-        value = float(raw) * scale
-    except ValueError:
-        raise UsageError(
-            f"{text!r} is not a duration", "write it as 10ms, 10 (ms) or 0.01s"
-        ) from None
-    if not value > 0:
-        raise UsageError(f"the starvation threshold must be positive, got {text!r}")
-    return value

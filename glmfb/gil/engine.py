@@ -14,14 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from glmfb.errors import UsageError
+from glmfb.evidence import ProcessExit
 from glmfb.gil import heartbeat as hb
 from glmfb.gil import pyspy
 from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
 from glmfb.gil.process import Launched, describe_returncode, wait_until
 from glmfb.gil.procwatch import GilWaitSampler
-from glmfb.gil.rules import MIN_WAITING_SHARE, Observations, decide
+from glmfb.gil.rules import MIN_WAITING_SHARE, RULES, Observations, decide
 from glmfb.gil.runner import READY_ENV
-from glmfb.verdict import Layer, ProbeKind, Status, Verdict, traceback_evidence
+from glmfb.probe import ProbeContext
+from glmfb.verdict import Layer, Status, Verdict
 
 STARTUP_TIMEOUT_S = 10.0  # for the heartbeat to appear (interpreter start, imports)
 STOP_GRACE_S = 5.0
@@ -30,39 +32,23 @@ MAX_WINDOWS = 10  # the longest starvation windows shown in evidence
 TRACE_STOP_GRACE_S = 30.0  # viztracer writes its trace on SIGTERM; large traces take a while
 
 
-def trace_gil(
-    config: GilConfig,
-    artifact_dir: Path,
-    *,
-    progress: Callable[[str], None] | None = None,
-) -> Verdict:
-    """Trace one program's GIL and return the verdict (artifacts go to ``artifact_dir``).
+def trace_gil(config: GilConfig, ctx: ProbeContext) -> Verdict:
+    """Trace one program's GIL and return the verdict (artifacts go to ``ctx.artifact_dir``).
 
-    Never raises for a probe failure: a program that cannot start, exits non-zero or crashes
-    gives an error verdict, and an unexpected exception in glmfb an error verdict too. Raises
+    A program that cannot start, exits non-zero or crashes gives an error verdict. Raises
     :class:`~glmfb.errors.UsageError` for a configuration it cannot run (``trace`` with a
     command that is not ``python ...``, a ``pid`` that does not exist). The program runs in its
     own process group, killed whole at the end: nothing is left behind.
     """
-    started = time.perf_counter()
-    artifact_dir = Path(artifact_dir)
-    try:
-        artifact_dir.mkdir(parents=True, exist_ok=True)
-        verdict = _Session(config, artifact_dir, progress or (lambda message: None)).run()
-    except UsageError:
-        raise
-    except Exception as exc:  # a broken probe is an error verdict, never a pass
-        verdict = Verdict.harness_error(
-            ProbeKind.GIL,
-            config.name,
-            f"glmfb gil broke: {type(exc).__name__}: {exc}",
-            evidence=[traceback_evidence(exc)],
-        )
+    started = ctx.clock.monotonic()
+    artifact_dir = Path(ctx.artifact_dir)
+    artifact_dir.mkdir(parents=True, exist_ok=True)
+    verdict = _Session(config, artifact_dir, ctx.progress, ctx).run()
     from dataclasses import replace
 
     from glmfb.env import fingerprint
 
-    return replace(verdict, duration_s=time.perf_counter() - started, env=fingerprint())
+    return replace(verdict, duration_s=ctx.clock.monotonic() - started, env=fingerprint())
 
 
 def python_command(config: GilConfig) -> list[str]:
@@ -89,7 +75,7 @@ def python_command(config: GilConfig) -> list[str]:
 
 def reproduce_command(config: GilConfig, *, trace: bool = False) -> str:
     """The ``glmfb gil`` command line that reruns this probe (in trace mode with ``trace``)."""
-    options = f"--rate {config.rate_hz} --duration {config.duration_s:g}"
+    options = f"--rate {config.rate_hz:g} --duration {config.duration_s:g}"
     if trace:
         options += " --trace"
     if config.pid is not None:
@@ -102,8 +88,9 @@ def reproduce_command(config: GilConfig, *, trace: bool = False) -> str:
 
 class _Session:
     def __init__(
-        self, config: GilConfig, artifact_dir: Path, progress: Callable[[str], None]
+        self, config: GilConfig, artifact_dir: Path, progress: Callable[[str], None], ctx: ProbeContext
     ) -> None:
+        self.ctx = ctx
         self.config = config
         self.dir = artifact_dir
         self.progress = progress
@@ -209,11 +196,9 @@ class _Session:
         return [*tracer, "--", *rest]
 
     def _error(
-        self, why: str, next_steps: list[str], evidence: list[dict[str, Any]] | None = None
+        self, why: str, next_steps: list[str], evidence: list[ProcessExit] | None = None
     ) -> Verdict:
-        return Verdict.harness_error(
-            ProbeKind.GIL, self.config.name, why, next=next_steps, evidence=evidence or []
-        )
+        return Verdict.harness_error("gil", self.config.name, why, next=next_steps, evidence=evidence or [])
 
     def _observe(self, pid: int, launched: Launched | None) -> Verdict:
         config = self.config
@@ -241,19 +226,21 @@ class _Session:
                 poll_s=0.02,
             )
             if launched.poll() is not None:
-                return self._early_exit(launched)
+                return self._early_exit(launched, during_setup=True)
             try:
                 self.ready_s = float(self.ready_file.read_text(encoding="utf-8"))
             except (OSError, ValueError):
-                self.missing.append(
-                    {
-                        "signal": "steady state",
-                        "reason": f"the target's set-up took over {config.setup_timeout_s:g} s; "
-                        "sampling includes it",
-                    }
+                # Nothing ran: the factory or the first call never returned. Not a pass, and
+                # not a measurement either.
+                return self._error(
+                    f"the target's set-up (its factory and first call) did not finish within "
+                    f"{config.setup_timeout_s:g} s, so nothing was sampled",
+                    [f"run the factory alone; if it is only slow, raise --setup-timeout above "
+                     f"{config.setup_timeout_s:g}s"],
+                    [ProcessExit(stderr_tail=launched.stderr_tail() or None, stderr=str(launched.stderr_path))],
                 )
 
-        sampler = GilWaitSampler(python_pid, config.rate_hz)
+        sampler = GilWaitSampler(python_pid, round(config.rate_hz))
         sampler.start()
         sampling_started = time.monotonic()
         self._start_recordings(python_pid)
@@ -275,13 +262,22 @@ class _Session:
                 return self._crashed(launched, code)
         return self._decide(python_pid, sampler, sampling_started, launched)
 
-    def _early_exit(self, launched: Launched) -> Verdict:
+    def _early_exit(self, launched: Launched, *, during_setup: bool = False) -> Verdict:
         code = launched.poll()
         assert code is not None
         if code != 0:
             return self._crashed(launched, code)
+        if during_setup or self.config.target is not None:
+            # The runner never exits 0 before its first call returned: the target itself exited.
+            return self._error(
+                "the target's process exited with status 0 during its set-up (the factory or its first call "
+                "called sys.exit or os._exit), so nothing was sampled",
+                ["a target must return a callable, not exit; remove the exit from the code glmfb calls"],
+                [ProcessExit(returncode=code, description=describe_returncode(code),
+                             stderr_tail=launched.stderr_tail() or None, stderr=str(launched.stderr_path))],
+            )
         return Verdict(
-            probe=ProbeKind.GIL,
+            probe="gil",
             name=self.config.name,
             status=Status.INCONCLUSIVE,
             layer=Layer.RUNTIME,
@@ -289,9 +285,7 @@ class _Session:
                 "The program exited (status 0) before glmfb could sample it: it ran too briefly, "
                 "or it is not a Python program that reads sitecustomize (python -S and -I skip it)."
             ),
-            evidence=(
-                {"kind": "process", "returncode": code, "stderr_tail": launched.stderr_tail()},
-            ),
+            evidence=(ProcessExit(returncode=code, stderr_tail=launched.stderr_tail()),),
             next=("give a program that runs at least as long as --duration",),
         )
 
@@ -304,13 +298,12 @@ class _Session:
             why,
             [f"run it alone to see its output: {launched.stderr_path}"],
             [
-                {
-                    "kind": "process",
-                    "returncode": code,
-                    "description": describe_returncode(code),
-                    "stderr_tail": tail,
-                    "stderr": str(launched.stderr_path),
-                }
+                ProcessExit(
+                    returncode=code,
+                    description=describe_returncode(code),
+                    stderr_tail=tail,
+                    stderr=str(launched.stderr_path),
+                )
             ],
         )
 
@@ -340,7 +333,7 @@ class _Session:
             pid,
             self.pyspy_output,
             self.dir / "py-spy.log",
-            rate_hz=config.rate_hz,
+            rate_hz=round(config.rate_hz),
             native=False,
             nonblocking=True,
         )
@@ -351,7 +344,7 @@ class _Session:
             pid,
             self.dir / "gil-native-samples.txt",
             self.dir / "py-spy-native.log",
-            rate_hz=config.native_rate_hz,
+            rate_hz=round(config.native_rate_hz),
             native=True,
             nonblocking=False,
         )
@@ -533,5 +526,6 @@ class _Session:
                 missing=self.missing,
                 artifacts=artifacts,
                 reproduce_trace=reproduce_command(config, trace=True) if config.pid is None else "",
-            )
+            ),
+            self.ctx.rules("gil", RULES),
         )

@@ -1,27 +1,53 @@
-"""The verdict rules of ``glmfb gil``, kept in one place.
+"""The rules of ``glmfb gil``: what one trace observed in, a diagnosis out.
 
-- A thread starved beyond the p99 threshold while another thread holds the GIL: **fail**,
-  ``where`` = the holder's thread, function, file and line. Held mostly while blocked in a
-  native call (idle + GIL): a missing GIL release. Held while computing (active + GIL):
-  work hogging the interpreter, with the hot frames.
-- Starved, but the holder is unknown (py-spy missing, ptrace refused) or nobody held the GIL
-  for long (the CPU was busy, not the GIL): **inconclusive**, naming what is missing.
-- Not starved: **pass**; **warn** when a signal was missing or a thread still held the GIL
-  while blocked in a native call for a large share of the time.
-- No heartbeat (attached by pid, or not a Python process): **inconclusive**; never a pass.
+:func:`decide` turns the :class:`Observations` of a trace into typed evidence and
+:class:`GilFindings`, and tries the rules in order (the first that applies wins):
+
+=======================  ======================================================================
+gil-hold-native          a thread starved beyond the p99 threshold while another held the GIL
+                         blocked in a native call (idle + GIL): a missing GIL release; fail
+gil-hold-compute         starved while the holder computed holding the GIL (active + GIL): fail
+gil-hold                 starved beside a holder whose active/idle split is unknown: fail
+holder-unknown           starved, but no holder sampling (py-spy missing or refused):
+                         inconclusive
+cpu-not-gil              starved, but nobody held the GIL for long: the CPU, not the GIL;
+                         inconclusive
+not-measured             no usable heartbeat (attached by pid, not Python): inconclusive
+signal-missing           not starved, but a signal is missing: warn
+idle-holder              not starved, yet a thread holds the GIL blocked in a native call for a
+                         large share of the time: warn
+pass                     no thread starved
+=======================  ======================================================================
 """
 
 from __future__ import annotations
 
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from glmfb.evidence import Evidence, MissingSignal
 from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
+from glmfb.gil.evidence import (
+    GilHolder,
+    GilSite,
+    GilThreads,
+    HeldSite,
+    HolderThread,
+    OverlapRow,
+    Starvation,
+    StarvedWindow,
+    TraceOverlap,
+    WaitingThread,
+)
 from glmfb.gil.heartbeat import Heartbeat
 from glmfb.gil.pyspy import CallSite, HolderProfile
-from glmfb.verdict import Layer, Metric, ProbeKind, Status, Verdict
+from glmfb.rules import Diagnosis, Rule, diagnose
+from glmfb.verdict import Layer, Metric, Status, Verdict
+
+KIND = "gil"
 
 MIN_HEARTBEAT_TICKS = 50
 MIN_COVERED_S = 0.5
@@ -86,30 +112,20 @@ def caller_frame(stack: tuple[str, ...]) -> str | None:
     return None
 
 
-def holder_evidence(site: CallSite, total: int) -> dict[str, Any]:
+def holder_evidence(site: CallSite, total: int, cls: type[HeldSite] = GilHolder) -> HeldSite:
     native = site.native_calls.most_common(1)
     stack = site.stacks.most_common(1)[0][0] if site.stacks else ()
     known = site.split_samples > 0
     idle_share = site.idle / site.samples if site.samples and known else 0.0
-    return {
-        "kind": "gil_holder",
-        "thread": site.thread_name,
-        "tid": site.thread_id,
-        "function": _short(site.function),
-        "qualname": site.function,
-        "file": display_path(site.file),
-        "line": site.line,
-        "samples": site.samples,
-        "share_of_time": round(site.samples / total, 4) if total else None,
-        # The same figure under its first name (glmfb gap reads it): kept for compatibility.
-        "share_of_samples": round(site.samples / total, 4) if total else None,
-        "active_share": round(1.0 - idle_share, 4) if known else None,
-        "idle_share": round(idle_share, 4) if known else None,
-        "native_frame": native[0][0] if native else None,
-        "native_samples": site.split_samples,
-        "caller": caller_frame(stack),
-        "stack": list(stack[-8:]),
-    }
+    return cls(
+        thread=site.thread_name, tid=site.thread_id, function=_short(site.function), qualname=site.function,
+        file=display_path(site.file), line=site.line, samples=site.samples,
+        share_of_time=round(site.samples / total, 4) if total else None,
+        active_share=round(1.0 - idle_share, 4) if known else None,
+        idle_share=round(idle_share, 4) if known else None,
+        native_frame=native[0][0] if native else None, native_samples=site.split_samples,
+        caller=caller_frame(stack), stack=tuple(stack[-8:]),
+    )
 
 
 def display_path(file: str) -> str:
@@ -160,193 +176,246 @@ def starved_threads(
     return names
 
 
-def decide(observations: Observations) -> Verdict:
+@dataclass(frozen=True)
+class GilFindings:
+    """What the rules look at: the typed evidence of the trace and the figures derived from it."""
+
+    threshold_ms: float
+    min_holder_share: float
+    starved: bool
+    heartbeat_usable: bool
+    p99_ms: float | None
+    ticks: int
+    holder: GilHolder | None  # the steady-state top holder, when one held the GIL often enough
+    holder_sampled: bool  # py-spy ran (whatever it saw)
+    sample_instants: int
+    native_known: bool  # the holder's active/idle split was measured (py-spy --native)
+    starved_threads: tuple[str, ...]
+    missing: tuple[MissingSignal, ...] = ()
+    top_overlap: OverlapRow | None = None  # trace mode: what overlapped the starved slices most
+    traced: bool = False
+    reproduce_trace: str = ""
+
+    @property
+    def idle_share(self) -> float:
+        return self.holder.idle_share or 0.0 if self.holder is not None else 0.0
+
+    @property
+    def holder_share(self) -> float:
+        if self.holder is None or not self.sample_instants:
+            return 0.0
+        return self.holder.samples / self.sample_instants
+
+    @property
+    def missing_text(self) -> str:
+        return "; ".join(f"{m.signal}: {m.reason}" for m in self.missing)
+
+    @property
+    def starved_text(self) -> str:
+        return ", ".join(self.starved_threads) or HEARTBEAT_THREAD
+
+    def late(self) -> str:
+        return (f"{self.starved_text} starved (p99 wake-up {self.p99_ms:.1f} ms late > "
+                f"{self.threshold_ms:g} ms)")
+
+    def saw(self) -> dict[str, Any]:
+        seen: dict[str, Any] = {
+            "starved": self.starved, "heartbeat_usable": self.heartbeat_usable, "p99_ms": self.p99_ms,
+            "threshold_ms": self.threshold_ms, "starved_threads": list(self.starved_threads),
+            "holder_sampled": self.holder_sampled, "native_known": self.native_known,
+        }
+        if self.holder is not None:
+            seen.update(holder_thread=self.holder.thread, holder_function=self.holder.function,
+                        holder_share=round(self.holder_share, 4), holder_idle_share=self.holder.idle_share)
+        if self.missing:
+            seen["missing"] = [m.signal for m in self.missing]
+        return seen
+
+
+def _holder_where(f: GilFindings) -> dict[str, Any] | None:
+    if f.holder is None:
+        return None
+    return {"thread": f.holder.thread, "function": f.holder.function, "file": f.holder.file, "line": f.holder.line}
+
+
+def _trace_step(f: GilFindings) -> tuple[str, ...]:
+    if not f.traced and f.reproduce_trace:
+        return (f"{f.reproduce_trace}  # ranks what overlaps the starved slices",)
+    return ()
+
+
+def _hold_native(f: GilFindings) -> Diagnosis | None:
+    holder = f.holder
+    if not (f.starved and holder is not None and f.native_known and f.idle_share >= IDLE_MAJORITY):
+        return None
+    inside = f" ({holder.native_frame})" if holder.native_frame else ""
+    why = (f"{holder.function} holds the GIL inside a native call{inside}; release it around the call "
+           f"(py::gil_scoped_release, Py_BEGIN_ALLOW_THREADS). {f.late()} while thread "
+           f"{holder.thread} held the GIL blocked in {100 * f.idle_share:.0f}% of its samples.")
+    steps = (f"wrap the native call under {holder.function} ({holder.file}:{holder.line}) in "
+             "py::gil_scoped_release / Py_BEGIN_ALLOW_THREADS, then rerun this probe", *_trace_step(f))
+    return Diagnosis(Status.FAIL, why, steps, _holder_where(f))
+
+
+def _hot_frames(holder: GilHolder) -> str:
+    stack = holder.stack
+    hot = " <- ".join(reversed(stack[-3:]))
+    if holder.caller is not None and holder.caller not in stack[-3:]:
+        hot += f", called from {holder.caller}"
+    return hot
+
+
+def _hold_compute(f: GilFindings) -> Diagnosis | None:
+    holder = f.holder
+    if not (f.starved and holder is not None and f.native_known):
+        return None
+    inside = f", mostly inside native {holder.native_frame}" if holder.native_frame else ""
+    why = (f"{holder.function} on thread {holder.thread} hogs the interpreter: it held the GIL in "
+           f"{100 * f.holder_share:.0f}% of sample instants, active (computing) in "
+           f"{100 * (1 - f.idle_share):.0f}% of its samples{inside}; {f.late()}. Hot frames: {_hot_frames(holder)}.")
+    steps = (f"move the work in {holder.function} ({holder.file}:{holder.line}) off the GIL (a native call that "
+             "releases it, a process pool) or cut it into shorter pieces", *_trace_step(f))
+    return Diagnosis(Status.FAIL, why, steps, _holder_where(f))
+
+
+def _hold_unknown_split(f: GilFindings) -> Diagnosis | None:
+    holder = f.holder
+    if not (f.starved and holder is not None):
+        return None
+    why = (f"{holder.function} on thread {holder.thread} held the GIL in {100 * f.holder_share:.0f}% of sample "
+           f"instants; {f.late()}. Whether it computes or blocks inside a native call while holding it is unknown "
+           f"without py-spy --native (active/idle split unknown). Hot frames: {_hot_frames(holder)}.")
+    steps = (f"py-spy dump --native --pid <pid>  # is {holder.function} blocked in a native call "
+             "(release the GIL around it) or computing?", *_trace_step(f))
+    return Diagnosis(Status.FAIL, why, steps, _holder_where(f))
+
+
+def _overlap_note(f: GilFindings) -> str:
+    top = f.top_overlap
+    return f" The trace ranks {top.function} on thread {top.thread} first by overlap." if top else ""
+
+
+def _holder_unknown(f: GilFindings) -> Diagnosis | None:
+    if not f.starved or f.holder_sampled:
+        return None
+    cause = f"the GIL holder is unknown ({f.missing_text or 'holder sampling did not run'})"
+    return Diagnosis(Status.INCONCLUSIVE, f"{f.late()}, but {cause}.{_overlap_note(f)}",
+                     ("install py-spy (pip install py-spy) and run as root or with CAP_SYS_PTRACE",))
+
+
+def _cpu_not_gil(f: GilFindings) -> Diagnosis | None:
+    if not f.starved:
+        return None
+    cause = (f"no thread held the GIL in {100 * f.min_holder_share:.0f}% or more of {f.sample_instants} sample "
+             "instants: the CPU (other processes), not the GIL, may be the cause")
+    return Diagnosis(Status.INCONCLUSIVE, f"{f.late()}, but {cause}.{_overlap_note(f)}",
+                     ("rerun on a quiet machine; check the load with top/pidstat",))
+
+
+def _not_measured(f: GilFindings) -> Diagnosis | None:
+    if f.heartbeat_usable:
+        return None
+    reason = f"only {f.ticks} heartbeat ticks" if f.ticks else "no heartbeat data"
+    held = ""
+    if f.holder is not None:
+        held = (f" Meanwhile {f.holder.function} on thread {f.holder.thread} held the GIL in "
+                f"{100 * f.holder_share:.0f}% of sample instants"
+                + (f", blocked in {100 * f.idle_share:.0f}% of them." if f.native_known else "."))
+    why = f"Starvation was not measured ({reason}; {f.missing_text or 'the program may not be Python'}).{held}"
+    return Diagnosis(Status.INCONCLUSIVE, why,
+                     ("start the program under glmfb (glmfb gil -- python prog.py) so the heartbeat is injected",),
+                     _holder_where(f))
+
+
+def _calm(f: GilFindings) -> str:
+    return f"heartbeat p99 {f.p99_ms:.1f} ms <= {f.threshold_ms:g} ms"
+
+
+def _signal_missing(f: GilFindings) -> Diagnosis | None:
+    if not f.missing:
+        return None
+    return Diagnosis(Status.WARN, f"No thread was starved ({_calm(f)}), but a signal is missing: {f.missing_text}.",
+                     (), _holder_where(f))
+
+
+def _idle_holder(f: GilFindings) -> Diagnosis | None:
+    holder = f.holder
+    if not (holder is not None and f.native_known and f.idle_share >= WARN_IDLE_SHARE and f.holder_share >= 0.2):
+        return None
+    why = (f"No thread was starved ({_calm(f)}), yet {holder.function} holds the GIL while blocked in a native "
+           f"call in {100 * f.idle_share:.0f}% of its samples: a release is missing there.")
+    return Diagnosis(Status.WARN, why, (), _holder_where(f))
+
+
+def _pass(f: GilFindings) -> Diagnosis | None:
+    return Diagnosis(Status.PASS, f"No thread was starved: heartbeat p99 wake-up lateness {f.p99_ms:.1f} ms <= "
+                                  f"{f.threshold_ms:g} ms over {f.ticks} ticks.", (), {})
+
+
+RULES: tuple[Rule[GilFindings], ...] = (
+    Rule("gil-hold-native", KIND, _hold_native, "starved beside a holder blocked in a native call"),
+    Rule("gil-hold-compute", KIND, _hold_compute, "starved beside a holder computing with the GIL"),
+    Rule("gil-hold", KIND, _hold_unknown_split, "starved beside a holder, active/idle split unknown"),
+    Rule("holder-unknown", KIND, _holder_unknown, "starved, no holder sampling: inconclusive"),
+    Rule("cpu-not-gil", KIND, _cpu_not_gil, "starved, but nobody held the GIL for long: inconclusive"),
+    Rule("not-measured", KIND, _not_measured, "no usable heartbeat: inconclusive"),
+    Rule("signal-missing", KIND, _signal_missing, "not starved, a signal missing: warn"),
+    Rule("idle-holder", KIND, _idle_holder, "not starved, a holder idle in a native call: warn"),
+    Rule("pass", KIND, _pass, "no thread starved"),
+)
+
+
+def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None) -> Verdict:
+    """The verdict of one trace: typed evidence, findings, the first rule that applies."""
     config = observations.config
     heartbeat = observations.heartbeat
     threshold_ms = config.starvation_p99_ms
     beat_ok = heartbeat is not None and heartbeat_is_usable(heartbeat)
     p99_ms = heartbeat.percentile_ms(99) if beat_ok and heartbeat is not None else None
     starved = p99_ms is not None and p99_ms > threshold_ms
-    holder = holder_site(observations)
-    total = observations.holders.sample_instants if observations.holders else 0
-    starved_names = starved_threads(observations, starved, holder)
+    site = holder_site(observations)
+    profile = observations.holders
+    total = profile.sample_instants if profile else 0
+    starved_names = starved_threads(observations, starved, site)
+    holder = holder_evidence(site, total) if site is not None else None
+    assert holder is None or isinstance(holder, GilHolder)
+    missing = tuple(MissingSignal(signal=m["signal"], reason=m["reason"]) for m in observations.missing)
 
-    evidence: list[dict[str, Any]] = []
+    evidence: list[Evidence] = []
     if heartbeat is not None:
-        evidence.append(
-            {
-                "kind": "starvation",
-                "threads": starved_names,
-                "canary": HEARTBEAT_THREAD,
-                **heartbeat.summary(),
-                "threshold_ms": threshold_ms,
-                "starved": starved,
-                "waiting_for_gil": observations.waiting,
-                **observations.window_summary,
-                "windows": observations.windows,
-            }
-        )
+        evidence.append(Starvation(
+            threads=tuple(starved_names), canary=HEARTBEAT_THREAD, **heartbeat.summary(), threshold_ms=threshold_ms,
+            starved=starved, waiting_for_gil=tuple(WaitingThread(**w) for w in observations.waiting),
+            **observations.window_summary, windows=tuple(StarvedWindow(**w) for w in observations.windows),
+        ))
     if holder is not None:
-        evidence.append(holder_evidence(holder, total))
-    if observations.holders is not None:
-        evidence.append(
-            {
-                "kind": "gil_threads",
-                "samples": observations.holders.total_samples,
-                "sample_instants": observations.holders.sample_instants,
-                "native": observations.holders.native,
-                "threads": list(observations.holders.threads[:8]),
-                "sites": [
-                    holder_evidence(s, total) | {"kind": "site"}
-                    for s in observations.holders.sites[1:4]
-                ],
-            }
-        )
-    if observations.blame is not None:
-        evidence.append({"kind": "trace_overlap", "functions": observations.blame[:10]})
-    evidence.extend({"kind": "missing_signal", **m} for m in observations.missing)
+        evidence.append(holder)
+    if profile is not None:
+        evidence.append(GilThreads(
+            samples=profile.total_samples, sample_instants=profile.sample_instants, native=profile.native,
+            threads=tuple(HolderThread(**t) for t in profile.threads[:8]),
+            sites=tuple(holder_evidence(s, total, GilSite) for s in profile.sites[1:4]),  # type: ignore[misc]
+        ))
+    overlaps = tuple(OverlapRow(**row) for row in observations.blame[:10]) if observations.blame is not None else None
+    if overlaps is not None:
+        evidence.append(TraceOverlap(functions=overlaps))
+    evidence.extend(missing)
 
-    metric = Metric("starvation_p99", p99_ms, "ms", threshold_ms)
-    where: dict[str, Any] = {}
-    next_steps: list[str] = []
-    missing_text = "; ".join(f"{m['signal']}: {m['reason']}" for m in observations.missing)
-    idle_share = holder.idle / holder.samples if holder is not None and holder.samples else 0.0
-    native_known = (
-        observations.holders is not None
-        and observations.holders.native
-        and holder is not None
-        and holder.split_samples > 0
+    findings = GilFindings(
+        threshold_ms=threshold_ms, min_holder_share=config.min_holder_share, starved=starved,
+        heartbeat_usable=beat_ok, p99_ms=p99_ms, ticks=heartbeat.ticks if heartbeat is not None else 0,
+        holder=holder, holder_sampled=profile is not None, sample_instants=total,
+        native_known=bool(profile is not None and profile.native and site is not None and site.split_samples > 0),
+        starved_threads=tuple(starved_names), missing=missing,
+        top_overlap=overlaps[0] if overlaps else None, traced=observations.blame is not None,
+        reproduce_trace=observations.reproduce_trace,
     )
-    starved_text = ", ".join(starved_names) or HEARTBEAT_THREAD
-
-    if holder is not None:
-        where = {
-            "thread": holder.thread_name,
-            "function": _short(holder.function),
-            "file": display_path(holder.file),
-            "line": holder.line,
-        }
-
-    if starved and holder is not None:
-        status = Status.FAIL
-        late = f"{starved_text} starved (p99 wake-up {p99_ms:.1f} ms late > {threshold_ms:g} ms)"
-        function = _short(holder.function)
-        if native_known and idle_share >= IDLE_MAJORITY:
-            native = holder.native_calls.most_common(1)
-            inside = f" ({native[0][0]})" if native else ""
-            why = (
-                f"{function} holds the GIL inside a native call{inside}; release it around the call "
-                f"(py::gil_scoped_release, Py_BEGIN_ALLOW_THREADS). {late} while thread "
-                f"{holder.thread_name} held the GIL blocked in {100 * idle_share:.0f}% of its samples."
-            )
-            next_steps.append(
-                f"wrap the native call under {function} ({display_path(holder.file)}:{holder.line}) in "
-                "py::gil_scoped_release / Py_BEGIN_ALLOW_THREADS, then rerun this probe"
-            )
-        else:
-            stack = holder.stacks.most_common(1)[0][0] if holder.stacks else ()
-            hot = " <- ".join(reversed(stack[-3:]))
-            caller = caller_frame(stack)
-            if caller is not None and caller not in stack[-3:]:
-                hot += f", called from {caller}"
-            held = f"{100 * holder.samples / total:.0f}% of sample instants"
-            if native_known:
-                native = holder.native_calls.most_common(1)
-                inside = f", mostly inside native {native[0][0]}" if native else ""
-                why = (
-                    f"{function} on thread {holder.thread_name} hogs the interpreter: it held the GIL "
-                    f"in {held}, active (computing) in {100 * (1 - idle_share):.0f}% of its samples"
-                    f"{inside}; {late}. Hot frames: {hot}."
-                )
-                next_steps.append(
-                    f"move the work in {function} ({display_path(holder.file)}:{holder.line}) off the GIL "
-                    "(a native call that releases it, a process pool) or cut it into shorter pieces"
-                )
-            else:
-                why = (
-                    f"{function} on thread {holder.thread_name} held the GIL in {held}; {late}. Whether "
-                    "it computes or blocks inside a native call while holding it is unknown without "
-                    f"py-spy --native (active/idle split unknown). Hot frames: {hot}."
-                )
-                next_steps.append(
-                    f"py-spy dump --native --pid <pid>  # is {function} blocked in a native call "
-                    "(release the GIL around it) or computing?"
-                )
-        if observations.blame is None and observations.reproduce_trace:
-            next_steps.append(
-                f"{observations.reproduce_trace}  # ranks what overlaps the starved slices"
-            )
-    elif starved:
-        status = Status.INCONCLUSIVE
-        if observations.holders is None:
-            cause = f"the GIL holder is unknown ({missing_text or 'holder sampling did not run'})"
-            next_steps.append(
-                "install py-spy (pip install py-spy) and run as root or with CAP_SYS_PTRACE"
-            )
-        else:
-            cause = (
-                f"no thread held the GIL in {100 * config.min_holder_share:.0f}% or more of "
-                f"{total} sample instants: the CPU (other processes), not the GIL, may be the cause"
-            )
-            next_steps.append("rerun on a quiet machine; check the load with top/pidstat")
-        why = f"{starved_text} starved (p99 wake-up {p99_ms:.1f} ms late > {threshold_ms:g} ms), but {cause}."
-        if observations.blame:
-            top = observations.blame[0]
-            why += f" The trace ranks {top['function']} on thread {top['thread']} first by overlap."
-    elif not beat_ok:
-        status = Status.INCONCLUSIVE
-        reason = "no heartbeat data"
-        if heartbeat is not None:
-            reason = f"only {heartbeat.ticks} heartbeat ticks"
-        held = ""
-        if holder is not None:
-            held = (
-                f" Meanwhile {_short(holder.function)} on thread {holder.thread_name} held the GIL in "
-                f"{100 * holder.samples / total:.0f}% of sample instants"
-                + (f", blocked in {100 * idle_share:.0f}% of them." if native_known else ".")
-            )
-        missing_or_guess = missing_text or "the program may not be Python"
-        why = f"Starvation was not measured ({reason}; {missing_or_guess}).{held}"
-        next_steps.append(
-            "start the program under glmfb (glmfb gil -- python prog.py) so the heartbeat is injected"
-        )
-    else:
-        if observations.missing:
-            status = Status.WARN
-            why = (
-                f"No thread was starved (heartbeat p99 {p99_ms:.1f} ms <= {threshold_ms:g} ms), "
-                f"but a signal is missing: {missing_text}."
-            )
-        elif (
-            holder is not None
-            and native_known
-            and idle_share >= WARN_IDLE_SHARE
-            and holder.samples / total >= 0.2
-        ):
-            status = Status.WARN
-            why = (
-                f"No thread was starved (heartbeat p99 {p99_ms:.1f} ms <= {threshold_ms:g} ms), yet "
-                f"{_short(holder.function)} holds the GIL while blocked in a native call in "
-                f"{100 * idle_share:.0f}% of its samples: a release is missing there."
-            )
-        else:
-            status = Status.PASS
-            why = (
-                f"No thread was starved: heartbeat p99 wake-up lateness {p99_ms:.1f} ms <= "
-                f"{threshold_ms:g} ms over {heartbeat.ticks if heartbeat else 0} ticks."
-            )
-            where = {}
+    outcome = diagnose(list(rules) if rules is not None else list(RULES), findings)
+    evidence.append(outcome.record)
+    diagnosis = outcome.diagnosis
     return Verdict(
-        probe=ProbeKind.GIL,
-        name=config.name,
-        status=status,
-        layer=Layer.RUNTIME,
-        why=why,
-        where=where,
-        metric=metric,
-        evidence=tuple(evidence),
-        next=tuple(next_steps),
-        artifacts=observations.artifacts,
-        env=observations.env,
+        probe="gil", name=config.name, status=diagnosis.status, layer=Layer.RUNTIME, why=diagnosis.why,
+        where=dict(diagnosis.where or {}), metric=Metric("starvation_p99", p99_ms, "ms", threshold_ms),
+        evidence=tuple(evidence), next=diagnosis.next, artifacts=observations.artifacts, env=observations.env,
         duration_s=observations.duration_s,
     )

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     except GlmfbError as exc:
         sys.stderr.write(f"glmfb-runner: error: {exc}\n")
         return 3
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         sys.stderr.write(
             f"glmfb-runner: error: the factory {options.target} raised {type(exc).__name__}: {exc}\n"
         )
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     try:
         work()  # warm-up: the first call often builds caches, threads and connections
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         sys.stderr.write(
             f"glmfb-runner: error: the first call raised {type(exc).__name__}: {exc}\n"
         )

@@ -1,10 +1,22 @@
-"""A self-contained HTML page for a run: the summary table, then each verdict with its
-where, why, metric, next steps, artifacts and evidence. No scripts, no external assets."""
+"""report.html: one self-contained page for a run.
+
+The summary table, then per probe each verdict as a card (why, where, metric, next steps,
+artifacts), the plots that answer the probe's question (matplotlib, inlined as SVG with its
+glyphs as paths: no script, no font, no external asset), and the evidence not plotted in a
+collapsed block. Artifact links are relative to the page, which sits in the run folder.
+
+The page is built from the run's JSON (a ``glmfb.run/1`` document), so it reads a saved run
+exactly as it reads a fresh one.
+"""
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 from html import escape
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from glmfb.report.text import (
     expectation_text,
@@ -13,63 +25,253 @@ from glmfb.report.text import (
     format_where,
     status_label,
 )
-from glmfb.verdict import Run, Verdict
+from glmfb.verdict import Run, Verdict, load_document
+
+if TYPE_CHECKING:
+    from glmfb.report.plots import Drawn
+
+REPORT_NAME = "report.html"
+PROBE_ORDER = ("diff", "bench", "gil", "gap")
+PROBE_QUESTIONS = {
+    "diff": "numerics: where does the error start, and how does it grow?",
+    "bench": "kernels: which shape got slower, by how much, and why?",
+    "gil": "runtime: who holds the GIL, and who starves?",
+    "gap": "transfer: what does the KV transfer cost on top of prefill, and why?",
+}
 
 _CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:2em;color:#222}
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f3f3f3}.pass{color:#17702a}.warn{color:#9a6a00}.fail{color:#b00020}
-.inconclusive{color:#7a2ea0}.error{color:#fff;background:#b00020;padding:0 4px}
-section{border-left:4px solid #ccc;padding:0 1em;margin:1.5em 0}section.fail,section.error{border-color:#b00020}
-pre{background:#f7f7f7;padding:8px;overflow:auto;max-height:30em}code{background:#f3f3f3}
+:root{--fail:#b00020;--pass:#17702a;--warn:#9a6a00;--inc:#7a2ea0;--line:#d8d8d8;--soft:#f6f6f6}
+*{box-sizing:border-box}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#222;background:#fafafa}
+header.page{background:#fff;border-bottom:1px solid var(--line);padding:1.2em 2em}
+header.page h1{margin:0 0 .2em;font-size:1.5em}
+main{padding:0 2em 3em;max-width:1500px}
+nav a{margin-right:1em}
+table{border-collapse:collapse;margin:1em 0;background:#fff}
+td,th{border:1px solid var(--line);padding:4px 8px;text-align:left;vertical-align:top}
+th{background:var(--soft);font-weight:600}
+.st-pass{color:var(--pass)}.st-warn{color:var(--warn)}.st-fail{color:var(--fail)}.st-inconclusive{color:var(--inc)}
+.st-error{color:#fff;background:var(--fail);padding:0 4px;border-radius:2px}
+.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:.8em;font-weight:600;border:1px solid currentColor;vertical-align:middle}
+h2.probe{margin:1.8em 0 .2em;font-size:1.3em}
+p.question{margin:0 0 .8em;color:#555}
+section.verdict{background:#fff;border:1px solid var(--line);border-left:5px solid #bbb;border-radius:4px;padding:.6em 1.2em 1em;margin:1em 0}
+section.verdict.fail,section.verdict.error{border-left-color:var(--fail)}
+section.verdict.pass{border-left-color:var(--pass)}
+section.verdict.warn{border-left-color:var(--warn)}
+section.verdict.inconclusive{border-left-color:var(--inc)}
+section.verdict h3{margin:.3em 0 .5em;font-size:1.1em}
+table.card{width:100%;margin:.4em 0}
+table.card th{width:7em;white-space:nowrap}
+.why{font-size:1.02em}
+code{background:var(--soft);padding:0 3px;border-radius:2px;word-break:break-all}
+.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(480px,1fr));gap:1em;margin:1em 0}
+figure.plot{margin:0;border:1px solid #eee;border-radius:4px;padding:.4em;background:#fff}
+figure.plot svg{display:block;width:100%;height:auto}
+figcaption{font-size:.88em;color:#444;padding:.2em .4em}
+.plot-note{font-size:.88em;color:#666;margin:.2em 0}
+.plot-error{font-size:.9em;color:var(--fail);border:1px dashed var(--fail);padding:.5em;border-radius:4px}
+details{margin:.5em 0}
+summary{cursor:pointer;color:#444}
+pre{background:var(--soft);padding:8px;overflow:auto;max-height:32em;font-size:12px}
+.missing-artifact{color:#888}
 """
 
 
-def _verdict_section(verdict: Verdict) -> str:
-    outcome = verdict.outcome.value
-    rows = [
-        ("status", f'<span class="{verdict.status.value}">{escape(status_label(verdict))}</span>'),
-        ("layer", escape(verdict.layer.value)),
-    ]
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "verdict"
+
+
+def _as_run(run: Run | Verdict | Mapping[str, Any]) -> tuple[Run, dict[str, Any]]:
+    """The run as objects (for the shared text helpers) and as its JSON document."""
+    if isinstance(run, Verdict):
+        run = Run(id=f"verdict-{run.name}", started="", verdicts=(run,))
+    if isinstance(run, Run):
+        return run, run.to_dict()
+    loaded = load_document(run)
+    return loaded, loaded.to_dict()
+
+
+class _Links:
+    """Links from the page to files, relative to the page's folder."""
+
+    def __init__(self, page_dir: Path, run_dir: Path | None, run_id: str | None) -> None:
+        self.page_dir = page_dir
+        self.run_dir = run_dir
+        self.run_id = run_id
+
+    def artifact(self, name: str, raw: str) -> str:
+        from glmfb.report.plots._base import relative_href, resolve_artifact
+
+        found = resolve_artifact(raw, self.run_dir, self.run_id)
+        if found is None:
+            return f'<span class="missing-artifact" data-artifact="{escape(name)}">{escape(raw)} (not found)</span>'
+        href = relative_href(found, self.page_dir)
+        return f'<a href="{escape(href)}" data-artifact="{escape(name)}">{escape(href)}</a>'
+
+    def beside(self, file_name: str) -> str | None:
+        from glmfb.report.plots._base import relative_href
+
+        if self.run_dir is None or not (self.run_dir / file_name).is_file():
+            return None
+        return relative_href(self.run_dir / file_name, self.page_dir)
+
+
+def _card(verdict: Verdict, data: Mapping[str, Any], links: _Links) -> str:
+    rows: list[tuple[str, str]] = [("why", f'<span class="why">{escape(verdict.why)}</span>')]
     if verdict.where:
-        rows.append(("where", escape(format_where(verdict.where))))
-    rows.append(("why", escape(verdict.why)))
+        rows.append(("where", f"<code>{escape(format_where(verdict.where))}</code>"))
     if verdict.metric is not None:
         rows.append(("metric", escape(format_metric(verdict.metric))))
-    if verdict.expect is not None:
-        rows.append(("expect", escape(expectation_text(verdict))))
     for step in verdict.next:
         rows.append(("next", f"<code>{escape(step)}</code>"))
-    for name, path in verdict.artifacts.items():
-        rows.append((escape(name), f'<a href="{escape(path)}">{escape(path)}</a>'))
+    rows.append(("layer", escape(verdict.layer.value)))
+    if verdict.expect is not None:
+        rows.append(("expect", f"{escape(expected_label(verdict))}: {escape(expectation_text(verdict))}"))
+    artifacts = data.get("artifacts") or {}
+    for name, raw in artifacts.items():
+        rows.append((escape(name), links.artifact(name, str(raw))))
     rows.append(("took", f"{verdict.duration_s:.2f} s"))
     body = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
-    evidence = json.dumps([dict(e) for e in verdict.evidence], indent=2)
-    anchor = escape(verdict.name)
+    return f'<table class="card">{body}</table>'
+
+
+def _figure(drawn: Drawn, verdict_name: str) -> str:
+    plot_id = escape(drawn.spec.plot_id)
+    title = escape(drawn.spec.title)
+    if drawn.state == "drawn":
+        return (
+            f'<figure class="plot" data-plot="{plot_id}" data-state="drawn" data-verdict="{escape(verdict_name)}">'
+            f"{drawn.svg}<figcaption>{escape(drawn.caption)}</figcaption></figure>"
+        )
+    if drawn.state == "missing":
+        return (
+            f'<p class="plot-note" data-plot="{plot_id}" data-state="missing">'
+            f"Not drawn, {title}: {escape(drawn.reason)}.</p>"
+        )
     return (
-        f'<section class="{outcome}" id="{anchor}"><h2>{escape(verdict.probe.value)}: {anchor}</h2>'
-        f"<table>{body}</table><details><summary>evidence ({len(verdict.evidence)})</summary>"
-        f"<pre>{escape(evidence)}</pre></details></section>"
+        f'<div class="plot-error" data-plot="{plot_id}" data-state="error">'
+        f"The plot {title} could not be drawn ({escape(drawn.reason)}); the evidence is below.</div>"
     )
 
 
-def render_html(run: Run) -> str:
-    summary = run.summary
+def _evidence_block(label: str, items: list[Any]) -> str:
+    if not items:
+        return ""
+    kinds = ", ".join(dict.fromkeys(str(e.get("kind")) for e in items if isinstance(e, Mapping)))
+    text = json.dumps(items, indent=2)
+    return (
+        f"<details><summary>{escape(label)} ({len(items)}: {escape(kinds)})</summary>"
+        f"<pre>{escape(text)}</pre></details>"
+    )
+
+
+def _section(index: int, verdict: Verdict, data: Mapping[str, Any], links: _Links) -> str:
+    from glmfb.report.plots import VerdictView, draw, specs_for
+
+    view = VerdictView(data, run_dir=links.run_dir, run_id=links.run_id)
+    drawn = [
+        draw(spec, view, prefix=f"v{index}p{n}")
+        for n, spec in enumerate(specs_for(verdict.probe))
+    ]
+    shown = [d for d in drawn if not (d.state == "missing" and d.spec.optional)]
+    figures = "".join(_figure(d, verdict.name) for d in shown if d.state != "missing")
+    notes = "".join(_figure(d, verdict.name) for d in shown if d.state == "missing")
+    plotted = {kind for d in drawn if d.state == "drawn" for kind in d.spec.reads}
+    evidence = list(data.get("evidence") or [])
+    in_plots = [e for e in evidence if isinstance(e, Mapping) and e.get("kind") in plotted]
+    others = [e for e in evidence if not (isinstance(e, Mapping) and e.get("kind") in plotted)]
+    outcome = verdict.outcome.value
+    anchor = f"v-{_slug(verdict.name)}"
+    return (
+        f'<section class="verdict {outcome}" id="{anchor}" data-probe="{escape(verdict.probe)}" '
+        f'data-verdict="{escape(verdict.name)}" data-status="{escape(verdict.status.value)}">'
+        f'<h3>{escape(verdict.name)} <span class="badge st-{escape(verdict.status.value)}">'
+        f"{escape(status_label(verdict))}</span></h3>"
+        f"{_card(verdict, data, links)}"
+        + (f'<div class="plots">{figures}</div>' if figures else "")
+        + notes
+        + _evidence_block("evidence not plotted", others)
+        + _evidence_block("evidence shown in the plots, as data", in_plots)
+        + "</section>"
+    )
+
+
+def render_html(
+    run: Run | Verdict | Mapping[str, Any],
+    report_dir: Path | None = None,
+    page_path: Path | None = None,
+) -> str:
+    """The page for a run: a :class:`Run`, one :class:`Verdict` (a probe given ``--out``), or
+    their ``glmfb.run/1`` / ``glmfb.verdict/1`` JSON.
+
+    ``report_dir`` is the run's folder, where its artifacts are looked up; ``page_path`` is where
+    the page will be written (default ``report_dir/report.html``): links are relative to it.
+    A document that is not a run or verdict raises :class:`~glmfb.verdict.SchemaError`.
+    """
+    run_obj, document = _as_run(run)
+    page_dir = (page_path.parent if page_path is not None else report_dir) or Path.cwd()
+    links = _Links(page_dir, report_dir, run_obj.id)
+    summary = run_obj.summary
     counts = ", ".join(
         f"{summary[k]} {k}" for k in ("pass", "warn", "fail", "inconclusive", "error") if summary[k]
     )
-    head = "<tr><th>probe</th><th>name</th><th>status</th><th>expected</th><th>layer</th><th>metric</th><th>where</th></tr>"
+    head = (
+        "<tr><th>probe</th><th>name</th><th>status</th><th>expected</th><th>layer</th>"
+        "<th>metric</th><th>where</th></tr>"
+    )
     rows = "".join(
-        f'<tr><td>{escape(v.probe.value)}</td><td><a href="#{escape(v.name)}">{escape(v.name)}</a></td>'
-        f'<td class="{v.outcome.value}">{escape(status_label(v))}</td><td>{escape(expected_label(v))}</td>'
+        f'<tr data-verdict="{escape(v.name)}"><td>{escape(v.probe)}</td>'
+        f'<td><a href="#v-{_slug(v.name)}">{escape(v.name)}</a></td>'
+        f'<td class="st-{v.outcome.value}">{escape(status_label(v))}</td><td>{escape(expected_label(v))}</td>'
         f"<td>{escape(v.layer.value)}</td><td>{escape(format_metric(v.metric))}</td>"
         f"<td>{escape(format_where(v.where))}</td></tr>"
-        for v in run.verdicts
+        for v in run_obj.verdicts
     )
-    sections = "".join(_verdict_section(v) for v in run.verdicts)
+    pairs = list(zip(run_obj.verdicts, document["verdicts"], strict=True))
+    probes = [p for p in PROBE_ORDER if any(v.probe == p for v, _ in pairs)]
+    probes += sorted({v.probe for v, _ in pairs} - set(probes))
+    groups = []
+    index = 0
+    for probe in probes:
+        sections = []
+        for verdict, data in pairs:
+            if verdict.probe == probe:
+                sections.append(_section(index, verdict, data, links))
+                index += 1
+        question = PROBE_QUESTIONS.get(probe, "")
+        groups.append(
+            f'<h2 class="probe" id="probe-{escape(probe)}">{escape(probe)}</h2>'
+            + (f'<p class="question">{escape(question)}</p>' if question else "")
+            + "".join(sections)
+        )
+    nav = "".join(f'<a href="#probe-{escape(p)}">{escape(p)}</a>' for p in probes)
+    files = []
+    for name in ("run.json", "junit.xml"):
+        href = links.beside(name)
+        if href is not None:
+            files.append(f'<a href="{escape(href)}" data-artifact="{escape(name)}">{escape(name)}</a>')
+    started = f"started {escape(run_obj.started)}" if run_obj.started else ""
+    meta = ", ".join(x for x in (started, f"exit code {int(run_obj.exit_code)}", escape(counts or "no verdicts")) if x)
     return (
-        f'<!doctype html><html><head><meta charset="utf-8"><title>glmfb run {escape(run.id)}</title>'
-        f"<style>{_CSS}</style></head><body><h1>glmfb run {escape(run.id)}</h1>"
-        f"<p>started {escape(run.started)}, exit code {int(run.exit_code)}: {escape(counts or 'no verdicts')}"
-        f"{' (interrupted)' if run.interrupted else ''}</p><table>{head}{rows}</table>{sections}</body></html>\n"
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>glmfb run {escape(run_obj.id)}</title><style>{_CSS}</style></head><body>"
+        f'<header class="page"><h1>glmfb run {escape(run_obj.id)}</h1>'
+        f"<p>{meta}{' (interrupted)' if run_obj.interrupted else ''}"
+        + (f" · {' · '.join(files)}" if files else "")
+        + f"</p><nav>{nav}</nav></header><main><table class=\"summary\">{head}{rows}</table>"
+        + "".join(groups)
+        + "</main></body></html>\n"
     )
+
+
+def write_html(
+    run: Run | Verdict | Mapping[str, Any], report_dir: Path, out: Path | None = None
+) -> Path:
+    """Render the run's page and write it atomically (default ``report_dir/report.html``)."""
+    from glmfb.io import write_text_atomic
+
+    path = out if out is not None else report_dir / REPORT_NAME
+    write_text_atomic(path, render_html(run, report_dir, path))
+    return path

@@ -5,7 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from glmfb.gate import GateDecision, GateResult, failing_rows
-from glmfb.report.text import expectation_text, format_metric
+from glmfb.report.text import expectation_text, format_metric, printable
 from glmfb.verdict import Verdict
 
 
@@ -70,7 +70,7 @@ def render_junit(result: GateResult) -> str:
         case = ET.SubElement(
             suite,
             "testcase",
-            classname=f"glmfb.{verdict.probe.value}",
+            classname=f"glmfb.{verdict.probe}",
             name=verdict.name,
             time=f"{verdict.duration_s:.3f}",
         )
@@ -81,5 +81,16 @@ def render_junit(result: GateResult) -> str:
         elif kind == "skipped":
             label = "allowed" if row.decision is GateDecision.ALLOWED else "inconclusive, tolerated"
             ET.SubElement(case, "skipped", message=f"{label}: {row.reason or verdict.why}")
+    for problem in result.problems:  # an empty or interrupted run fails the gate: show why
+        case = ET.SubElement(suite, "testcase", classname="glmfb.run", name=result.run.id, time="0")
+        ET.SubElement(case, "error", message=problem, type="run")
+        counts["tests"] = str(int(counts["tests"]) + 1)
+        counts["errors"] = str(int(counts["errors"]) + 1)
+    for element in (suites, suite):
+        element.attrib.update({k: counts[k] for k in ("tests", "errors")})
+    for element in suites.iter():  # a target's message may hold control characters
+        element.attrib = {k: printable(v) for k, v in element.attrib.items()}
+        if element.text:
+            element.text = printable(element.text)
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from glmfb.gate import GateDecision, GateResult
-from glmfb.report.text import expectation_text, format_metric, format_where, status_label
+from glmfb.report.text import expectation_text, format_metric, format_where, printable, status_label
 
 _ICON = {
     GateDecision.OK: "✅",
@@ -15,7 +15,7 @@ _ICON = {
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return printable(text).replace("|", "\\|").replace("\n", " ")
 
 
 def render_markdown(result: GateResult) -> str:
@@ -32,15 +32,17 @@ def render_markdown(result: GateResult) -> str:
     for row in result.rows:
         v = row.verdict
         lines.append(
-            f"| {_ICON[row.decision]} | {v.probe.value} | {_cell(v.name)} | {_cell(status_label(v))} "
+            f"| {_ICON[row.decision]} | {v.probe} | {_cell(v.name)} | {_cell(status_label(v))} "
             f"| {v.layer.value} | {_cell(format_metric(v.metric))} | {_cell(format_where(v.where))} |"
         )
+    if result.problems:
+        lines += ["", *(f"💥 {problem}" for problem in result.problems)]
     details = [row for row in result.rows if row.decision is not GateDecision.OK]
     if details:
         lines += ["", "### What needs a look", ""]
         for row in details:
             v = row.verdict
-            lines.append(f"**{_cell(v.name)}** ({row.decision.value}): {v.why}")
+            lines.append(f"**{_cell(v.name)}** ({row.decision.value}): {printable(v.why)}")
             if v.expect is not None:
                 lines.append(f"- {expectation_text(v)}")
             if row.reason:

@@ -31,6 +31,7 @@ STYLES = {
     "verdict.next": "cyan",
     "verdict.unexpected": "bold red",
     "table.header": "bold",
+    "evidence.key": "dim",
 }
 
 
@@ -74,9 +75,11 @@ def render_verdict(verdict: Verdict) -> RenderableType:
     for name, path in verdict.artifacts.items():
         grid.add_row(name, path)
     grid.add_row("took", f"{verdict.duration_s:.2f} s")
-    title = f"glmfb {verdict.probe.value}: {verdict.name}"
+    title = f"glmfb {verdict.probe}: {verdict.name}"
     border = f"status.{verdict.outcome.value}"
-    return Panel(Group(grid), title=title, title_align="left", border_style=border)
+    panel = Panel(Group(grid), title=title, title_align="left", border_style=border)
+    shown = [item for item in verdict.evidence if item.show_in_terminal]
+    return Group(*shown, panel) if shown else panel
 
 
 def render_run(run: Run) -> RenderableType:
@@ -94,7 +97,7 @@ def render_run(run: Run) -> RenderableType:
         table.add_column(column, overflow="fold")
     for verdict in run.verdicts:
         cells: list[RenderableType] = [
-            verdict.probe.value,
+            verdict.probe,
             verdict.name,
             _status_text(verdict),
             verdict.layer.value,
@@ -129,7 +132,8 @@ def render_gate(result: GateResult) -> RenderableType:
     word = "passed" if result.passed else f"failed (exit {int(result.exit_code)})"
     counts = ", ".join(f"{result.count(d)} {d.value}" for d in GateDecision if result.count(d))
     style = "status.pass" if result.passed else "status.fail"
-    lines: list[RenderableType] = [Text(f"glmfb gate {word}: {counts}", style=style)]
+    lines: list[RenderableType] = [Text(f"glmfb gate {word}: {counts or 'no verdicts'}", style=style)]
+    lines.extend(Text(f"  {problem}", style="status.error") for problem in result.problems)
     for row in result.rows:
         if row.decision is not GateDecision.OK:
             suffix = f" (allowed: {row.reason})" if row.reason else ""

@@ -1,4 +1,4 @@
-"""CONTEXT.md bug 3: a gated RMS normalization over decode outputs, tiled vs fused.
+"""Bug 3 of docs/background.md: a gated RMS normalization over decode outputs, tiled vs fused.
 
 The decode kernel's epilogue normalizes each output row ``o`` (length V) by its root mean
 square and gates it elementwise with ``silu(g)``::

@@ -1,4 +1,4 @@
-"""CONTEXT.md bug 2 in miniature: an MoE dispatch call that keeps the GIL beside a KV-transfer
+"""Bug 2 of docs/background.md in miniature: an MoE dispatch call that keeps the GIL beside a KV-transfer
 thread that must submit a small job every millisecond.
 
 ``intranode_dispatch`` stands in for DeepEP's native dispatch: a libc ``usleep`` reached through
@@ -38,7 +38,7 @@ def _libc(mode: str) -> ctypes.CDLL:
 
 
 class MooncakeLink:
-    """Two Mooncake transfer engines in this process over TCP (NOTES.md): ``write`` moves one
+    """Two Mooncake transfer engines in this process over TCP: ``write`` moves one
     job from a registered source buffer to the peer's registered destination. Its Python calls
     release the GIL, like the real KV-transfer path."""
 

@@ -1,1 +1,1 @@
-"""Prefill + KV transfer with a GIL-holding MoE dispatch (CONTEXT.md bug 2) and its fix."""
+"""Prefill + KV transfer with a GIL-holding MoE dispatch (bug 2 of docs/background.md) and its fix."""

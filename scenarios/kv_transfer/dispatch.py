@@ -1,7 +1,7 @@
 """The MoE dispatch stand-in: a native call that waits, with or without the GIL.
 
 DeepEP v1.2.1's ``intranode_dispatch`` held the GIL while it waited for the other ranks
-(CONTEXT.md bug 2). Here the wait is libc ``usleep`` called through ctypes: through
+(bug 2 of docs/background.md). Here the wait is libc ``usleep`` called through ctypes: through
 ``ctypes.PyDLL`` the GIL stays held for the whole call (the bug), through ``ctypes.CDLL`` it is
 released around it (the fix). Either way the calling thread is idle inside a native call,
 which is what a GIL sampler sees in the real bug.

@@ -1,4 +1,4 @@
-"""Prefill of a small transformer with per-layer KV transfer to a decode process (CONTEXT.md bug 2).
+"""Prefill of a small transformer with per-layer KV transfer to a decode process (bug 2 of docs/background.md).
 
 One iteration: the prefill runs layer by layer on a fixed prompt; each layer stores its K and
 V into a KV pool (pages of ``page_tokens`` tokens) and hands the layer to the transfer thread
@@ -6,7 +6,7 @@ V into a KV pool (pages of ``page_tokens`` tokens) and hands the layer to the tr
 KV pages); then the layer's MoE dispatch waits in a native call (``intranode_dispatch``),
 then the experts run. The iteration ends when the prefill is done and every page arrived.
 
-Factories (``glmfb gap`` targets, DESIGN.md): :func:`prefill_only` (no transfer),
+Factories (``glmfb gap`` targets, docs/design.md): :func:`prefill_only` (no transfer),
 :func:`prefill_transfer_holding` (the dispatch holds the GIL: the bug) and
 :func:`prefill_transfer_releasing` (the fix). The dispatch runs in every variant, so
 prefill-only against releasing is a fair comparison. Each returns a :class:`PrefillIteration`:
@@ -371,7 +371,7 @@ def prefill_only(**kwargs: Any) -> PrefillIteration:
 
 
 def prefill_transfer_holding(**kwargs: Any) -> PrefillIteration:
-    """Prefill + KV transfer; the dispatch holds the GIL (CONTEXT.md bug 2)."""
+    """Prefill + KV transfer; the dispatch holds the GIL (bug 2 of docs/background.md)."""
     return PrefillIteration(transfer=True, dispatch="holding", **kwargs)
 
 

@@ -1,5 +1,5 @@
 """A synthetic recurrent scan (gated linear attention, one state per layer) whose state update
-runs in emulated TF32 in the candidate: CONTEXT.md bug 1 in miniature.
+runs in emulated TF32 in the candidate: bug 1 of docs/background.md in miniature.
 
 The state update is ``S_t = g_t * S_{t-1} + k_t^T v_t`` and the readout ``o_t = q_t S_t``.
 With ``tf32=True`` every float32 operand of those products is rounded to a 10-bit mantissa

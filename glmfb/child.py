@@ -1,0 +1,99 @@
+"""The child process of a supervised probe run (see :mod:`glmfb.supervise`).
+
+``python -m glmfb.child`` reads its job (JSON) on stdin, runs the probe through the host
+boundary, and writes progress and the verdict as JSON lines to the pipe named by
+``$GLMFB_RESULT_FD``; then it leaves with ``os._exit``, so a thread the target left running
+cannot keep it alive. SIGTERM (glmfb stopping it) raises inside the probe, so the probe's own
+clean-up (a traced program, a receiver process) runs before the parent's SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+
+class Stopped(BaseException):
+    """SIGTERM from the supervising glmfb: unwind, run the clean-up, answer if possible."""
+
+
+def _on_sigterm(number: int, frame: Any) -> None:
+    raise Stopped()
+
+
+def main() -> None:
+    channel = os.fdopen(int(os.environ["GLMFB_RESULT_FD"]), "w", buffering=1, encoding="utf-8")
+    os.environ.pop("GLMFB_RESULT_FD", None)  # the target's own children must not inherit it
+
+    def send(message: dict[str, Any]) -> None:
+        channel.write(json.dumps(message, allow_nan=False) + "\n")
+        channel.flush()
+
+    job = json.loads(sys.stdin.read())
+    sys.path[:] = [p for p in job["sys_path"] if p]  # the parent's import path (installed probes)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+    from pathlib import Path
+
+    from glmfb.errors import UsageError
+    from glmfb.host import run_probe
+    from glmfb.probe import ProbeContext, get_probe
+    from glmfb.supervise import decode
+    from glmfb.verdict import Verdict
+
+    if "call" in job:  # not a probe: a function of glmfb's (glmfb capture), run the same way
+        _call(job, send)
+    kind = job["kind"]
+    name = kind
+    try:
+        probe = get_probe(kind)
+        config = decode(job["config"])
+        name = str(getattr(config, "name", kind))
+        ctx = ProbeContext(
+            run_id=job["run_id"], artifact_dir=Path(job["artifact_dir"]),
+            progress=lambda message: send({"progress": message}),
+            rules_files=tuple(Path(p) for p in job["rules_files"]),
+        )
+        verdict = run_probe(probe, config, ctx, usage_errors=job["usage_errors"])
+    except UsageError as exc:
+        send({"usage_error": str(exc)})
+        os._exit(0)
+    except Stopped:
+        verdict = Verdict.harness_error(kind, name, f"glmfb {kind}: stopped by glmfb (SIGTERM) before it finished")
+    except SystemExit as exc:  # sys.exit() in code the engine did not guard (an import, a thread)
+        verdict = Verdict.harness_error(
+            kind, name, f"glmfb {kind}: the target called sys.exit({exc.code!r}) while glmfb ran it",
+            next=("a target must return, not exit; remove the sys.exit call from the code glmfb calls",),
+        )
+    send({"verdict": verdict.to_dict()})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _call(job: dict[str, Any], send: Any) -> None:
+    """Run ``job["call"]`` (``module:function``) on the decoded config; answer its JSON result,
+    or the GlmfbError it raised (message and exit code)."""
+    from glmfb.errors import GlmfbError
+    from glmfb.supervise import _load_class, decode
+
+    try:
+        function = _load_class(job["call"])
+        result = function(decode(job["config"]), lambda message: send({"progress": message}))
+        send({"result": result})
+    except GlmfbError as exc:
+        send({"glmfb_error": str(exc), "exit_code": int(exc.exit_code)})
+    except Stopped:
+        send({"glmfb_error": "stopped by glmfb (SIGTERM) before it finished", "exit_code": 3})
+    except (Exception, SystemExit) as exc:
+        send({"glmfb_error": f"{job['call']} raised {type(exc).__name__}: {exc}", "exit_code": 3})
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The frozen configurations of ``glmfb diff`` and ``glmfb capture``; options declared once."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from glmfb.diff.metrics import DEFAULT_CHUNK_ELEMENTS, Tolerances
+from glmfb.diff.requests import DEFAULT_MAX_ELEMENTS
+from glmfb.options import BOOL, FILE, GLOBS, POSITIVE_INT, ValueType, nonnegative_float, option
+from glmfb.units import OptionValueError, parse_number
+
+PerTap = tuple[tuple[str, float | None, float | None], ...]
+
+
+def _tolerance_number(raw: Any, what: str) -> float | None:
+    if raw is None or (isinstance(raw, str) and not raw.strip()):
+        return None
+    value = parse_number(raw, f"a {what}", "write it as a number, e.g. 1e-3")
+    if value < 0:
+        raise OptionValueError(f"{what} {raw!r} is negative", "tolerances are non-negative")
+    return value
+
+
+def parse_per_tap(raw: Any) -> PerTap:
+    """Per-tap tolerances: ``GLOB=RTOL,ATOL`` strings (the CLI's repeated ``--tol``; either
+    number may be left empty) or a TOML table ``{ "glob" = { rtol = X, atol = Y } }``."""
+    parsed: list[tuple[str, float | None, float | None]] = []
+    if isinstance(raw, Mapping):
+        for glob, entry in raw.items():
+            if not isinstance(entry, Mapping) or set(entry) - {"rtol", "atol"}:
+                raise OptionValueError(f"tolerances.{glob} must be {{ rtol = X, atol = Y }}",
+                                       'write tolerances = { "layers.*" = { rtol = 1e-3 } }')
+            parsed.append((str(glob), _tolerance_number(entry.get("rtol"), "rtol"),
+                           _tolerance_number(entry.get("atol"), "atol")))
+        return tuple(parsed)
+    items = raw if isinstance(raw, (list, tuple)) else [raw]
+    for item in items:
+        text = str(item)
+        glob, sep, numbers = text.rpartition("=")
+        rtol_text, comma, atol_text = numbers.partition(",")
+        if not sep or not glob or not comma:
+            raise OptionValueError(f"{text!r} does not parse",
+                                   "write it as 'GLOB=RTOL,ATOL', e.g. 'layers.*=1e-3,1e-5'")
+        parsed.append((glob, _tolerance_number(rtol_text, "rtol"), _tolerance_number(atol_text, "atol")))
+    return tuple(parsed)
+
+
+PER_TAP = ValueType("tolerance", "GLOB=RTOL,ATOL", str, lambda v: "none" if not v else str(len(v)),
+                    {"type": ["object", "array"], "description": "glob -> {rtol, atol}, or 'GLOB=RTOL,ATOL' strings"},
+                    repeatable=True, parse_all=parse_per_tap)
+TOLERANCE = nonnegative_float("tolerance")
+
+
+@dataclass(frozen=True)
+class DiffConfig:
+    """Everything one diff needs. Sides are capture directories or target references."""
+
+    name: str
+    baseline: str
+    candidate: str
+    baseline_args: Mapping[str, Any] = field(default_factory=dict)
+    candidate_args: Mapping[str, Any] = field(default_factory=dict)
+    base_dir: Path | None = None
+    requests: Path | None = option(None, FILE, "Requests, one JSON object per line (needed when a side is a target).")
+    rtol: float | None = option(None, TOLERANCE, "Relative tolerance for every tap (default: by dtype).")
+    atol: float | None = option(None, TOLERANCE, "Absolute tolerance for every tap (default: by dtype).")
+    per_tap: PerTap = option((), PER_TAP, "Per-tap tolerance (first match wins). Repeatable.",
+                             key="tolerances", flag="--tol")
+    taps: tuple[str, ...] = option((), GLOBS, "Only tap submodules whose name matches this glob. Repeatable.",
+                                   flag="--tap")
+    localize: bool = option(True, BOOL, "Measure each suspect module's own error on the baseline's inputs.")
+    minimize: bool = option(True, BOOL, "Search the shortest failing prefix of the worst request.")
+    max_suspects: int = option(16, POSITIVE_INT, "Most modules whose local error is measured.")
+    max_elements: int = option(DEFAULT_MAX_ELEMENTS, POSITIVE_INT,
+                               "Largest request (tokens, or tensor elements) read before allocating it.")
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
+
+    @property
+    def tolerances(self) -> Tolerances:
+        return Tolerances(self.rtol, self.atol, self.per_tap)
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """``glmfb capture``: one target over a request set into a capture directory."""
+
+    target: str
+    out: Path
+    args: Mapping[str, Any] = field(default_factory=dict)
+    base_dir: Path | None = None
+    requests: Path | None = option(None, FILE, "Requests, one JSON object per line.")
+    taps: tuple[str, ...] = option((), GLOBS, "Only tap submodules whose name matches this glob. Repeatable.",
+                                   flag="--tap")
+    max_elements: int = option(DEFAULT_MAX_ELEMENTS, POSITIVE_INT,
+                               "Largest request (tokens, or tensor elements) read before allocating it.")
+    force: bool = option(False, BOOL, "Replace an existing capture directory at --out (whole).", toml=False)

@@ -1,0 +1,110 @@
+"""The evidence kinds of ``glmfb gap``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from glmfb.evidence import Evidence, evidence_kind
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class GapMeasurement(Evidence):
+    """The gap (candidate / baseline - 1 of the median iteration time), its interval, and the
+    interleaved samples it came from."""
+
+    kind: ClassVar[str] = "gap"
+    gap: float
+    ci: tuple[float, ...]
+    confidence: float
+    threshold: float
+    baseline_median_s: float
+    candidate_median_s: float
+    iterations_per_side: int
+    stopped_by: str
+    elapsed_s: float
+    baseline_samples_s: tuple[float, ...] = ()
+    candidate_samples_s: tuple[float, ...] = ()
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        rows = [{"side": "baseline", "iteration": i, "seconds": t} for i, t in enumerate(self.baseline_samples_s)]
+        rows += [{"side": "candidate", "iteration": i, "seconds": t} for i, t in enumerate(self.candidate_samples_s)]
+        return {"gap_samples": rows}
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class Phase(Evidence):
+    """One timing phase an iteration reported, on both sides (medians in seconds)."""
+
+    kind: ClassVar[str] = "phase"
+    phase: str
+    delta_s: float
+    concurrent: bool
+    baseline_s: float | None = None
+    candidate_s: float | None = None
+    change: float | None = None
+    ci: tuple[float, ...] | None = None
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        return {"phases": [self.to_dict()]}
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class TransferInfo(Evidence):
+    """What a side says about its transfer (its ``describe()``): path, fallback, sizes. Keys
+    beyond the common ones are the target's own and kept as they are."""
+
+    kind: ClassVar[str] = "transfer"
+    side: str
+    transfer_path: str | None = None
+    fallback_reason: str | None = None
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class Bandwidth(Evidence):
+    """Achieved transfer bandwidth against the path's ceiling measured here, and against the
+    page rate the sender reaches alone."""
+
+    kind: ClassVar[str] = "bandwidth"
+    bytes_per_iteration: float
+    bandwidth_bound: bool
+    transfer_path: str | None = None
+    fallback_reason: str | None = None
+    achieved_bytes_per_s: float | None = None
+    ceiling_bytes_per_s: float | None = None
+    ceiling_share: float | None = None
+    page_rate_bytes_per_s: float | None = None
+    page_rate_share: float | None = None
+    error: str | None = None
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class GilAttribution(Evidence):
+    """What the gil probe, run on the candidate, found: the holder and the starved thread."""
+
+    kind: ClassVar[str] = "gil_attribution"
+    available: bool
+    status: str | None = None
+    reason: str | None = None
+    holder_thread: str | None = None
+    holder_function: str | None = None
+    holder_file: str | None = None
+    holder_line: int | None = None
+    holder_share: float | None = None
+    holder_idle_share: float | None = None
+    native_frame: str | None = None
+    holder_source: str | None = None
+    starved_thread: str | None = None
+    starved_waiting_share: float | None = None
+    canary_p50_ms: float | None = None
+    canary_p99_ms: float | None = None
+    canary_max_ms: float | None = None
+    gil_why: str | None = None
+
+
+EVIDENCE_TYPES: tuple[type[Evidence], ...] = (GapMeasurement, Phase, TransferInfo, Bandwidth, GilAttribution)

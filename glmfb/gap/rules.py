@@ -1,0 +1,187 @@
+"""The rules of ``glmfb gap``: the measured gap and its attribution in, a diagnosis out.
+
+Tried in order; the first that applies wins:
+
+=====================  ========================================================================
+undecided              the interval straddles the threshold when the budget or repeats ran out:
+                       inconclusive
+within-threshold       the whole interval lies below the threshold: pass
+gil-release-missing    over the threshold; the gil probe saw the transfer thread starved beside a
+                       holder idle in a native call with the GIL: a missing GIL release; fail
+gil-holder             over the threshold; a starved thread beside a GIL holder that computes
+bandwidth-bound        over the threshold; the transfer runs at the link's ceiling
+over-threshold         over the threshold, no attribution explains it
+=====================  ========================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from glmfb.gap.attribution import GilFinding
+from glmfb.gap.bandwidth import BandwidthCheck
+from glmfb.gap.phases import PhaseChange
+from glmfb.rules import Diagnosis, Rule
+from glmfb.verdict import Status
+
+KIND = "gap"
+
+
+@dataclass(frozen=True)
+class GapFindings:
+    """What a gap check established, in the terms the rules speak."""
+
+    gap: float
+    low: float
+    high: float
+    threshold: float
+    iterations: int
+    stopped_by: str  # decided | repeats | budget
+    budget_s: float
+    repeats: int
+    grown: tuple[PhaseChange, ...]
+    bandwidth: BandwidthCheck | None = None
+    gil: GilFinding | None = None
+    attribute: bool = True
+    baseline_ref: str = "BASELINE"
+    candidate_ref: str = "CANDIDATE"
+
+    @property
+    def gap_text(self) -> str:
+        return (f"the candidate takes {self.gap:+.1%} [{self.low:+.1%}, {self.high:+.1%}] against the baseline "
+                f"({self.iterations} interleaved iterations a side, threshold {self.threshold:.0%})")
+
+    @property
+    def over(self) -> bool:
+        return self.low > self.threshold
+
+    def saw(self) -> dict[str, Any]:
+        seen: dict[str, Any] = {"gap": self.gap, "ci": [self.low, self.high], "threshold": self.threshold,
+                                "iterations": self.iterations, "stopped_by": self.stopped_by,
+                                "grown_phases": [c.name for c in self.grown]}
+        if self.bandwidth is not None:
+            seen.update(bandwidth_bound=self.bandwidth.bandwidth_bound, ceiling_share=self.bandwidth.ceiling_share,
+                        page_rate_share=self.bandwidth.page_rate_share)
+        if self.gil is not None:
+            seen.update(gil_available=self.gil.available, gil_status=self.gil.status,
+                        holder_function=self.gil.holder_function, holder_idle_share=self.gil.holder_idle_share,
+                        starved_thread=self.gil.starved_thread)
+        return seen
+
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.0f} ms" if abs(seconds) >= 0.0095 else f"{1e3 * seconds:.1f} ms"
+
+
+def _phase_phrase(change: PhaseChange) -> str:
+    if change.baseline_s is None:
+        return f"{change.name} {_ms(change.delta_s)} (only in the candidate)"
+    relative = f", {change.change:+.0%}" if change.change is not None else ""
+    return f"{change.name} +{_ms(change.delta_s)}{relative}"
+
+
+def _capital(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _failure_sentences(f: GapFindings) -> list[str]:
+    sentences = [f"Over the threshold: {f.gap_text}."]
+    if f.grown:
+        sentences.append("The time went to " + " and ".join(_phase_phrase(c) for c in f.grown[:3]) + ".")
+    else:
+        sentences.append("No single reported phase grew beyond noise.")
+    bandwidth = f.bandwidth
+    if bandwidth is not None and bandwidth.achieved_bytes_per_s is not None:
+        on_link = ("the link is saturated: bandwidth, not the interpreter, limits the transfer"
+                   if bandwidth.bandwidth_bound else
+                   "the sender was held back, not the link" if bandwidth.starved else "the link was not the limit")
+        sentences.append(f"{_capital(bandwidth.summary())}: {on_link}.")
+    elif bandwidth is not None and bandwidth.error:
+        sentences.append(f"Bandwidth unknown ({bandwidth.error}).")
+    if f.gil is not None:
+        sentences.append(f.gil.sentence())
+    elif not f.attribute:
+        sentences.append("Attribution was switched off.")
+    return sentences
+
+
+def _after_fix(f: GapFindings) -> str:
+    return f"glmfb gap {f.baseline_ref} {f.candidate_ref} --threshold {f.threshold:.0%}  # after the fix"
+
+
+def _gil_next(f: GapFindings) -> list[str]:
+    steps: list[str] = []
+    if f.gil is not None:
+        steps.extend(f.gil.next)
+        if not f.gil.available or not f.gil.holder_known:
+            steps.append(f"glmfb gil --target {f.candidate_ref} --duration 15")
+    return steps
+
+
+def _gil_where(f: GapFindings) -> dict[str, Any]:
+    gil = f.gil
+    assert gil is not None
+    where: dict[str, Any] = {"thread": gil.starved_thread or gil.holder_thread, "function": gil.holder_function}
+    if gil.holder_file:
+        where["file"] = gil.holder_file
+    if gil.holder_line is not None:
+        where["line"] = gil.holder_line
+    return where
+
+
+def _undecided(f: GapFindings) -> Diagnosis | None:
+    if f.over or f.high < f.threshold:
+        return None
+    ran_out = {"budget": f"the {f.budget_s:g} s budget", "repeats": f"{f.repeats} repeats"}
+    why = (f"Not decided: {f.gap_text}; the interval straddles the threshold and "
+           f"{ran_out.get(f.stopped_by, 'the limits')} ran out.")
+    return Diagnosis(Status.INCONCLUSIVE, why, (
+        f"glmfb gap {f.baseline_ref} {f.candidate_ref} --threshold {f.threshold:.0%} --repeats {f.repeats * 2} "
+        f"--budget {f.budget_s * 2:g}  # more evidence, on a quieter machine",))
+
+
+def _within(f: GapFindings) -> Diagnosis | None:
+    if f.high >= f.threshold:
+        return None
+    why = f"Within the threshold: {f.gap_text}."
+    if f.bandwidth is not None and f.bandwidth.achieved_bytes_per_s is not None:
+        why += f" {_capital(f.bandwidth.summary())}."
+    return Diagnosis(Status.PASS, why, (), {})
+
+
+def _release_missing(f: GapFindings) -> Diagnosis | None:
+    gil = f.gil
+    if not (f.over and gil is not None and gil.holder_known and gil.starved and gil.idle_in_native):
+        return None
+    sentences = [*_failure_sentences(f), f"A missing GIL release in {gil.holder_function}: release the GIL around "
+                                         "its native call and rerun this gap."]
+    return Diagnosis(Status.FAIL, " ".join(sentences), (*_gil_next(f), _after_fix(f)), _gil_where(f))
+
+
+def _gil_holder(f: GapFindings) -> Diagnosis | None:
+    gil = f.gil
+    if not (f.over and gil is not None and gil.holder_known and gil.starved):
+        return None
+    return Diagnosis(Status.FAIL, " ".join(_failure_sentences(f)), (*_gil_next(f), _after_fix(f)), _gil_where(f))
+
+
+def _bandwidth_bound(f: GapFindings) -> Diagnosis | None:
+    if not (f.over and f.bandwidth is not None and f.bandwidth.bandwidth_bound):
+        return None
+    return Diagnosis(Status.FAIL, " ".join(_failure_sentences(f)), (
+        *_gil_next(f), "cut the bytes moved (KV precision, fewer layers sent) or add bandwidth", _after_fix(f)), {})
+
+
+def _over(f: GapFindings) -> Diagnosis | None:
+    return Diagnosis(Status.FAIL, " ".join(_failure_sentences(f)), (*_gil_next(f), _after_fix(f)), {})
+
+
+RULES: tuple[Rule[GapFindings], ...] = (
+    Rule("undecided", KIND, _undecided, "the interval straddles the threshold: inconclusive"),
+    Rule("within-threshold", KIND, _within, "the interval lies below the threshold"),
+    Rule("gil-release-missing", KIND, _release_missing, "starved transfer thread beside a holder idle in a native call"),
+    Rule("gil-holder", KIND, _gil_holder, "starved transfer thread beside a GIL holder"),
+    Rule("bandwidth-bound", KIND, _bandwidth_bound, "the transfer runs at the link's ceiling"),
+    Rule("over-threshold", KIND, _over, "over the threshold, unexplained"),
+)

@@ -1,0 +1,309 @@
+"""The probe API: what a probe is, how one is found, and what it gets to run.
+
+A probe kind (``diff``, ``bench``, ``gil``, ``gap``, or one installed by another package) is an
+object that satisfies :class:`Probe`:
+
+- ``kind``, ``layer``, ``summary``: its name, the layer of the stack it speaks about, a line
+  of help;
+- ``form``: what it runs against, two sides (``BASELINE CANDIDATE``) or one (``--target`` or
+  a command line after ``--``);
+- ``config_type``: a frozen dataclass whose option fields are declared once with
+  :func:`glmfb.options.option`; the CLI flags and the TOML keys are generated from them;
+- ``build(spec) -> config``: a config from a :class:`ProbeSpec`, the same for a command line
+  and a probe definition;
+- ``run(config, ctx) -> Verdict``: the engine. It never prints, never exits, and raises
+  :class:`~glmfb.errors.TargetFailed` when the target breaks; the host boundary
+  (:mod:`glmfb.host`) turns that and anything unexpected into an error verdict;
+- ``evidence_types`` and ``rules()``: its typed evidence kinds and its ordered rules.
+
+Built-in probes are listed once, in :data:`BUILTIN_PROBES`; other packages add probes through
+the entry-point group ``glmfb.probes`` (entry name = the kind, value = ``module:attr`` naming a
+probe object or class). The schema's probe enum, ``glmfb run``, ``glmfb gate`` and the CLI
+are all derived from this registry.
+
+Subclass :class:`BaseProbe` to get ``build`` and ``rules`` for free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+from glmfb.clock import SYSTEM_CLOCK, Clock
+from glmfb.errors import InputError
+from glmfb.verdict import Layer, Verdict
+
+if TYPE_CHECKING:
+    from glmfb.evidence import Evidence
+    from glmfb.rules import Rule
+    from glmfb.targets import Target
+
+ENTRY_POINT_GROUP = "glmfb.probes"
+
+# The built-in probes: (kind, "module:attr"). Imported only when used.
+BUILTIN_PROBES: tuple[tuple[str, str], ...] = (
+    ("diff", "glmfb.diff.probe:PROBE"),
+    ("bench", "glmfb.bench.probe:PROBE"),
+    ("gil", "glmfb.gil.probe:PROBE"),
+    ("gap", "glmfb.gap.probe:PROBE"),
+)
+
+
+class ProbeForm(str, Enum):
+    """What a probe runs against."""
+
+    PAIR = "pair"  # BASELINE CANDIDATE (each a target, or a saved result the probe reads)
+    SINGLE = "single"  # --target TARGET, or a command line after -- (accepts_command)
+
+
+def _ignore(message: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class ProbeContext:
+    """What a probe gets besides its config: where its artifacts go, a progress callback,
+    the clock, and the user's rules files."""
+
+    run_id: str
+    artifact_dir: Path
+    progress: Callable[[str], None] = field(default=_ignore, compare=False)
+    clock: Clock = SYSTEM_CLOCK
+    rules_files: tuple[Path, ...] = ()
+
+    def artifact(self, name: str) -> Path:
+        """A path for one artifact of this probe (its folder is created on first use)."""
+        self.artifact_dir.mkdir(parents=True, exist_ok=True)
+        return self.artifact_dir / name
+
+    def rules(self, kind: str, builtin: Sequence[Rule[Any]]) -> list[Rule[Any]]:
+        """The ordered rule list for this run: the user's rules, then the built-in ones."""
+        from glmfb.rules import rules_for
+
+        return rules_for(kind, builtin, self.rules_files)
+
+    def child(self, name: str) -> ProbeContext:
+        """A context for a probe run inside this one (gap runs gil): artifacts in a subfolder."""
+        return dataclasses.replace(self, artifact_dir=self.artifact_dir / safe_component(name))
+
+
+def safe_component(name: str) -> str:
+    """``name`` as one path component: no separators, no ``..``, nothing hidden."""
+    cleaned = "".join(c if c.isalnum() or c in "-_." else "_" for c in name).strip(".")
+    return cleaned or "_"
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """A probe to run as the command line or a probe definition gives it: its name, what it
+    runs against, and its options already parsed (by attribute name)."""
+
+    kind: str
+    name: str
+    label: str  # how errors name it: "probes/bench.toml: probe 'x'" or "glmfb bench"
+    baseline: str | None = None
+    candidate: str | None = None
+    target: str | None = None
+    command: tuple[str, ...] = ()
+    args: Mapping[str, Any] = field(default_factory=dict)
+    baseline_args: Mapping[str, Any] = field(default_factory=dict)
+    candidate_args: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    base_dir: Path | None = None  # a definition's folder: relative paths resolve there first
+
+    def side_args(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Keyword arguments of the baseline and of the candidate."""
+        return {**self.args, **self.baseline_args}, {**self.args, **self.candidate_args}
+
+    def side(self, which: str) -> Target:
+        """The baseline, candidate or target as a :class:`~glmfb.targets.Target`."""
+        from glmfb.errors import TargetError
+        from glmfb.targets import Target
+
+        ref = getattr(self, which)
+        if not ref:
+            raise InputError(f"{self.label}: no {which} given")
+        if which == "target":
+            target = Target(ref, dict(self.args), self.base_dir)
+        else:
+            baseline_args, candidate_args = self.side_args()
+            target = Target(ref, baseline_args if which == "baseline" else candidate_args, self.base_dir)
+        try:
+            target.check()
+        except TargetError as exc:
+            raise TargetError(f"{self.label}: {which}: {exc.message}", exc.hint) from None
+        return target
+
+    def resolve_path(self, value: str | Path) -> Path:
+        """A file path from the spec: absolute, beside the definition, or in the working dir."""
+        path = Path(value)
+        if path.is_absolute() or self.base_dir is None:
+            return path
+        beside = Path(os.path.normpath(self.base_dir / path))
+        return path if not beside.exists() and path.exists() else beside
+
+
+@runtime_checkable
+class Probe(Protocol):
+    """A probe kind (see the module docstring)."""
+
+    kind: str
+    layer: Layer
+    summary: str
+    form: ProbeForm
+    config_type: type
+    evidence_types: tuple[type[Evidence], ...]
+    accepts_command: bool
+    candidate_optional: bool
+
+    def rules(self) -> Sequence[Rule[Any]]: ...
+
+    def build(self, spec: ProbeSpec) -> Any: ...
+
+    def run(self, config: Any, ctx: ProbeContext) -> Verdict: ...
+
+
+class BaseProbe:
+    """Defaults for :class:`Probe`: a ``build`` that fills the config's ``name``,
+    ``baseline``/``candidate``/``target``/``command`` fields from the spec plus the parsed
+    options, and ``rules()`` from ``builtin_rules``."""
+
+    kind: ClassVar[str] = ""
+    layer: ClassVar[Layer] = Layer.HARNESS
+    summary: ClassVar[str] = ""
+    form: ClassVar[ProbeForm] = ProbeForm.PAIR
+    config_type: ClassVar[type] = object
+    evidence_types: ClassVar[tuple[type[Evidence], ...]] = ()
+    accepts_command: ClassVar[bool] = False
+    candidate_optional: ClassVar[bool] = False
+    builtin_rules: ClassVar[tuple[Rule[Any], ...]] = ()
+
+    def rules(self) -> Sequence[Rule[Any]]:
+        return self.builtin_rules
+
+    def build(self, spec: ProbeSpec) -> Any:
+        names = {f.name for f in dataclasses.fields(self.config_type)}
+        values: dict[str, Any] = dict(spec.options)
+        if "name" in names:
+            values["name"] = spec.name
+        for which in ("baseline", "candidate", "target"):
+            if which in names:
+                values[which] = spec.side(which) if getattr(spec, which) else None
+        if "command" in names:
+            values["command"] = tuple(spec.command)
+        try:
+            return self.config_type(**values)
+        except TypeError as exc:
+            raise InputError(f"{spec.label}: {exc}") from None
+
+    def run(self, config: Any, ctx: ProbeContext) -> Verdict:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------------------------
+# The registry
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeEntry:
+    """A probe kind this installation knows, before it is imported."""
+
+    kind: str
+    ref: str  # "module:attr"
+    source: str  # "builtin" or "entry point from <distribution>"
+
+
+@lru_cache(maxsize=1)
+def probe_entries() -> tuple[ProbeEntry, ...]:
+    """Built-in probes, then installed ones (entry points), without importing either."""
+    entries = [ProbeEntry(kind, ref, "builtin") for kind, ref in BUILTIN_PROBES]
+    seen = {entry.kind for entry in entries}
+    from importlib.metadata import entry_points
+
+    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        if entry.name in seen:
+            warnings.warn(f"glmfb: the probe entry point {entry.name!r} ({entry.value}) is ignored: "
+                          "that kind is already defined", stacklevel=2)
+            continue
+        seen.add(entry.name)
+        dist = getattr(entry, "dist", None)
+        origin = f"entry point from {dist.name}" if dist is not None else "entry point"
+        entries.append(ProbeEntry(entry.name, entry.value, origin))
+    return tuple(entries)
+
+
+def known_kinds() -> tuple[str, ...]:
+    """Every probe kind this installation can run."""
+    return tuple(entry.kind for entry in probe_entries())
+
+
+_LOADED: dict[str, Probe] = {}
+
+
+def get_probe(kind: str) -> Probe:
+    """The probe of a kind, imported on first use; an unknown kind is an :class:`InputError`."""
+    probe = _LOADED.get(kind)
+    if probe is not None:
+        return probe
+    entry = next((e for e in probe_entries() if e.kind == kind), None)
+    if entry is None:
+        raise InputError(f"unknown probe kind {kind!r}", f"use one of {', '.join(known_kinds())}")
+    module_name, _, attr = entry.ref.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:
+        raise InputError(f"probe {kind!r} ({entry.ref}, {entry.source}) does not load: "
+                         f"{type(exc).__name__}: {exc}", "fix or uninstall the package that provides it") from exc
+    if isinstance(obj, type):
+        obj = obj()
+    missing = [name for name in ("kind", "layer", "form", "config_type", "build", "run") if not hasattr(obj, name)]
+    if missing:
+        raise InputError(f"probe {kind!r} ({entry.ref}) is not a glmfb probe: it lacks {', '.join(missing)}",
+                         "subclass glmfb.probe.BaseProbe")
+    if obj.kind != kind:
+        raise InputError(f"probe entry {kind!r} ({entry.ref}) says its kind is {obj.kind!r}")
+    _LOADED[kind] = obj
+    for evidence_type in getattr(obj, "evidence_types", ()):
+        from glmfb.evidence import evidence_kind
+
+        evidence_kind(evidence_type)
+    return obj
+
+
+def all_probes() -> list[Probe]:
+    return [get_probe(kind) for kind in known_kinds()]
+
+
+_EVIDENCE_LOADED = False
+
+
+def load_evidence_types() -> None:
+    """Register the evidence kinds of every probe (for reading verdicts)."""
+    global _EVIDENCE_LOADED
+    if _EVIDENCE_LOADED:
+        return
+    _EVIDENCE_LOADED = True
+    for kind in known_kinds():
+        try:
+            get_probe(kind)
+        except InputError as exc:  # a broken third-party probe must not stop reading verdicts
+            warnings.warn(f"glmfb: {exc}", stacklevel=2)
+
+
+def reset_registry() -> None:
+    """Forget what was found (tests that install a probe at run time)."""
+    global _EVIDENCE_LOADED
+    probe_entries.cache_clear()
+    _LOADED.clear()
+    _EVIDENCE_LOADED = False

@@ -1,0 +1,69 @@
+"""Targets that misbehave the way real kernels, extensions and serving code do: they raise,
+exit, crash, hang, leave a thread running or print. One factory per probe kind; ``behavior``
+says what to do (``none`` behaves). Used by tests/test_isolation.py through the real CLI."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+
+def act(behavior: str) -> None:
+    if behavior == "raise":
+        raise RuntimeError("planted failure in the target")
+    if behavior == "exit":
+        sys.exit(0)
+    if behavior == "os_exit":
+        os._exit(0)
+    if behavior == "segfault":
+        ctypes.string_at(0)
+    if behavior == "hang":
+        time.sleep(3600)
+    if behavior == "thread":  # a non-daemon thread that outlives the probe
+        threading.Thread(target=time.sleep, args=(3600,), name="leaked").start()
+    if behavior == "print":
+        print("TARGET NOISE ON STDOUT", flush=True)
+
+
+def bench(shape: tuple[int, ...], behavior: str = "none") -> Any:
+    import torch
+
+    act(behavior)
+    x = torch.ones(shape)
+
+    def kernel() -> Any:
+        if behavior == "print":
+            print("noise from the kernel")
+        return x * 2.0
+
+    return kernel
+
+
+def diff(behavior: str = "none") -> Any:
+    import torch
+
+    def run(request: dict[str, Any]) -> Any:
+        act(behavior)
+        return {"y": request["input_ids"].to(torch.float32)}
+
+    return run
+
+
+def gap(behavior: str = "none") -> Any:
+    act(behavior)
+
+    def iteration() -> dict[str, float]:
+        started = time.perf_counter()
+        sum(range(20_000))
+        return {"work_s": time.perf_counter() - started}
+
+    return iteration
+
+
+def gil(behavior: str = "none") -> Any:
+    act(behavior)
+    return lambda: time.sleep(0.001)

@@ -1,0 +1,82 @@
+"""A probe that lives outside glmfb, installed through the ``glmfb.probes`` entry point.
+
+The tests put this folder on the path (it holds a ``*.dist-info`` with the entry point) and
+check that ``glmfb run`` runs a toy definition, ``glmfb gate`` gates it, ``glmfb schema``
+lists it and ``glmfb toy --help`` exists, with no file of glmfb edited. Its reading is
+scripted by its options, so it also serves as a stand-in probe for suite tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from glmfb.errors import TargetFailed
+from glmfb.evidence import Evidence, evidence_kind
+from glmfb.options import FRACTION, STR, choice, option
+from glmfb.probe import BaseProbe, ProbeContext, ProbeForm
+from glmfb.rules import Diagnosis, Rule, diagnose
+from glmfb.targets import Target
+from glmfb.verdict import Layer, Metric, Status, Verdict
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class ToyReading(Evidence):
+    """What the toy probe read."""
+
+    kind: ClassVar[str] = "toy_reading"
+    value: float
+    outcome: str
+
+
+@dataclass(frozen=True)
+class ToyConfig:
+    name: str
+    target: Target | None = None
+    outcome: str = option("pass", choice("pass", "fail", "inconclusive", "raise", "interrupt", "target-raises"),
+                          "The verdict to script.")
+    kernel: str = option("", STR, "The where.kernel to report.")
+    threshold: float = option(0.05, FRACTION, "A fraction option, to check units.")
+
+
+@dataclass(frozen=True)
+class ToyFindings:
+    outcome: str
+    value: float
+
+    def saw(self) -> dict[str, Any]:
+        return {"outcome": self.outcome, "value": self.value}
+
+
+def _scripted(f: ToyFindings) -> Diagnosis | None:
+    return Diagnosis(Status(f.outcome), f"the toy read {f.value:g} and was told to say {f.outcome}")
+
+
+class ToyProbe(BaseProbe):
+    kind: ClassVar[str] = "toy"
+    layer: ClassVar[Layer] = Layer.KERNEL
+    summary: ClassVar[str] = "A toy probe from outside glmfb."
+    form: ClassVar[ProbeForm] = ProbeForm.SINGLE
+    config_type: ClassVar[type] = ToyConfig
+    evidence_types = (ToyReading,)
+    builtin_rules = (Rule("scripted", "toy", _scripted, "says what it was told"),)
+
+    def run(self, config: ToyConfig, ctx: ProbeContext) -> Verdict:
+        if config.outcome == "raise":
+            raise RuntimeError("engine exploded")
+        if config.outcome == "interrupt":
+            raise KeyboardInterrupt
+        if config.outcome == "target-raises":
+            raise TargetFailed("target", "on its first call", ValueError("bad input tensor"))
+        findings = ToyFindings(config.outcome, 0.5)
+        outcome = diagnose(ctx.rules(self.kind, self.rules()), findings)
+        where = {"kernel": config.kernel} if config.kernel else {}
+        return Verdict(
+            probe=self.kind, name=config.name, status=outcome.diagnosis.status, layer=self.layer,
+            why=outcome.diagnosis.why, where=where, next=outcome.diagnosis.next, metric=Metric("value", 0.5, "fraction", config.threshold),
+            evidence=(ToyReading(value=0.5, outcome=config.outcome), outcome.record),
+        )
+
+
+PROBE = ToyProbe()
