@@ -18,10 +18,11 @@ starts with the rest of its expectation in brackets::
 
 A case is right only when status, layer, every expected ``where`` key, the rule and each of the
 optional checks hold, and glmfb names none of its own frames as a cause (``own-frame``). The
-fired rule is read from an evidence item of kind ``diagnosis`` with a ``rule`` field; for
-verdicts that do not record one yet, from what they carry today (diff's ``diagnosis_rule``,
-bench's ``op_diff`` and decisions, mapped to the corpus's names), else inferred from the why
-(gil, gap); the table says which (``rule source``). Exit code 0 when every case is right, 1
+fired rule is read from an evidence item of kind ``diagnosis`` with a ``rule`` field (glmfb's
+rule names that name one of the corpus's classes are read as that class: :data:`RENAMED`);
+for verdicts that do not record one, from what older verdicts carry (diff's
+``diagnosis_rule``, bench's ``op_diff`` and decisions), else inferred from the why (gil, gap).
+The JSON says where each rule was read (``rule_source``). Exit code 0 when every case is right, 1
 otherwise, 2 for a corpus that does not parse.
 """
 
@@ -48,11 +49,14 @@ RULES: dict[str, tuple[str, ...]] = {
 }
 TAG_KEYS = frozenset({"rule", "why", "why-not", "minimal-length"})
 TAG = re.compile(r"^\[([^\]]*)\]")
-# Today's rule names that mean one of the corpus's (a rename, not a guess).
-RENAMED = {
-    "bf16-rounding": "precision-rounding",
-    "fp16-rounding": "precision-rounding",
-    "slower-operator": "slower-op",
+# glmfb's rule names (today's) that name one of the corpus's classes: read as that class.
+# diff's "growing" and "growing-tf32" split by the basis of their fit (see _diff_growth).
+RENAMED: dict[str, dict[str, str]] = {
+    "diff": {"bf16-rounding": "precision-rounding", "fp16-rounding": "precision-rounding"},
+    "bench": {"slower-operator": "slower-op"},
+    "gil": {},
+    "gap": {"within-threshold": "pass", "gil-holder": "gil-starved-sender",
+            "gil-release-missing": "gil-starved-sender"},
 }
 OWN_FILE = re.compile(r"(?:^|[\s(/])glmfb/(?:[\w]+/)*[\w]+\.py")
 
@@ -77,7 +81,8 @@ class Case:
 
     @property
     def kind(self) -> str:
-        return str(self.definition.probe.value)
+        probe = self.definition.probe
+        return str(getattr(probe, "value", probe))
 
     def expected(self) -> dict[str, Any]:
         expect = self.definition.expect
@@ -125,7 +130,7 @@ def load_cases(corpus: Path = CORPUS, patterns: Sequence[str] = ()) -> list[Case
     for definition in definitions:
         label = definition.label
         fields = parse_tag(definition.description, label)
-        kind = definition.probe.value
+        kind = str(getattr(definition.probe, "value", definition.probe))
         if fields["rule"] not in RULES[kind]:
             raise CorpusError(f"{label}: rule {fields['rule']!r} is not a {kind} rule "
                               f"({', '.join(RULES[kind])})")
@@ -150,19 +155,21 @@ def load_cases(corpus: Path = CORPUS, patterns: Sequence[str] = ()) -> list[Case
 # --------------------------------------------------------------------------------------------
 
 
-def _evidence(verdict: Any, kind: str) -> Mapping[str, Any] | None:
-    return next((item for item in verdict.evidence if item.get("kind") == kind), None)
+def _evidence(verdict: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    return next((item for item in verdict["evidence"] if item.get("kind") == kind), None)
 
 
-def fired_rule(verdict: Any) -> tuple[str | None, str]:
-    """``(rule, source)``: the rule the verdict says fired and where that was read."""
-    status = verdict.status.value
+def fired_rule(verdict: Mapping[str, Any]) -> tuple[str | None, str]:
+    """``(rule, source)``: the rule a verdict (its JSON form) says fired and where that was read."""
+    status = verdict["status"]
     if status in ("error", "inconclusive"):
         return None, status
+    kind = verdict["probe"]
     diagnosis = _evidence(verdict, "diagnosis")
     if diagnosis is not None and diagnosis.get("rule"):
-        return str(diagnosis["rule"]), "diagnosis"
-    kind = verdict.probe.value
+        raw = str(diagnosis["rule"])
+        rule = _diff_growth(verdict, raw) if kind == "diff" else RENAMED.get(kind, {}).get(raw, raw)
+        return rule, "diagnosis" if rule == raw else f"diagnosis: {raw}"
     if kind == "diff":
         return _diff_rule(verdict)
     if kind == "bench":
@@ -172,34 +179,37 @@ def fired_rule(verdict: Any) -> tuple[str | None, str]:
     return _gap_rule(verdict)
 
 
-def _diff_rule(verdict: Any) -> tuple[str | None, str]:
-    recorded = _evidence(verdict, "diagnosis_rule")
-    if recorded is None:
-        return None, "none"
-    rule = str(recorded.get("rule"))
+def _diff_growth(verdict: Mapping[str, Any], rule: str) -> str:
     if rule in ("growing", "growing-tf32"):
         shape = _evidence(verdict, "error_shape") or {}
         basis = (shape.get("fit") or {}).get("basis")
-        return ("growing-with-length" if basis == "requests" else "growing-along-sequence"), "diagnosis_rule"
-    return RENAMED.get(rule, rule), "diagnosis_rule"
+        return "growing-with-length" if basis == "requests" else "growing-along-sequence"
+    return RENAMED["diff"].get(rule, rule)
 
 
-def _bench_rule(verdict: Any) -> tuple[str | None, str]:
+def _diff_rule(verdict: Mapping[str, Any]) -> tuple[str | None, str]:
+    recorded = _evidence(verdict, "diagnosis_rule")
+    if recorded is None:
+        return None, "none"
+    return _diff_growth(verdict, str(recorded.get("rule"))), "diagnosis_rule"
+
+
+def _bench_rule(verdict: Mapping[str, Any]) -> tuple[str | None, str]:
     op_diff = _evidence(verdict, "op_diff")
     if op_diff is not None and op_diff.get("rule"):
         rule = str(op_diff["rule"])
-        return RENAMED.get(rule, rule), "op_diff"
-    decisions = {item.get("decision") for item in verdict.evidence if item.get("kind") == "shape"}
-    if verdict.status.value == "pass" and decisions == {"equivalent"}:
+        return RENAMED["bench"].get(rule, rule), "op_diff"
+    decisions = {item.get("decision") for item in verdict["evidence"] if item.get("kind") == "shape"}
+    if verdict["status"] == "pass" and decisions == {"equivalent"}:
         return "equivalent", "decision"
     if decisions:
         return "/".join(sorted(str(d) for d in decisions)), "decision"
     return None, "none"
 
 
-def _gil_rule(verdict: Any) -> tuple[str | None, str]:
-    why = verdict.why
-    if verdict.status.value == "pass":
+def _gil_rule(verdict: Mapping[str, Any]) -> tuple[str | None, str]:
+    why = verdict["why"]
+    if verdict["status"] == "pass":
         return "pass", "status"
     if "holds the GIL inside a native call" in why:
         return "gil-hold-native", "why"
@@ -208,11 +218,11 @@ def _gil_rule(verdict: Any) -> tuple[str | None, str]:
     return None, "why"
 
 
-def _gap_rule(verdict: Any) -> tuple[str | None, str]:
-    if verdict.status.value == "pass":
+def _gap_rule(verdict: Mapping[str, Any]) -> tuple[str | None, str]:
+    if verdict["status"] == "pass":
         return "pass", "status"
     attribution = _evidence(verdict, "gil_attribution")
-    if "the link is saturated" in verdict.why:
+    if "the link is saturated" in verdict["why"]:
         return "bandwidth-bound", "why"
     if attribution is not None and attribution.get("holder_function") and attribution.get("starved_thread"):
         return "gil-starved-sender", "why"
@@ -229,7 +239,7 @@ class Score:
     """One case's verdict against its expectation; ``wrong`` names each part that missed."""
 
     case: Case
-    verdict: Any
+    verdict: dict[str, Any]  # the verdict's JSON form (glmfb.verdict/1)
     seconds: float
     rule: str | None = None
     rule_source: str = ""
@@ -246,12 +256,12 @@ class Score:
             "probe": self.case.kind,
             "expected": self.case.expected(),
             "got": {
-                "status": verdict.status.value,
-                "layer": verdict.layer.value,
-                "where": dict(verdict.where),
+                "status": verdict["status"],
+                "layer": verdict["layer"],
+                "where": dict(verdict["where"]),
                 "rule": self.rule,
                 "rule_source": self.rule_source,
-                "why": verdict.why,
+                "why": verdict["why"],
             },
             "right": self.right,
             "wrong": list(self.wrong),
@@ -259,36 +269,36 @@ class Score:
         }
 
 
-def _own_frames(verdict: Any) -> list[str]:
+def _own_frames(verdict: Mapping[str, Any]) -> list[str]:
     """Where glmfb names its own code as the cause (a file of the glmfb package)."""
     import glmfb
 
     package = Path(glmfb.__file__).resolve().parent
     found = []
-    file = verdict.where.get("file")
+    file = verdict["where"].get("file")
     if isinstance(file, str) and file:
         path = Path(file)
         resolved = (path if path.is_absolute() else Path.cwd() / path).resolve()
         if resolved.is_relative_to(package):
             found.append(f"where.file {file}")
-    if verdict.status.value != "pass":
-        found.extend(f"why names {m.group(0).strip(' (/')}" for m in OWN_FILE.finditer(verdict.why))
+    if verdict["status"] != "pass":
+        found.extend(f"why names {m.group(0).strip(' (/')}" for m in OWN_FILE.finditer(verdict["why"]))
     return found
 
 
 def score(case: Case, verdict: Any, seconds: float) -> Score:
-    """Judge one verdict against its case."""
-    result = Score(case, verdict, seconds)
-    result.rule, result.rule_source = fired_rule(verdict)
-    expect = case.definition.expect
-    for problem in expect.mismatches(verdict):
-        result.wrong.append(problem)
+    """Judge one verdict (a glmfb Verdict) against its case."""
+    data: dict[str, Any] = verdict.to_dict()
+    result = Score(case, data, seconds)
+    result.rule, result.rule_source = fired_rule(data)
+    result.wrong.extend(case.definition.expect.mismatches(verdict))
+    verdict = data
     if result.rule != case.rule:
         result.wrong.append(f"rule: expected {case.rule}, got {result.rule or '-'} ({result.rule_source})")
-    if case.why is not None and not re.search(case.why, verdict.why, re.IGNORECASE):
+    if case.why is not None and not re.search(case.why, verdict["why"], re.IGNORECASE):
         result.wrong.append(f"why: does not match /{case.why}/")
     if case.why_not is not None:
-        for text in (verdict.why, *verdict.next):
+        for text in (verdict["why"], *verdict["next"]):
             match = re.search(case.why_not, text, re.IGNORECASE)
             if match:
                 result.wrong.append(f"why-not: says {match.group(0)!r}")
@@ -312,11 +322,13 @@ def run_case(case: Case, context: Any) -> Score:
 
 
 def new_context(out: Path, progress: bool = False) -> Any:
-    from glmfb.suite import RunContext, new_run_id
+    """A suite context writing artifacts under ``out/accuracy-<run id>/``."""
+    from glmfb.clock import new_run_id
+    from glmfb.suite import SuiteContext
 
     run_id = f"accuracy-{new_run_id()}"
     on_progress = (lambda message: print(f"    {message}", file=sys.stderr)) if progress else None
-    return RunContext(run_id=run_id, report_dir=out / run_id, on_progress=on_progress)
+    return SuiteContext(run_id=run_id, report_dir=out / run_id, on_progress=on_progress)
 
 
 # --------------------------------------------------------------------------------------------
@@ -328,6 +340,12 @@ def _where_text(where: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in where.items()) or "-"
 
 
+def _rule_text(s: Score) -> str:
+    """The rule as scored, with glmfb's own name beside it when it was read as a class."""
+    raw = s.rule_source.removeprefix("diagnosis: ") if s.rule_source.startswith("diagnosis: ") else None
+    return f"{s.rule} ({raw})" if raw else (s.rule or "-")
+
+
 def rows(scores: Sequence[Score]) -> list[tuple[str, str, str, str, str]]:
     table = []
     for s in scores:
@@ -336,7 +354,7 @@ def rows(scores: Sequence[Score]) -> list[tuple[str, str, str, str, str]]:
         table.append((
             s.case.name,
             f"{expected['status']}/{expected['layer']} {_where_text(expected['where'])} [{s.case.rule}]",
-            f"{got.status.value}/{got.layer.value} {_where_text(got.where)} [{s.rule or '-'}]",
+            f"{got['status']}/{got['layer']} {_where_text(got['where'])} [{_rule_text(s)}]",
             "right" if s.right else "WRONG: " + ", ".join(w.split(":")[0] for w in s.wrong),
             f"{s.seconds:.1f}",
         ))
@@ -354,7 +372,7 @@ def format_table(scores: Sequence[Score], verbose: bool = False) -> str:
         if verbose and not s.right:
             for problem in s.wrong:
                 lines.append(f"    - {problem}")
-            lines.append(f"    why: {s.verdict.why}")
+            lines.append(f"    why: {s.verdict['why']}")
     lines.append("")
     lines.append(summary(scores))
     return "\n".join(lines)

@@ -49,5 +49,5 @@ def context(tmp_path_factory: pytest.TempPathFactory) -> object:
 def test_case(case: object, context: object) -> None:
     result = accuracy.run_case(case, context)
     assert result.right, (
-        f"{result.case.name}: " + "; ".join(result.wrong) + f"\n  why: {result.verdict.why}"
+        f"{result.case.name}: " + "; ".join(result.wrong) + f"\n  why: {result.verdict['why']}"
     )
