@@ -1,0 +1,433 @@
+"""Accuracy of glmfb on the acceptance corpus: every case of tests/acceptance/ (third-party code
+with a planted bug, or its clean twin) run through glmfb, its verdict scored against what the
+case expects, one table row per case.
+
+    python benchmarks/accuracy.py [-k PATTERN]... [--json FILE] [--out reports] [-v]
+
+A case is a ``[[probe]]`` table in ``tests/acceptance/*.toml`` (``glmfb run tests/acceptance``
+runs the same definitions). Its ``expect`` gives status, layer and ``where``; its description
+starts with the rest of its expectation in brackets::
+
+    description = "[rule=precision-rounding; why=bf16|bfloat16; why-not=fp16] text"
+
+- ``rule``: the rule that must fire, named by the class of bug (the vocabulary is
+  :data:`RULES`);
+- ``why`` / ``why-not``: regular expressions (case-insensitive) the why must match / that
+  neither the why nor any next step may match;
+- ``minimal-length``: the length the diff minimizer must shrink the failing request to.
+
+A case is right only when status, layer, every expected ``where`` key, the rule and each of the
+optional checks hold, and glmfb names none of its own frames as a cause (``own-frame``). The
+fired rule is read from an evidence item of kind ``diagnosis`` with a ``rule`` field (glmfb's
+rule names that name one of the corpus's classes are read as that class: :data:`RENAMED`);
+for verdicts that do not record one, from what older verdicts carry (diff's
+``diagnosis_rule``, bench's ``op_diff`` and decisions), else inferred from the why (gil, gap).
+The JSON says where each rule was read (``rule_source``). Exit code 0 when every case is right, 1
+otherwise, 2 for a corpus that does not parse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CORPUS = Path(__file__).resolve().parent.parent / "tests" / "acceptance"
+
+# The rules a case may expect, per probe kind (the classes of bug of issue 15).
+RULES: dict[str, tuple[str, ...]] = {
+    "diff": ("precision-rounding", "systematic-bias", "growing-with-length", "position-onset",
+             "growing-along-sequence", "non-finite", "module-tree-differs", "pass"),
+    "gil": ("gil-hold-native", "gil-hold-compute", "gil-wait-share", "pass"),
+    "gap": ("gil-starved-sender", "cpu-contention", "bandwidth-bound", "pass"),
+    "bench": ("redundant-recomputation", "lost-fusion", "slower-op", "memory-traffic", "equivalent"),
+}
+TAG_KEYS = frozenset({"rule", "why", "why-not", "minimal-length"})
+TAG = re.compile(r"^\[([^\]]*)\]")
+# glmfb's rule names (today's) that name one of the corpus's classes: read as that class.
+# diff's "growing" and "growing-tf32" split by the basis of their fit (see _diff_growth).
+RENAMED: dict[str, dict[str, str]] = {
+    "diff": {"bf16-rounding": "precision-rounding", "fp16-rounding": "precision-rounding"},
+    "bench": {"slower-operator": "slower-op"},
+    "gil": {},
+    "gap": {"within-threshold": "pass", "gil-holder": "gil-starved-sender",
+            "gil-release-missing": "gil-starved-sender"},
+}
+OWN_FILE = re.compile(r"(?:^|[\s(/])glmfb/(?:[\w]+/)*[\w]+\.py")
+
+
+class CorpusError(Exception):
+    """A case that does not parse: file, case and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One acceptance case: the probe definition and what a correct verdict says."""
+
+    definition: Any  # glmfb.suite.ProbeDefinition
+    rule: str
+    why: str | None = None
+    why_not: str | None = None
+    minimal_length: int | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.definition.name)
+
+    @property
+    def kind(self) -> str:
+        probe = self.definition.probe
+        return str(getattr(probe, "value", probe))
+
+    def expected(self) -> dict[str, Any]:
+        expect = self.definition.expect
+        data: dict[str, Any] = {
+            "status": expect.status.value if expect and expect.status else None,
+            "layer": expect.layer.value if expect and expect.layer else None,
+            "where": dict(expect.where) if expect else {},
+            "rule": self.rule,
+        }
+        for key, value in (("why", self.why), ("why_not", self.why_not),
+                           ("minimal_length", self.minimal_length)):
+            if value is not None:
+                data[key] = value
+        return data
+
+
+def parse_tag(description: str, label: str) -> dict[str, str]:
+    """``[rule=x; why=y]`` at the start of a description -> ``{"rule": "x", "why": "y"}``."""
+    match = TAG.match(description)
+    if match is None:
+        raise CorpusError(f"{label}: the description must start with [rule=NAME; ...]")
+    fields: dict[str, str] = {}
+    for part in match.group(1).split(";"):
+        key, sep, value = part.strip().partition("=")
+        if not sep or not value.strip():
+            raise CorpusError(f"{label}: {part.strip()!r} in the tag is not KEY=VALUE")
+        if key not in TAG_KEYS:
+            raise CorpusError(f"{label}: unknown tag key {key!r} (known: {', '.join(sorted(TAG_KEYS))})")
+        fields[key] = value.strip()
+    if "rule" not in fields:
+        raise CorpusError(f"{label}: the tag names no rule")
+    return fields
+
+
+def load_cases(corpus: Path = CORPUS, patterns: Sequence[str] = ()) -> list[Case]:
+    """Every case of the corpus (or those whose name matches a pattern), checked."""
+    from glmfb.errors import GlmfbError
+    from glmfb.suite import discover, load_definitions, select
+
+    try:
+        definitions = select(load_definitions(discover([corpus])), list(patterns))
+    except GlmfbError as exc:
+        raise CorpusError(str(exc)) from exc
+    cases = []
+    for definition in definitions:
+        label = definition.label
+        fields = parse_tag(definition.description, label)
+        kind = str(getattr(definition.probe, "value", definition.probe))
+        if fields["rule"] not in RULES[kind]:
+            raise CorpusError(f"{label}: rule {fields['rule']!r} is not a {kind} rule "
+                              f"({', '.join(RULES[kind])})")
+        if definition.expect is None or definition.expect.status is None or definition.expect.layer is None:
+            raise CorpusError(f"{label}: expect needs status and layer")
+        for key in ("why", "why-not"):
+            if key in fields:
+                try:
+                    re.compile(fields[key])
+                except re.error as exc:
+                    raise CorpusError(f"{label}: {key} is not a regular expression: {exc}") from exc
+        minimal = fields.get("minimal-length")
+        if minimal is not None and not minimal.isdigit():
+            raise CorpusError(f"{label}: minimal-length must be an integer, got {minimal!r}")
+        cases.append(Case(definition, fields["rule"], fields.get("why"), fields.get("why-not"),
+                          int(minimal) if minimal is not None else None))
+    return cases
+
+
+# --------------------------------------------------------------------------------------------
+# The rule a verdict says fired
+# --------------------------------------------------------------------------------------------
+
+
+def _evidence(verdict: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    return next((item for item in verdict["evidence"] if item.get("kind") == kind), None)
+
+
+def fired_rule(verdict: Mapping[str, Any]) -> tuple[str | None, str]:
+    """``(rule, source)``: the rule a verdict (its JSON form) says fired and where that was read."""
+    status = verdict["status"]
+    if status in ("error", "inconclusive"):
+        return None, status
+    kind = verdict["probe"]
+    diagnosis = _evidence(verdict, "diagnosis")
+    if diagnosis is not None and diagnosis.get("rule"):
+        raw = str(diagnosis["rule"])
+        rule = _diff_growth(verdict, raw) if kind == "diff" else RENAMED.get(kind, {}).get(raw, raw)
+        return rule, "diagnosis" if rule == raw else f"diagnosis: {raw}"
+    if kind == "diff":
+        return _diff_rule(verdict)
+    if kind == "bench":
+        return _bench_rule(verdict)
+    if kind == "gil":
+        return _gil_rule(verdict)
+    return _gap_rule(verdict)
+
+
+def _diff_growth(verdict: Mapping[str, Any], rule: str) -> str:
+    if rule in ("growing", "growing-tf32"):
+        shape = _evidence(verdict, "error_shape") or {}
+        basis = (shape.get("fit") or {}).get("basis")
+        return "growing-with-length" if basis == "requests" else "growing-along-sequence"
+    return RENAMED["diff"].get(rule, rule)
+
+
+def _diff_rule(verdict: Mapping[str, Any]) -> tuple[str | None, str]:
+    recorded = _evidence(verdict, "diagnosis_rule")
+    if recorded is None:
+        return None, "none"
+    return _diff_growth(verdict, str(recorded.get("rule"))), "diagnosis_rule"
+
+
+def _bench_rule(verdict: Mapping[str, Any]) -> tuple[str | None, str]:
+    op_diff = _evidence(verdict, "op_diff")
+    if op_diff is not None and op_diff.get("rule"):
+        rule = str(op_diff["rule"])
+        return RENAMED["bench"].get(rule, rule), "op_diff"
+    decisions = {item.get("decision") for item in verdict["evidence"] if item.get("kind") == "shape"}
+    if verdict["status"] == "pass" and decisions == {"equivalent"}:
+        return "equivalent", "decision"
+    if decisions:
+        return "/".join(sorted(str(d) for d in decisions)), "decision"
+    return None, "none"
+
+
+def _gil_rule(verdict: Mapping[str, Any]) -> tuple[str | None, str]:
+    why = verdict["why"]
+    if verdict["status"] == "pass":
+        return "pass", "status"
+    if "holds the GIL inside a native call" in why:
+        return "gil-hold-native", "why"
+    if "hogs the interpreter" in why or " held the GIL in " in why:
+        return "gil-hold-compute", "why"
+    return None, "why"
+
+
+def _gap_rule(verdict: Mapping[str, Any]) -> tuple[str | None, str]:
+    if verdict["status"] == "pass":
+        return "pass", "status"
+    attribution = _evidence(verdict, "gil_attribution")
+    if "the link is saturated" in verdict["why"]:
+        return "bandwidth-bound", "why"
+    if attribution is not None and attribution.get("holder_function") and attribution.get("starved_thread"):
+        return "gil-starved-sender", "why"
+    return None, "why"
+
+
+# --------------------------------------------------------------------------------------------
+# Scoring
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Score:
+    """One case's verdict against its expectation; ``wrong`` names each part that missed."""
+
+    case: Case
+    verdict: dict[str, Any]  # the verdict's JSON form (glmfb.verdict/1)
+    seconds: float
+    rule: str | None = None
+    rule_source: str = ""
+    wrong: list[str] = field(default_factory=list)
+
+    @property
+    def right(self) -> bool:
+        return not self.wrong
+
+    def to_dict(self) -> dict[str, Any]:
+        verdict = self.verdict
+        return {
+            "case": self.case.name,
+            "probe": self.case.kind,
+            "expected": self.case.expected(),
+            "got": {
+                "status": verdict["status"],
+                "layer": verdict["layer"],
+                "where": dict(verdict["where"]),
+                "rule": self.rule,
+                "rule_source": self.rule_source,
+                "why": verdict["why"],
+            },
+            "right": self.right,
+            "wrong": list(self.wrong),
+            "seconds": round(self.seconds, 2),
+        }
+
+
+def _own_frames(verdict: Mapping[str, Any]) -> list[str]:
+    """Where glmfb names its own code as the cause (a file of the glmfb package)."""
+    import glmfb
+
+    package = Path(glmfb.__file__).resolve().parent
+    found = []
+    file = verdict["where"].get("file")
+    if isinstance(file, str) and file:
+        path = Path(file)
+        resolved = (path if path.is_absolute() else Path.cwd() / path).resolve()
+        if resolved.is_relative_to(package):
+            found.append(f"where.file {file}")
+    if verdict["status"] != "pass":
+        found.extend(f"why names {m.group(0).strip(' (/')}" for m in OWN_FILE.finditer(verdict["why"]))
+    return found
+
+
+def score(case: Case, verdict: Any, seconds: float) -> Score:
+    """Judge one verdict (a glmfb Verdict) against its case."""
+    data: dict[str, Any] = verdict.to_dict()
+    result = Score(case, data, seconds)
+    result.rule, result.rule_source = fired_rule(data)
+    result.wrong.extend(case.definition.expect.mismatches(verdict))
+    verdict = data
+    if result.rule != case.rule:
+        result.wrong.append(f"rule: expected {case.rule}, got {result.rule or '-'} ({result.rule_source})")
+    if case.why is not None and not re.search(case.why, verdict["why"], re.IGNORECASE):
+        result.wrong.append(f"why: does not match /{case.why}/")
+    if case.why_not is not None:
+        for text in (verdict["why"], *verdict["next"]):
+            match = re.search(case.why_not, text, re.IGNORECASE)
+            if match:
+                result.wrong.append(f"why-not: says {match.group(0)!r}")
+                break
+    if case.minimal_length is not None:
+        minimal = _evidence(verdict, "minimal_reproducer")
+        got = minimal.get("length") if minimal else None
+        if got != case.minimal_length:
+            result.wrong.append(f"minimal-length: expected {case.minimal_length}, got {got if got is not None else '-'}")
+    result.wrong.extend(f"own-frame: {item}" for item in _own_frames(verdict))
+    return result
+
+
+def run_case(case: Case, context: Any) -> Score:
+    """Run one case through glmfb (the suite's Python API) and score its verdict."""
+    from glmfb.suite import run_definition
+
+    started = time.perf_counter()
+    verdict = run_definition(case.definition, context)
+    return score(case, verdict, time.perf_counter() - started)
+
+
+def new_context(out: Path, progress: bool = False) -> Any:
+    """A suite context writing artifacts under ``out/accuracy-<run id>/``."""
+    from glmfb.clock import new_run_id
+    from glmfb.suite import SuiteContext
+
+    run_id = f"accuracy-{new_run_id()}"
+    on_progress = (lambda message: print(f"    {message}", file=sys.stderr)) if progress else None
+    return SuiteContext(run_id=run_id, report_dir=out / run_id, on_progress=on_progress)
+
+
+# --------------------------------------------------------------------------------------------
+# The table
+# --------------------------------------------------------------------------------------------
+
+
+def _where_text(where: Mapping[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in where.items()) or "-"
+
+
+def _rule_text(s: Score) -> str:
+    """The rule as scored, with glmfb's own name beside it when it was read as a class."""
+    raw = s.rule_source.removeprefix("diagnosis: ") if s.rule_source.startswith("diagnosis: ") else None
+    return f"{s.rule} ({raw})" if raw else (s.rule or "-")
+
+
+def rows(scores: Sequence[Score]) -> list[tuple[str, str, str, str, str]]:
+    table = []
+    for s in scores:
+        expected = s.case.expected()
+        got = s.verdict
+        table.append((
+            s.case.name,
+            f"{expected['status']}/{expected['layer']} {_where_text(expected['where'])} [{s.case.rule}]",
+            f"{got['status']}/{got['layer']} {_where_text(got['where'])} [{_rule_text(s)}]",
+            "right" if s.right else "WRONG: " + ", ".join(w.split(":")[0] for w in s.wrong),
+            f"{s.seconds:.1f}",
+        ))
+    return table
+
+
+def format_table(scores: Sequence[Score], verbose: bool = False) -> str:
+    header = ("case", "expected (status/layer where [rule])", "got", "result", "s")
+    body = rows(scores)
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(header, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    for score_row, s in zip(body, scores, strict=True):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(score_row, widths, strict=True)).rstrip())
+        if verbose and not s.right:
+            for problem in s.wrong:
+                lines.append(f"    - {problem}")
+            lines.append(f"    why: {s.verdict['why']}")
+    lines.append("")
+    lines.append(summary(scores))
+    return "\n".join(lines)
+
+
+def summary(scores: Sequence[Score]) -> str:
+    kinds = sorted({s.case.kind for s in scores})
+    per_kind = ", ".join(
+        f"{kind} {sum(s.right for s in scores if s.case.kind == kind)}/{sum(s.case.kind == kind for s in scores)}"
+        for kind in kinds
+    )
+    twins = [s for s in scores if s.case.rule in ("pass", "equivalent")]
+    return (f"right: {sum(s.right for s in scores)}/{len(scores)} ({per_kind}); clean twins "
+            f"{sum(s.right for s in twins)}/{len(twins)}; {sum(s.seconds for s in scores):.0f} s of probes")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("-k", dest="patterns", action="append", default=[],
+                        help="only cases whose name matches (glob or substring), repeatable")
+    parser.add_argument("--corpus", type=Path, default=CORPUS, help="the corpus folder")
+    parser.add_argument("--json", type=Path, default=None, help="also write the table as JSON")
+    parser.add_argument("--out", type=Path, default=Path("reports"), help="where artifacts go")
+    parser.add_argument("-v", "--verbose", action="store_true", help="each wrong part and the why")
+    options = parser.parse_args(argv)
+    try:
+        cases = load_cases(options.corpus, options.patterns)
+    except CorpusError as exc:
+        print(f"accuracy: error: {exc}", file=sys.stderr)
+        return 2
+    if not cases:
+        print(f"accuracy: error: no case matches {options.patterns}", file=sys.stderr)
+        return 2
+    context = new_context(options.out)
+    scores: list[Score] = []
+    started = time.perf_counter()
+    for index, case in enumerate(cases, start=1):
+        print(f"[{index}/{len(cases)}] {case.name}", file=sys.stderr, flush=True)
+        scores.append(run_case(case, context))
+    wall_s = time.perf_counter() - started
+    print(format_table(scores, options.verbose))
+    print(f"wall time {wall_s:.0f} s for {len(cases)} cases")
+    if options.json is not None:
+        from glmfb.io import write_json_atomic
+
+        write_json_atomic(options.json, {
+            "schema": "glmfb.accuracy/1",
+            "corpus": str(options.corpus),
+            "wall_s": round(wall_s, 1),
+            "right": sum(s.right for s in scores),
+            "cases": len(scores),
+            "rows": [s.to_dict() for s in scores],
+        })
+    return 0 if all(s.right for s in scores) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

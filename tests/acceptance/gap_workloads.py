@@ -1,0 +1,327 @@
+"""Prefill of a Hugging Face Llama (built from a config) with its KV sent by a real Mooncake
+transfer engine: the gap targets of the acceptance corpus.
+
+One iteration prefills a prompt on the thread ``prefill``; forward hooks on each layer's
+``k_proj`` and ``v_proj`` copy that layer's K and V into a registered KV pool and hand the
+layer to the sender thread ``kv-sender``, which prepares it and writes it with Mooncake's
+``transfer_sync_write`` (TCP on loopback, two engines in this process) while the prefill goes
+on. The iteration ends when the prefill is done and every layer arrived. How the sender
+prepares a layer is the case:
+
+- ``sender="none"``: no transfer (the baseline: prefill alone);
+- ``"plain"``: the layer as it is (the fix of the two below);
+- ``"pickle"``: ``pickle.dumps`` of the layer's page table, a few ms per call, several calls
+  per layer: short GIL holds that add up while the prefill thread needs the GIL between ops;
+- ``"zlib"``: ``zlib.compress`` of the layer's bytes, which releases the GIL; with ``cpus=1``
+  (the prefill, the sender and Mooncake's threads pinned to one core, as a container's
+  cpuset does) it competes with the prefill for the core, not for the GIL;
+- ``"bulk"``: after the prefill, one write of ``bulk_mib`` MiB with nothing overlapping it:
+  the transfer runs as fast as the engine moves bytes on this host (bandwidth bound).
+
+By default the prefill runs on a thread of its own, ``prefill``, which pins itself and then
+starts the sender (and Mooncake's threads), so they inherit its CPU mask and the calling process
+is left as it was. ``on_caller=True`` runs the prefill on the calling thread instead (pinned
+while the target lives), as a serving engine's main loop does: under ``glmfb gil`` that is the
+thread of glmfb's own runner. Each iteration returns phase timings
+(``prefill_s``, ``kv_wait_s``), ``kv_bytes`` and ``transfer_busy_s``; the target offers
+``measure_ceiling()`` / ``measure_page_rate()`` (docs/gap.md), ``describe()`` and ``close()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import queue
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+SENDERS = ("none", "plain", "pickle", "zlib", "bulk")
+PREFILL_THREAD = "prefill"
+SENDER_THREAD = "kv-sender"
+CALL_TIMEOUT_S = 60.0
+
+
+class MooncakeLink:
+    """Two Mooncake transfer engines in this process (TCP, P2P handshake): ``write`` copies a
+    range of the registered source to the same offset of the registered destination."""
+
+    def __init__(self, source: torch.Tensor) -> None:
+        from mooncake.engine import TransferEngine
+
+        self.sender, self.receiver = TransferEngine(), TransferEngine()
+        for engine in (self.sender, self.receiver):
+            if engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
+                raise RuntimeError("Mooncake TransferEngine.initialize failed")
+        self.nbytes = source.numel() * source.element_size()
+        self.source = source
+        self.destination = torch.empty_like(source)
+        self.source_ptr = source.data_ptr()
+        self.destination_ptr = self.destination.data_ptr()
+        for engine, pointer in ((self.sender, self.source_ptr), (self.receiver, self.destination_ptr)):
+            if engine.register_memory(pointer, self.nbytes) != 0:
+                raise RuntimeError("Mooncake register_memory failed")
+        self.peer = f"127.0.0.1:{self.receiver.get_rpc_port()}"
+
+    def write(self, offset: int, count: int) -> None:
+        status = self.sender.transfer_sync_write(
+            self.peer, self.source_ptr + offset, self.destination_ptr + offset, count
+        )
+        if status != 0:
+            raise RuntimeError(f"Mooncake transfer_sync_write returned {status} at offset {offset}")
+
+    def close(self) -> None:
+        for engine, pointer in ((self.sender, self.source_ptr), (self.receiver, self.destination_ptr)):
+            with contextlib.suppress(Exception):  # closing must not hide what iterations reported
+                engine.unregister_memory(pointer)
+
+
+_pin_lock = threading.Lock()
+_pins: dict[int, tuple[set[int], int]] = {}  # native thread id -> (mask before, pin count)
+
+
+def pin_this_thread(cpus: int) -> None:
+    """Pin the calling thread to the first ``cpus`` CPUs of its mask; nested pins count, the
+    last :func:`unpin_this_thread` puts back the mask from before the first."""
+    tid = threading.get_native_id()
+    with _pin_lock:
+        before, count = _pins.get(tid, (os.sched_getaffinity(0), 0))
+        os.sched_setaffinity(0, set(sorted(before)[:cpus]))
+        _pins[tid] = (before, count + 1)
+
+
+def unpin_this_thread() -> None:
+    tid = threading.get_native_id()
+    with _pin_lock:
+        if tid not in _pins:
+            return
+        before, count = _pins[tid]
+        if count > 1:
+            _pins[tid] = (before, count - 1)
+            return
+        del _pins[tid]
+        os.sched_setaffinity(0, before)
+
+
+class PrefillKV:
+    """One gap target: the ``prefill`` thread owns the model, the KV pool, the Mooncake link and
+    the sender thread; calling the target runs one iteration there and waits for it."""
+
+    def __init__(
+        self, sender: str = "none", threads: int = 1, cpus: int = 0, tokens: int = 1024,
+        layers: int = 4, hidden: int = 128, page_table: int = 6000, pickles_per_layer: int = 6,
+        zlib_level: int = 6, bulk_mib: int = 64, on_caller: bool = False, seed: int = 0,
+    ) -> None:
+        if sender not in SENDERS:
+            raise ValueError(f"sender {sender!r}: use one of {', '.join(SENDERS)}")
+        self.sender = sender
+        self.settings: dict[str, int] = {"threads": threads, "cpus": cpus, "tokens": tokens, "layers": layers,
+                         "hidden": hidden, "seed": seed, "bulk_mib": bulk_mib}
+        self.page_table = [{"layer": 0, "page": i, "offset": i * 4096, "tokens": list(range(8)),
+                            "id": f"page-{i}"} for i in range(page_table)]
+        self.pickles_per_layer = pickles_per_layer
+        self.zlib_level = zlib_level
+        self.link: MooncakeLink | None = None
+        self.transfer_path: str | None = "mooncake" if sender != "none" else None
+        self.calls: queue.Queue[Callable[[], Any] | None] = queue.Queue()
+        self.results: queue.Queue[tuple[bool, Any]] = queue.Queue()
+        self.jobs: queue.Queue[int | None] = queue.Queue()
+        self.done: queue.Queue[float | BaseException] = queue.Queue()
+        self.sender_thread: threading.Thread | None = None
+        # Set by the prefill thread in _set_up (transformers' modules are untyped: Any).
+        self.model: Any = None
+        self.prompt = torch.empty(0)
+        self.pool = torch.empty(0)
+        self.layer_bytes = 0
+        self.bulk: torch.Tensor | None = None
+        self.on_caller = on_caller
+        self.pinned = False
+        self.thread: threading.Thread | None = None
+        if on_caller:
+            self._set_up()
+        else:
+            self.thread = threading.Thread(target=self._serve, name=PREFILL_THREAD, daemon=True)
+            self.thread.start()
+            self._wait()  # the set-up, or its error
+
+    # ---- the prefill thread -------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        try:
+            self._set_up()
+        except BaseException as exc:
+            self.results.put((False, exc))
+            return
+        self.results.put((True, None))
+        while True:
+            call = self.calls.get()
+            if call is None:
+                return
+            try:
+                self.results.put((True, call()))
+            except BaseException as exc:  # handed to the caller, which raises it
+                self.results.put((False, exc))
+
+    def _set_up(self) -> None:
+        from hf_models import causal_lm
+
+        cpus, hidden, tokens = (int(self.settings[k]) for k in ("cpus", "hidden", "tokens"))
+        if cpus > 0:  # this thread only; the threads it starts below inherit the mask
+            pin_this_thread(cpus)
+            self.pinned = True
+        torch.set_num_threads(self.settings["threads"])
+        seed = self.settings["seed"]
+        self.model = causal_lm("llama", seed, layers=self.settings["layers"], hidden_size=hidden,
+                               intermediate_size=2 * hidden)
+        generator = torch.Generator().manual_seed(seed + 1)
+        self.prompt = torch.randint(0, 512, (1, tokens), generator=generator)
+        config = self.model.config
+        kv_width = int(config.num_key_value_heads) * (hidden // int(config.num_attention_heads))
+        self.pool = torch.zeros(self.settings["layers"], 2, tokens, kv_width)
+        self.layer_bytes = 2 * tokens * kv_width * 4
+        self.bulk = torch.zeros(self.settings["bulk_mib"] * 1024 * 1024 // 4) if self.sender == "bulk" else None
+        if self.sender != "none":
+            self.link = MooncakeLink(self.bulk if self.bulk is not None else self.pool)
+        if self.sender in ("plain", "pickle", "zlib"):
+            for index, layer in enumerate(self.model.model.layers):
+                layer.self_attn.k_proj.register_forward_hook(self._hook(index, 0))
+                layer.self_attn.v_proj.register_forward_hook(self._hook(index, 1))
+            self.sender_thread = threading.Thread(target=self._send_loop, name=SENDER_THREAD, daemon=True)
+            self.sender_thread.start()
+
+    def _hook(self, index: int, part: int) -> Any:
+        """Keep K (``part`` 0) or V (1) of layer ``index``; once V is in, send the layer."""
+
+        def hook(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> None:
+            self.pool[index, part].copy_(output[0])
+            if part == 1:
+                self.jobs.put(index)
+
+        return hook
+
+    def _iteration(self) -> dict[str, float]:
+        started = time.perf_counter()
+        with torch.no_grad():
+            self.model(self.prompt)
+        prefill_done = time.perf_counter()
+        phases = {"prefill_s": prefill_done - started}
+        if self.link is None:
+            return phases
+        busy_s = 0.0
+        if self.bulk is not None:
+            self.link.write(0, self.link.nbytes)
+            busy_s = time.perf_counter() - prefill_done
+            moved = self.link.nbytes
+        else:
+            for _ in range(len(self.model.model.layers)):
+                result = self.done.get(timeout=CALL_TIMEOUT_S)
+                if isinstance(result, BaseException):
+                    raise RuntimeError(f"the KV sender failed: {result}") from result
+                busy_s += result
+            moved = self.pool.numel() * 4
+        phases["kv_wait_s"] = time.perf_counter() - prefill_done
+        phases["transfer_busy_s"] = busy_s
+        phases["kv_bytes"] = float(moved)
+        return phases
+
+    # ---- the sender thread --------------------------------------------------------------------
+
+    def _send_loop(self) -> None:
+        assert self.link is not None
+        while True:
+            index = self.jobs.get()
+            if index is None:
+                return
+            try:
+                started = time.perf_counter()
+                if self.sender == "pickle":
+                    for _ in range(self.pickles_per_layer):
+                        pickle.dumps(self.page_table, pickle.HIGHEST_PROTOCOL)
+                elif self.sender == "zlib":
+                    zlib.compress(self.pool[index].numpy().tobytes(), self.zlib_level)
+                self.link.write(index * self.layer_bytes, self.layer_bytes)
+                self.done.put(time.perf_counter() - started)
+            except BaseException as exc:  # reported to the iteration, which raises it
+                self.done.put(exc)
+
+    # ---- the caller's side --------------------------------------------------------------------
+
+    def _wait(self) -> Any:
+        try:
+            ok, value = self.results.get(timeout=CALL_TIMEOUT_S)
+        except queue.Empty:
+            raise TimeoutError(f"the prefill thread did not answer within {CALL_TIMEOUT_S:g} s") from None
+        if not ok:
+            raise RuntimeError(f"the prefill thread failed: {type(value).__name__}: {value}") from value
+        return value
+
+    def _on_prefill_thread(self, call: Callable[[], Any]) -> Any:
+        if self.thread is None:
+            return call()
+        if not self.thread.is_alive():
+            raise RuntimeError("the prefill thread is gone (set-up failed or closed)")
+        self.calls.put(call)
+        return self._wait()
+
+    def __call__(self) -> dict[str, float]:
+        result: dict[str, float] = self._on_prefill_thread(self._iteration)
+        return result
+
+    def measure_ceiling(self) -> float:
+        """Bytes per second of one write of the whole registered buffer, nothing else running."""
+        if self.link is None:
+            return 0.0
+        link = self.link
+
+        def measure() -> float:
+            link.write(0, link.nbytes)
+            started = time.perf_counter()
+            link.write(0, link.nbytes)
+            return link.nbytes / (time.perf_counter() - started)
+
+        rate: float = self._on_prefill_thread(measure)
+        return rate
+
+    def measure_page_rate(self) -> float:
+        """Bytes per second of the iteration's writes (one per layer, or the bulk write), alone."""
+        if self.link is None:
+            return 0.0
+        if self.bulk is not None:
+            return self.measure_ceiling()
+        link = self.link
+
+        def measure() -> float:
+            started = time.perf_counter()
+            for index in range(self.pool.shape[0]):
+                link.write(index * self.layer_bytes, self.layer_bytes)
+            return self.pool.numel() * 4 / (time.perf_counter() - started)
+
+        rate: float = self._on_prefill_thread(measure)
+        return rate
+
+    def describe(self) -> dict[str, Any]:
+        return {"transfer_path": self.transfer_path, "sender": self.sender, **self.settings}
+
+    def close(self) -> None:
+        if self.sender_thread is not None:
+            self.jobs.put(None)
+            self.sender_thread.join(timeout=5)
+        if self.thread is not None and self.thread.is_alive():
+            self.calls.put(None)
+            self.thread.join(timeout=5)
+        if self.link is not None:
+            self.link.close()
+            self.link = None
+        if self.on_caller and self.pinned:
+            unpin_this_thread()
+            self.pinned = False
+
+
+def prefill(**args: Any) -> PrefillKV:
+    """gap target factory: ``PrefillKV(**args)`` (``sender``, ``threads``, ``cpus``, sizes)."""
+    return PrefillKV(**args)

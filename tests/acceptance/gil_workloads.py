@@ -1,0 +1,146 @@
+"""Standard-library and extension C calls that keep or release the GIL: the gil (command) targets
+of the acceptance corpus.
+
+``make(work, size, pause_ms, main)`` (a gil target) starts one named worker thread that calls
+the C function under test in a loop (with a short pause between calls) and returns the main
+thread's step: a 1 ms periodic service loop (``main="serve"``) or torch matmuls back to back
+(``main="decode"``: it needs the GIL between ops, thousands of times a second). The C functions are CPython's and libc's: ``re.Pattern.match`` on a
+pattern that backtracks exponentially, ``sorted`` of a large list, ``pickle.dumps`` of a large
+object (all keep the GIL for the whole call), ``zlib.compress`` and ``hashlib.sha256`` on large
+buffers (they release it), libc ``usleep`` through ``ctypes.PyDLL`` (keeps it) or
+``ctypes.CDLL`` (releases it). ``--size`` picks how much work one call does; the small sizes
+are the clean twins.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import pickle
+import random
+import re
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from functools import partial
+
+Work = Callable[[], object]
+
+
+def regex_work(size: int) -> Work:
+    """``(a+)+$`` against ``'a' * size + 'b'``: about 2**size steps, all inside one C call."""
+    pattern = re.compile(r"(a+)+$")
+    text = "a" * size + "b"
+    return partial(pattern.match, text)
+
+
+def sort_work(size: int) -> Work:
+    """``sorted`` of ``size`` random floats (``sorted`` copies the list: every call sorts anew)."""
+    rng = random.Random(0)
+    data = [rng.random() for _ in range(size)]
+    return partial(sorted, data)
+
+
+def pickle_work(size: int) -> Work:
+    """``pickle.dumps`` of ``size`` small dicts (page metadata, say)."""
+    pages = [{"layer": i % 32, "offset": i * 4096, "tokens": list(range(i % 7, i % 7 + 8)),
+              "id": f"page-{i}"} for i in range(size)]
+    return partial(pickle.dumps, pages, pickle.HIGHEST_PROTOCOL)
+
+
+def zlib_work(size: int) -> Work:
+    """``zlib.compress`` of ``size`` KiB of random bytes (releases the GIL)."""
+    data = random.Random(0).randbytes(size * 1024)
+    return partial(zlib.compress, data, 6)
+
+
+def hashlib_work(size: int) -> Work:
+    """``hashlib.sha256`` of ``size`` MiB (releases the GIL for buffers over 2 KiB)."""
+    data = bytes(size * 1024 * 1024)
+    return partial(hashlib.sha256, data)
+
+
+def _usleep(library: type[ctypes.CDLL], size: int) -> Work:
+    libc = library(ctypes.util.find_library("c") or "libc.so.6")
+    usleep = libc.usleep
+    usleep.argtypes = [ctypes.c_uint]
+    return partial(usleep, size * 1000)
+
+
+def pydll_work(size: int) -> Work:
+    """libc ``usleep(size ms)`` through ``ctypes.PyDLL``: the GIL stays held while it blocks."""
+    return _usleep(ctypes.PyDLL, size)
+
+
+def cdll_work(size: int) -> Work:
+    """libc ``usleep(size ms)`` through ``ctypes.CDLL``: ctypes releases the GIL around it."""
+    return _usleep(ctypes.CDLL, size)
+
+
+WORKS: dict[str, tuple[Callable[[int], Work], str]] = {
+    "regex": (regex_work, "regex-worker"),
+    "sort": (sort_work, "sorter"),
+    "pickle": (pickle_work, "serializer"),
+    "zlib": (zlib_work, "compressor"),
+    "hashlib": (hashlib_work, "hasher"),
+    "pydll": (pydll_work, "native-call"),
+    "cdll": (cdll_work, "native-call"),
+}
+
+
+class Worker:
+    """The named worker thread: calls ``work`` in a loop, pausing ``pause_ms`` between calls."""
+
+    def __init__(self, work: Work, name: str, pause_ms: float) -> None:
+        self.work = work
+        self.pause_s = pause_ms / 1000
+        self.calls = 0
+        self.thread = threading.Thread(target=self.loop, name=name, daemon=True)
+        self.thread.start()
+
+    def loop(self) -> None:
+        while True:
+            self.work()
+            self.calls += 1
+            time.sleep(self.pause_s)
+
+
+def serve_step() -> None:
+    """One step of a periodic service loop: wait a millisecond, then a little Python work."""
+    time.sleep(0.001)
+    sum(i * i for i in range(200))
+
+
+def decode_steps(steps: int = 200) -> Callable[[], None]:
+    """Torch matmuls back to back, as a decode loop runs them: each op releases the GIL, and
+    the thread needs it back between ops (thousands of times a second)."""
+    import torch
+
+    torch.set_num_threads(1)
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(192, 192, generator=generator) / 192**0.5
+    state = [torch.randn(192, 192, generator=generator)]
+
+    def run() -> None:
+        x = state[0]
+        for _ in range(steps):
+            x = torch.tanh(x @ weight)
+        state[0] = x
+
+    return run
+
+
+def make(work: str, size: int, pause_ms: float = 10.0, main: str = "serve") -> Callable[[], None]:
+    """gil target: start the worker thread calling ``work`` (see :data:`WORKS`) with ``size``,
+    and return the main thread's step: ``serve`` (a 1 ms periodic loop) or ``decode`` (torch
+    matmuls back to back)."""
+    if work not in WORKS:
+        raise ValueError(f"work {work!r}: use one of {', '.join(sorted(WORKS))}")
+    if main not in ("serve", "decode"):
+        raise ValueError(f"main {main!r}: use 'serve' or 'decode'")
+    step = serve_step if main == "serve" else decode_steps()
+    build, name = WORKS[work]
+    Worker(build(size), name, pause_ms)
+    return step

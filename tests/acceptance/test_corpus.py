@@ -1,0 +1,53 @@
+"""The acceptance corpus as tests: one test per case of tests/acceptance/*.toml, run through glmfb
+and scored by benchmarks/accuracy.py (status, layer, where, the rule that fired, the why's
+checks). It fails on every case glmfb gets wrong; it runs in CI with the slow tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.acceptance]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _accuracy() -> ModuleType:
+    path = ROOT / "benchmarks" / "accuracy.py"
+    spec = importlib.util.spec_from_file_location("glmfb_accuracy", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+accuracy = _accuracy()
+CASES = accuracy.load_cases()
+
+
+def test_corpus_has_the_cases_the_issue_asks_for() -> None:
+    """At least 20 cases, at least 5 per probe kind, each kind with clean twins."""
+    kinds = [case.kind for case in CASES]
+    assert len(CASES) >= 20
+    for kind in ("diff", "bench", "gil", "gap"):
+        assert kinds.count(kind) >= 5, kind
+        assert any(c.kind == kind and c.rule in ("pass", "equivalent") for c in CASES), kind
+        assert any(c.kind == kind and c.rule not in ("pass", "equivalent") for c in CASES), kind
+
+
+@pytest.fixture(scope="module")
+def context(tmp_path_factory: pytest.TempPathFactory) -> object:
+    return accuracy.new_context(tmp_path_factory.mktemp("acceptance"))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_case(case: object, context: object) -> None:
+    result = accuracy.run_case(case, context)
+    assert result.right, (
+        f"{result.case.name}: " + "; ".join(result.wrong) + f"\n  why: {result.verdict['why']}"
+    )

@@ -1,0 +1,220 @@
+"""torch's own fused and decomposed operators as bench targets (``factory(shape, seed) -> kernel``).
+
+The kernels are torch's (``aten::layer_norm``, ``aten::_scaled_dot_product_flash_attention``,
+``aten::gelu``, ``aten::sum``, ...). Each factory allocates its inputs once and returns a
+zero-argument callable that runs one call. The pairs differ the way user code does: a fused
+operator against the same math written out (lost fusion), the same operator on a strided
+input or with another algorithm (a slower operator), a reduction recomputed per tile
+(redundant recomputation), a broadcast materialized before use (memory traffic). Each
+``*_again`` factory has exactly the body of the one it is named after (the clean twins).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+Kernel = Callable[[], torch.Tensor]
+
+
+def _randn(shape: tuple[int, ...], seed: int, salt: int = 0) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(1000 * seed + salt))
+
+
+def _rows(shape: tuple[int, ...]) -> tuple[int, int]:
+    if len(shape) != 2:
+        raise ValueError(f"shape {shape}: give rows x columns, e.g. 64x4096")
+    return shape[0], shape[1]
+
+
+# ---- layer norm: fused against written out --------------------------------------------------
+
+
+def layer_norm_fused(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """``F.layer_norm`` over the last dimension (one aten::native_layer_norm)."""
+    rows, cols = _rows(shape)
+    x, w, b = _randn((rows, cols), seed), _randn((cols,), seed, 1), _randn((cols,), seed, 2)
+    return lambda: F.layer_norm(x, (cols,), w, b, 1e-5)
+
+
+def layer_norm_fused_again(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """The same body as :func:`layer_norm_fused`."""
+    rows, cols = _rows(shape)
+    x, w, b = _randn((rows, cols), seed), _randn((cols,), seed, 1), _randn((cols,), seed, 2)
+    return lambda: F.layer_norm(x, (cols,), w, b, 1e-5)
+
+
+def layer_norm_written_out(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """The same layer norm from mean, variance, subtract, divide, scale and shift."""
+    rows, cols = _rows(shape)
+    x, w, b = _randn((rows, cols), seed), _randn((cols,), seed, 1), _randn((cols,), seed, 2)
+
+    def kernel() -> torch.Tensor:
+        mean = x.mean(-1, keepdim=True)
+        var = ((x - mean) ** 2).mean(-1, keepdim=True)
+        return (x - mean) / torch.sqrt(var + 1e-5) * w + b
+
+    return kernel
+
+
+# ---- attention: scaled_dot_product_attention against written out ----------------------------
+
+
+def _qkv(shape: tuple[int, ...], seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if len(shape) != 4:
+        raise ValueError(f"shape {shape}: give batch x heads x tokens x head_dim, e.g. 1x4x512x64")
+    return _randn(shape, seed), _randn(shape, seed, 1), _randn(shape, seed, 2)
+
+
+def attention_sdpa(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """Causal ``F.scaled_dot_product_attention`` (torch's fused CPU kernel)."""
+    q, k, v = _qkv(shape, seed)
+    return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def attention_sdpa_again(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """The same body as :func:`attention_sdpa`."""
+    q, k, v = _qkv(shape, seed)
+    return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def attention_written_out(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """Causal attention as matmul, scale, mask, softmax, matmul (the scores materialized)."""
+    q, k, v = _qkv(shape, seed)
+    tokens = shape[2]
+    future = torch.ones(tokens, tokens, dtype=torch.bool).triu(1)
+    scale = shape[3] ** -0.5
+
+    def kernel() -> torch.Tensor:
+        scores = (q @ k.transpose(-1, -2)) * scale
+        out: torch.Tensor = scores.masked_fill(future, float("-inf")).softmax(-1) @ v
+        return out
+
+    return kernel
+
+
+# ---- GELU: fused, tanh approximation, written out --------------------------------------------
+
+
+def gelu_erf(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """``F.gelu`` (exact, erf)."""
+    x = _randn(_rows(shape), seed)
+    return lambda: F.gelu(x)
+
+
+def gelu_erf_again(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """The same body as :func:`gelu_erf`."""
+    x = _randn(_rows(shape), seed)
+    return lambda: F.gelu(x)
+
+
+def gelu_tanh(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """``F.gelu(approximate="tanh")``: the same operator (aten::gelu), another algorithm."""
+    x = _randn(_rows(shape), seed)
+    return lambda: F.gelu(x, approximate="tanh")
+
+
+def gelu_written_out(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """GELU as ``x * 0.5 * (1 + erf(x / sqrt(2)))``: five operators instead of aten::gelu."""
+    x = _randn(_rows(shape), seed)
+    return lambda: x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+
+# ---- a row sum on a contiguous or a strided input --------------------------------------------
+
+
+def row_sum_contiguous(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """``x.sum(-1)`` on a contiguous ``x``."""
+    rows, cols = _rows(shape)
+    x = _randn((cols, rows), seed).t().contiguous()
+    return lambda: x.sum(-1)
+
+
+def row_sum_contiguous_again(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """The same body as :func:`row_sum_contiguous`."""
+    rows, cols = _rows(shape)
+    x = _randn((cols, rows), seed).t().contiguous()
+    return lambda: x.sum(-1)
+
+
+def row_sum_strided(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """The same ``x.sum(-1)`` on a transposed view (the reduced dimension is strided)."""
+    rows, cols = _rows(shape)
+    x = _randn((cols, rows), seed).t()
+    return lambda: x.sum(-1)
+
+
+# ---- softmax normalization: statistics once, or once per output tile -------------------------
+
+
+def softmax_stats_once(shape: tuple[int, ...], seed: int = 0, tiles: int = 4) -> Kernel:
+    """Row max and row sum of exponentials computed once, then the output tile by tile."""
+    rows, cols = _rows(shape)
+    x = _randn((rows, cols), seed)
+    width = cols // tiles
+
+    def kernel() -> torch.Tensor:
+        top = x.amax(-1, keepdim=True)
+        total = (x - top).exp().sum(-1, keepdim=True)
+        return torch.cat([(x[:, i * width:(i + 1) * width] - top).exp() / total for i in range(tiles)], -1)
+
+    return kernel
+
+
+def softmax_stats_once_again(shape: tuple[int, ...], seed: int = 0, tiles: int = 4) -> Kernel:
+    """The same body as :func:`softmax_stats_once`."""
+    rows, cols = _rows(shape)
+    x = _randn((rows, cols), seed)
+    width = cols // tiles
+
+    def kernel() -> torch.Tensor:
+        top = x.amax(-1, keepdim=True)
+        total = (x - top).exp().sum(-1, keepdim=True)
+        return torch.cat([(x[:, i * width:(i + 1) * width] - top).exp() / total for i in range(tiles)], -1)
+
+    return kernel
+
+
+def softmax_stats_per_tile(shape: tuple[int, ...], seed: int = 0, tiles: int = 4) -> Kernel:
+    """The same output, with the row max and row sum recomputed for every tile (``tiles`` x)."""
+    rows, cols = _rows(shape)
+    x = _randn((rows, cols), seed)
+    width = cols // tiles
+
+    def kernel() -> torch.Tensor:
+        parts = []
+        for i in range(tiles):
+            top = x.amax(-1, keepdim=True)
+            total = (x - top).exp().sum(-1, keepdim=True)
+            parts.append((x[:, i * width:(i + 1) * width] - top).exp() / total)
+        return torch.cat(parts, -1)
+
+    return kernel
+
+
+# ---- a per-column scale: broadcast, or materialized first ------------------------------------
+
+
+def scale_broadcast(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """``x * w`` with ``w`` of one row, broadcast by the multiply."""
+    rows, cols = _rows(shape)
+    x, w = _randn((rows, cols), seed), _randn((cols,), seed, 1)
+    return lambda: x * w
+
+
+def scale_broadcast_again(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """The same body as :func:`scale_broadcast`."""
+    rows, cols = _rows(shape)
+    x, w = _randn((rows, cols), seed), _randn((cols,), seed, 1)
+    return lambda: x * w
+
+
+def scale_materialized(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """The same product with ``w`` expanded to the full ``rows x cols`` and copied first: an
+    intermediate as large as the input is written and read again."""
+    rows, cols = _rows(shape)
+    x, w = _randn((rows, cols), seed), _randn((cols,), seed, 1)
+    return lambda: x * w.expand(rows, cols).contiguous()
