@@ -9,7 +9,17 @@ from typing import Any
 
 from glmfb.diff.metrics import DEFAULT_CHUNK_ELEMENTS, Tolerances
 from glmfb.diff.requests import DEFAULT_MAX_ELEMENTS
-from glmfb.options import BOOL, FILE, GLOBS, POSITIVE_INT, ValueType, nonnegative_float, option
+from glmfb.options import (
+    BOOL,
+    FILE,
+    GLOBS,
+    NONNEGATIVE_INT,
+    POSITIVE_INT,
+    SECONDS,
+    ValueType,
+    nonnegative_float,
+    option,
+)
 from glmfb.units import OptionValueError, parse_number
 
 PerTap = tuple[tuple[str, float | None, float | None], ...]
@@ -76,6 +86,12 @@ class DiffConfig:
     max_suspects: int = option(16, POSITIVE_INT, "Most modules whose local error is measured.")
     max_elements: int = option(DEFAULT_MAX_ELEMENTS, POSITIVE_INT,
                                "Largest request (tokens, or tensor elements) read before allocating it.")
+    baseline_nproc: int = option(0, NONNEGATIVE_INT, "Run a target baseline on N torch.distributed ranks "
+                                 "(torch.distributed.run); 0: one process.")
+    candidate_nproc: int = option(0, NONNEGATIVE_INT, "Run a target candidate on N torch.distributed ranks; "
+                                  "0: one process.")
+    rank_timeout_s: float = option(300.0, SECONDS, "Longest a rank may go without progress before the "
+                                   "distributed capture is stopped.", key="rank_timeout")
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
 
     @property
@@ -96,4 +112,7 @@ class CaptureConfig:
                                    flag="--tap")
     max_elements: int = option(DEFAULT_MAX_ELEMENTS, POSITIVE_INT,
                                "Largest request (tokens, or tensor elements) read before allocating it.")
+    nproc: int = option(0, NONNEGATIVE_INT, "Launch N torch.distributed ranks (torch.distributed.run), each "
+                        "capturing its taps; 0: one process.")
+    rank_timeout_s: float = option(300.0, SECONDS, "Longest a rank may go without progress.", key="rank_timeout")
     force: bool = option(False, BOOL, "Replace an existing capture directory at --out (whole).", toml=False)
