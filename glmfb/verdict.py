@@ -510,6 +510,7 @@ _WHERE_SCHEMA: dict[str, Any] = {
         "function": {"type": "string"},
         "file": {"type": "string"},
         "line": {"type": "integer"},
+        "rank": {"type": "integer", "description": "the torch.distributed rank (distributed targets)"},
     },
     "additionalProperties": _SCALAR,
 }

@@ -86,11 +86,16 @@ class Toy(nn.Module):
                 self._plant()
             input_ids = shard(input_ids, self.layout, rank, world_size)
         x = self.mix(self.embed(input_ids))
+        if getattr(self, "perturb", False):
+            x = x * 1.01  # this rank's piece of the sequence is off by 1%
         if self.fault == "disagree" and self.layout is not None and _rank() == self.fault_rank:
             x = self.extra(x)
         return self.head(x)
 
     def _plant(self) -> None:
+        if self.fault == "perturb":
+            self.perturb = True
+            return
         if self.fault == "raise":
             raise ValueError("planted failure on this rank")
         if self.fault == "hang":
@@ -434,3 +439,69 @@ def test_a_rank_that_disagrees_on_taps_is_named(tmp_path: Path, out_dir: Path) -
     failure, _ = failing_capture(tmp_path, out_dir, "disagree")
     assert failure.reason == "disagrees" and failure.rank == 1
     assert "rank 1 disagrees with rank 0 on taps" in str(failure) and "'extra'" in str(failure)
+
+
+# ---- through glmfb diff: a rank that raises or hangs is an error verdict naming the rank -------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("target", "args", "phrase"), [
+    ("toy_sharded", ["--candidate-arg", "fault=raise", "--candidate-nproc", "2"], "rank 1 raised"),
+    ("toy_sharded", ["--candidate-arg", "fault=hang", "--candidate-nproc", "2", "--rank-timeout", "8s"], "rank 1 hung"),
+    ("raise_and_hang", ["--candidate-nproc", "3", "--rank-timeout", "30s"], "rank 1 raised"),
+])
+def test_a_rank_that_raises_or_hangs_is_an_error_verdict(tmp_path: Path, target: str, args: list[str],
+                                                          phrase: str) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    from test_isolation import MARK, wait_for_no_leftovers
+
+    requests = write_requests(tmp_path)
+    mark = uuid.uuid4().hex
+    env = {**os.environ, MARK: mark, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "glmfb", "diff", f"{HERE}:toy_single", f"{HERE}:{target}", "--requests", str(requests),
+         *args, "--json", "--out", str(tmp_path / "reports"), "--timeout", "120s"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180)
+    elapsed_s = time.monotonic() - started
+    assert result.returncode == 3, result.stderr[-2000:]
+    verdict = json.loads(result.stdout)
+    assert verdict["status"] == "error" and verdict["layer"] == "harness"
+    assert phrase in verdict["why"], verdict["why"]
+    assert elapsed_s < 90, elapsed_s
+    assert wait_for_no_leftovers(mark, within_s=10) == []
+
+
+@pytest.mark.slow
+def test_glmfb_capture_on_ranks_then_diff_names_the_rank(tmp_path: Path) -> None:
+    """glmfb capture --nproc 3, then glmfb diff of the single-process capture against it, with
+    rank 2's piece of the sequence perturbed: where.rank = 2."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from glmfb.cli import app
+
+    requests = write_requests(tmp_path)
+    runner = CliRunner()
+    single = runner.invoke(app, ["capture", f"{HERE}:toy_single", "--requests", str(requests), "--out",
+                                 str(tmp_path / "single")])
+    assert single.exit_code == 0, single.stderr
+    ranks = runner.invoke(app, ["capture", f"{HERE}:toy_sharded", "--requests", str(requests), "--out",
+                                str(tmp_path / "ranks"), "--nproc", "3", "--arg", "fault=perturb", "--arg", "fault_rank=2"])
+    assert ranks.exit_code == 0, ranks.stderr
+    again = runner.invoke(app, ["capture", f"{HERE}:toy_sharded", "--requests", str(requests), "--out",
+                                str(tmp_path / "ranks"), "--nproc", "3"])
+    assert again.exit_code == 2 and "already exists" in again.stderr
+    result = runner.invoke(app, ["diff", str(tmp_path / "single"), str(tmp_path / "ranks"), "--json",
+                                 "--out", str(tmp_path / "reports")])
+    assert result.exit_code == 1, result.stderr
+    verdict = json.loads(result.stdout)
+    assert verdict["where"]["rank"] == 2, verdict["where"]
+    slices = next(e for e in verdict["evidence"] if e["kind"] == "rank_errors")["slices"]
+    assert [s["failed"] for s in slices] == [False, False, True]

@@ -28,6 +28,8 @@ from glmfb.diff.evidence import (
     ModuleRow,
     Modules,
     PrecisionSignatureEvidence,
+    RankErrors,
+    RankSliceRow,
     RequestRow,
     Requests,
     TapTolerance,
@@ -104,6 +106,9 @@ def run_capture(config: CaptureConfig, progress: Progress | None = None) -> Mani
 
     if config.requests is None:
         raise UsageError("glmfb capture needs --requests FILE")
+    if config.nproc > 0:
+        return capture_on_ranks(config.target, dict(config.args), config.base_dir, config.requests, config.out,
+                                config.taps, config.nproc, config.rank_timeout_s, progress, force=config.force)
     requests = read_requests(config.requests, config.max_elements)
     target = Target(config.target, dict(config.args), config.base_dir)
     try:
@@ -111,6 +116,38 @@ def run_capture(config: CaptureConfig, progress: Progress | None = None) -> Mani
         return capture(side, requests, config.out, config.taps, progress, force=config.force)
     except TargetFailed as exc:
         raise HarnessError(str(exc), "fix the target, or run it alone with GLMFB_DEBUG=1") from exc
+
+
+def capture_on_ranks(target: str, args: Mapping[str, Any], base_dir: Path | None, requests: Path, out: Path,
+                     taps: Sequence[str], nproc: int, rank_timeout_s: float, progress: Progress | None,
+                     force: bool = False) -> Manifest:
+    """A target on ``nproc`` torch.distributed ranks (torch.distributed.run), unsharded into a
+    capture at ``out``: written aside and renamed into place when complete, like any capture. A
+    rank that raises, dies, hangs past ``rank_timeout_s`` or disagrees on taps raises
+    :class:`~glmfb.diff.distributed.RankFailure` naming the rank."""
+    import os
+    import shutil
+
+    from glmfb.diff.distributed import DistributedCaptureConfig, run_distributed_capture
+    from glmfb.errors import InputError
+
+    if (out.exists() or out.is_symlink()) and not force:
+        raise InputError(f"{out} already exists", "give a new --out folder, or --force to replace it whole")
+    if out.exists() and not (out / MANIFEST).is_file() and any(out.iterdir()):
+        raise InputError(f"{out} exists and is not a capture directory; glmfb will not replace it", "give a new --out")
+    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    try:
+        manifest = run_distributed_capture(DistributedCaptureConfig(
+            target=target, requests=requests, out=partial, nproc=nproc, args=dict(args), taps=tuple(taps),
+            base_dir=base_dir, timeout_s=rank_timeout_s,
+        ), progress)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(partial, out)
+    return manifest
 
 
 def capture_job(config: CaptureConfig, progress: Progress) -> dict[str, Any]:
@@ -170,8 +207,15 @@ def _run_diff(config: DiffConfig, env: Mapping[str, Any], ctx: ProbeContext) -> 
         ):
             if dirs[index] is not None:
                 continue
-            side = load_side(Target(ref, dict(args), config.base_dir), label)
             out = report_dir / "captures" / label
+            nproc = config.baseline_nproc if label == "baseline" else config.candidate_nproc
+            if nproc > 0:  # on torch.distributed ranks: captured there, unsharded, compared as a capture
+                assert config.requests is not None
+                capture_on_ranks(ref, dict(args), config.base_dir, config.requests, out, config.taps, nproc,
+                                 config.rank_timeout_s, progress, force=True)
+                dirs[index] = out
+                continue
+            side = load_side(Target(ref, dict(args), config.base_dir), label)
             capture(side, requests, out, config.taps, progress, f"{label} ", force=True)
             dirs[index] = out
             sides.append(side)
@@ -278,6 +322,10 @@ def _analyse(config: DiffConfig, ctx: ProbeContext, env: Mapping[str, Any], base
                 tried=tuple(Tried(length=n, failed=f) for n, f in minimal.tried), command=rerun,
             ))
 
+    rank_record = _rank_errors(baseline, candidate, worst, first) if failed and first is not None else None
+    if rank_record is not None:
+        evidence.append(rank_record)
+
     env_diff = differences(baseline.manifest.env, candidate.manifest.env)
     if env_diff:
         evidence.append(EnvDifferences(note="the captures were made in different environments",
@@ -309,6 +357,8 @@ def _analyse(config: DiffConfig, ctx: ProbeContext, env: Mapping[str, Any], base
             where["position"] = position
         if first is not None:
             where["shape"] = "x".join(str(d) for d in first.tap.shape)
+        if rank_record is not None and rank_record.first_failing_rank is not None:
+            where["rank"] = rank_record.first_failing_rank
     if outcome.diagnosis.where is not None:
         where = dict(outcome.diagnosis.where)
     return Verdict(
@@ -316,6 +366,29 @@ def _analyse(config: DiffConfig, ctx: ProbeContext, env: Mapping[str, Any], base
         layer=Layer.NUMERICS, why=outcome.diagnosis.why, where=where,
         metric=Metric("output_rel_l2", worst.output_error),  # ||c - b|| / ||b||, not a change
         evidence=tuple(evidence), next=outcome.diagnosis.next, artifacts=artifacts, env=env,
+    )
+
+
+def _rank_errors(baseline: CaptureReader, candidate: CaptureReader, request: RequestResult,
+                 tap: TapResult) -> RankErrors | None:
+    """Which rank's piece of the first divergent tap fails first (a side captured on ranks)."""
+    if baseline.manifest.distributed is None and candidate.manifest.distributed is None:
+        return None
+    from glmfb.diff.distributed import tap_rank_errors
+
+    base_tap = next((t for r in baseline.requests if r.id == request.id for t in r.taps if t.name == tap.tap.name),
+                    tap.tap)
+    cand_tap = _other(candidate, tap)
+    slices = tap_rank_errors(baseline, candidate, base_tap, cand_tap,
+                             Tolerance(tap.metrics.rtol, tap.metrics.atol))
+    if not slices:
+        return None
+    layout = cand_tap.layout or base_tap.layout or {}
+    first_rank = next((sl.rank for sl in slices if sl.failed), None)
+    return RankErrors(
+        request=request.id, tap=tap.tap.name, world_size=len(layout.get("sizes", [])) or 1,
+        order=str(layout.get("order", "contiguous")),
+        slices=tuple(RankSliceRow(**sl.to_dict()) for sl in slices), first_failing_rank=first_rank,
     )
 
 

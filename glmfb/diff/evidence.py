@@ -231,7 +231,38 @@ class TolerancesUsed(Evidence):
     atol: float | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class RankSliceRow(Record):
+    rank: int
+    segment: int
+    start: int
+    end: int
+    rel_l2: float
+    max_abs: float
+    outside: int
+    failed: bool
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class RankErrors(Evidence):
+    """A tap captured on torch.distributed ranks, unsharded: each rank's piece's error, in
+    sequence order; the first failing piece's rank is the verdict's ``where.rank``."""
+
+    kind: ClassVar[str] = "rank_errors"
+    request: str
+    tap: str
+    world_size: int
+    order: str
+    slices: tuple[RankSliceRow, ...]
+    first_failing_rank: int | None = None
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        return {"rank_errors": [{"request": self.request, "tap": self.tap, **row.to_dict()} for row in self.slices]}
+
+
 EVIDENCE_TYPES: tuple[type[Evidence], ...] = (
+    RankErrors,
     Requests, Modules, LocalErrors, ErrorByPosition, ErrorShape, PrecisionSignatureEvidence, Tokens,
     MinimalReproducer, TolerancesUsed,
 )
