@@ -15,8 +15,16 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from glmfb.commands.common import console, dump_json, emit_run, interactive, parse_timeout
+from glmfb.commands.common import (
+    console,
+    dump_json,
+    emit_run,
+    folder_size,
+    interactive,
+    parse_timeout,
+)
 from glmfb.errors import GlmfbError, UsageError
+from glmfb.report.text import status_label
 from glmfb.verdict import ExitCode
 
 
@@ -123,6 +131,9 @@ def run_command(
         typer.Option("--timeout", metavar="DURATION",
                      help="Longest time one probe may take (default: a definition's timeout, else 15min)."),
     ] = None,
+    verbose: Annotated[
+        bool, typer.Option("-v", "--verbose", help="A panel for every verdict, not only those that need a look."),
+    ] = False,
 ) -> None:
     """Run the probe definitions of a suite and write reports/<run-id>/run.json."""
     from glmfb import suite
@@ -166,13 +177,13 @@ def run_command(
         run = suite.run_suite(
             definitions,
             context,
-            on_done=lambda d, v: notes.print(f"{v.outcome.value:>12}  {d.probe:<5} {d.name}"),
+            on_done=lambda d, v: notes.print(f"{status_label(v):>24}  {d.probe:<5} {d.name}"),
         )
     run_file = report_dir / "run.json"
     write_json_atomic(run_file, run.to_dict())
     _write_run_reports(run, report_dir)
     notes.print(f"run written to {run_file} (report.html, junit.xml beside it)")
-    emit_run(run, as_json)
+    emit_run(run, as_json, verbose=verbose, folder_size=folder_size(report_dir))
 
 
 def _write_run_reports(run: Any, report_dir: Path) -> None:

@@ -51,14 +51,25 @@ def emit_verdict(verdict: Verdict, as_json: bool) -> NoReturn:
     raise typer.Exit(int(verdict.exit_code))
 
 
-def emit_run(run: Run, as_json: bool) -> NoReturn:
+def emit_run(run: Run, as_json: bool, *, verbose: bool = False, folder_size: str | None = None) -> NoReturn:
     if as_json:
         dump_json(run.to_dict())
     else:
         from glmfb.report.terminal import render_run
 
-        console().print(render_run(run))
+        console().print(render_run(run, verbose=verbose, folder_size=folder_size))
     raise typer.Exit(int(run.exit_code))
+
+
+def folder_size(folder: object) -> str:
+    """``12.3 MB``: what a run folder takes on disk."""
+    from pathlib import Path
+
+    total = sum(p.stat().st_size for p in Path(str(folder)).rglob("*") if p.is_file() and not p.is_symlink())
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if total >= scale:
+            return f"{total / scale:.1f} {unit}"
+    return f"{total} B"
 
 
 @contextmanager

@@ -82,8 +82,9 @@ def _common_parameters(probe: Probe) -> list[inspect.Parameter]:
             "--candidate-arg", metavar="KEY=VALUE", help="For the candidate only. Repeatable.")]))
     params.append(_param("name", Annotated[str | None, typer.Option(
         "--name", metavar="NAME", help="Name of the verdict (also its artifact folder).")]))
-    params.append(_param("out", Annotated[Path, typer.Option(
-        "--out", metavar="DIR", help="Report folder: artifacts go to DIR/<run-id>/<name>/.")], Path("reports")))
+    params.append(_param("out", Annotated[Path | None, typer.Option(
+        "--out", metavar="DIR", help="Report folder: artifacts go to DIR/<run-id>/<name>/, with run.json and, "
+        "when --out is given, report.html. [default: reports]")], None))
     params.append(_param("csv", Annotated[Path | None, typer.Option(
         "--csv", metavar="DIR", help="Also write the verdict's tables as CSV files into DIR.")]))
     params.append(_param("rules", Annotated[list[Path] | None, typer.Option(
@@ -135,7 +136,7 @@ def register_probe(app: typer.Typer, probe: Probe) -> None:
         from glmfb.runs import start_run
         from glmfb.verdict import Run, Verdict
 
-        out = Path(values["out"])
+        out = Path(values["out"]) if values.get("out") is not None else Path("reports")
         run_id = new_run_id()
         report_dir = start_run(out, run_id)  # the gate's pointer, before anything can fail
         started = utc_now()
@@ -160,6 +161,10 @@ def register_probe(app: typer.Typer, probe: Probe) -> None:
                     f"interrupted ({getattr(exc, 'signal_name', 'SIGINT')}) while running; its processes were stopped")
         run = Run(id=run_id, started=started, finished=utc_now(), verdicts=(verdict,), interrupted=interrupted)
         write_json_atomic(report_dir / "run.json", run.to_dict())
+        if values.get("out") is not None:
+            from glmfb.report.html import write_html
+
+            write_html(run, report_dir)
         if values.get("csv") is not None:
             from glmfb.tables import write_csv
 

@@ -10,6 +10,14 @@ Public API::
 from __future__ import annotations
 
 from glmfb.gap.config import GapConfig
-from glmfb.gap.engine import run_gap
 
 __all__ = ["GapConfig", "run_gap"]
+
+
+def __getattr__(name: str) -> object:
+    """The engine is imported on first use: the CLI's start-up loads only the probe's config."""
+    if name == "run_gap":
+        from glmfb.gap.engine import run_gap
+
+        return run_gap
+    raise AttributeError(name)

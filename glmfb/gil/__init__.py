@@ -10,6 +10,14 @@ Public API (used by ``glmfb gap``)::
 from __future__ import annotations
 
 from glmfb.gil.config import GilConfig
-from glmfb.gil.engine import trace_gil
 
 __all__ = ["GilConfig", "trace_gil"]
+
+
+def __getattr__(name: str) -> object:
+    """The engine is imported on first use: the CLI's start-up loads only the probe's config."""
+    if name == "trace_gil":
+        from glmfb.gil.engine import trace_gil
+
+        return trace_gil
+    raise AttributeError(name)

@@ -82,12 +82,21 @@ def render_verdict(verdict: Verdict) -> RenderableType:
     return Group(*shown, panel) if shown else panel
 
 
-def render_run(run: Run) -> RenderableType:
-    """A summary table of a run, followed by a panel for each verdict that is not a pass."""
+def _needs_a_look(verdict: Verdict) -> bool:
+    """Not what it should be: an unmet expectation, or (without one) anything but a pass."""
+    if verdict.expect_met is not None:
+        return not verdict.expect_met
+    return verdict.status is not Status.PASS
+
+
+def render_run(run: Run, *, verbose: bool = False, folder_size: str | None = None) -> RenderableType:
+    """A run as a terminal shows it: a panel for each verdict that did not go as expected (every
+    verdict with ``verbose``), then the summary table, one line per definition, last."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
+    parts: list[RenderableType] = [render_verdict(v) for v in run.verdicts if verbose or _needs_a_look(v)]
     table = Table(title=f"glmfb run {run.id}", header_style="table.header", expand=False)
     with_expectations = any(v.expect is not None for v in run.verdicts)
     columns = ["probe", "name", "status", "layer", "metric", "where"]
@@ -107,19 +116,17 @@ def render_run(run: Run) -> RenderableType:
         if with_expectations:
             cells.insert(3, expected_label(verdict))
         table.add_row(*cells)
+    parts.append(table)
     summary = run.summary
     counts = ", ".join(f"{summary[s.value]} {s.value}" for s in Status if summary[s.value])
     if summary["expect_met"] or summary["expect_unmet"]:
         counts += f"; expectations: {summary['expect_met']} met, {summary['expect_unmet']} unmet"
-    parts: list[RenderableType] = [table, Text(counts or "no verdicts")]
+    if folder_size:
+        counts += f"; run folder {folder_size}"
+    parts.append(Text(counts or "no verdicts"))
     if run.interrupted:
-        parts.append(Text("interrupted: probes not run are marked error", style="status.error"))
-    # Details for anything that is not a plain pass: expected failures show their diagnosis.
-    parts.extend(
-        render_verdict(v)
-        for v in run.verdicts
-        if v.outcome is not Status.PASS or v.status is not Status.PASS
-    )
+        parts.append(Text("interrupted: the probe that was running and those not run are marked error",
+                          style="status.error"))
     return Group(*parts)
 
 
