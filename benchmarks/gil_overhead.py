@@ -127,7 +127,9 @@ def run_glmfb(seconds: float, folder: Path) -> tuple[dict[str, float], str]:
     )
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     self_before = os.times()
-    verdict = trace_gil(config, folder)
+    from glmfb.probe import ProbeContext
+
+    verdict = trace_gil(config, ProbeContext(run_id="overhead", artifact_dir=folder))
     self_after = os.times()
     children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     stdout = (folder / "stdout.txt").read_text()

@@ -17,14 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from glmfb.verdict import Layer, Metric, ProbeKind, Run, Status, Verdict
+from glmfb.verdict import Layer, Metric, Run, Status, Verdict
 
 
 def thousand_verdict_run() -> Run:
     statuses = [Status.PASS, Status.WARN, Status.PASS, Status.PASS, Status.INCONCLUSIVE]
     verdicts = tuple(
         Verdict(
-            probe=ProbeKind.BENCH,
+            probe="bench",
             name=f"kernel-{i}",
             status=statuses[i % len(statuses)],
             layer=Layer.KERNEL,

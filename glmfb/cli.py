@@ -49,7 +49,28 @@ _USAGE_ERRORS = _usage_error_types()
 
 
 class _BoundaryGroup(TyperGroup):
-    """The one place errors turn into exit codes."""
+    """The one place errors turn into exit codes; also where probe commands come from: one
+    per registered probe kind, built when first asked for (so ``glmfb gate`` never imports a
+    probe, and a probe installed by another package gets its command)."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        from glmfb.probe import known_kinds
+
+        names = [*super().list_commands(ctx), "capture"]
+        return names + [kind for kind in known_kinds() if kind not in names]
+
+    def get_command(self, ctx: Any, name: str) -> Any:
+        command = super().get_command(ctx, name)
+        if command is not None:
+            return command
+        if name == "capture":
+            return _built(lambda holder: __import__("glmfb.commands.capture", fromlist=["register"]).register(holder),
+                          name)
+        from glmfb.probe import known_kinds
+
+        if name not in known_kinds():
+            return None
+        return _probe_command(name)
 
     def invoke(self, ctx: Any) -> Any:
         try:
@@ -290,18 +311,22 @@ def schema_command() -> None:
     dump_json(json_schema())
 
 
-def _register_commands() -> None:
-    """``glmfb capture``, then one command per probe of the registry (built-in and installed)."""
-    from glmfb.commands.capture import register as register_capture
+def _built(register: Any, name: str) -> Any:
+    """The click command ``register(typer_app)`` adds, built on its own."""
+    holder = typer.Typer(cls=TyperGroup, rich_markup_mode=None, add_completion=False,
+                         context_settings={"help_option_names": ["-h", "--help"]})
+    register(holder)
+    holder.callback()(lambda: None)  # a group, so the command can be taken out of it
+    group = typer.main.get_command(holder)
+    return group.commands[name]  # type: ignore[attr-defined]
+
+
+def _probe_command(kind: str) -> Any:
+    """The click command of one probe kind, generated from its declarations."""
     from glmfb.commands.probes import register_probe
-    from glmfb.probe import all_probes
+    from glmfb.probe import get_probe
 
-    register_capture(app)
-    for probe in all_probes():
-        register_probe(app, probe)
-
-
-_register_commands()
+    return _built(lambda holder: register_probe(holder, get_probe(kind)), kind)
 
 
 def _on_sigterm(number: int, frame: Any) -> None:
