@@ -277,3 +277,17 @@ def test_the_stale_run_recipe_exits_non_zero(tmp_path: Path, toy: Path) -> None:
     folder = next(p.parent for p in (tmp_path / "reports").glob("*/run.json"))
     assert cli("gate", str(folder)).returncode == 0
     assert cli("gate", str(tmp_path / "reports")).returncode == 3  # the folder's latest run is the bad one
+
+
+def test_a_rule_installed_through_the_entry_point_group_comes_first(tmp_path: Path, toy: Path) -> None:
+    from glmfb.evidence import RuleFired
+    from glmfb.suite import SuiteContext, load_definitions, run_definition
+
+    (tmp_path / "p.toml").write_text('[[probe]]\nname = "t"\nprobe = "toy"\n'
+                                     'options = { outcome = "fail", kernel = "known-slow-kernel" }\n')
+    [definition] = load_definitions([tmp_path / "p.toml"])
+    verdict = run_definition(definition, SuiteContext("r", tmp_path / "reports"))
+    assert verdict.why.startswith("a kernel the team already knows is slow")
+    fired = verdict.find(RuleFired)
+    assert fired is not None and fired.rule == "team-known-kernel"
+    assert fired.source.startswith("entry point toy-known-kernel")

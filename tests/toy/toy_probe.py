@@ -44,6 +44,7 @@ class ToyConfig:
 class ToyFindings:
     outcome: str
     value: float
+    kernel: str = ""
 
     def saw(self) -> dict[str, Any]:
         return {"outcome": self.outcome, "value": self.value}
@@ -69,7 +70,7 @@ class ToyProbe(BaseProbe):
             raise KeyboardInterrupt
         if config.outcome == "target-raises":
             raise TargetFailed("target", "on its first call", ValueError("bad input tensor"))
-        findings = ToyFindings(config.outcome, 0.5)
+        findings = ToyFindings(config.outcome, 0.5, config.kernel)
         outcome = diagnose(ctx.rules(self.kind, self.rules()), findings)
         where = {"kernel": config.kernel} if config.kernel else {}
         return Verdict(
@@ -80,3 +81,13 @@ class ToyProbe(BaseProbe):
 
 
 PROBE = ToyProbe()
+
+
+def _known_kernel(f: ToyFindings) -> Diagnosis | None:
+    """An installed rule: it applies only to a kernel a team already knows."""
+    if f.outcome != "fail" or f.kernel != "known-slow-kernel":
+        return None
+    return Diagnosis(Status.FAIL, "a kernel the team already knows is slow (an installed rule said so)")
+
+
+INSTALLED_RULES = [Rule("team-known-kernel", "toy", _known_kernel)]
