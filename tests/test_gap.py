@@ -338,10 +338,15 @@ def test_cli_json_fail_and_exit_code(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, [
         "gap", f"{THIS}:spin", f"{THIS}:spin", "--candidate-arg", "extra_units=60000",
         "--threshold", "5%", "--repeats", "20", "--budget", "20", "--no-attribute", "--json",
-        "--out", str(tmp_path),
+        "--out", str(tmp_path), "--csv", str(tmp_path / "tables"),
     ])
     assert result.exit_code == 1, result.output
     data = json.loads(result.stdout)
+    import pandas as pd
+
+    samples = pd.read_csv(tmp_path / "tables" / "gap_samples.csv")
+    assert set(samples["side"]) == {"baseline", "candidate"} and (samples["seconds"] > 0).all()
+    assert "extra_s" in set(pd.read_csv(tmp_path / "tables" / "phases.csv")["phase"])
     assert data["probe"] == "gap" and data["status"] == "fail" and data["layer"] == "transfer"
     assert data["metric"]["name"] == "gap" and data["metric"]["threshold"] == 0.05
 
