@@ -280,14 +280,16 @@ def schema_command() -> None:
 
 
 def _register_commands() -> None:
-    """``glmfb capture``, then one command per probe of the registry (built-in and installed)."""
+    """``glmfb capture``, one command per probe of the registry (built-in and installed), ``glmfb mcp``."""
     from glmfb.commands.capture import register as register_capture
+    from glmfb.commands.mcp import register as register_mcp
     from glmfb.commands.probes import register_probe
     from glmfb.probe import all_probes
 
     register_capture(app)
     for probe in all_probes():
         register_probe(app, probe)
+    register_mcp(app)
 
 
 _register_commands()
