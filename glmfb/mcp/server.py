@@ -70,6 +70,11 @@ class GlmfbServer:
     def __init__(self, boundary: Boundary) -> None:
         from glmfb import __version__
 
+        if Path.cwd().resolve() != boundary.root:
+            # Relative paths in specs, verdicts and next steps are relative to the root, and the
+            # probes' child processes start in the working directory: the two must agree.
+            raise UsageError(f"glmfb mcp serves from its root: the working directory {Path.cwd()} is not "
+                             f"{boundary.root}", "change to the root first (glmfb.mcp.server.run does)")
         self.boundary = boundary
         self.toolbox = Toolbox(boundary, cancel_run=self.cancel_run)
         self.slot = threading.Lock()  # one probe at a time: timings must not disturb each other

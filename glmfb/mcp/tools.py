@@ -303,12 +303,8 @@ class Toolbox:
                 raise InputError(f"{label}: give 'target' or 'command', not both")
             if "target" in arguments:
                 target = boundary.side(arguments["target"], "target")
-            elif "command" in arguments and probe.accepts_command:
+            elif "command" in arguments:
                 command = boundary.command(arguments["command"])
-            else:
-                raise InputError(f"{label}: argument 'target' is required",
-                                 "give a Python target under the root (path/to/file.py:factory)"
-                                 + (" or 'command'" if probe.accepts_command else ""))
         args = _kwargs(arguments, "args")
         if command and args:
             raise InputError(f"{label}: argument 'args' goes with 'target'", "pass arguments in the command line")
@@ -331,7 +327,10 @@ class Toolbox:
             config = probe.build(spec)
         except UsageError as exc:
             message = exc.message if exc.message.startswith(label) else f"{label}: {exc.message}"
-            raise InputError(message, exc.hint) from None
+            hint = exc.hint
+            if probe.form is ProbeForm.SINGLE and target is None and not command:
+                hint = "give 'target' (path/to/file.py:factory)" + (" or 'command'" if probe.accepts_command else "")
+            raise InputError(message, hint) from None
 
         def work(ctx: CallContext) -> Answer:
             return self._run_probe(probe, spec, config, rules, ctx, (note,) if note else ())
@@ -617,31 +616,36 @@ class Toolbox:
                            "policy": {"type": "string", "description": "A TOML policy file under the root."},
                        }}, output, read_only=True)
 
-    def _load_source(self, label: str, source: Any) -> tuple[Run, str | None]:
-        """A run from a source argument; with its id when it lies in reports/."""
-        from glmfb.io import read_json
+    def _source_path(self, label: str, source: Any) -> Path:
+        """The run or verdict file a source argument names (checked when the call is prepared)."""
         from glmfb.runs import RUN_FILE, latest_run, run_file_of
-        from glmfb.verdict import SchemaError, load_document
 
         reports = self.boundary.reports
         try:
             if source is None:
-                path = latest_run(reports)
-            elif isinstance(source, str) and source and safe_component(source) == source \
+                return latest_run(reports)
+            if isinstance(source, str) and source and safe_component(source) == source \
                     and (reports / source / RUN_FILE).is_file():
-                path = reports / source / RUN_FILE
-            else:
-                path = Path(run_file_of(str(self.boundary.path(source, "source", must_exist=True))))
-                path = self.boundary.path(str(path), "source", must_exist=True)
-            data = read_json(path)
+                return reports / source / RUN_FILE
+            path = Path(run_file_of(str(self.boundary.path(source, "source", must_exist=True))))
+            return self.boundary.path(str(path), "source", must_exist=True)
         except GlmfbError as exc:
-            raise InputError(f"{label}: argument 'source': {exc.message}", exc.hint) from None
+            message = exc.message if "argument 'source'" in exc.message else f"argument 'source': {exc.message}"
+            raise InputError(f"{label}: {message}", exc.hint) from None
+
+    def _read_source(self, label: str, path: Path) -> tuple[Run, str | None]:
+        """A run from a source file; with its id when it lies in reports/."""
+        from glmfb.io import read_json
+        from glmfb.verdict import SchemaError, load_document
+
         try:
-            run = load_document(data)
+            run = load_document(read_json(path))
         except SchemaError as exc:
             raise InputError(f"{label}: argument 'source': {self.boundary.relative(path)} is not a glmfb run or "
                              f"verdict: {exc}") from None
-        run_id = run.id if path.parent == reports / run.id else None
+        except GlmfbError as exc:
+            raise InputError(f"{label}: argument 'source': {exc.message}", exc.hint) from None
+        run_id = run.id if path.parent == self.boundary.reports / run.id else None
         return run, run_id
 
     def _prepare_gate(self, arguments: dict[str, Any]) -> Prepared:
@@ -656,10 +660,11 @@ class Toolbox:
                 policy = load_policy(policy_path)
             except UsageError as exc:
                 raise InputError(f"{label}: argument 'policy': {exc.message}", exc.hint) from None
+        source = self._source_path(label, arguments.get("source"))
         timeout_s, _ = self.boundary.timeout(None)
 
         def work(ctx: CallContext) -> Answer:
-            run, run_id = self._load_source(label, arguments.get("source"))
+            run, run_id = self._read_source(label, source)
             result = evaluate(run, policy)
             rows = [{"name": row.verdict.name, "probe": row.verdict.probe, "status": row.verdict.status.value,
                      "outcome": row.verdict.outcome.value, "decision": row.decision.value,
@@ -710,10 +715,11 @@ class Toolbox:
         pattern = arguments.get("name")
         if pattern is not None and not isinstance(pattern, str):
             raise InputError(f"{label}: argument 'name': expected a string (a glob)")
+        source = self._source_path(label, arguments.get("source"))
         timeout_s, _ = self.boundary.timeout(None)
 
         def work(ctx: CallContext) -> Answer:
-            run, run_id = self._load_source(label, arguments.get("source"))
+            run, run_id = self._read_source(label, source)
             chosen = [v for v in run.verdicts if pattern is None or fnmatch.fnmatchcase(v.name, pattern)]
             if pattern is not None and not chosen:
                 raise InputError(f"{label}: argument 'name': no verdict named {pattern!r} in run {run.id}",
