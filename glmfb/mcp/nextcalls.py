@@ -29,7 +29,7 @@ from glmfb.targets import parse_arg
 _DROPPED = {"--json": False, "--out": True, "--csv": True}
 
 
-class _Unreadable(Exception):
+class _Unreadable(ValueError):
     """The step is a glmfb command this reader cannot turn into a call."""
 
 

@@ -19,7 +19,7 @@ import mimetypes
 from dataclasses import dataclass
 from pathlib import Path
 
-from glmfb.errors import GlmfbError
+from glmfb.errors import GlmfbError, InputError
 from glmfb.mcp.boundary import Boundary
 from glmfb.mcp.tools import LATEST_URI, SCHEMA_URI
 from glmfb.probe import safe_component
@@ -30,7 +30,7 @@ LISTED_RUNS = 50
 _TEXT_SUFFIXES = {".json", ".jsonl", ".txt", ".html", ".xml", ".csv", ".md", ".toml", ".py", ".log", ".svg"}
 
 
-class ResourceError(Exception):
+class ResourceError(InputError):
     """A resource that cannot be read; ``not_found`` tells a missing one from a bad URI."""
 
     def __init__(self, message: str, *, not_found: bool = True) -> None:
