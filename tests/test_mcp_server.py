@@ -335,3 +335,46 @@ def test_the_same_over_streamable_http(root: Path, tmp_path: Path, http_server: 
           f"{measured['cancel_tool_s']:.2f} s (cancel tool)")
     assert measured["client_cancel_s"] < CANCEL_BOUND_S, measured
     assert measured["cancel_tool_s"] < CANCEL_BOUND_S, measured
+
+
+def _rpc(process: subprocess.Popen[bytes], message: dict[str, Any]) -> None:
+    assert process.stdin is not None
+    process.stdin.write((json.dumps(message) + "\n").encode())
+    process.stdin.flush()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", ["sigterm", "stdin-closed"])
+def test_a_server_stopped_mid_call_leaves_no_process_and_keeps_the_cancelled_verdict(root: Path, stop: str) -> None:
+    """The client goes away (closes stdin) or the server gets SIGTERM while a gap call runs:
+    the probe's processes are stopped, its run is written, the server exits 0."""
+    server = subprocess.Popen([sys.executable, "-m", "glmfb", "mcp", "--root", str(root)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, cwd=root.parent)
+    assert server.stdout is not None
+    _rpc(server, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}})
+    assert json.loads(server.stdout.readline())["id"] == 1
+    _rpc(server, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+    _rpc(server, {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "gap", "arguments": {"baseline": GAP_BASELINE, "candidate": GAP_CANDIDATE, "budget": "120s"},
+        "_meta": {"progressToken": "p"}}})
+    run_id = ""
+    while True:
+        message = json.loads(server.stdout.readline())
+        text_ = message.get("params", {}).get("message", "")
+        run_id = run_id or text_.split()[1]
+        if text_.startswith("warm-up"):
+            break
+    descendants = psutil.Process(server.pid).children(recursive=True)
+    assert len(descendants) >= 2
+    stopped_at = time.monotonic()
+    if stop == "sigterm":
+        server.send_signal(signal.SIGTERM)
+    else:
+        assert server.stdin is not None
+        server.stdin.close()
+    assert server.wait(timeout=30) == 0
+    print(f"{stop}: the server exited {time.monotonic() - stopped_at:.2f} s later")
+    assert alive(descendants) == []
+    document = json.loads((root / "reports" / run_id / "run.json").read_text())
+    assert document["interrupted"] is True and "cancelled" in document["verdicts"][0]["why"]

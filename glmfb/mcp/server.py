@@ -25,6 +25,7 @@ import contextlib
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from glmfb.mcp.boundary import DEFAULT_MAX_CALL_S, Boundary
 from glmfb.mcp.tools import ARTIFACT_URI, RUN_URI, Answer, CallContext, Prepared, Toolbox
 
 RESOURCE_NOT_FOUND = -32002
+STOP_WAIT_S = 15.0  # on SIGTERM: longest wait for cancelled probes to stop their processes
 INSTRUCTIONS = (
     "glmfb runs probes (diff: numerics, bench: kernel timing, gil: GIL contention, gap: prefill vs prefill + KV "
     "transfer) and answers with a typed verdict: status, layer, where, why, metric, evidence, next. Follow a "
@@ -99,6 +101,11 @@ class GlmfbServer:
             return False
         event.set()
         return True
+
+    def busy(self) -> bool:
+        """Whether a probe, capture or run call is in flight."""
+        with self._in_flight_lock:
+            return bool(self._in_flight)
 
     def cancel_all(self) -> None:
         with self._in_flight_lock:
@@ -266,9 +273,15 @@ class GlmfbServer:
                         self.cancel_all()
                         if self._uvicorn is not None:
                             self._uvicorn.should_exit = True  # answers the in-flight calls, then stops
-                        else:
-                            group.cancel_scope.cancel()
-                        return
+                            return
+                        # stdio: the transport's reader blocks on stdin until the client closes it,
+                        # so once every cancelled probe has stopped its processes and written its
+                        # run, the process exits here
+                        with anyio.move_on_after(STOP_WAIT_S):
+                            while self.busy():
+                                await anyio.sleep(0.05)
+                        sys.stderr.flush()
+                        os._exit(0)
 
             group.start_soon(stop_on_signal)
             if options.http is None:
