@@ -60,8 +60,9 @@ def root(tmp_path: Path) -> Path:
     project = tmp_path / "project"
     (project / "scenarios").mkdir(parents=True)
     shutil.copytree(REPO / "scenarios" / "decode_norm", project / "scenarios" / "decode_norm")
-    shutil.copytree(REPO / "scenarios" / "kv_transfer", project / "scenarios" / "kv_transfer",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for scenario in ("kv_transfer", "numerics"):
+        shutil.copytree(REPO / "scenarios" / scenario, project / "scenarios" / scenario,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     (project / "probes").mkdir()
     (project / "probes" / "bench.toml").write_text(BENCH_TOML)
     return project
@@ -292,6 +293,27 @@ def test_stdio_list_probes_run_gate_explain(root: Path, glmfb_schema: dict[str, 
         assert gated["exit_code"] == 0 and gated["passed"] is True
         explained = structured(await client.call_tool("explain", {"name": "tiled-*"}))
         assert explained["verdicts"][0]["why"] == verdict["why"]
+
+    serve(stdio(root), session)
+
+
+@pytest.mark.slow
+def test_stdio_capture_then_diff_the_captures(root: Path, glmfb_schema: dict[str, Any]) -> None:
+    requests = "scenarios/numerics/scan_requests.jsonl"
+
+    async def session(client: Client) -> None:
+        for side in ("fp32", "tf32"):
+            captured = structured(await client.call_tool("capture", {
+                "target": f"scenarios/numerics/scan.py:{side}", "requests": requests, "out": f"captures/{side}"}))
+            assert captured["out"] == f"captures/{side}" and captured["requests"] == 5 and captured["tensors"] > 0
+        outside = await client.call_tool("capture", {"target": "scenarios/numerics/scan.py:fp32",
+                                                     "requests": requests, "out": "../captures"})
+        assert outside.is_error and "argument 'out'" in text(outside)
+        diffed = structured(await client.call_tool("diff", {"baseline": "captures/fp32", "candidate": "captures/tf32",
+                                                            "rtol": 0.01, "atol": 0.05}))
+        jsonschema.validate(diffed["verdict"], glmfb_schema)
+        assert (diffed["verdict"]["status"], diffed["verdict"]["layer"]) == ("fail", "numerics")
+        assert diffed["verdict"]["where"]["request"] == "scan-1024"
 
     serve(stdio(root), session)
 

@@ -303,3 +303,32 @@ def test_in_memory_the_server_answers_bad_calls_with_tool_errors_and_runs_an_ins
 
     anyio.run(session)
     assert os.getcwd() == str(root)
+
+
+def test_run_refuses_command_line_definitions_without_allow_commands_and_stops_when_cancelled(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+
+    from glmfb.mcp.tools import CallContext
+
+    (root / "probes" / "gil.toml").write_text(
+        '[[probe]]\nname = "gil-cmd"\nprobe = "gil"\ncommand = ["python", "-c", "pass"]\n'
+        'options = { duration = 1 }\nexpect = { status = "pass" }\n')
+    monkeypatch.chdir(root)
+    box = toolbox(root)
+    cancel = threading.Event()
+
+    def context(run_id: str) -> CallContext:
+        return CallContext(run_id=run_id, progress=lambda message: None, cancel=cancel,
+                           deadline=time.monotonic() + 60, slot=threading.Lock())
+
+    answer = box.prepare("run", {"select": ["gil-cmd"]}).work(context("r1"))
+    [verdict] = answer.structured["run"]["verdicts"]
+    assert verdict["status"] == "error" and "--allow-commands" in verdict["why"] and verdict["expect_met"] is False
+    cancel.set()  # cancelled before it starts: nothing runs, each definition says why
+    answer = box.prepare("run", {}).work(context("r2"))
+    run = answer.structured["run"]
+    assert run["interrupted"] is True
+    assert {v["why"] for v in run["verdicts"]} == {"not run: the call was cancelled"}
+    assert (root / "reports" / "r2" / "run.json").is_file() and (root / "reports" / "r2" / "report.html").is_file()
