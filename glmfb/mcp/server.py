@@ -25,6 +25,7 @@ import contextlib
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -246,7 +247,7 @@ class GlmfbServer:
         async with stdio_server() as (read_stream, write_stream):
             await self.server.run(read_stream, write_stream, self.server.create_initialization_options())
 
-    async def serve_http(self, host: str, port: int) -> None:
+    async def serve_http(self, host: str, listening: socket.socket) -> None:
         import contextlib
         from collections.abc import Iterator
 
@@ -258,10 +259,11 @@ class GlmfbServer:
                 yield
 
         app = self.server.streamable_http_app(host=host)
+        port = listening.getsockname()[1]
         self._uvicorn = Uvicorn(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
-        await self._uvicorn.serve()
+        await self._uvicorn.serve(sockets=[listening])
 
-    async def serve(self, options: ServerOptions) -> None:
+    async def serve(self, options: ServerOptions, listening: socket.socket | None = None) -> None:
         """Serve until the client goes away or a signal stops the server (then every in-flight
         probe is cancelled and its processes stopped before the server exits)."""
         self._uvicorn = None
@@ -284,11 +286,10 @@ class GlmfbServer:
                         os._exit(0)
 
             group.start_soon(stop_on_signal)
-            if options.http is None:
+            if listening is None:
                 await self.serve_stdio()
             else:
-                host, port = parse_http(options.http)
-                await self.serve_http(host, port)
+                await self.serve_http(parse_http(options.http or "")[0], listening)
             group.cancel_scope.cancel()
 
 
@@ -320,8 +321,23 @@ def run(options: ServerOptions) -> None:
         raise UsageError(f"--root {options.root}: no such folder", "give the project folder to serve")
     if not options.max_call_s > 0:
         raise UsageError(f"--max-call-s {options.max_call_s:g} must be positive", "e.g. --max-call-s 900")
-    if options.http is not None:
-        parse_http(options.http)  # checked before anything starts
+    listening = listen(*parse_http(options.http), options.http) if options.http is not None else None
     os.chdir(root)
     server = GlmfbServer(Boundary(root, allow_commands=options.allow_commands, max_call_s=options.max_call_s))
-    anyio.run(server.serve, options)
+    anyio.run(server.serve, options, listening)
+
+
+def listen(host: str, port: int, given: str) -> socket.socket:
+    """A listening socket on ``host:port``, bound before anything starts (a port in use is
+    bad input, not a crash)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        listening = socket.socket(family, socket.SOCK_STREAM)
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind((host, port))
+        listening.listen(128)
+    except OSError as exc:
+        raise UsageError(f"--http {given}: cannot listen there: {exc.strerror or exc}",
+                         "choose a free port, e.g. --http 127.0.0.1:8765") from None
+    listening.set_inheritable(False)
+    return listening
