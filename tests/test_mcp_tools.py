@@ -332,3 +332,22 @@ def test_run_refuses_command_line_definitions_without_allow_commands_and_stops_w
     assert run["interrupted"] is True
     assert {v["why"] for v in run["verdicts"]} == {"not run: the call was cancelled"}
     assert (root / "reports" / "r2" / "run.json").is_file() and (root / "reports" / "r2" / "report.html").is_file()
+
+
+def test_a_probe_waits_for_the_slot_within_its_budget_and_its_cancellation(root: Path) -> None:
+    import threading
+    import time
+
+    from glmfb.mcp.tools import CallContext
+
+    slot = threading.Lock()
+    said: list[str] = []
+    waiting = CallContext(run_id="r", progress=said.append, cancel=threading.Event(), deadline=time.monotonic() + 60,
+                          slot=slot)
+    assert waiting.take_slot() is None and slot.locked()  # free: taken at once
+    waiting.cancel.set()
+    assert "cancelled" in (waiting.take_slot() or "")  # held by another probe, and cancelled
+    late = CallContext(run_id="r", progress=said.append, cancel=threading.Event(), deadline=time.monotonic() - 1,
+                       slot=slot)
+    assert "time budget ran out" in (late.take_slot() or "")
+    slot.release()
