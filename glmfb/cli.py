@@ -56,16 +56,16 @@ class _BoundaryGroup(TyperGroup):
     def list_commands(self, ctx: Any) -> list[str]:
         from glmfb.probe import known_kinds
 
-        names = [*super().list_commands(ctx), "capture"]
+        names = [*super().list_commands(ctx), "capture", "mcp"]
         return names + [kind for kind in known_kinds() if kind not in names]
 
     def get_command(self, ctx: Any, name: str) -> Any:
         command = super().get_command(ctx, name)
         if command is not None:
             return command
-        if name == "capture":
-            return _built(lambda holder: __import__("glmfb.commands.capture", fromlist=["register"]).register(holder),
-                          name)
+        if name in ("capture", "mcp"):  # glmfb.commands.capture / glmfb.commands.mcp
+            module = __import__(f"glmfb.commands.{name}", fromlist=["register"])
+            return _built(module.register, name)
         from glmfb.probe import known_kinds
 
         if name not in known_kinds():

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import sys
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -258,6 +259,7 @@ class SuiteContext:
     clock: Clock = SYSTEM_CLOCK
     timeout_s: float | None = None  # per probe, unless a definition says otherwise
     isolate: bool = True  # each probe in a supervised child process
+    cancel: threading.Event | None = field(default=None, compare=False)  # set: stop the running probe
 
     def probe_context(self, definition: ProbeDefinition) -> ProbeContext:
         return ProbeContext(
@@ -277,6 +279,7 @@ def run_definition(definition: ProbeDefinition, context: SuiteContext) -> Verdic
     verdict = run_probe(
         probe, definition.config, context.probe_context(definition), usage_errors=False, isolate=context.isolate,
         timeout_s=definition.timeout_s if definition.timeout_s is not None else context.timeout_s,
+        cancel=context.cancel,
     )
     if definition.expect is not None:
         verdict = verdict.with_expectation(definition.expect)

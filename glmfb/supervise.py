@@ -135,15 +135,16 @@ def _tail(path: Path, lines: int = 8, limit: int = 1200) -> str:
 
 
 def call_isolated(function: str, config: Any, *, artifact_dir: Path, progress: Callable[[str], None],
-                  timeout_s: float | None = None) -> Any:
+                  timeout_s: float | None = None, cancel: threading.Event | None = None) -> Any:
     """Run ``function`` (``module:function`` taking ``(config, progress)`` and returning JSON
     data) in a supervised child; its result, or the :class:`GlmfbError` it raised (with its exit
-    code), or a :class:`HarnessError` saying how the child ended."""
+    code), or a :class:`HarnessError` saying how the child ended (stopped after ``timeout_s``,
+    or when ``cancel`` is set)."""
     from glmfb.errors import GlmfbError
 
     messages, returncode, outcome = _supervise(
         {"call": function, "config": encode(config), "sys_path": [p for p in sys.path if p]},
-        artifact_dir, progress, timeout_s, None,
+        artifact_dir, progress, timeout_s, cancel,
     )
     stderr_tail = _tail(artifact_dir / STDERR_NAME)
     for message in messages:
@@ -153,6 +154,9 @@ def call_isolated(function: str, config: Any, *, artifact_dir: Path, progress: C
             error = GlmfbError(str(message["glmfb_error"]))
             error.exit_code = ExitCode(int(message["exit_code"]))
             raise error
+    if outcome == "cancelled":
+        raise HarnessError(f"the process running {function.rpartition(':')[2]} was cancelled: it and every "
+                           "process it started were stopped")
     what = (f"was killed after {DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s:g} s timeout"
             if outcome == "timeout" else describe_returncode(returncode if returncode is not None else -9))
     last = stderr_tail.splitlines()[-1] if stderr_tail else ""
@@ -270,7 +274,7 @@ def run_isolated(
         why = (f"killed after {limit:g} s timeout (the target hung, or needs more time: raise the timeout)"
                if outcome == "timeout" else "cancelled: the probe and every process it started were stopped")
         return _failed(kind, name, f"glmfb {kind}: {why}", returncode, stdout_path, stderr_path,
-                       elapsed_s, timed_out=outcome == "timeout")
+                       elapsed_s, stopped=True)
     usage = next((m for m in messages if "usage_error" in m), None)
     if usage is not None:
         raise UsageError(str(usage["usage_error"]))
@@ -291,10 +295,10 @@ def run_isolated(
 
 
 def _failed(kind: str, name: str, why: str, returncode: int | None, stdout_path: Path, stderr_path: Path,
-            elapsed_s: float, *, timed_out: bool = False) -> Verdict:
+            elapsed_s: float, *, stopped: bool = False) -> Verdict:
     stderr_tail, stdout_tail = _tail(stderr_path), _tail(stdout_path)
     last = next((line for line in reversed(stderr_tail.splitlines()) if line.strip()), "")
-    if last and not timed_out:
+    if last and not stopped:  # glmfb stopped it (timeout, cancel): its last line is that stop's noise
         why += f"; its last line on stderr: {last[:200]}"
     evidence = ProcessExit(
         returncode=returncode, description=describe_returncode(returncode) if returncode is not None else None,

@@ -1,0 +1,40 @@
+"""``glmfb mcp``: serve glmfb to coding agents over the Model Context Protocol.
+
+The server itself is :mod:`glmfb.mcp` (imported only when the command runs, with the SDK):
+this module only declares the command's options.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``glmfb mcp``."""
+
+    @app.command("mcp")
+    def mcp_command(
+        root: Annotated[Path, typer.Option(
+            "--root", metavar="DIR", help="Project folder: targets and files resolve only under it; runs go to "
+            "DIR/reports. [default: the working directory]", show_default=False)] = Path("."),
+        http: Annotated[str | None, typer.Option(
+            "--http", metavar="HOST:PORT", help="Serve streamable HTTP on HOST:PORT (e.g. 127.0.0.1:8765) "
+            "instead of stdio.")] = None,
+        allow_commands: Annotated[bool, typer.Option(
+            "--allow-commands", help="Let gil run an arbitrary command line and targets import modules from "
+            "outside the root.")] = False,
+        max_call_s: Annotated[float, typer.Option(
+            "--max-call-s", metavar="SECONDS", help="Longest time one tool call may take; a call's timeout "
+            "argument is capped at it. [default: 900]", show_default=False)] = 900.0,
+    ) -> None:
+        """Serve glmfb's probes, runs and verdicts as MCP tools and resources (stdio by default)."""
+        try:
+            from glmfb.mcp.server import ServerOptions, run
+        except ImportError as exc:
+            from glmfb.errors import UsageError
+
+            raise UsageError(f"glmfb mcp needs the MCP SDK: {exc}", "pip install 'glmfb[mcp]' (the mcp package)") from None
+        run(ServerOptions(root=root, http=http, allow_commands=allow_commands, max_call_s=max_call_s))

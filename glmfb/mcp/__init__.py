@@ -1,0 +1,17 @@
+"""glmfb as an MCP server (``glmfb mcp``): every probe, ``capture``, ``run``, ``gate``,
+``list_probes`` and ``explain`` as tools whose results are typed verdicts, the runs as
+resources.
+
+- :mod:`glmfb.mcp.boundary`: what a call may touch (paths and targets under the root,
+  command lines only with ``--allow-commands``, a time budget with a cap);
+- :mod:`glmfb.mcp.tools`: the tools, their input schemas (from the probes' declared options),
+  their output schemas (the verdict contract) and the blocking work each does;
+- :mod:`glmfb.mcp.nextcalls`: a verdict's ``next`` commands as tool calls;
+- :mod:`glmfb.mcp.resources`: the runs under ``<root>/reports`` as resources;
+- :mod:`glmfb.mcp.server`: the MCP SDK wiring (stdio, streamable HTTP), progress and
+  cancellation.
+
+A layer of its own: it may import glmfb's engine-level modules, the suite, the gate and the
+reports; nothing imports it but the command that starts it (:mod:`glmfb.commands.mcp`).
+The SDK (the ``mcp`` package) is imported only here.
+"""
