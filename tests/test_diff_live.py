@@ -75,6 +75,7 @@ def test_llama_against_itself_passes_with_zero_error(tmp_path: Path) -> None:
     assert len(rows) > 50 and all(r["max_abs"] == 0.0 for r in rows)
 
 
+@pytest.mark.slow
 def test_tf32_scan_grows_with_length_and_minimizes(tmp_path: Path, scan_requests: Path) -> None:
     config = DiffConfig("scan", f"{SCAN}:fp32", f"{SCAN}:tf32", requests=scan_requests, rtol=0.01, atol=0.05)
     verdict = run_diff(config, tmp_path)
