@@ -108,8 +108,8 @@ def test_profile_pair_counts_operators_per_call_and_per_input_shape() -> None:
     by_inputs = {e.inputs: e.calls_per_call for e in cand["aten::mean"].by_inputs}
     assert by_inputs == {"float32[16, 64]": 4.0, "float32[4, 64]": 1.0}
     rows = {(r.op, r.inputs): r for r in diff_inputs(base, cand, slower=True)}
-    assert (rows[("aten::mean", "float32[16, 64]")].baseline_calls,
-            rows[("aten::mean", "float32[16, 64]")].candidate_calls) == (1.0, 4.0)
+    assert (rows[("aten::mean", "float32[16, 64] with arguments [-1], False")].baseline_calls,
+            rows[("aten::mean", "float32[16, 64] with arguments [-1], False")].candidate_calls) == (1.0, 4.0)
 
 
 def test_a_real_profile_records_strides_and_a_materialized_copy() -> None:
