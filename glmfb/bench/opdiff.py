@@ -31,9 +31,10 @@ REDUCTION_PATTERN = re.compile(
 )
 # Views and metadata operators: they move no data (a slice, a transpose, a reshape).
 VIEW_PATTERN = re.compile(
-    r"::(view|_unsafe_view|reshape|_reshape_alias|as_strided|transpose|t|permute|expand|expand_as|unsqueeze|"
-    r"squeeze|slice|select|narrow|flatten|unflatten|split\w*|chunk|unbind|detach|alias|lift_fresh|resolve_conj|"
-    r"resolve_neg|result_type)$"
+    r"::(view|view_as|_unsafe_view|reshape|reshape_as|_reshape_alias|as_strided|transpose|swapaxes|t|permute|"
+    r"movedim|expand|expand_as|broadcast_tensors|unsqueeze|squeeze|slice|select|narrow|diagonal|unfold|flatten|"
+    r"unflatten|split\w*|_unsafe_split\w*|chunk|unbind|detach|alias|lift_fresh|conj|_conj|resolve_conj|"
+    r"resolve_neg|view_as_real|view_as_complex|real|imag|result_type)$"
 )
 # Operators that only move or allocate data (copies, layout changes, allocations, and the views
 # above): they compute nothing, so a rule never calls one of them a fused operator.

@@ -14,10 +14,10 @@ lost-fusion                slower; a computing operator of the baseline is gone,
 memory-traffic             slower; a copy only the candidate makes (or makes larger) writes a
                            materialized intermediate, and the copy with the operators that read
                            more bytes per call carries most of the added time
-slower-op                  slower; operators called as often carry most of the added time (the
-                           why says what differs in their inputs: strides, dtype, shapes,
-                           arguments, or nothing the profile records), or one operator of the
-                           baseline replaced by one other
+slower-op                  slower; operators called as often (views aside) carry most of the
+                           added time (the why says what differs in their inputs: strides,
+                           dtype, shapes, arguments, or nothing the profile records), or one
+                           operator of the baseline replaced by one other
 extra-ops                  slower; operators only the candidate runs carry most of the added
                            time (and none of the rules above applies)
 more-calls                 slower; operators both run, called k >= 1.5 times as often on other
@@ -506,7 +506,7 @@ def _slower_op(f: BenchFindings) -> Diagnosis | None:
                   "one operator of the baseline replaced by another that takes longer")
         return Diagnosis(Status.FAIL, _why(_slower_headline(f), clause, f),
                          (f"compare {added[0].op} with the baseline's {_tops[0].op} on these inputs", *_reproduce(f)))
-    same = [op for op in diff.ops if op.added_us > 0 and _same_calls(op) and not op.movement]
+    same = [op for op in diff.ops if op.added_us > 0 and _same_calls(op) and not op.view]
     if not _decides(_share_of(same), diff):
         return None
     parts, steps = [], []
