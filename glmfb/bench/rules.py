@@ -181,6 +181,11 @@ def size(value: float | None) -> str:
     return f"{value:.0f} B"
 
 
+def duration(us: float) -> str:
+    """Microseconds for a reader: ``340 µs``, ``17.6 ms``."""
+    return f"{us / 1000:.3g} ms" if us >= 1000 else f"{us:.3g} µs"
+
+
 def _times(ratio: float) -> str:
     if math.isinf(ratio):
         return "only in the candidate"
@@ -197,7 +202,7 @@ def describe_op(op: OpRow, slower: bool) -> str:
     """``aten::mean called 4x as often (4 vs 1 per call), +31% of the added time``."""
     if _same_calls(op):
         more = "more" if op.added_us > 0 else "less"
-        calls = f"called as often ({op.candidate_calls:.3g} per call), {abs(op.added_us):.3g} µs {more} self time"
+        calls = f"called as often ({op.candidate_calls:.3g} per call), {duration(abs(op.added_us))} {more} self time"
     else:
         calls = f"called {_times(count_ratio(op))} ({op.candidate_calls:.3g} vs {op.baseline_calls:.3g} per call)"
     return f"{op.op} {calls}, {_of_time(op.share, slower)}"
@@ -429,15 +434,15 @@ def _lost_fusion(f: BenchFindings) -> Diagnosis | None:
     calls = tops[0].baseline_calls
     listed = ", ".join(f"{op.op} ({op.candidate_calls:.3g} per call, {op.share:+.0%})" for op in added[:4])
     more = f" and {len(added) - 4} more" if len(added) > 4 else ""
-    clause = (f"{fused}, {calls:.3g} call{'s' if calls != 1 else ''} per kernel call and {removed_us:.3g} µs of self "
+    clause = (f"{fused}, {calls:.3g} call{'s' if calls != 1 else ''} per kernel call and {duration(removed_us)} of self "
               f"time in the baseline, does not run in the candidate; instead the candidate runs {len(added)} operators "
               f"the baseline does not: {listed}{more}, together {_of_work(diff.only_in_candidate_share, diff)}")
     fused_read = [op.baseline_read_bytes for op in tops]
     direct = [op for op in added if op.called_from is None]
     direct_read = [op.candidate_read_bytes for op in direct]
     if direct and None not in fused_read and None not in direct_read:
-        clause += (f"; the {len(direct)} the kernel calls directly read {size(sum(direct_read))} per kernel call "  # type: ignore[arg-type]
-                   f"against {size(sum(fused_read))} for {tops[0].op}")  # type: ignore[arg-type]
+        clause += (f"; the {len(direct)} of them the kernel calls directly read {size(sum(direct_read))} per kernel "  # type: ignore[arg-type]
+                   f"call, against {size(sum(fused_read))} for {tops[0].op}")  # type: ignore[arg-type]
     clause += f": one fused operator replaced by {len(added)} separate ones (lost fusion)"
     advice = (f"use the fused operator the baseline calls ({tops[0].op}) instead of composing it from {len(added)} "
               "operators, or let torch.compile fuse them")
