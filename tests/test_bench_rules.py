@@ -248,3 +248,11 @@ def test_rule_names_are_the_corpus_classes() -> None:
     names = [rule.name for rule in RULES]
     assert {"redundant-recomputation", "lost-fusion", "slower-op", "memory-traffic", "equivalent"} <= set(names)
     assert "slower-operator" not in names
+
+
+def test_a_repeat_that_adds_more_than_the_net_added_time_says_so() -> None:
+    small = t("float32", 64, 1024)
+    base = side(call("exp", 1, 100, X), call("exp", 4, 100, small))
+    cand = side(call("exp", 3, 300, X), call("exp", 4, 50, small))  # +200 µs repeated, -50 µs elsewhere
+    why = diagnose(RULES, findings("regression", op=diff(base, cand))).diagnosis.why
+    assert "carry +133% of the added time (more than all of it: other calls of the same operators took less)" in why

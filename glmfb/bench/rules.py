@@ -160,6 +160,10 @@ def _of_work(share: float, diff: OpDiff) -> str:
     """``+71% of the added time`` (with the share of the work when views carry part of it)."""
     work = work_share(diff)
     text = f"{share:+.0%} of the added time"
+    if share > 1.005:
+        # Shares by operator and inputs can exceed the operators' net added time when other
+        # calls of the same operators took less.
+        text += " (more than all of it: other calls of the same operators took less)"
     if work < 0.9:
         views = [op.op for op in diff.ops if op.view and op.share > 0.02][:2]
         text += f" ({share / work:+.0%} of the time added outside views{' such as ' + ', '.join(views) if views else ''})"
