@@ -256,3 +256,12 @@ def test_a_repeat_that_adds_more_than_the_net_added_time_says_so() -> None:
     cand = side(call("exp", 3, 300, X), call("exp", 4, 50, small))  # +200 µs repeated, -50 µs elsewhere
     why = diagnose(RULES, findings("regression", op=diff(base, cand))).diagnosis.why
     assert "carry +133% of the added time (more than all of it: other calls of the same operators took less)" in why
+
+
+def test_a_layout_change_is_named_without_advice_the_profile_does_not_back() -> None:
+    # The candidate reads the contiguous layout and is slower: no "make it contiguous" advice.
+    op = diff(side(call("sum", 1, 60, STRIDED, args="[-1], False")), side(call("sum", 1, 400, SQUARE, args="[-1], False")))
+    diagnosis = diagnose(RULES, findings("regression", op=op)).diagnosis
+    assert "on inputs with other strides (float32[1024, 1024], against float32[1024, 1024] strides (1, 1024)" \
+        in diagnosis.why
+    assert "only the strides differ" in diagnosis.next[0] and "contiguous input" not in diagnosis.next[0]

@@ -264,11 +264,11 @@ def _input_detail(op: OpRow, diff: OpDiff) -> tuple[str, str]:
     change = op.inputs_change
     if change == "strides":
         if "strides (" in after and "strides (" not in before:
-            text = f"on a non-contiguous input ({after}, against {before} in the baseline)"
-        else:
-            text = f"on inputs with other strides ({after}, against {before} in the baseline)"
-        return text, (f"give {op.op} a contiguous input, or reduce along the contiguous dimension: the strided "
-                      "read is what changed")
+            return (f"on a non-contiguous input ({after}, against {before} in the baseline)",
+                    f"give {op.op} a contiguous input, or reduce along the contiguous dimension: the strided read "
+                    "is what changed")
+        return (f"on inputs with other strides ({after}, against {before} in the baseline)",
+                f"compare the layouts {op.op} reads on the two sides: only the strides differ")
     if change == "dtype":
         return (f"in another dtype ({after}, against {before} in the baseline)",
                 f"check why the candidate runs {op.op} in another dtype")
