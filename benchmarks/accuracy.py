@@ -53,7 +53,7 @@ TAG = re.compile(r"^\[([^\]]*)\]")
 # diff's "growing" and "growing-tf32" split by the basis of their fit (see _diff_growth).
 RENAMED: dict[str, dict[str, str]] = {
     "diff": {"bf16-rounding": "precision-rounding", "fp16-rounding": "precision-rounding"},
-    "bench": {"slower-operator": "slower-op"},
+    "bench": {},
     "gil": {},
     "gap": {"within-threshold": "pass", "gil-holder": "gil-starved-sender",
             "gil-release-missing": "gil-starved-sender"},

@@ -1,10 +1,21 @@
-"""The operator diff, on fixed profiles and on a real torch.profiler pass."""
+"""The operator diff, on fixed profiles and on real torch.profiler passes (shapes recorded)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from glmfb.bench.opdiff import OpStats, diff_ops, profile_pair
+from glmfb.bench.opdiff import (
+    InputStats,
+    OpStats,
+    TensorMeta,
+    build_op_diff,
+    copy_facts,
+    diff_inputs,
+    diff_ops,
+    profile_pair,
+    tensors_of,
+)
 
 
 def ops(**entries: tuple[float, float]) -> dict[str, OpStats]:
@@ -19,7 +30,8 @@ def test_diff_ranks_operators_by_added_time_and_shares_sum_to_one() -> None:
     assert abs(sum(r.share for r in rows if r.added_us > 0) - 1.0) < 1e-9
     mean = next(r for r in rows if r.op == "aten::mean")
     assert (mean.baseline_calls, mean.candidate_calls, mean.reduction) == (1, 4, True)
-    assert not next(r for r in rows if r.op == "aten::slice").reduction
+    slice_row = next(r for r in rows if r.op == "aten::slice")
+    assert not slice_row.reduction and slice_row.only_in == "candidate" and slice_row.view and slice_row.movement
 
 
 def test_measured_direction_wins_over_a_noisy_profile() -> None:
@@ -31,17 +43,105 @@ def test_measured_direction_wins_over_a_noisy_profile() -> None:
     assert rows[0].op == "aten::mean" and rows[0].share == 1.0
 
 
-def test_profile_pair_counts_operators_per_call() -> None:
+def test_tensor_inputs_are_read_from_the_profilers_records() -> None:
+    # aten::sum(x, [-1], False, None) and aten::cat([a, b], 0), as record_shapes gives them.
+    found = tensors_of([[64, 64], [], [], []], [[1, 64], [], [], []], ["float", "ScalarList", "Scalar", ""])
+    assert found == (TensorMeta((64, 64), (1, 64), "float32", 4),)
+    assert not found[0].contiguous and found[0].describe() == "float32[64, 64] strides (1, 64)"
+    listed = tensors_of([[[2, 3], [4, 3]], []], [[[3, 1], [3, 1]], []], ["TensorList", "Scalar"])
+    assert [t.shape for t in listed] == [(2, 3), (4, 3)] and listed[0].itemsize is None
+    half = tensors_of([[8, 8]], [[8, 1]], ["c10::BFloat16"])[0]
+    assert (half.dtype, half.logical_bytes, half.describe()) == ("bfloat16", 128.0, "bfloat16[8, 8]")
+
+
+def test_a_broadcast_input_spans_its_own_bytes_and_its_copy_writes_the_full_size() -> None:
+    full = TensorMeta((256, 4096), (4096, 1), "float32", 4)
+    expanded = TensorMeta((256, 4096), (0, 1), "float32", 4)
+    assert expanded.broadcast and not expanded.contiguous
+    assert expanded.unique_bytes == 4096 * 4 and expanded.logical_bytes == 256 * 4096 * 4
+    assert copy_facts("aten::copy_", (full, expanded)) == (256 * 4096 * 4, "broadcast")
+    transposed = TensorMeta((1024, 1024), (1, 1024), "float32", 4)
+    square = TensorMeta((1024, 1024), (1024, 1), "float32", 4)
+    assert copy_facts("aten::copy_", (square, transposed)) == (4 * 2**20, "strided")
+    assert copy_facts("aten::copy_", (TensorMeta((8,), (1,), "bfloat16", 2), TensorMeta((8,), (1,), "float32", 4))) \
+        == (16.0, "dtype")
+    assert copy_facts("aten::mul", (full, full)) == (0.0, None)
+
+
+def _stats(name: str, *entries: InputStats) -> OpStats:
+    return OpStats(name, sum(e.calls_per_call for e in entries), sum(e.self_us_per_call for e in entries), entries)
+
+
+def test_the_diff_by_inputs_separates_a_repeat_from_a_call_on_other_inputs() -> None:
+    whole = TensorMeta((8, 4096), (4096, 1), "float32", 4)
+    tile = TensorMeta((8, 1024), (4096, 1), "float32", 4)
+    base = {"aten::silu": _stats("aten::silu", InputStats("float32[8, 4096]", "", 1, 10.0, (whole,))),
+            "aten::mul": _stats("aten::mul", InputStats("float32[8, 4096]", "", 1, 8.0, (whole,)))}
+    cand = {"aten::silu": _stats("aten::silu", InputStats("float32[8, 4096]", "", 4, 40.0, (whole,))),
+            "aten::mul": _stats("aten::mul", InputStats("float32[8, 1024] strides (4096, 1)", "", 4, 12.0, (tile,)))}
+    rows = {(r.op, r.inputs): r for r in diff_inputs(base, cand, slower=True)}
+    assert rows[("aten::silu", "float32[8, 4096]")].candidate_calls == 4
+    assert rows[("aten::mul", "float32[8, 4096]")].candidate_calls == 0
+    diff = build_op_diff(base, cand, shape="8x4096", profiled_calls=10, slower=True)
+    assert diff.repeated_inputs == ("aten::silu",)
+    # of the operators' added time: silu +30 µs, mul +4 µs net (-8 on the whole rows, +12 on the tiles)
+    assert diff.repeated_inputs_share == pytest.approx(30 / 34)
+    mul = next(r for r in diff.ops if r.op == "aten::mul")
+    assert mul.inputs_change == "shapes" and mul.candidate_read_bytes == mul.baseline_read_bytes == 8 * 4096 * 4
+
+
+def test_profile_pair_counts_operators_per_call_and_per_input_shape() -> None:
     x = torch.randn(16, 64)
+    y = torch.randn(4, 64)
 
     def one() -> torch.Tensor:
-        return x.mean(-1)
+        return x.mean(-1) + y.mean(-1).sum()
 
     def four() -> torch.Tensor:
         for _ in range(3):
             x.mean(-1)
-        return x.mean(-1)
+        return x.mean(-1) + y.mean(-1).sum()
 
     base, cand = profile_pair([one], [four], calls=10, device="cpu", rounds=2)
-    assert base["aten::mean"].calls_per_call == 1.0
-    assert cand["aten::mean"].calls_per_call == 4.0
+    assert base["aten::mean"].calls_per_call == 2.0
+    assert cand["aten::mean"].calls_per_call == 5.0
+    by_inputs = {e.inputs: e.calls_per_call for e in cand["aten::mean"].by_inputs}
+    assert by_inputs == {"float32[16, 64]": 4.0, "float32[4, 64]": 1.0}
+    rows = {(r.op, r.inputs): r for r in diff_inputs(base, cand, slower=True)}
+    assert (rows[("aten::mean", "float32[16, 64] with arguments [-1], False")].baseline_calls,
+            rows[("aten::mean", "float32[16, 64] with arguments [-1], False")].candidate_calls) == (1.0, 4.0)
+
+
+def test_a_real_profile_records_strides_and_a_materialized_copy() -> None:
+    x = torch.randn(256, 512)
+    w = torch.randn(512)
+    strided = torch.randn(512, 256).t()
+
+    def broadcast() -> torch.Tensor:
+        return x * w + strided.sum(-1, keepdim=True)
+
+    def materialized() -> torch.Tensor:
+        return x * w.expand(256, 512).contiguous() + strided.sum(-1, keepdim=True)
+
+    base, cand = profile_pair([broadcast], [materialized], calls=6, device="cpu", rounds=2)
+    total = sum(e.written_bytes * e.calls_per_call for e in cand["aten::copy_"].by_inputs)
+    assert total == 256 * 512 * 4
+    assert {e.copied_from for e in cand["aten::copy_"].by_inputs if e.written_bytes} == {"broadcast"}
+    assert cand["aten::copy_"].called_from == "aten::clone"
+    assert "strides (1, 256)" in base["aten::sum"].by_inputs[0].inputs
+    diff = build_op_diff(base, cand, shape="256x512", profiled_calls=6, slower=True)
+    assert {"aten::copy_", "aten::contiguous", "aten::expand"} <= set(diff.only_in_candidate)
+    assert diff.only_in_baseline == ()
+    mul = next(r for r in diff.ops if r.op == "aten::mul")
+    assert mul.inputs_change == "shapes"
+    assert mul.candidate_read_bytes == 2 * 256 * 512 * 4 and mul.baseline_read_bytes == (256 * 512 + 512) * 4
+    copy = next(r for r in diff.ops if r.op == "aten::copy_")
+    assert copy.candidate_written_bytes == 256 * 512 * 4 and copy.copied_from == "broadcast" and copy.movement
+
+
+def test_quantiles_of_samples_for_the_report() -> None:
+    from glmfb.bench.evidence import QUANTILES, quantiles_of
+
+    values = [float(v) for v in range(101)] + [float("nan")]
+    assert quantiles_of(values) == tuple(float(q) for q in QUANTILES)
+    assert quantiles_of([2.0]) == (2.0,) * len(QUANTILES) and quantiles_of([]) == ()

@@ -152,6 +152,31 @@ def test_samples_without_the_artifact_say_so() -> None:
     assert result.state == "missing" and "no samples artifact" in result.reason
 
 
+def test_op_diff_marks_the_operators_only_one_side_runs() -> None:
+    item = dict(OP_DIFF, rule="lost-fusion", repeated_reductions=[], only_in_candidate=["aten::sub", "aten::pow"],
+                only_in_candidate_share=1.0, only_in_baseline=["aten::layer_norm"], only_in_baseline_share=-0.4,
+                ops=[{"op": "aten::sub", "baseline_calls": 0.0, "candidate_calls": 2.0, "baseline_self_us": 0.0,
+                      "candidate_self_us": 800.0, "only_in": "candidate"},
+                     {"op": "aten::pow", "baseline_calls": 0.0, "candidate_calls": 1.0, "baseline_self_us": 0.0,
+                      "candidate_self_us": 400.0, "only_in": "candidate"},
+                     *[{"op": f"aten::op{i}", "baseline_calls": 1.0, "candidate_calls": 1.0, "baseline_self_us": 1.0,
+                        "candidate_self_us": 1.0} for i in range(20)],
+                     {"op": "aten::layer_norm", "baseline_calls": 1.0, "candidate_calls": 0.0,
+                      "baseline_self_us": 400.0, "candidate_self_us": 0.0, "only_in": "baseline"}])
+    result = drawn("bench-op-diff", view("bench", [item]))
+    assert "Only in the candidate: aten::sub, aten::pow (+100% of the added time)." in result.caption
+    assert "Only in the baseline: aten::layer_norm" in result.caption
+    assert "12 of 23 ops shown." in result.caption
+
+
+def test_samples_come_from_the_shapes_quantiles_without_the_artifact() -> None:
+    shape = dict(SHAPES[0], quantiles_s={"baseline": [4.5e-5, 4.6e-5, 4.7e-5, 4.8e-5, 4.9e-5, 5.2e-5, 6e-5],
+                                         "candidate": [2.5e-4, 2.5e-4, 2.6e-4, 2.7e-4, 2.7e-4, 2.8e-4, 3e-4]})
+    result = drawn("bench-samples", view("bench", [shape], artifacts={"samples": "gone/bench-samples.json"}))
+    assert "quantiles-8x4096" in element_ids(result.svg)
+    assert "From the quantiles in the verdict" in result.caption
+
+
 # --------------------------------------------------------------------------------------------
 # gil
 # --------------------------------------------------------------------------------------------

@@ -377,8 +377,9 @@ def _shape_evidence(result: ShapeResult, significant: bool | None, decision: Dec
 
 
 def _profile(config: BenchConfig, timer: Any, shape: tuple[int, ...], focus: ShapeResult, slower: bool) -> OpDiff:
-    from glmfb.bench.opdiff import diff_ops, profile_pair
-    from glmfb.bench.rules import repeated_reductions
+    """The operator diff of the focus shape: both sides under torch.profiler with their input
+    shapes recorded, in alternating rounds (see :mod:`glmfb.bench.opdiff`)."""
+    from glmfb.bench.opdiff import build_op_diff, profile_pair
 
     baseline, candidate = _load_pair(config, shape)
     slower_side_s = max(focus.baseline_median_s, focus.candidate_median_s)
@@ -386,11 +387,8 @@ def _profile(config: BenchConfig, timer: Any, shape: tuple[int, ...], focus: Sha
     for side in (baseline, candidate):
         warm_up(side, min_calls=1, min_s=0.0)
     base_ops, cand_ops = profile_pair(baseline.kernels, candidate.kernels, calls, timer.device)
-    rows = diff_ops(base_ops, cand_ops, slower)
-    return OpDiff(
-        shape=focus.shape, profiled_calls=calls, ops=tuple(rows[:10]), device=timer.device,
-        repeated_reductions=tuple(op.op for op in repeated_reductions(rows, slower)),
-    )
+    return build_op_diff(base_ops, cand_ops, shape=focus.shape, profiled_calls=calls, slower=slower,
+                         device=timer.device)
 
 
 def _roofline(device: str, results: Sequence[ShapeResult]) -> Roofline | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -25,6 +26,24 @@ class BenchSummary(Evidence):
     threshold: float
     statistic: str
     fdr: str
+
+
+QUANTILES = (0, 5, 25, 50, 75, 95, 100)  # the percentiles of ShapeChange.quantiles_s
+
+
+def quantiles_of(samples: Sequence[float]) -> tuple[float, ...]:
+    """The :data:`QUANTILES` of per-call seconds (linear interpolation; NaN left out; empty
+    when no sample is finite)."""
+    ordered = sorted(v for v in samples if v == v)
+    if not ordered:
+        return ()
+    result = []
+    for q in QUANTILES:
+        position = q / 100 * (len(ordered) - 1)
+        low = int(position)
+        high = min(low + 1, len(ordered) - 1)
+        result.append(ordered[low] + (ordered[high] - ordered[low]) * (position - low))
+    return tuple(result)
 
 
 @evidence_kind
@@ -53,14 +72,20 @@ class ShapeChange(Evidence):
     aa_change: float | None = None
     aa_ci: tuple[float, ...] | None = None
     aa_blocks: int | None = None
+    # Per-call seconds at the QUANTILES of each side's samples ({"baseline": [...], "candidate":
+    # [...]}, from quantiles_of), so a report can draw the distribution without the samples file.
+    quantiles_s: Mapping[str, tuple[float, ...]] | None = None
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
-        return {"shapes": [self.to_dict()]}
+        row = self.to_dict()
+        row.pop("quantiles_s", None)
+        return {"shapes": [row]}
 
 
 @dataclass(frozen=True, kw_only=True)
 class OpRow(Record):
-    """One operator in the profile diff: calls and self time per kernel call, both sides."""
+    """One operator in the profile diff: calls and self time per kernel call, both sides, and
+    what the profile recorded about its inputs (``record_shapes``)."""
 
     op: str
     baseline_calls: float
@@ -68,16 +93,46 @@ class OpRow(Record):
     baseline_self_us: float
     candidate_self_us: float
     added_us: float
-    share: float
+    share: float  # of the added time (the saved time when the candidate is faster)
     reduction: bool
-    input_shapes: tuple[str, ...] = ()  # the shapes the operator was called with (candidate side)
+    input_shapes: tuple[str, ...] = ()  # the candidate's distinct inputs, most calls first: "float32[64, 4096]"
+    baseline_input_shapes: tuple[str, ...] = ()  # the same on the baseline side
+    only_in: str | None = None  # "baseline" or "candidate": the operator runs on that side only
+    called_from: str | None = None  # the operator it runs inside; None when the kernel calls it directly
+    # What differs between the two sides' inputs when both call it: "none", "arguments", "strides",
+    # "shapes" or "dtype" (the last that applies in that order wins).
+    inputs_change: str | None = None
+    baseline_read_bytes: float | None = None  # bytes of its tensor inputs per kernel call (a stride-0 dim once)
+    candidate_read_bytes: float | None = None
+    baseline_written_bytes: float = 0.0  # bytes a copy (copy_, cat) writes per kernel call
+    candidate_written_bytes: float = 0.0
+    copied_from: str | None = None  # a copy's source: "broadcast", "strided", "dtype" or "contiguous"
+    movement: bool = False  # a copy, allocation, layout or view operator: it computes nothing
+    view: bool = False  # a view or metadata operator (slice, transpose, reshape): it moves no data either
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputRow(Record):
+    """One operator on one set of inputs (shapes, strides, dtypes and scalar arguments): the
+    diff keyed by operator and inputs, where a repeat of the same call shows."""
+
+    op: str
+    inputs: str
+    baseline_calls: float
+    candidate_calls: float
+    baseline_self_us: float
+    candidate_self_us: float
+    added_us: float
+    share: float
+    read_bytes: float | None = None  # per call of the operator
 
 
 @evidence_kind
 @dataclass(frozen=True, kw_only=True)
 class OpDiff(Evidence):
     """torch.profiler of both sides on the shape that decided the verdict: operators ranked by
-    their part of the change in self time."""
+    their part of the change in self time, the operators only one side runs and the share of
+    the added time they carry, and the diff by operator and input shapes."""
 
     kind: ClassVar[str] = "op_diff"
     title: ClassVar[str] = "operator diff"
@@ -87,12 +142,26 @@ class OpDiff(Evidence):
     rule: str | None = None
     repeated_reductions: tuple[str, ...] = ()
     device: str = "cpu"
+    inputs: tuple[InputRow, ...] = ()
+    only_in_candidate: tuple[str, ...] = ()
+    only_in_baseline: tuple[str, ...] = ()
+    only_in_candidate_share: float = 0.0  # of the added time
+    only_in_baseline_share: float = 0.0  # negative when slower: the time the baseline's own operators took
+    repeated_inputs: tuple[str, ...] = ()  # operators called >= 1.5x as often on the same inputs
+    repeated_inputs_share: float = 0.0  # the share of the added time those repeats carry
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
-        return {"op_diff": [{"shape": self.shape, **row.to_dict()} for row in self.ops]}
+        return {"op_diff": [{"shape": self.shape, **row.to_dict()} for row in self.ops],
+                "op_diff_inputs": [{"shape": self.shape, **row.to_dict()} for row in self.inputs]}
 
     def summary_rows(self) -> list[tuple[str, str]]:
         rows = [("shape", self.shape), ("profiled calls", str(self.profiled_calls))]
+        if self.only_in_candidate:
+            rows.append(("only in the candidate", f"{', '.join(self.only_in_candidate[:5])} "
+                                                  f"({self.only_in_candidate_share:+.0%} of the change)"))
+        if self.only_in_baseline:
+            rows.append(("only in the baseline", f"{', '.join(self.only_in_baseline[:5])} "
+                                                 f"({self.only_in_baseline_share:+.0%} of the change)"))
         for op in self.ops[:5]:
             rows.append((op.op, f"calls {op.baseline_calls:.3g} -> {op.candidate_calls:.3g}, "
                                 f"self {op.baseline_self_us:.3g} -> {op.candidate_self_us:.3g} µs ({op.share:+.0%})"))

@@ -1,19 +1,26 @@
 """Why one kernel is slower: a torch.profiler pass of each side and the operator diff.
 
-Each side runs a few calls under ``torch.profiler``; per operator we keep calls and self time
-*per kernel call*. The diff ranks operators by how much of the added (or saved) time they
-account for; the rules in :mod:`glmfb.bench.rules` read it.
+Each side runs a few calls under ``torch.profiler`` with ``record_shapes=True``; per operator
+*and per set of inputs* (shapes, strides, dtypes, scalar arguments) we keep calls and self time
+*per kernel call*, the bytes its tensor inputs span and, for a copy, the bytes it writes. The
+diff ranks operators by how much of the added (or saved) time they account for, names the
+operators only one side runs and the share of the added time they carry, and keys the calls
+by operator and inputs so that the same call made k times as often shows as such. The rules
+in :mod:`glmfb.bench.rules` read it.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from glmfb.bench.evidence import OpRow
+from glmfb.bench.evidence import InputRow, OpDiff, OpRow
 from glmfb.bench.timers import Kernel
 
 # Operators that reduce along a dimension: repeating them is the signature of recomputation.
@@ -22,13 +29,141 @@ REDUCTION_PATTERN = re.compile(
     r"reduce|all_reduce|topk|sort)",
     re.IGNORECASE,
 )
+# Views and metadata operators: they move no data (a slice, a transpose, a reshape).
+VIEW_PATTERN = re.compile(
+    r"::(view|view_as|_unsafe_view|reshape|reshape_as|_reshape_alias|as_strided|transpose|swapaxes|t|permute|"
+    r"movedim|expand|expand_as|broadcast_tensors|unsqueeze|squeeze|slice|select|narrow|diagonal|unfold|flatten|"
+    r"unflatten|split\w*|_unsafe_split\w*|chunk|unbind|detach|alias|lift_fresh|conj|_conj|resolve_conj|"
+    r"resolve_neg|view_as_real|view_as_complex|real|imag|result_type)$"
+)
+# Operators that only move or allocate data (copies, layout changes, allocations, and the views
+# above): they compute nothing, so a rule never calls one of them a fused operator.
+MOVEMENT_PATTERN = re.compile(
+    r"::(copy_|_copy_from\w*|clone|contiguous|_to_copy|to|repeat\w*|cat|stack|\w+_copy|constant_pad_nd|pad|"
+    r"empty\w*|zeros\w*|fill_|zero_|resize_|item|_local_scalar_dense)$"
+)
+# The operators that write a new tensor from existing data (the leaves of .contiguous(),
+# .clone(), .repeat(), .to(dtype), F.pad, torch.cat): what a materialized intermediate costs.
+COPY_WRITERS = frozenset({"aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize", "aten::cat"})
+REPEATED = 1.5  # an operator called this many times as often counts as repeated
+SAME_CALLS = 0.05  # calls per kernel call within 5% count as "called as often"
+
+# torch.profiler's C++ dtype names -> (torch name, bytes per element)
+_DTYPES: dict[str, tuple[str, int]] = {
+    "float": ("float32", 4), "double": ("float64", 8), "c10::Half": ("float16", 2),
+    "c10::BFloat16": ("bfloat16", 2), "long int": ("int64", 8), "int": ("int32", 4),
+    "short int": ("int16", 2), "signed char": ("int8", 1), "unsigned char": ("uint8", 1), "bool": ("bool", 1),
+    "c10::complex<float>": ("complex64", 8), "c10::complex<double>": ("complex128", 16),
+    "c10::complex<c10::Half>": ("complex32", 4), "c10::Float8_e4m3fn": ("float8_e4m3fn", 1),
+    "c10::Float8_e5m2": ("float8_e5m2", 1),
+}
+_NOT_TENSORS = frozenset({"", "Scalar", "ScalarList", "GenericList", "TensorList", "None"})
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """One tensor input of a profiled call: what record_shapes gives."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None
+    dtype: str  # torch's name ("float32"), or the profiler's when unknown
+    itemsize: int | None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def logical_bytes(self) -> float | None:
+        return None if self.itemsize is None else float(self.numel * self.itemsize)
+
+    @property
+    def unique_bytes(self) -> float | None:
+        """The bytes the tensor's elements span: a dimension of stride 0 (a broadcast) counts once."""
+        if self.itemsize is None:
+            return None
+        if self.strides is None or len(self.strides) != len(self.shape):
+            return self.logical_bytes
+        return float(math.prod(size for size, stride in zip(self.shape, self.strides, strict=True) if stride != 0)
+                     * self.itemsize)
+
+    @property
+    def broadcast(self) -> bool:
+        return self.strides is not None and any(
+            stride == 0 and size > 1 for size, stride in zip(self.shape, self.strides, strict=False))
+
+    @property
+    def contiguous(self) -> bool:
+        if self.strides is None or len(self.strides) != len(self.shape):
+            return True
+        expected = 1
+        for size, stride in zip(reversed(self.shape), reversed(self.strides), strict=True):
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+    def describe(self) -> str:
+        text = f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+        if not self.contiguous and self.strides is not None:
+            text += f" strides ({', '.join(map(str, self.strides))})"
+        return text
+
+
+@dataclass(frozen=True)
+class InputStats:
+    """One operator on one set of inputs, per kernel call."""
+
+    inputs: str  # "float32[64, 4096], float32[4096]"
+    args: str = ""  # the scalar arguments the profiler recorded: "-1, True"
+    calls_per_call: float = 0.0
+    self_us_per_call: float = 0.0
+    tensors: tuple[TensorMeta, ...] = ()
+    written_bytes: float = 0.0  # per call of the operator (copies)
+    copied_from: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.inputs} with arguments {self.args}" if self.args else self.inputs
+
+    @property
+    def read_bytes(self) -> float | None:
+        """Bytes the tensor inputs span, per call of the operator (None: a dtype the profiler
+        named that glmfb does not know)."""
+        sizes = [t.unique_bytes for t in self.tensors]
+        return None if any(size is None for size in sizes) else float(sum(s for s in sizes if s is not None))
 
 
 @dataclass(frozen=True)
 class OpStats:
+    """One operator on one side, per kernel call, with its calls split by inputs."""
+
     name: str
     calls_per_call: float  # operator calls per kernel call
     self_us_per_call: float  # operator self time per kernel call (CPU, or device on CUDA)
+    by_inputs: tuple[InputStats, ...] = ()
+    called_from: str | None = None  # the operator it most often runs inside; None: the kernel itself
+
+    @property
+    def read_bytes(self) -> float | None:
+        if not self.by_inputs:
+            return None
+        total = 0.0
+        for entry in self.by_inputs:
+            size = entry.read_bytes
+            if size is None:
+                return None
+            total += size * entry.calls_per_call
+        return total
+
+    @property
+    def written_bytes(self) -> float:
+        return sum(entry.written_bytes * entry.calls_per_call for entry in self.by_inputs)
+
+
+# --------------------------------------------------------------------------------------------
+# Profiling
+# --------------------------------------------------------------------------------------------
 
 
 @contextmanager
@@ -51,52 +186,190 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _profile_once(kernels: Sequence[Kernel], calls: int, device: str) -> dict[str, OpStats]:
+def _tensor(shape: Any, strides: Any, dtype: str) -> TensorMeta | None:
+    if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) for d in shape):
+        return None
+    known = _DTYPES.get(dtype)
+    name, itemsize = known if known is not None else (dtype or "?", None)
+    stride_tuple = tuple(strides) if isinstance(strides, (list, tuple)) and all(
+        isinstance(s, int) for s in strides) else None
+    return TensorMeta(tuple(shape), stride_tuple, name, itemsize)
+
+
+def tensors_of(shapes: Sequence[Any], strides: Sequence[Any], dtypes: Sequence[str]) -> tuple[TensorMeta, ...]:
+    """The tensor inputs of one profiled call from its recorded shapes, strides and dtypes (a
+    TensorList's tensors one by one; their dtype is not recorded)."""
+    found: list[TensorMeta] = []
+    for index, dtype in enumerate(dtypes):
+        shape = shapes[index] if index < len(shapes) else None
+        stride = strides[index] if index < len(strides) else None
+        if dtype == "TensorList" and isinstance(shape, (list, tuple)):
+            for j, inner in enumerate(shape):
+                inner_stride = stride[j] if isinstance(stride, (list, tuple)) and j < len(stride) else None
+                meta = _tensor(inner, inner_stride, "?")
+                if meta is not None:
+                    found.append(meta)
+        elif dtype not in _NOT_TENSORS:
+            meta = _tensor(shape, stride, dtype)
+            if meta is not None:
+                found.append(meta)
+    return tuple(found)
+
+
+def _args(concrete: Sequence[Any] | None) -> str:
+    values = [value for value in concrete or () if value is not None and value != ""]
+    return ", ".join(repr(value) if isinstance(value, str) else str(value) for value in values)
+
+
+def copy_facts(name: str, tensors: Sequence[TensorMeta]) -> tuple[float, str | None]:
+    """Bytes a copy writes per call and what it copies from (None for other operators)."""
+    if name not in COPY_WRITERS or not tensors:
+        return 0.0, None
+    if name == "aten::cat":
+        sizes = [t.logical_bytes for t in tensors]
+        return (float(sum(s for s in sizes if s is not None)), "contiguous") if all(
+            s is not None for s in sizes) else (0.0, None)
+    target, source = tensors[0], tensors[1] if len(tensors) > 1 else None
+    written = target.logical_bytes or 0.0
+    if source is None:
+        return written, None
+    if source.broadcast:
+        return written, "broadcast"
+    if not source.contiguous:
+        return written, "strided"
+    if source.dtype != target.dtype:
+        return written, "dtype"
+    return written, "contiguous"
+
+
+@dataclass
+class _Accumulated:
+    count: int = 0
+    self_us: float = 0.0
+    tensors: tuple[TensorMeta, ...] = ()
+    args: str = ""
+    inputs: str = ""
+    parents: Counter[str] = field(default_factory=Counter)
+
+
+def _profile_once(kernels: Sequence[Kernel], calls: int, device: str) -> dict[tuple[str, str], tuple[_Accumulated, int]]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    with _quiet_stderr(), profile(activities=activities) as prof:
+    with _quiet_stderr(), profile(activities=activities, record_shapes=True) as prof:
         for index in range(calls):
             kernels[index % len(kernels)]()
         if device == "cuda":
             torch.cuda.synchronize()
-    stats: dict[str, OpStats] = {}
-    for event in prof.key_averages():
-        name = str(event.key)
+    found: dict[tuple[str, str], _Accumulated] = {}
+    for event in prof.events():
+        name = str(event.name)
         if name.startswith("ProfilerStep") or name.startswith("[memory]"):
             continue
+        if device == "cuda" and getattr(event, "device_type", None) is not None and \
+                str(event.device_type).endswith("CUDA"):
+            continue  # device kernels are counted in their launching operator's self device time
         if device == "cuda":
             self_us = float(getattr(event, "self_device_time_total", 0.0) or 0.0)
             if self_us == 0.0:
                 self_us = float(getattr(event, "self_cpu_time_total", 0.0))
         else:
             self_us = float(getattr(event, "self_cpu_time_total", 0.0))
-        stats[name] = OpStats(name, event.count / calls, self_us / calls)
-    return stats
+        shapes = getattr(event, "structured_input_shapes", None) or getattr(event, "input_shapes", None) or []
+        strides = getattr(event, "structured_input_strides", None) or []
+        dtypes = [str(d) for d in (getattr(event, "input_dtypes", None) or [])]
+        tensors = tensors_of(shapes, strides, dtypes)
+        inputs = ", ".join(t.describe() for t in tensors) or "no tensor inputs"
+        args = _args(getattr(event, "concrete_inputs", None))
+        key = (name, f"{inputs} ({args})")
+        entry = found.get(key)
+        if entry is None:
+            entry = found[key] = _Accumulated(tensors=tensors, args=args, inputs=inputs)
+        entry.count += 1
+        entry.self_us += self_us
+        parent = getattr(event, "cpu_parent", None)
+        entry.parents[str(parent.name) if parent is not None else ""] += 1
+    return {key: (entry, calls) for key, entry in found.items()}
+
+
+def _merge(rounds: Sequence[dict[tuple[str, str], tuple[_Accumulated, int]]]) -> dict[str, OpStats]:
+    """Per operator and inputs: calls per kernel call (deterministic) and the *smallest* self
+    time per kernel call over the rounds (noise on a shared host only adds time)."""
+    best: dict[tuple[str, str], InputStats] = {}
+    parents: dict[str, Counter[str]] = {}
+    for found in rounds:
+        for (name, key), (entry, calls) in found.items():
+            written, source = copy_facts(name, entry.tensors)
+            stats = InputStats(entry.inputs, entry.args, entry.count / calls, entry.self_us / calls, entry.tensors,
+                               written, source)
+            seen = best.get((name, key))
+            if seen is None or stats.self_us_per_call < seen.self_us_per_call:
+                best[(name, key)] = stats
+            parents.setdefault(name, Counter()).update(entry.parents)
+    by_name: dict[str, list[InputStats]] = {}
+    for (name, _key), stats in best.items():
+        by_name.setdefault(name, []).append(stats)
+    merged: dict[str, OpStats] = {}
+    for name, entries in by_name.items():
+        entries.sort(key=lambda e: (-e.calls_per_call, -e.self_us_per_call))
+        parent = parents[name].most_common(1)[0][0] if parents.get(name) else ""
+        merged[name] = OpStats(name, sum(e.calls_per_call for e in entries), sum(e.self_us_per_call for e in entries),
+                               tuple(entries), parent or None)
+    return merged
 
 
 def profile_pair(
     baseline: Sequence[Kernel], candidate: Sequence[Kernel], calls: int, device: str, rounds: int = 5
 ) -> tuple[dict[str, OpStats], dict[str, OpStats]]:
-    """Profile both sides in alternating rounds; per operator keep the calls per kernel call
-    (deterministic) and the *smallest* self time per call over the rounds, so a preemption
-    during one round (noise only adds time) does not rewrite the diff."""
+    """Profile both sides in alternating rounds; per operator and inputs keep the calls per
+    kernel call and the smallest self time per call over the rounds, so a preemption during
+    one round does not rewrite the diff."""
     per_round = max(2, calls // rounds)
-    merged: tuple[dict[str, OpStats], dict[str, OpStats]] = ({}, {})
+    found: tuple[list[Any], list[Any]] = ([], [])
     for _ in range(rounds):
         for side, kernels in enumerate((baseline, candidate)):
-            for name, stats in _profile_once(kernels, per_round, device).items():
-                seen = merged[side].get(name)
-                if seen is None or stats.self_us_per_call < seen.self_us_per_call:
-                    merged[side][name] = stats
-    return merged
+            found[side].append(_profile_once(kernels, per_round, device))
+    return _merge(found[0]), _merge(found[1])
+
+
+# --------------------------------------------------------------------------------------------
+# The diff
+# --------------------------------------------------------------------------------------------
+
+
+def _signs(added: Sequence[float], slower: bool | None) -> tuple[float, float]:
+    net = sum(added)
+    sign = (1.0 if net >= 0 else -1.0) if slower is None else (1.0 if slower else -1.0)
+    # Share of the added time (all increases) when the candidate is slower, of the saved time
+    # (all decreases) when it is faster; shares of the same sign sum to 1.
+    return sign, sum(a for a in added if a * sign > 0) or sign
+
+
+def _inputs_change(a: OpStats, b: OpStats) -> str:
+    """What differs between the two sides' inputs of one operator: the last of "none",
+    "arguments", "strides", "shapes", "dtype" that applies."""
+    def tensors(stats: OpStats) -> set[tuple[TensorMeta, ...]]:
+        return {e.tensors for e in stats.by_inputs}
+
+    def project(stats: OpStats, part: str) -> set[tuple[Any, ...]]:
+        return {tuple(getattr(t, part) for t in e.tensors) for e in stats.by_inputs}
+
+    if project(a, "dtype") != project(b, "dtype"):
+        return "dtype"
+    if project(a, "shape") != project(b, "shape"):
+        return "shapes"
+    if tensors(a) != tensors(b):
+        return "strides"
+    if {e.args for e in a.by_inputs} != {e.args for e in b.by_inputs}:
+        return "arguments"
+    return "none"
 
 
 def diff_ops(
-    baseline: dict[str, OpStats], candidate: dict[str, OpStats], slower: bool | None = None
+    baseline: Mapping[str, OpStats], candidate: Mapping[str, OpStats], slower: bool | None = None
 ) -> list[OpRow]:
     """Operators ordered by their part of the change in self time, largest first.
 
@@ -108,23 +381,119 @@ def diff_ops(
         a, b = baseline.get(name), candidate.get(name)
         added = (b.self_us_per_call if b else 0.0) - (a.self_us_per_call if a else 0.0)
         raw.append((name, a, b, added))
-    net = sum(item[3] for item in raw)
-    sign = (1.0 if net >= 0 else -1.0) if slower is None else (1.0 if slower else -1.0)
-    # Share of the added time (all increases) when the candidate is slower, of the saved time
-    # (all decreases) when it is faster; shares of the same sign sum to 1.
-    denominator = sum(item[3] for item in raw if item[3] * sign > 0) or sign
-    rows = [
-        OpRow(
-            op=name,
-            baseline_calls=a.calls_per_call if a else 0.0,
-            candidate_calls=b.calls_per_call if b else 0.0,
-            baseline_self_us=a.self_us_per_call if a else 0.0,
-            candidate_self_us=b.self_us_per_call if b else 0.0,
-            added_us=added,
-            share=added / denominator,
-            reduction=bool(REDUCTION_PATTERN.search(name)),
-        )
-        for name, a, b, added in raw
-    ]
-    rows.sort(key=lambda row: sign * row.added_us, reverse=True)
+    sign, denominator = _signs([item[3] for item in raw], slower)
+    rows = []
+    for name, a, b, added in raw:
+        a_calls = a.calls_per_call if a else 0.0
+        b_calls = b.calls_per_call if b else 0.0
+        only_in = "candidate" if a_calls == 0 and b_calls > 0 else "baseline" if b_calls == 0 and a_calls > 0 else None
+        copy_source = None
+        if b is not None and b.by_inputs:
+            sources = [e for e in b.by_inputs if e.copied_from is not None]
+            if sources:
+                copy_source = max(sources, key=lambda e: e.written_bytes * e.calls_per_call).copied_from
+        rows.append(OpRow(
+            op=name, baseline_calls=a_calls, candidate_calls=b_calls,
+            baseline_self_us=a.self_us_per_call if a else 0.0, candidate_self_us=b.self_us_per_call if b else 0.0,
+            added_us=added, share=added / denominator, reduction=bool(REDUCTION_PATTERN.search(name)),
+            input_shapes=tuple(e.inputs for e in b.by_inputs[:3]) if b else (),
+            baseline_input_shapes=tuple(e.inputs for e in a.by_inputs[:3]) if a else (),
+            only_in=only_in,
+            called_from=(b.called_from if b is not None else a.called_from if a is not None else None),
+            inputs_change=_inputs_change(a, b) if a is not None and b is not None and a.by_inputs and b.by_inputs
+            else None,
+            baseline_read_bytes=a.read_bytes if a else None, candidate_read_bytes=b.read_bytes if b else None,
+            baseline_written_bytes=a.written_bytes if a else 0.0, candidate_written_bytes=b.written_bytes if b else 0.0,
+            copied_from=copy_source, view=bool(VIEW_PATTERN.search(name)),
+            movement=bool(MOVEMENT_PATTERN.search(name) or VIEW_PATTERN.search(name)),
+        ))
+    rows.sort(key=lambda row: (-sign * row.added_us, row.op))
     return rows
+
+
+def added_time(
+    baseline: Mapping[str, OpStats], candidate: Mapping[str, OpStats], slower: bool | None = None
+) -> float:
+    """The added time per kernel call (the sum of the operators' increases; the saved time,
+    negative, when the candidate is faster): what every share in the diff is a share of."""
+    added = [(candidate[n].self_us_per_call if n in candidate else 0.0)
+             - (baseline[n].self_us_per_call if n in baseline else 0.0) for n in set(baseline) | set(candidate)]
+    return _signs(added, slower)[1]
+
+
+def diff_inputs(
+    baseline: Mapping[str, OpStats], candidate: Mapping[str, OpStats], slower: bool | None = None
+) -> list[InputRow]:
+    """The same diff keyed by operator *and* inputs (shapes, strides, dtypes, scalar arguments).
+    Shares are of the operators' added time, as in :func:`diff_ops`, so the two tables add up
+    alike."""
+    def entries(side: Mapping[str, OpStats]) -> dict[tuple[str, str], InputStats]:
+        return {(name, e.key): e for name, stats in side.items() for e in stats.by_inputs}
+
+    a_entries, b_entries = entries(baseline), entries(candidate)
+    raw = []
+    for key in set(a_entries) | set(b_entries):
+        a, b = a_entries.get(key), b_entries.get(key)
+        raw.append((key, a, b, (b.self_us_per_call if b else 0.0) - (a.self_us_per_call if a else 0.0)))
+    sign, _ = _signs([item[3] for item in raw], slower)
+    denominator = added_time(baseline, candidate, slower)
+    rows = [
+        InputRow(op=name, inputs=label, baseline_calls=a.calls_per_call if a else 0.0,
+                 candidate_calls=b.calls_per_call if b else 0.0,
+                 baseline_self_us=a.self_us_per_call if a else 0.0,
+                 candidate_self_us=b.self_us_per_call if b else 0.0, added_us=added, share=added / denominator,
+                 read_bytes=(b or a).read_bytes if (b or a) is not None else None)  # type: ignore[union-attr]
+        for (name, label), a, b, added in raw
+    ]
+    rows.sort(key=lambda row: (-sign * row.added_us, row.op, row.inputs))
+    return rows
+
+
+def call_ratio(baseline_calls: float, candidate_calls: float) -> float:
+    """Candidate calls over baseline calls (inf when only the candidate calls it)."""
+    if baseline_calls == 0:
+        return math.inf if candidate_calls > 0 else 1.0
+    return candidate_calls / baseline_calls
+
+
+def repeated_input(row: InputRow, slower: bool) -> bool:
+    """The same operator on the same inputs, called at least 1.5x as often (slower) or at most
+    1/1.5 as often (faster), and carrying added (saved) time: both sides must make the call."""
+    if row.baseline_calls == 0 or row.candidate_calls == 0:
+        return False
+    ratio = row.candidate_calls / row.baseline_calls
+    if slower:
+        return row.added_us > 0 and ratio >= REPEATED
+    return row.added_us < 0 and ratio <= 1 / REPEATED
+
+
+def build_op_diff(
+    baseline: Mapping[str, OpStats], candidate: Mapping[str, OpStats], *, shape: str, profiled_calls: int,
+    slower: bool, device: str = "cpu", limit: int = 40,
+) -> OpDiff:
+    """The ``op_diff`` evidence: the operator rows, the rows by operator and inputs, the
+    operators only one side runs with the share of the change they carry, and the calls
+    repeated on the same inputs."""
+    rows = diff_ops(baseline, candidate, slower)
+    inputs = diff_inputs(baseline, candidate, slower)
+    only_candidate = [row for row in rows if row.only_in == "candidate"]
+    only_baseline = [row for row in rows if row.only_in == "baseline"]
+    repeated = [row for row in inputs if repeated_input(row, slower)]
+    repeated_names = list(dict.fromkeys(row.op for row in repeated))
+
+    def kept(all_rows: Sequence[Any]) -> tuple[Any, ...]:
+        # Every row that carries at least 0.5% of the change, or that only one side runs.
+        chosen = [r for r in all_rows if abs(r.share) >= 0.005 or getattr(r, "only_in", None)]
+        return tuple(chosen[:limit])
+
+    return OpDiff(
+        shape=shape, profiled_calls=profiled_calls, ops=kept(rows), device=device,
+        repeated_reductions=tuple(name for name in repeated_names if REDUCTION_PATTERN.search(name)),
+        inputs=kept(inputs),
+        only_in_candidate=tuple(row.op for row in only_candidate),
+        only_in_baseline=tuple(row.op for row in sorted(only_baseline, key=lambda r: r.added_us)),
+        only_in_candidate_share=sum(row.share for row in only_candidate),
+        only_in_baseline_share=sum(row.share for row in only_baseline),
+        repeated_inputs=tuple(repeated_names),
+        repeated_inputs_share=sum(row.share for row in repeated),
+    )

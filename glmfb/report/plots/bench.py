@@ -35,6 +35,7 @@ DECISION_COLORS = {
     "undecided": UNDECIDED_COLOR,
 }
 MAX_SAMPLE_PANELS = 4
+QUANTILES = (0, 5, 25, 50, 75, 95, 100)  # the percentiles in a shape's quantiles_s
 
 
 def _ratio_label(ratio: float, _position: Any = None) -> str:
@@ -112,13 +113,36 @@ def forest(view: VerdictView) -> Plot:
     return Plot(figure, caption)
 
 
+MAX_OP_ROWS = 12
+ONLY_IN = {"candidate": "only in candidate", "baseline": "only in baseline"}
+
+
+def _op_rows(ops: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The operators that added the most time, then those only the baseline runs (the ones
+    the candidate lost), at most :data:`MAX_OP_ROWS`."""
+    removed = [op for op in ops if op.get("only_in") == "baseline"]
+    removed.sort(key=lambda op: -(number(op.get("baseline_self_us")) or 0.0))
+    kept_removed = removed[: max(0, min(3, MAX_OP_ROWS // 4))]
+    rest = [op for op in ops if op not in kept_removed][: MAX_OP_ROWS - len(kept_removed)]
+    return rest + kept_removed
+
+
+def _op_label(op: Mapping[str, Any]) -> str:
+    notes = [ONLY_IN[str(op["only_in"])]] if op.get("only_in") in ONLY_IN else []
+    if op.get("reduction"):
+        notes.append("reduction")
+    return str(op.get("op")) + (f"  ({', '.join(notes)})" if notes else "")
+
+
 def op_diff(view: VerdictView) -> Plot:
-    """The profiled ops of both sides: calls and self time per kernel call."""
+    """The profiled ops of both sides: calls and self time per kernel call, the operators only
+    one side runs marked."""
     item = view.require("op_diff")
-    ops = [op for op in item.get("ops") or [] if isinstance(op, Mapping)]
-    if not ops:
+    all_ops = [op for op in item.get("ops") or [] if isinstance(op, Mapping)]
+    if not all_ops:
         raise NoData("the op diff lists no ops")
-    labels = [str(op.get("op")) + ("  (reduction)" if op.get("reduction") else "") for op in ops]
+    ops = _op_rows(all_ops)
+    labels = [_op_label(op) for op in ops]
     figure = new_figure(7.2, max(2.4, 1.0 + 0.28 * len(ops)))
     calls_axes, time_axes = figure.subplots(1, 2, sharey=True)
     ys = list(range(len(ops)))
@@ -131,31 +155,94 @@ def op_diff(view: VerdictView) -> Plot:
         axes.barh([y + bar / 2 for y in ys], cand, height=bar, color=CANDIDATE_COLOR, label="candidate")
         axes.set_title(title, fontsize=9)
         axes.set_gid(element_id("op", key))
-    calls_axes.set_yticks(ys, [short(label, 30) for label in labels])
+    calls_axes.set_yticks(ys, [short(label, 40) for label in labels])
     for tick, op in zip(calls_axes.get_yticklabels(), ops, strict=False):
         if op.get("reduction"):
             tick.set_fontweight("bold")
+        if op.get("only_in") == "candidate":
+            tick.set_color(CANDIDATE_COLOR)
+        elif op.get("only_in") == "baseline":
+            tick.set_color(BASELINE_COLOR)
     calls_axes.invert_yaxis()
     time_axes.legend(loc="lower right")
     rule = item.get("rule")
     figure.suptitle(f"Op diff on {item.get('shape')}" + (f": {rule}" if rule else ""), fontsize=10, fontweight="bold")
-    repeated = item.get("repeated_reductions") or []
     caption = f"Profiled over {item.get('profiled_calls')} calls a side, ops ranked by the time they add."
+    if len(ops) < len(all_ops):
+        caption += f" {len(ops)} of {len(all_ops)} ops shown."
+    for side in ("candidate", "baseline"):
+        names = [str(name) for name in item.get(f"only_in_{side}") or []]
+        share = number(item.get(f"only_in_{side}_share"))
+        if names:
+            caption += (f" Only in the {side}: {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}"
+                        + (f" ({percent(share, 0)} of the added time)." if share is not None else "."))
+    repeated_inputs = [str(name) for name in item.get("repeated_inputs") or []]
+    share = number(item.get("repeated_inputs_share"))
+    if repeated_inputs and share is not None:
+        caption += (f" Called as often again on the same inputs: {', '.join(repeated_inputs[:4])} "
+                    f"({percent(share, 0)} of the added time).")
+    repeated = item.get("repeated_reductions") or []
     if repeated:
         caption += f" Repeated reductions (bold): {', '.join(map(str, repeated))}."
     return Plot(figure, caption)
 
 
+def _quantile_panels(view: VerdictView) -> list[tuple[str, dict[str, list[float]]]]:
+    """Each shape's per-side quantiles from its ``shape`` evidence (``quantiles_s``)."""
+    panels = []
+    for item in view.evidence("shape"):
+        quantiles = item.get("quantiles_s")
+        if not isinstance(quantiles, Mapping):
+            continue
+        sides = {}
+        for side in ("baseline", "candidate"):
+            values = [number(v) for v in quantiles.get(side) or []]
+            if len(values) == len(QUANTILES) and all(v is not None for v in values):
+                sides[side] = [float(v) * 1e6 for v in values if v is not None]
+        if sides:
+            panels.append((str(item.get("shape")), sides))
+    return panels[:MAX_SAMPLE_PANELS]
+
+
+def _quantiles(view: VerdictView, why: str) -> Plot:
+    """The sample distributions drawn from the quantiles in the verdict (no samples file)."""
+    panels = _quantile_panels(view)
+    if not panels:
+        raise NoData(why)
+    figure = new_figure(min(7.2, 2.6 + 2.2 * len(panels)), 3.0)
+    axes_row = figure.subplots(1, len(panels), squeeze=False)[0]
+    for axes, (key, sides) in zip(axes_row, panels, strict=False):
+        names = list(sides)
+        stats = [{"whislo": q[1], "q1": q[2], "med": q[3], "q3": q[4], "whishi": q[5], "fliers": [q[0], q[6]],
+                  "label": side} for side, q in sides.items()]
+        parts = axes.bxp(stats, patch_artist=True, widths=0.5)
+        for body, side in zip(parts["boxes"], names, strict=False):
+            body.set_facecolor(BASELINE_COLOR if side == "baseline" else CANDIDATE_COLOR)
+            body.set_alpha(0.45)
+        for index, side in enumerate(names, start=1):
+            median = sides[side][3]
+            axes.annotate(f"{median:.3g} µs", xy=(index + 0.3, median), va="center", fontsize=7)
+        axes.set_xlim(0.4, len(names) + 0.9)
+        axes.set_title(key, fontsize=9)
+        axes.set_gid(element_id("quantiles", key))
+        axes.set_ylim(bottom=0)
+    axes_row[0].set_ylabel("time per call (µs)")
+    figure.suptitle("Samples: per-call time of each sample", fontsize=10, fontweight="bold")
+    caption = ("From the quantiles in the verdict (no samples file): the box spans the 25th to 75th percentile, "
+               "the whiskers the 5th to 95th, the dots the fastest and slowest sample.")
+    return Plot(figure, caption)
+
+
 def samples(view: VerdictView) -> Plot:
     """Per-call time of every sample, both sides, one panel per shape (from the saved
-    samples file)."""
+    samples file, else from the quantiles each ``shape`` evidence carries)."""
     path = view.artifact("samples")
     if path is None:
-        raise NoData("no samples artifact (the probe saves one unless save = false)")
+        return _quantiles(view, "no samples artifact (the probe saves one unless save = false)")
     document = json.loads(path.read_text(encoding="utf-8"))
     shapes = document.get("shapes") if isinstance(document, Mapping) else None
     if not isinstance(shapes, Mapping) or not shapes:
-        raise NoData(f"{path.name} holds no samples")
+        return _quantiles(view, f"{path.name} holds no samples")
     keys = list(shapes)[:MAX_SAMPLE_PANELS]
     figure = new_figure(min(7.2, 2.6 + 2.2 * len(keys)), 3.0)
     panels = figure.subplots(1, len(keys), squeeze=False)[0]
