@@ -9,6 +9,7 @@ host turns into an error verdict. The statistics decide per shape; the rules in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 import statistics
@@ -299,7 +300,7 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
         ))
     evidence.extend(_shape_evidence(r, significant.get(r.shape), decisions.get(r.shape)) for r in results)
     if op_diff is not None:
-        evidence.append(op_diff)
+        evidence.append(dataclasses.replace(op_diff, rule=outcome.rule.name))
     roofline = _roofline(timer.device, decided)
     if roofline is not None:
         evidence.append(roofline)
