@@ -258,8 +258,8 @@ def test_differing_captures_fail_and_name_the_first_divergent_tap(tmp_path: Path
         (['{"id": "a", "length": 5, "seed": 1, "vocab": 50}', '{"id": "c", "input_ids": [1, 2]}'], [],
          "request #1 is 'b' in the baseline and 'c' in the candidate"),
         (['{"id": "a", "length": 5, "seed": 1, "vocab": 50}'], [], "request 'b' is in the baseline only"),
-        (None, ["--tap", "split"], "tap 'embed' is in the baseline capture only"),
-        (None, ["--arg", "width=4"], "request 'a', tap 'embed': shape [1, 5, 8] in the baseline, [1, 5, 4]"),
+        (None, ["--arg", "width=4"], "request 'a', tap 'embed': shape [1, 5, 8] in the baseline, [1, 5, 4] in the "
+                                     "candidate; no final output has the same name and shape"),
     ],
 )
 def test_mismatched_captures_name_the_first_mismatch(tmp_path: Path, requests_file: Path, other_requests: list[str] | None,
@@ -272,12 +272,33 @@ def test_mismatched_captures_name_the_first_mismatch(tmp_path: Path, requests_fi
     assert phrase in one_line_error(stderr)
 
 
-def test_dtype_mismatch_is_named(tmp_path: Path, requests_file: Path) -> None:
+def test_taps_one_side_lacks_are_listed_and_the_shared_ones_compared(tmp_path: Path, requests_file: Path) -> None:
     a = capture(tmp_path, requests_file, "a")
-    b = capture(tmp_path, requests_file, "b", "toy_half")
-    code, _, stderr = diff_json(str(a), str(b), "--out", str(tmp_path / "reports"))
-    assert code == 2
-    assert "tap 'embed': dtype float32 in the baseline, float64 in the candidate" in one_line_error(stderr)
+    b = capture(tmp_path, requests_file, "b", "toy", "--tap", "split")  # the candidate has only split's taps
+    code, verdict, stderr = diff_json(str(a), str(b), "--out", str(tmp_path / "reports"))
+    assert code == 0 and verdict is not None, stderr
+    tree = {e["kind"]: e for e in verdict["evidence"]}["tree_differences"]
+    assert "embed" in tree["baseline_only"] and "shared#0" in tree["baseline_only"] and not tree["candidate_only"]
+    assert tree["baseline_only_modules"] == ["embed", "shared"]
+    compared = {r["tap"] for r in {e["kind"]: e for e in verdict["evidence"]}["modules"]["rows"]}
+    assert "embed" not in compared and {"split[0][left]", "output[y]"} <= compared
+    assert "module trees differ" in verdict["why"] and "baseline only" in verdict["why"]
+    # a planted difference is still found on the shared taps
+    c = capture(tmp_path, requests_file, "c", "toy", "--tap", "split", "--arg", "scale=1.01")
+    code, verdict, stderr = diff_json(str(a), str(c), "--out", str(tmp_path / "reports"))
+    assert code == 1 and verdict is not None and verdict["status"] == "fail", stderr
+
+
+def test_a_dtype_difference_is_measured_in_a_common_dtype(tmp_path: Path, requests_file: Path) -> None:
+    a = capture(tmp_path, requests_file, "a")
+    b = capture(tmp_path, requests_file, "b", "toy_half")  # the same model in float64
+    code, verdict, stderr = diff_json(str(a), str(b), "--out", str(tmp_path / "reports"))
+    assert code == 0 and verdict is not None, stderr
+    found = {e["kind"]: e for e in verdict["evidence"]}
+    assert {"tap": "embed", "baseline": "float32", "candidate": "float64"} in found["tree_differences"]["dtypes"]
+    rows = {r["tap"]: r for r in found["modules"]["rows"]}
+    assert rows["embed"]["max_abs"] == 0.0  # float32 weights widened to float64: the same values
+    assert 0.0 < rows["output[y]"]["max_abs"] < 1e-6  # tanh in float64 against float32: measured, within tolerance
 
 
 def test_broken_captures_give_one_line_and_exit_2(tmp_path: Path, requests_file: Path) -> None:
