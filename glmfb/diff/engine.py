@@ -46,6 +46,7 @@ from glmfb.diff.evidence import (
     MinimizerNote,
     ModuleRow,
     Modules,
+    OnsetRow,
     PositionProfile,
     PrecisionSignatureEvidence,
     RequestRow,
@@ -322,7 +323,7 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
     module: str | None = None
     if localized is not None:
         module = localized.module if _calls(worst, localized.module) == 1 else f"{localized.module}#{localized.call}"
-    elif entry is not None and entry.module is not None:
+    elif entry is not None and entry.module:  # the top level has no path: the first module that shows it then
         module = entry.module
     elif first is not None and not first.is_output:
         module = _module_label(first, worst)
@@ -334,15 +335,18 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
         positions_tap = first.tap.name
     position = positions.first_failing if positions is not None else None
     profile = position_profile(list(positions.rel_l2), list(positions.outside)) if positions is not None else None
+    onsets: tuple[tuple[str, int, int], ...] = ()
     if positions is not None:
         evidence.append(_positions_evidence(worst, positions_tap, localized is not None, positions))
         if profile is not None:
+            onsets = _onsets(baseline, candidate, results, worst, first, profile.onset) if profile.step else ()
             evidence.append(PositionProfile(
                 request=worst.id, tap=positions_tap, onset=profile.onset, positions=profile.positions,
                 failing_after=profile.failing_after, before_max_rel_l2=profile.before_max,
                 after_median_rel_l2=profile.after_median, step=profile.step, growing=profile.growing,
                 predicted_before=profile.predicted_before, rise=profile.rise,
                 rank_correlation=profile.rank_correlation,
+                onsets=tuple(OnsetRow(request=r, length=n, onset=o) for r, n, o in onsets),
             ))
 
     nonfinite = next((t for r in results for t in r.taps if t.metrics.nonfinite_mismatch), None)
@@ -422,7 +426,8 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
         nonfinite_tap=nonfinite.tap.name if nonfinite else None,
         output_rel_l2=max(r.output_error for r in results), rerun=rerun,
         length_fit=length_fit if length_fit is not None and _spans(length_fit) else None,
-        profile=profile, profile_tap=positions_tap, rounding=rounding, bias=bias, tree=tree, entry=entry,
+        profile=profile, profile_tap=positions_tap, onsets=tuple((n, o) for _, n, o in onsets),
+        rounding=rounding, bias=bias, tree=tree, entry=entry,
         counterfactuals=tuple(knobs), minimize_note=minimize_note,
     )
     outcome = diagnose(ctx.rules("diff", RULES), findings)
@@ -512,6 +517,29 @@ def _positions_evidence(worst: RequestResult, tap: str | None, local: bool, posi
         rel_l2=tuple(float(y) for y in ys), bin_edges=tuple([start for start, _ in bins] + ([count] if bins else [])),
         outside_fraction=tuple(outside), length=worst.length,
     )
+
+
+def _onsets(baseline: CaptureReader, candidate: CaptureReader, results: Sequence[RequestResult],
+            worst: RequestResult, first: TapResult | None, worst_onset: int) -> tuple[tuple[str, int, int], ...]:
+    """``(request, length, first failing position)`` of each failing request at the tap the error
+    is first seen in (the worst request's from its profile): whether the onset sits at a fixed
+    position or moves with the length."""
+    if first is None:
+        return ()
+    found: list[tuple[str, int, int]] = []
+    for result in results:
+        if not result.failed or result.length is None:
+            continue
+        if result.id == worst.id:
+            found.append((result.id, result.length, worst_onset))
+            continue
+        tap = next((t for t in result.taps if t.tap.name == first.tap.name), None)
+        if tap is None or not tap.failed:
+            continue
+        errors = _tap_positions(baseline, candidate, tap, result.length)
+        if errors is not None and errors.first_failing is not None:
+            found.append((result.id, result.length, errors.first_failing))
+    return tuple(found)
 
 
 def _signature(localized: LocalError | None, first: TapResult | None, baseline: CaptureReader,

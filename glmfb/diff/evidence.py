@@ -166,6 +166,13 @@ class ErrorShape(Evidence):
     position_fit: Fit | None = None  # error against position within the worst request, from the onset on
 
 
+@dataclass(frozen=True, kw_only=True)
+class OnsetRow(Record):
+    request: str
+    length: int
+    onset: int
+
+
 @evidence_kind
 @dataclass(frozen=True, kw_only=True)
 class PositionProfile(Evidence):
@@ -185,6 +192,7 @@ class PositionProfile(Evidence):
     predicted_before: float | None = None  # the fitted growth's error at onset - 1
     rise: float | None = None  # median error of the later half of the positions over the first bin's
     rank_correlation: float | None = None  # Spearman's rank correlation of error and position
+    onsets: tuple[OnsetRow, ...] = ()  # the onset in each failing request (at the first divergent tap)
 
 
 @evidence_kind

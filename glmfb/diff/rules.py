@@ -65,6 +65,7 @@ class DiffFindings:
     length_fit: GrowthFit | None = None  # output error against request length (three lengths or more)
     profile: PositionShape | None = None  # error along the worst request's positions where it starts
     profile_tap: str | None = None
+    onsets: tuple[tuple[int, int], ...] = ()  # (length, onset) of each failing request, when the error steps
     rounding: RoundingTest | None = None
     bias: BiasTest | None = None
     tree: TreeDifferences | None = None
@@ -121,6 +122,8 @@ def _where(f: DiffFindings) -> str:
         return f"module {f.module} (its own error, measured on the baseline's inputs)"
     if f.module is not None:
         return f"module {_module_text(f.module)}"
+    if f.tap is not None and (f.tap == "output" or f.tap.startswith("output[")):
+        return f"the final outputs ({f.tap}; no module tap shows it earlier)"
     return f"tap {f.tap}" if f.tap else "the outputs"
 
 
@@ -236,6 +239,22 @@ def _nonfinite(f: DiffFindings) -> Explained:
     ]
 
 
+def _onsets_phrase(f: DiffFindings) -> str:
+    """Whether the onset sits at one position in every request (a window, a mask, a table row)
+    or at the same fraction of each (a boundary that moves with the length: segments, shards)."""
+    by_length = sorted(set(f.onsets))
+    if len({length for length, _ in by_length}) < 2:
+        return ""
+    listing = ", ".join(f"{onset} of {length}" for length, onset in by_length)
+    if len({onset for _, onset in by_length}) == 1:
+        return f" It starts at the same position in every failing request ({listing} positions): a fixed position."
+    fractions = [onset / length for length, onset in by_length]
+    if max(fractions) - min(fractions) <= 1.0 / min(length for length, _ in by_length):
+        return (f" It starts at the same fraction of every failing request ({listing} positions, "
+                f"{fractions[0]:.3g} of the length): a boundary that moves with the length (segments or shards).")
+    return f" Its onset differs between requests ({listing} positions)."
+
+
 def _onset(f: DiffFindings) -> Explained:
     p = f.profile
     assert p is not None
@@ -243,12 +262,15 @@ def _onset(f: DiffFindings) -> Explained:
     why = (f"Zero error up to position {p.onset - 1}, large from position {p.onset} on: "
            f"{100 * p.failing_after:.0f}% of the {after} positions from there fail (median relative error "
            f"{p.after_median:.2g}, at most {p.before_max:.2g} before), a step at position {p.onset} rather than "
-           f"a growth; {_location(f)}. A mask, a window or a table indexed by position changes there.")
+           f"a growth; {_location(f)}.")
+    why += _onsets_phrase(f)
+    if f.length_fit is not None and f.length_fit.growing:
+        why += f" Across requests the error also grows with context length ({_fit_text(f.length_fit, 'length')} tokens)."
     where = _module_text(f.module) if f.module is not None else (f.tap or "the outputs")
     return why + _suffix(f), [
         *_counterfactual_steps(f),
-        f"read what {where} does at position {p.onset} (an attention mask or window, a table indexed by "
-        "position, a chunk or segment boundary)",
+        f"read what {where} does at position {p.onset}: what changes there (an attention mask or window, a table "
+        "indexed by position, a chunk or segment boundary)",
         *_rerun(f),
     ]
 
@@ -359,6 +381,9 @@ def _systematic(f: DiffFindings) -> Explained:
         why += (f", and no rounding of the baseline to a narrower format reproduces it (closest: size "
                 f"{r.best.size_ratio:.2g}x the observed error, correlation {r.best.correlation:.2f})")
     why += ": a changed constant (an epsilon, a scale, an offset) rather than lost bits."
+    entry = _entry_phrase(f)
+    if entry:
+        why += f" {entry[0].upper()}{entry[1:]}."
     place = f.module or f.tap or "the module"
     return why + _suffix(f), [
         *_counterfactual_steps(f),
