@@ -97,6 +97,9 @@ CASES: list[tuple[str, DiffFindings, str, Status, list[str], str | None]] = [
     ("growth along the sequence", failing(module="model.rotary_emb", profile=ROTARY, position=1, request="s64",
                                           rounding=rounding(None)),
      "growing-along-sequence", Status.FAIL, ["along the sequence", "position 1", "model.rotary_emb"], FORMATS),
+    ("growth along one request, TF32 reproduced", failing(module="layers.0.scan", profile=ROTARY, request="s256",
+                                                          rounding=rounding("tf32", equally=("fp16",))),
+     "growing-along-sequence", Status.FAIL, ["along the sequence", "TF32 operands", "accumulates"], None),
     ("bf16 reproduced", failing(module="m.o_proj", rounding=rounding("bf16")), "precision-rounding", Status.FAIL,
      ["bfloat16", "reproduces", "m.o_proj"], r"fp16|(?<!b)float16|tf32"),
     ("fp16 and TF32 tie, the module holds float16", failing(
@@ -132,6 +135,13 @@ def test_rule_table(label: str, findings: DiffFindings, rule: str, status: Statu
             assert not re.search(never, text, re.IGNORECASE), text
     assert outcome.record.rule == rule
     assert outcome.record.checked == tuple(r.name for r in RULES[: [r.name for r in RULES].index(rule)])
+
+
+def test_a_tf32_growth_points_at_tf32x3() -> None:
+    outcome = diagnose(RULES, failing(module="layers.0.scan", profile=ROTARY, rounding=rounding("tf32")))
+    assert any("tf32x3" in step for step in outcome.diagnosis.next)
+    plain = diagnose(RULES, failing(module="model.rotary_emb", profile=ROTARY, rounding=rounding(None)))
+    assert not any("tf32" in step.lower() for step in plain.diagnosis.next)
 
 
 def test_a_precision_claim_needs_the_rounding_test_not_one_ratio() -> None:

@@ -345,7 +345,7 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
                 failing_after=profile.failing_after, before_max_rel_l2=profile.before_max,
                 after_median_rel_l2=profile.after_median, step=profile.step, growing=profile.growing,
                 predicted_before=profile.predicted_before, rise=profile.rise,
-                rank_correlation=profile.rank_correlation,
+                rank_correlation=profile.rank_correlation, growth_from=profile.start,
                 onsets=tuple(OnsetRow(request=r, length=n, onset=o) for r, n, o in onsets),
             ))
 

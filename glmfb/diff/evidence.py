@@ -193,6 +193,7 @@ class PositionProfile(Evidence):
     rise: float | None = None  # median error of the later half of the positions over the first bin's
     rank_correlation: float | None = None  # Spearman's rank correlation of error and position
     onsets: tuple[OnsetRow, ...] = ()  # the onset in each failing request (at the first divergent tap)
+    growth_from: int | None = None  # the first position the growth along the sequence is fitted from
 
 
 @evidence_kind

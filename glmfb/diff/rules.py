@@ -324,9 +324,13 @@ def _growing_with_length(f: DiffFindings) -> Explained:
 def _growing_along_sequence(f: DiffFindings) -> Explained:
     p = f.profile
     assert p is not None and p.fit is not None
-    why = (f"Within request {f.request}, the error grows along the sequence from position {p.onset} on "
-           f"({_rise_text(p)}); {_location(f)}{_rounding_clause(f)}: a quantity that depends on "
-           "the position drifts further at every step (rotary angles, a decay gate, a recurrent state).")
+    why = (f"Within request {f.request}, the error grows along the sequence from position {p.start} on "
+           f"({_rise_text(p)}); {_location(f)}{_rounding_clause(f)}")
+    if f.rounding is not None and f.rounding.reproduced:
+        why += f", so {_meaning(f.rounding)}, and the rounding accumulates from position to position."
+    else:
+        why += (": a quantity that depends on the position drifts further at every step (rotary angles, a decay "
+                "gate, a recurrent state).")
     place = f.module if f.module is not None else (f.tap or "the outputs")
     return why + _suffix(f), _growth_steps(
         f, f"compare what {_module_text(place)} computes from the position (rotary angles, decay gates, a "

@@ -171,10 +171,11 @@ class PositionShape:
     failing_after: float
     before_max: float
     after_median: float
-    fit: GrowthFit | None  # error against position from max(onset, 1) on
+    fit: GrowthFit | None  # error against position from the first position with any error (at least 1) on
     predicted_before: float | None  # the fit's error at onset - 1 (None: no fit, or onset 0)
     rise: float = 1.0  # median error of the later half of the bins over the first bin's
     rank_correlation: float = 0.0  # Spearman's rank correlation of error and position (the bins)
+    start: int = 1  # the first position the growth is fitted from (the first with any error, at least 1)
 
     @property
     def rises(self) -> bool:
@@ -210,7 +211,10 @@ def position_profile(rel_l2: Sequence[float], outside: Sequence[int]) -> Positio
     after = [e for e in rel_l2[onset:] if math.isfinite(e)]
     before = [e for e in rel_l2[:onset] if math.isfinite(e)]
     failing_after = sum(1 for count in outside[onset:] if count > 0) / max(1, positions - onset)
-    xs, ys = binned_from(rel_l2, onset)
+    # the growth is fitted from the first position with any error (within tolerance or not): an
+    # error that accumulates from the start crosses the tolerance late, a step starts at its onset
+    start = next((i for i, e in enumerate(rel_l2[:onset + 1]) if math.isfinite(e) and e > 0), onset)
+    xs, ys = binned_from(rel_l2, start)
     fit = growth_fit(xs, ys, "positions")
     predicted = fit.predict(onset - 1) if fit is not None and onset >= 1 else None
     after_sorted = sorted(after)
@@ -219,7 +223,7 @@ def position_profile(rel_l2: Sequence[float], outside: Sequence[int]) -> Positio
     return PositionShape(
         onset=onset, positions=positions, failing_after=failing_after, before_max=max(before, default=0.0),
         after_median=after_sorted[len(after_sorted) // 2] if after_sorted else 0.0, fit=fit,
-        predicted_before=predicted, rise=rise, rank_correlation=rank_correlation(ys),
+        predicted_before=predicted, rise=rise, rank_correlation=rank_correlation(ys), start=max(start, 1),
     )
 
 
