@@ -179,14 +179,17 @@ def _tree_phrase(f: DiffFindings) -> str:
         return ""
     parts = []
     if tree.baseline_only or tree.candidate_only:
+        examples = [*tree.baseline_only[:2], *tree.candidate_only[:2]][:2]
         parts.append(f"{len(tree.baseline_only)} taps are in the baseline only and {len(tree.candidate_only)} in the "
-                     "candidate only (not compared, listed in evidence)")
+                     f"candidate only (not compared, listed in evidence; e.g. {', '.join(examples)})")
     if tree.shapes:
         parts.append(f"{len(tree.shapes)} shared taps differ in shape (not compared)")
     if tree.dtypes:
         name, b, c = tree.dtypes[0]
         parts.append(f"{len(tree.dtypes)} shared taps differ in dtype and were compared in a common one "
                      f"({name}: {b} in the baseline, {c} in the candidate)")
+    if tree.order_differs:
+        parts.append("the shared taps run in another order in the candidate (compared by name)")
     return (f" The two paths' module trees differ: glmfb compared the {tree.shared} taps both sides share; "
             + "; ".join(parts) + ".")
 
