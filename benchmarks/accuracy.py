@@ -50,9 +50,8 @@ RULES: dict[str, tuple[str, ...]] = {
 TAG_KEYS = frozenset({"rule", "why", "why-not", "minimal-length"})
 TAG = re.compile(r"^\[([^\]]*)\]")
 # glmfb's rule names (today's) that name one of the corpus's classes: read as that class.
-# diff's "growing" and "growing-tf32" split by the basis of their fit (see _diff_growth).
 RENAMED: dict[str, dict[str, str]] = {
-    "diff": {"bf16-rounding": "precision-rounding", "fp16-rounding": "precision-rounding"},
+    "diff": {},
     "bench": {},
     "gil": {},
     "gap": {"within-threshold": "pass", "gil-holder": "gil-starved-sender",
@@ -168,7 +167,7 @@ def fired_rule(verdict: Mapping[str, Any]) -> tuple[str | None, str]:
     diagnosis = _evidence(verdict, "diagnosis")
     if diagnosis is not None and diagnosis.get("rule"):
         raw = str(diagnosis["rule"])
-        rule = _diff_growth(verdict, raw) if kind == "diff" else RENAMED.get(kind, {}).get(raw, raw)
+        rule = RENAMED.get(kind, {}).get(raw, raw)
         return rule, "diagnosis" if rule == raw else f"diagnosis: {raw}"
     if kind == "diff":
         return _diff_rule(verdict)
@@ -179,19 +178,12 @@ def fired_rule(verdict: Mapping[str, Any]) -> tuple[str | None, str]:
     return _gap_rule(verdict)
 
 
-def _diff_growth(verdict: Mapping[str, Any], rule: str) -> str:
-    if rule in ("growing", "growing-tf32"):
-        shape = _evidence(verdict, "error_shape") or {}
-        basis = (shape.get("fit") or {}).get("basis")
-        return "growing-with-length" if basis == "requests" else "growing-along-sequence"
-    return RENAMED["diff"].get(rule, rule)
-
-
 def _diff_rule(verdict: Mapping[str, Any]) -> tuple[str | None, str]:
     recorded = _evidence(verdict, "diagnosis_rule")
     if recorded is None:
         return None, "none"
-    return _diff_growth(verdict, str(recorded.get("rule"))), "diagnosis_rule"
+    rule = str(recorded.get("rule"))
+    return RENAMED["diff"].get(rule, rule), "diagnosis_rule"
 
 
 def _bench_rule(verdict: Mapping[str, Any]) -> tuple[str | None, str]:

@@ -102,6 +102,42 @@ def test_counterfactual_is_drawn_only_when_present() -> None:
     assert "merge_precision=tf32x3 closes the gap" in result.caption
 
 
+def test_error_by_position_reads_zero_based_bins_and_shades_the_failing_ones() -> None:
+    item = {"kind": "error_by_position", "request": "s64", "tap": "model.layers.0.self_attn.o_proj", "local": False,
+            "first_failing_position": 16, "failing_positions": 48, "positions": [8, 24, 40, 56],
+            "rel_l2": [0.0, 1.1, 1.2, 1.3], "bin_edges": [0, 16, 32, 48, 64], "outside_fraction": [0.0, 0.9, 1.0, 1.0],
+            "length": 64}
+    result = drawn("diff-error-by-position", view("diff", [item]))
+    ids = element_ids(result.svg)
+    assert {"outside-tolerance-0", "outside-tolerance-2", "first-failing-position"} <= ids
+    assert "outside-tolerance-3" not in ids  # one shaded span per failing bin: bins 1, 2, 3
+    assert "(64 positions)" in result.caption and "Shaded: bins with elements outside tolerance." in result.caption
+
+
+def test_error_growth_uses_the_evidences_intercept() -> None:
+    fit = dict(SHAPE["fit"], loglog_intercept=-9.0)
+    result = drawn("diff-error-growth", view("diff", [REQUESTS, dict(SHAPE, fit=fit)]))
+    assert "growth-fit" in element_ids(result.svg)
+
+
+def test_module_errors_show_the_error_measured_at_the_inputs() -> None:
+    rows = [dict(LOCAL["rows"][0], inherited_rel_l2=0.0), dict(LOCAL["rows"][1], inherited_rel_l2=9e-3)]
+    result = drawn("diff-module-errors", view("diff", [dict(LOCAL, rows=rows)], where={"module": "layers.0.scan"}))
+    assert {"inherited-layers-0-out", "own-layers-0-scan"} <= element_ids(result.svg)
+    assert "grey bar is the error measured at the module's inputs" in result.caption
+
+
+def test_counterfactual_values_not_tried_are_named_not_drawn() -> None:
+    evidence = {"kind": "counterfactual", "knob": "tf32", "candidate_value": True, "candidate_rel_l2": 1.5e-2,
+                "closes": False,
+                "results": [{"value": False, "rel_l2": 0.0, "failed": False, "lengths": [64, 128], "errors": [0.0, 0.0],
+                             "tried": True},
+                            {"value": "x", "rel_l2": None, "failed": None, "tried": False, "note": "no CUDA device"}]}
+    result = drawn("diff-counterfactual", view("diff", [evidence]))
+    assert "counterfactual-false" in element_ids(result.svg)
+    assert "tf32=false closes the gap" in result.caption and "Not tried: x (no CUDA device)." in result.caption
+
+
 # --------------------------------------------------------------------------------------------
 # bench
 # --------------------------------------------------------------------------------------------

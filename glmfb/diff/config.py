@@ -58,6 +58,18 @@ def parse_per_tap(raw: Any) -> PerTap:
     return tuple(parsed)
 
 
+def _parse_knobs(raw: Any) -> Any:
+    from glmfb.diff.counterfactual import parse_counterfactuals
+
+    return parse_counterfactuals(raw)
+
+
+COUNTERFACTUALS = ValueType(
+    "counterfactual", "KNOB=V1,V2", str, lambda v: "none" if not v else ", ".join(k for k, _ in v),
+    {"type": ["object", "array"],
+     "description": "knob -> [values] (an argument of the candidate's factory, or torch.float32_matmul_precision, "
+                    "torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32), or 'KNOB=V1,V2' strings"},
+    repeatable=True, parse_all=_parse_knobs, check=_parse_knobs)
 PER_TAP = ValueType("tolerance", "GLOB=RTOL,ATOL", str, lambda v: "none" if not v else str(len(v)),
                     {"type": ["object", "array"], "description": "glob -> {rtol, atol}, or 'GLOB=RTOL,ATOL' strings"},
                     repeatable=True, parse_all=parse_per_tap)
@@ -84,6 +96,12 @@ class DiffConfig:
     localize: bool = option(True, BOOL, "Measure each suspect module's own error on the baseline's inputs.")
     minimize: bool = option(True, BOOL, "Search the shortest failing prefix of the worst request.")
     max_suspects: int = option(16, POSITIVE_INT, "Most modules whose local error is measured.")
+    counterfactuals: tuple[tuple[str, tuple[Any, ...]], ...] = option(
+        (), COUNTERFACTUALS, "On a failing diff, rerun the candidate with each value of a knob (an argument of its "
+        "factory, or one of torch's precision switches) and report which closes the gap. Repeatable.",
+        flag="--counterfactual")
+    keep_captures: bool = option(False, BOOL, "Keep a live diff's captures of every request (default: only of "
+                                 "failing requests).")
     max_elements: int = option(DEFAULT_MAX_ELEMENTS, POSITIVE_INT,
                                "Largest request (tokens, or tensor elements) read before allocating it.")
     baseline_nproc: int = option(0, NONNEGATIVE_INT, "Run a target baseline on N torch.distributed ranks "

@@ -10,34 +10,60 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from glmfb.diff.capture import OUTPUT, LoadedSide, load_side, run_requests
-from glmfb.diff.compare import RequestResult, TapResult, compare_captures
+from glmfb.diff.compare import RequestResult, TapResult, compare_and_match
+from glmfb.diff.compare import TreeDifferences as TreeDifferencesFound
 from glmfb.diff.config import CaptureConfig, DiffConfig
+from glmfb.diff.counterfactual import (
+    KnobResult,
+    builtin_value,
+    factory_default,
+    is_builtin,
+    not_honoured,
+    switched,
+    try_knob,
+)
 from glmfb.diff.evidence import (
+    Bias,
+    Counterfactual,
+    CounterfactualRun,
+    DtypeDifference,
+    EntryStepRow,
     ErrorByPosition,
+    ErrorEntry,
     ErrorShape,
     Fit,
+    InputDifferenceRow,
     LocalErrors,
     LocalRow,
     MinimalReproducer,
+    MinimizerNote,
     ModuleRow,
     Modules,
+    OnsetRow,
+    PositionProfile,
     PrecisionSignatureEvidence,
     RankErrors,
     RankSliceRow,
     RequestRow,
     Requests,
+    RoundingTrial,
+    ShapeDifference,
     TapTolerance,
     Tokens,
     TolerancesUsed,
+    TreeDifferences,
     Tried,
 )
-from glmfb.diff.localize import LocalError, local_errors
+from glmfb.diff.evidence import RoundingTest as RoundingTestEvidence
+from glmfb.diff.localize import ErrorEntry as ErrorEntryFound
+from glmfb.diff.localize import LocalError, Localization, error_entry, local_errors
 from glmfb.diff.metrics import (
     PairComparer,
     PositionErrors,
@@ -49,8 +75,10 @@ from glmfb.diff.metrics import (
     token_metrics,
     typical_relative_error,
 )
-from glmfb.diff.minimize import MinimalPrefix, shortest_failing_prefix
+from glmfb.diff.minimize import Minimized, shortest_failing_prefix
 from glmfb.diff.requests import Request, read_requests, write_requests
+from glmfb.diff.rounding import BiasTest, bias_test, rounding_test
+from glmfb.diff.rounding import RoundingTest as RoundingFound
 from glmfb.diff.rules import RULES, DiffFindings
 from glmfb.diff.shape import (
     GrowthFit,
@@ -58,10 +86,12 @@ from glmfb.diff.shape import (
     classify,
     growth_fit,
     is_spike,
+    position_bins,
     position_curve,
+    position_profile,
     precision_signature,
 )
-from glmfb.diff.store import MANIFEST, CaptureReader, CaptureWriter, Manifest, TapRecord
+from glmfb.diff.store import MANIFEST, CaptureReader, CaptureWriter, Manifest
 from glmfb.env import differences, fingerprint, git_revision
 from glmfb.errors import UsageError
 from glmfb.evidence import EnvDifferences, Evidence
@@ -189,6 +219,36 @@ class _Live:
     requests: dict[str, Request]
 
 
+@dataclass
+class _Run:
+    """What one diff has at hand: the config, the context, the requests (live), the sides it
+    built and the capture folders it made (pruned at the end unless --keep-captures)."""
+
+    config: DiffConfig
+    ctx: ProbeContext
+    requests: list[Request]
+    made: list[Path]
+    candidate_side: LoadedSide | None = None
+
+
+def capture_target(config: DiffConfig, ref: str, args: Mapping[str, Any], label: str, requests: Sequence[Request],
+                   out: Path, progress: Progress | None) -> LoadedSide | None:
+    """Build a target side and capture it over the requests into ``out`` (replaced whole).
+    Every capture of a target a diff makes goes through here (the two sides and the
+    counterfactual reruns). A side on torch.distributed ranks (``*_nproc``) is captured there
+    and unsharded; it has no side in this process (None): it is compared capture against
+    capture."""
+    nproc = config.baseline_nproc if label == "baseline" else config.candidate_nproc
+    if nproc > 0:
+        assert config.requests is not None
+        capture_on_ranks(ref, dict(args), config.base_dir, config.requests, out, config.taps, nproc,
+                         config.rank_timeout_s, progress, force=True)
+        return None
+    side = load_side(Target(ref, dict(args), config.base_dir), label)
+    capture(side, requests, out, config.taps, progress, f"{label} ", force=True)
+    return side
+
+
 def _run_diff(config: DiffConfig, env: Mapping[str, Any], ctx: ProbeContext) -> Verdict:
     import torch
 
@@ -197,10 +257,11 @@ def _run_diff(config: DiffConfig, env: Mapping[str, Any], ctx: ProbeContext) -> 
     report_dir.mkdir(parents=True, exist_ok=True)
     dirs = [_capture_dir(ref, config.base_dir) for ref in (config.baseline, config.candidate)]
     live: _Live | None = None
+    run = _Run(config, ctx, [], [])
     if None in dirs:
         if config.requests is None:
             raise UsageError("a target side needs --requests FILE", "or give two capture directories")
-        requests = read_requests(config.requests, config.max_elements)
+        run.requests = read_requests(config.requests, config.max_elements)
         sides: list[LoadedSide] = []
         for index, (ref, args, label) in enumerate(
             ((config.baseline, config.baseline_args, "baseline"), (config.candidate, config.candidate_args, "candidate"))
@@ -208,26 +269,48 @@ def _run_diff(config: DiffConfig, env: Mapping[str, Any], ctx: ProbeContext) -> 
             if dirs[index] is not None:
                 continue
             out = report_dir / "captures" / label
-            nproc = config.baseline_nproc if label == "baseline" else config.candidate_nproc
-            if nproc > 0:  # on torch.distributed ranks: captured there, unsharded, compared as a capture
-                assert config.requests is not None
-                capture_on_ranks(ref, dict(args), config.base_dir, config.requests, out, config.taps, nproc,
-                                 config.rank_timeout_s, progress, force=True)
-                dirs[index] = out
-                continue
-            side = load_side(Target(ref, dict(args), config.base_dir), label)
-            capture(side, requests, out, config.taps, progress, f"{label} ", force=True)
+            side = capture_target(config, ref, args, label, run.requests, out, progress)
+            run.made.append(out)
             dirs[index] = out
+            if side is None:  # captured on ranks: compared capture against capture
+                continue
             sides.append(side)
+            if label == "candidate":
+                run.candidate_side = side
         if len(sides) == 2:
-            live = _Live(sides[0], sides[1], {r.id: r for r in requests})
+            live = _Live(sides[0], sides[1], {r.id: r for r in run.requests})
     readers = [CaptureReader(d) for d in dirs if d is not None]
     for reader in readers:  # --tap narrows captures made with more taps
         reader.select(config.taps, keep=OUTPUT)
     baseline, candidate = readers
     with PairComparer(config.chunk_elements) as comparer, torch.no_grad():
-        results = compare_captures(baseline, candidate, config.tolerances, comparer, progress)
-        return _analyse(config, ctx, env, baseline, candidate, results, live, comparer)
+        results, tree = compare_and_match(baseline, candidate, config.tolerances, comparer, progress)
+        verdict = _analyse(run, env, baseline, candidate, results, tree, live, comparer)
+    if not config.keep_captures:
+        failing = {r.id for r in results if r.failed}
+        for folder in run.made:
+            prune_capture(folder, failing)
+    return verdict
+
+
+def prune_capture(directory: Path, keep: set[str]) -> None:
+    """Keep only the requests ``keep`` of a capture this diff made (none: the folder goes)."""
+    import shutil
+
+    from glmfb.io import write_json_atomic
+
+    if not keep:
+        shutil.rmtree(directory, ignore_errors=True)
+        return
+    manifest = CaptureReader(directory).manifest
+    dropped = [r for r in manifest.requests if r.id not in keep]
+    if not dropped:
+        return
+    kept = replace(manifest, requests=tuple(r for r in manifest.requests if r.id in keep))
+    write_json_atomic(directory / MANIFEST, kept.to_dict())
+    for request in dropped:
+        for folder in {Path(t.file).parts[0] for t in request.taps if len(Path(t.file).parts) > 1}:
+            shutil.rmtree(directory / folder, ignore_errors=True)
 
 
 def _worst(results: Sequence[RequestResult]) -> RequestResult:
@@ -245,9 +328,10 @@ def _module_label(tap: TapResult, request: RequestResult) -> str:
     return f"{tap.tap.module}#{tap.tap.call}" if _calls(request, tap.tap.module) > 1 else tap.tap.module
 
 
-def _analyse(config: DiffConfig, ctx: ProbeContext, env: Mapping[str, Any], baseline: CaptureReader,
-             candidate: CaptureReader, results: Sequence[RequestResult], live: _Live | None,
+def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candidate: CaptureReader,
+             results: Sequence[RequestResult], tree: TreeDifferencesFound, live: _Live | None,
              comparer: PairComparer) -> Verdict:
+    config, ctx = run.config, run.ctx
     progress = ctx.progress
     failed = any(r.failed for r in results)
     worst = _worst(results)
@@ -258,60 +342,103 @@ def _analyse(config: DiffConfig, ctx: ProbeContext, env: Mapping[str, Any], base
     _write_module_csv(csv_path, worst)
     artifacts["modules_csv"] = str(csv_path)
     evidence.append(_modules_table(worst, csv_path))
+    if tree.any:
+        evidence.append(_tree_evidence(tree))
 
-    local: list[LocalError] = []
+    localization: Localization | None = None
     localized: LocalError | None = None
-    if failed and live is not None and config.localize and live.baseline.kind == "module" and live.candidate.kind == "module":
-        local = _localize(config, live, worst, comparer, progress)
-        localized = next((entry for entry in local if entry.failed), None)
+    modules_live = live is not None and live.baseline.kind == "module" and live.candidate.kind == "module"
+    if failed and live is not None and config.localize and modules_live:
+        localization = _localize(config, live, worst, comparer, progress)
+        localized = next((entry for entry in localization.errors if entry.failed), None)
         evidence.append(LocalErrors(
-            request=worst.id, note="each module run on the baseline's inputs; local = the error it adds by itself",
-            rows=tuple(_local_row(entry, worst) for entry in local),
+            request=worst.id, note="each module run on the baseline's inputs; local = the error it adds by itself, "
+                                   "inherited = the error at its inputs",
+            rows=tuple(_local_row(entry, worst) for entry in localization.errors),
         ))
+    local = localization.errors if localization is not None else ()
+
+    entry: ErrorEntryFound | None = None
+    if (live is not None and localization is not None and localized is None and first is not None
+            and not first.is_output):
+        if progress is not None:
+            progress(f"looking for the parent whose forward makes the difference at {first.tap.module}")
+        entry = error_entry(live.baseline, live.candidate, live.requests[worst.id], first.tap.module, first.tap.call,
+                            config.tolerances)
+        evidence.append(_entry_evidence(worst.id, first.tap.module, entry))
 
     module: str | None = None
-    tap_for_positions: TapResult | None = first
     if localized is not None:
         module = localized.module if _calls(worst, localized.module) == 1 else f"{localized.module}#{localized.call}"
+    elif entry is not None and entry.module:  # the top level has no path: the first module that shows it then
+        module = entry.module
     elif first is not None and not first.is_output:
         module = _module_label(first, worst)
 
     positions: PositionErrors | None = localized.positions if localized is not None else None
     positions_tap = localized.tap if localized is not None else None
-    if positions is None and tap_for_positions is not None:
-        positions = _tap_positions(baseline, candidate, tap_for_positions, worst.length)
-        positions_tap = tap_for_positions.tap.name
+    if positions is None and first is not None:
+        positions = _tap_positions(baseline, candidate, first, worst.length)
+        positions_tap = first.tap.name
     position = positions.first_failing if positions is not None else None
+    profile = position_profile(list(positions.rel_l2), list(positions.outside)) if positions is not None else None
+    onsets: tuple[tuple[str, int, int], ...] = ()
     if positions is not None:
-        xs, ys = position_curve(list(positions.rel_l2))
-        evidence.append(ErrorByPosition(
-            request=worst.id, tap=positions_tap, local=localized is not None, first_failing_position=position,
-            failing_positions=int((positions.outside > 0).sum()), positions=tuple(int(x) for x in xs),
-            rel_l2=tuple(float(y) for y in ys),
-        ))
+        evidence.append(_positions_evidence(worst, positions_tap, localized is not None, positions))
+        if profile is not None:
+            onsets = _onsets(baseline, candidate, results, worst, first, profile.onset) if profile.step else ()
+            evidence.append(PositionProfile(
+                request=worst.id, tap=positions_tap, onset=profile.onset, positions=profile.positions,
+                failing_after=profile.failing_after, before_max_rel_l2=profile.before_max,
+                after_median_rel_l2=profile.after_median, step=profile.step, growing=profile.growing,
+                predicted_before=profile.predicted_before, rise=profile.rise,
+                rank_correlation=profile.rank_correlation, growth_from=profile.start,
+                onsets=tuple(OnsetRow(request=r, length=n, onset=o) for r, n, o in onsets),
+            ))
 
     nonfinite = next((t for r in results for t in r.taps if t.metrics.nonfinite_mismatch), None)
-    fit = growth_fit([r.length or 0 for r in results], [r.output_error for r in results], "requests")
+    length_fit = growth_fit([r.length or 0 for r in results], [r.output_error for r in results], "requests")
+    fit = length_fit
     if fit is None and positions is not None:
         fit = growth_fit(*position_curve(list(positions.rel_l2)), "positions")
     spike = positions is not None and is_spike(list(positions.rel_l2), int((positions.outside > 0).sum()))
     any_error = any(t.metrics.max_abs > 0 for r in results for t in r.taps)
     shape = classify(fit, nonfinite=nonfinite is not None, spike=spike, any_error=any_error)
-    evidence.append(ErrorShape(shape=shape.value, fit=_fit(fit),
+    evidence.append(ErrorShape(shape=shape.value, fit=_fit(fit), position_fit=_fit(profile.fit if profile else None),
                                measure="relative L2 error of the final outputs per request"))
 
     signature = _signature(localized, first, baseline, candidate, worst.length) if failed else None
     if signature is not None:
         evidence.append(PrecisionSignatureEvidence(**signature.to_dict()))
 
+    rounding: RoundingFound | None = None
+    bias: BiasTest | None = None
+    if failed and nonfinite is None:
+        if progress is not None:
+            progress("testing whether rounding the baseline reproduces the error")
+        rounding, bias = _precision_tests(localization, first, baseline, candidate, worst)
+        if rounding is not None:
+            evidence.append(_rounding_evidence(rounding))
+        if bias is not None:
+            evidence.append(Bias(subject=bias.subject, explained=bias.explained, mean_scale=bias.mean_scale,
+                                 mean_shift=bias.mean_shift, rows=bias.rows, row_width=bias.row_width,
+                                 systematic=bias.systematic))
+
     tokens = _tokens(baseline, candidate, worst)
     if tokens is not None:
         row = tokens[1].to_row()
         evidence.append(Tokens(request=worst.id, tap=tokens[0], **row))
 
+    knobs: list[KnobResult] = []
+    if failed and config.counterfactuals:
+        knobs = _counterfactuals(run, baseline, results, comparer)
+        evidence.extend(_counterfactual_evidence(knob) for knob in knobs)
+
     rerun: str | None = None
+    minimize_note: str | None = None
     if failed and live is not None and config.minimize:
-        minimal = _minimize(config, live, worst, comparer, progress)
+        minimized = _minimize(config, live, worst, comparer, progress)
+        minimal = minimized.prefix
         if minimal is not None:
             path = ctx.artifact(f"minimal-{_safe(worst.id)}.jsonl")
             write_requests(path, [minimal.request])
@@ -321,6 +448,10 @@ def _analyse(config: DiffConfig, ctx: ProbeContext, env: Mapping[str, Any], base
                 request=worst.id, length=minimal.length, original_length=minimal.original_length, file=str(path),
                 tried=tuple(Tried(length=n, failed=f) for n, f in minimal.tried), command=rerun,
             ))
+        elif minimized.note is not None:
+            minimize_note = minimized.note
+            evidence.append(MinimizerNote(request=worst.id, note=minimized.note,
+                                          tried=tuple(Tried(length=n, failed=f) for n, f in minimized.tried)))
 
     rank_record = _rank_errors(baseline, candidate, worst, first) if failed and first is not None else None
     if rank_record is not None:
@@ -345,13 +476,17 @@ def _analyse(config: DiffConfig, ctx: ProbeContext, env: Mapping[str, Any], base
         dtype=first.tap.dtype if first else None, tokens=tokens[1] if tokens else None,
         nonfinite_tap=nonfinite.tap.name if nonfinite else None,
         output_rel_l2=max(r.output_error for r in results), rerun=rerun,
+        length_fit=length_fit if length_fit is not None and _spans(length_fit) else None,
+        profile=profile, profile_tap=positions_tap, onsets=tuple((n, o) for _, n, o in onsets),
+        rounding=rounding, bias=bias, tree=tree, entry=entry,
+        counterfactuals=tuple(knobs), minimize_note=minimize_note,
     )
     outcome = diagnose(ctx.rules("diff", RULES), findings)
     evidence.append(outcome.record)
     where: dict[str, Any] = {}
     if failed:
         where["request"] = worst.id
-        if module is not None:
+        if module:
             where["module"] = module
         if position is not None:
             where["position"] = position
@@ -376,9 +511,7 @@ def _rank_errors(baseline: CaptureReader, candidate: CaptureReader, request: Req
         return None
     from glmfb.diff.distributed import tap_rank_errors
 
-    base_tap = next((t for r in baseline.requests if r.id == request.id for t in r.taps if t.name == tap.tap.name),
-                    tap.tap)
-    cand_tap = _other(candidate, tap)
+    base_tap, cand_tap = tap.tap, tap.other
     slices = tap_rank_errors(baseline, candidate, base_tap, cand_tap,
                              Tolerance(tap.metrics.rtol, tap.metrics.atol))
     if not slices:
@@ -390,6 +523,12 @@ def _rank_errors(baseline: CaptureReader, candidate: CaptureReader, request: Req
         order=str(layout.get("order", "contiguous")),
         slices=tuple(RankSliceRow(**sl.to_dict()) for sl in slices), first_failing_rank=first_rank,
     )
+
+
+def _spans(fit: GrowthFit) -> bool:
+    """A growth across requests needs lengths that span at least 4x (a fit over 16, 32 and 64
+    tokens may; over 60, 62 and 64 it says nothing)."""
+    return min(fit.lengths) > 0 and max(fit.lengths) / min(fit.lengths) >= 4.0
 
 
 def _fit(fit: GrowthFit | None) -> Fit | None:
@@ -414,7 +553,7 @@ def _calls(request: RequestResult, module: str) -> int:
 
 
 def _localize(config: DiffConfig, live: _Live, worst: RequestResult, comparer: PairComparer,
-              progress: Progress | None) -> list[LocalError]:
+              progress: Progress | None) -> Localization:
     suspects: list[tuple[str, int, int]] = []
     for tap in worst.failing_taps:
         key = (tap.tap.module, tap.tap.call, _calls(worst, tap.tap.module))
@@ -427,7 +566,7 @@ def _localize(config: DiffConfig, live: _Live, worst: RequestResult, comparer: P
 
 
 def _minimize(config: DiffConfig, live: _Live, worst: RequestResult, comparer: PairComparer,
-              progress: Progress | None) -> MinimalPrefix | None:
+              progress: Progress | None) -> Minimized:
     modules = sorted({t.tap.module for t in worst.failing_taps if not t.is_output})
     return shortest_failing_prefix(live.baseline, live.candidate, live.requests[worst.id], modules,
                                    config.tolerances, comparer, progress)
@@ -438,7 +577,43 @@ def _tap_positions(baseline: CaptureReader, candidate: CaptureReader, tap: TapRe
     if dim is None:
         return None
     tolerance = Tolerance(tap.metrics.rtol, tap.metrics.atol)
-    return position_errors(baseline.load(tap.tap), candidate.load(_other(candidate, tap)), dim, tolerance)
+    return position_errors(baseline.load(tap.tap), candidate.load(tap.other), dim, tolerance)
+
+
+def _positions_evidence(worst: RequestResult, tap: str | None, local: bool, positions: PositionErrors) -> ErrorByPosition:
+    count = len(positions.rel_l2)
+    bins = position_bins(count)
+    xs, ys = position_curve(list(positions.rel_l2))
+    outside = [float(positions.outside[start:end].sum()) / max(1, (end - start) * positions.width) for start, end in bins]
+    return ErrorByPosition(
+        request=worst.id, tap=tap, local=local, first_failing_position=positions.first_failing,
+        failing_positions=int((positions.outside > 0).sum()), positions=tuple(int(x) for x in xs),
+        rel_l2=tuple(float(y) for y in ys), bin_edges=tuple([start for start, _ in bins] + ([count] if bins else [])),
+        outside_fraction=tuple(outside), length=worst.length,
+    )
+
+
+def _onsets(baseline: CaptureReader, candidate: CaptureReader, results: Sequence[RequestResult],
+            worst: RequestResult, first: TapResult | None, worst_onset: int) -> tuple[tuple[str, int, int], ...]:
+    """``(request, length, first failing position)`` of each failing request at the tap the error
+    is first seen in (the worst request's from its profile): whether the onset sits at a fixed
+    position or moves with the length."""
+    if first is None:
+        return ()
+    found: list[tuple[str, int, int]] = []
+    for result in results:
+        if not result.failed or result.length is None:
+            continue
+        if result.id == worst.id:
+            found.append((result.id, result.length, worst_onset))
+            continue
+        tap = next((t for t in result.taps if t.tap.name == first.tap.name), None)
+        if tap is None or not tap.failed:
+            continue
+        errors = _tap_positions(baseline, candidate, tap, result.length)
+        if errors is not None and errors.first_failing is not None:
+            found.append((result.id, result.length, errors.first_failing))
+    return tuple(found)
 
 
 def _signature(localized: LocalError | None, first: TapResult | None, baseline: CaptureReader,
@@ -450,16 +625,29 @@ def _signature(localized: LocalError | None, first: TapResult | None, baseline: 
                                    f"local error of {localized.tap}: median element-wise relative error, first positions")
     if first is None:
         return None
-    base, cand = baseline.load(first.tap), candidate.load(_other(candidate, first))
+    base, cand = baseline.load(first.tap), candidate.load(first.other)
     typical = typical_relative_error(base, cand, position_dim(first.tap.shape, length))
     if typical is None:
         return None
     return precision_signature(typical, f"error of {first.tap.name}: median element-wise relative error, first positions")
 
 
-def _other(candidate: CaptureReader, tap: TapResult) -> TapRecord:
-    """The candidate's record of the same tap (captures are checked to match tap for tap)."""
-    return next(t for r in candidate.requests for t in r.taps if t.file == tap.tap.file and t.key == tap.tap.key)
+def _precision_tests(localization: Localization | None, first: TapResult | None, baseline: CaptureReader,
+                     candidate: CaptureReader, worst: RequestResult) -> tuple[RoundingFound | None, BiasTest | None]:
+    """The rounding and bias tests on the error where it starts: the culprit module's own error
+    (rerunning it under each format), else the first divergent tap's error (its output only)."""
+    culprit = localization.culprit if localization is not None else None
+    if culprit is not None:
+        subject = f"own error of {culprit.tap} (the candidate's module on the baseline's inputs)"
+        rounding = rounding_test(culprit.baseline, culprit.candidate, subject, culprit.rerun, culprit.candidate_dtypes)
+        return rounding, bias_test(culprit.baseline, culprit.candidate, culprit.dim, subject)
+    if first is None or not first.tap.dtype.startswith(("float", "bfloat")):
+        return None, None
+    base, cand = baseline.load(first.tap), candidate.load(first.other)
+    subject = f"error of tap {first.tap.name} (captures: its output only can be rounded)"
+    dtypes = [first.other.dtype]
+    dim = position_dim(first.tap.shape, worst.length)
+    return rounding_test(base, cand, subject, None, dtypes), bias_test(base, cand, dim, subject)
 
 
 def _tokens(baseline: CaptureReader, candidate: CaptureReader, request: RequestResult) -> tuple[str, TokenMetrics] | None:
@@ -469,8 +657,107 @@ def _tokens(baseline: CaptureReader, candidate: CaptureReader, request: RequestR
         dim = position_dim(tap.tap.shape, request.length)
         if dim is None or dim == len(tap.tap.shape) - 1:
             continue
-        return tap.tap.name, token_metrics(baseline.load(tap.tap), candidate.load(_other(candidate, tap)), dim)
+        return tap.tap.name, token_metrics(baseline.load(tap.tap), candidate.load(tap.other), dim)
     return None
+
+
+# --------------------------------------------------------------------------------------------
+# Counterfactuals
+# --------------------------------------------------------------------------------------------
+
+
+def _candidate_device(side: LoadedSide | None) -> str:
+    import torch
+
+    if side is not None and side.kind == "module":
+        tensor = next(iter([*side.module.parameters(), *side.module.buffers()]), None)
+        if tensor is not None:
+            return str(tensor.device)
+    return "cuda" if torch.cuda.is_available() and side is not None and side.kind != "module" else "cpu"
+
+
+def _counterfactuals(run: _Run, baseline: CaptureReader, results: Sequence[RequestResult],
+                     comparer: PairComparer) -> list[KnobResult]:
+    """Each declared knob's values, the candidate rebuilt and recaptured with each and compared
+    with the baseline's capture."""
+    import shutil
+
+    config = run.config
+    current_error = max(r.output_error for r in results)
+    knobs: list[KnobResult] = []
+    if run.candidate_side is None:
+        note = "the candidate is a capture directory, so it cannot be rerun with another value"
+        for knob, values in config.counterfactuals:
+            knobs.append(try_knob(knob, values, None, current_error, lambda value: [], note))
+        return knobs
+    factory = run.candidate_side.target.load()
+    device = _candidate_device(run.candidate_side)
+    for number, (knob, values) in enumerate(config.counterfactuals):
+        builtin = is_builtin(knob)
+        current = (builtin_value(knob) if builtin else
+                   config.candidate_args.get(knob, factory_default(factory, knob)))
+        not_tried = not_honoured(knob, device) if builtin else None
+
+        def rerun(value: Any, knob: str = knob, builtin: bool = builtin, number: int = number) -> list[RequestResult]:
+            out = run.ctx.artifact_dir / "captures" / f"counterfactual-{number}-{_safe(str(value))}"
+            args = dict(config.candidate_args) if builtin else {**config.candidate_args, knob: value}
+            if run.ctx.progress is not None:
+                run.ctx.progress(f"counterfactual: the candidate with {knob}={value}")
+            try:
+                with switched(knob, value) if builtin else nullcontext():
+                    capture_target(config, config.candidate, args, "candidate", run.requests, out, run.ctx.progress)
+                reader = CaptureReader(out)
+                reader.select(config.taps, keep=OUTPUT)
+                return compare_and_match(baseline, reader, config.tolerances, comparer)[0]
+            finally:
+                if not config.keep_captures:
+                    shutil.rmtree(out, ignore_errors=True)
+
+        knobs.append(try_knob(knob, values, current, current_error, rerun, not_tried))
+    return knobs
+
+
+def _counterfactual_evidence(knob: KnobResult) -> Counterfactual:
+    return Counterfactual(
+        knob=knob.knob, candidate_value=knob.candidate_value, candidate_rel_l2=knob.candidate_rel_l2,
+        closes=knob.closes, improvement=knob.improvement, note=knob.note or None,
+        results=tuple(CounterfactualRun(value=r.value, rel_l2=r.rel_l2, failed=r.failed, lengths=r.lengths,
+                                        errors=r.errors, tried=r.tried, note=r.note or None) for r in knob.runs),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Evidence of the tests
+# --------------------------------------------------------------------------------------------
+
+
+def _rounding_evidence(test: RoundingFound) -> RoundingTestEvidence:
+    return RoundingTestEvidence(
+        subject=test.subject, observed_rel_l2=test.observed_rel_l2, elements=test.elements,
+        trials=tuple(RoundingTrial(**trial.to_dict()) for trial in test.trials),
+        reproduced_by=test.format, best_variant=test.best.variant if test.best is not None else None,
+        equally=test.equally, dtype_evidence=test.dtype_evidence, live=test.live,
+    )
+
+
+def _tree_evidence(tree: TreeDifferencesFound) -> TreeDifferences:
+    return TreeDifferences(
+        shared_taps=tree.shared, baseline_taps=tree.baseline_taps, candidate_taps=tree.candidate_taps,
+        baseline_only=tree.baseline_only, candidate_only=tree.candidate_only,
+        baseline_only_modules=tree.baseline_only_modules, candidate_only_modules=tree.candidate_only_modules,
+        dtypes=tuple(DtypeDifference(tap=t, baseline=b, candidate=c) for t, b, c in tree.dtypes),
+        shapes=tuple(ShapeDifference(tap=t, baseline=b, candidate=c) for t, b, c in tree.shapes),
+        order_differs=tree.order_differs,
+    )
+
+
+def _entry_evidence(request: str, start: str, entry: ErrorEntryFound) -> ErrorEntry:
+    return ErrorEntry(
+        request=request, start=start, module=entry.module, root_class=entry.root_class or None,
+        steps=tuple(EntryStepRow(module=step.module, compared=step.compared,
+                                 differing=tuple(InputDifferenceRow(name=d.name, detail=d.detail) for d in step.differing))
+                    for step in entry.steps),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -536,7 +823,7 @@ def _write_module_csv(path: Path, request: RequestResult) -> None:
 def _local_row(entry: LocalError, request: RequestResult) -> LocalRow:
     inherited = next((t.metrics for t in request.taps if t.tap.name == entry.tap), None)
     row: dict[str, Any] = {"module": entry.module, "call": entry.call, "tap": entry.tap,
-                           "local_exceeds_tolerance": entry.failed}
+                           "local_exceeds_tolerance": entry.failed, "inherited_rel_l2": entry.inherited_rel_l2}
     if entry.metrics is not None:
         row.update(local_rel_l2=entry.metrics.rel_l2, local_max_abs=entry.metrics.max_abs,
                    local_outside_fraction=entry.metrics.outside_fraction)

@@ -94,6 +94,7 @@ class LocalRow(Record):
     local_outside_fraction: float | None = None
     total_rel_l2: float | None = None
     total_max_abs: float | None = None
+    inherited_rel_l2: float | None = None  # the error at the module's inputs, candidate run against baseline
     note: str | None = None
 
 
@@ -115,7 +116,10 @@ class LocalErrors(Evidence):
 @evidence_kind
 @dataclass(frozen=True, kw_only=True)
 class ErrorByPosition(Evidence):
-    """Relative error per position of one tap (binned for long sequences)."""
+    """Relative error per position of one tap (binned for long sequences). ``positions`` are
+    1-based bin centres (kept for older readers); ``bin_edges`` are 0-based: bin ``i`` holds
+    positions ``bin_edges[i]`` to ``bin_edges[i + 1] - 1``, with ``outside_fraction[i]`` of its
+    elements outside tolerance."""
 
     kind: ClassVar[str] = "error_by_position"
     request: str
@@ -125,6 +129,9 @@ class ErrorByPosition(Evidence):
     rel_l2: tuple[float, ...]
     tap: str | None = None
     first_failing_position: int | None = None
+    bin_edges: tuple[int, ...] = ()
+    outside_fraction: tuple[float, ...] = ()
+    length: int | None = None
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         return {"error_by_position": [{"request": self.request, "tap": self.tap, "position": p, "rel_l2": e}
@@ -143,6 +150,8 @@ class Fit(Record):
     loglog_r2: float
     lengths: tuple[float, ...]
     errors: tuple[float, ...]
+    intercept: float | None = None  # error = intercept + slope * length
+    loglog_intercept: float | None = None  # log(error) = loglog_intercept + loglog_exponent * log(length)
 
 
 @evidence_kind
@@ -154,6 +163,37 @@ class ErrorShape(Evidence):
     shape: str
     measure: str
     fit: Fit | None = None
+    position_fit: Fit | None = None  # error against position within the worst request, from the onset on
+
+
+@dataclass(frozen=True, kw_only=True)
+class OnsetRow(Record):
+    request: str
+    length: int
+    onset: int
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class PositionProfile(Evidence):
+    """Error along the positions of one request: where it starts (the onset), whether it is
+    zero before and a step there, or grows along the sequence."""
+
+    kind: ClassVar[str] = "position_profile"
+    request: str
+    tap: str | None
+    onset: int  # the first position outside tolerance (0-based)
+    positions: int
+    failing_after: float  # share of the positions from the onset on that fail
+    before_max_rel_l2: float  # the largest error before the onset
+    after_median_rel_l2: float
+    step: bool  # zero (far below what follows) up to the onset, large from there on
+    growing: bool  # the error grows along the sequence from the onset on
+    predicted_before: float | None = None  # the fitted growth's error at onset - 1
+    rise: float | None = None  # median error of the later half of the positions over the first bin's
+    rank_correlation: float | None = None  # Spearman's rank correlation of error and position
+    onsets: tuple[OnsetRow, ...] = ()  # the onset in each failing request (at the first divergent tap)
+    growth_from: int | None = None  # the first position the growth along the sequence is fitted from
 
 
 @evidence_kind
@@ -191,6 +231,156 @@ class Tokens(Evidence):
     logprob_change_max: float | None = None
     logprob_change_position: int | None = None
     logprob_change_token: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundingTrial(Record):
+    format: str
+    variant: str
+    rel_l2: float
+    size_ratio: float
+    correlation: float
+    sign_agreement: float
+    reproduces: bool
+    note: str | None = None
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class RoundingTest(Evidence):
+    """The baseline rounded to each format in several ways, against the observed error: the
+    size of each simulated error relative to the observed one, the correlation of the two error
+    patterns, their sign agreement, and whether it reproduces the error (size within 2x,
+    correlation >= 0.5)."""
+
+    kind: ClassVar[str] = "rounding_test"
+    subject: str
+    observed_rel_l2: float
+    elements: int
+    trials: tuple[RoundingTrial, ...]
+    reproduced_by: str | None = None  # bf16, fp16, tf32, or None
+    best_variant: str | None = None
+    equally: tuple[str, ...] = ()
+    dtype_evidence: str | None = None
+    live: bool = True
+    criteria: str = "reproduces: size ratio within [0.5, 2] and correlation >= 0.5"
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class Bias(Evidence):
+    """How much of the error a per-position scale and shift of the baseline output explains
+    (a changed constant: nearly all; rounding: about 2 / row width)."""
+
+    kind: ClassVar[str] = "bias"
+    subject: str
+    explained: float
+    mean_scale: float
+    mean_shift: float
+    rows: int
+    row_width: int
+    systematic: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class DtypeDifference(Record):
+    tap: str
+    baseline: str
+    candidate: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShapeDifference(Record):
+    tap: str
+    baseline: tuple[int, ...]
+    candidate: tuple[int, ...]
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class TreeDifferences(Evidence):
+    """What the two sides do not share: taps one side only has (not compared), modules that
+    ran on one side only, shared taps of another shape (not compared) or dtype (compared in a
+    common dtype)."""
+
+    kind: ClassVar[str] = "tree_differences"
+    shared_taps: int
+    baseline_taps: int
+    candidate_taps: int
+    baseline_only: tuple[str, ...] = ()
+    candidate_only: tuple[str, ...] = ()
+    baseline_only_modules: tuple[str, ...] = ()
+    candidate_only_modules: tuple[str, ...] = ()
+    dtypes: tuple[DtypeDifference, ...] = ()
+    shapes: tuple[ShapeDifference, ...] = ()
+    order_differs: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputDifferenceRow(Record):
+    name: str
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class EntryStepRow(Record):
+    module: str
+    compared: int
+    differing: tuple[InputDifferenceRow, ...] = ()
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class ErrorEntry(Evidence):
+    """No module's own error exceeds tolerance: from the first module that diverged up through
+    its parents, the inputs each got differently; the first whose inputs agree makes the
+    difference in its own forward."""
+
+    kind: ClassVar[str] = "error_entry"
+    request: str
+    start: str
+    steps: tuple[EntryStepRow, ...]
+    module: str | None = None
+    root_class: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CounterfactualRun(Record):
+    value: Any
+    rel_l2: float | None = None  # the worst request's output error with this value
+    failed: bool | None = None  # the diff still fails with it
+    lengths: tuple[int, ...] = ()
+    errors: tuple[float, ...] = ()
+    tried: bool = True
+    note: str | None = None
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class Counterfactual(Evidence):
+    """The candidate rerun with each alternative value of one knob (a target argument or one of
+    torch's precision switches): the error each leaves, and the value that closes the gap."""
+
+    kind: ClassVar[str] = "counterfactual"
+    knob: str
+    candidate_value: Any
+    candidate_rel_l2: float
+    results: tuple[CounterfactualRun, ...]
+    closes: Any = None
+    improvement: float | None = None  # candidate_rel_l2 / the closing (or best) value's rel_l2
+    note: str | None = None
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class MinimizerNote(Evidence):
+    """The minimizer could not shrink the failing request (the verdict stands); why, and the
+    lengths it tried before it stopped."""
+
+    kind: ClassVar[str] = "minimizer"
+    request: str
+    note: str
+    tried: tuple[Tried, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -263,6 +453,7 @@ class RankErrors(Evidence):
 
 EVIDENCE_TYPES: tuple[type[Evidence], ...] = (
     RankErrors,
-    Requests, Modules, LocalErrors, ErrorByPosition, ErrorShape, PrecisionSignatureEvidence, Tokens,
-    MinimalReproducer, TolerancesUsed,
+    Requests, Modules, LocalErrors, ErrorByPosition, ErrorShape, PositionProfile, PrecisionSignatureEvidence,
+    RoundingTest, Bias, TreeDifferences, ErrorEntry, Counterfactual, Tokens, MinimalReproducer, MinimizerNote,
+    TolerancesUsed,
 )

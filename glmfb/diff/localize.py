@@ -1,16 +1,26 @@
 """Live mode: separate the error a module adds by itself from the error it inherits.
 
-For each suspect module call (the taps that diverged, in execution order), the baseline is
-run again with a forward pre-hook that keeps the call's inputs (positional and keyword) and a
+For each suspect module call (the taps that diverged, in execution order), both sides are run
+again with a forward pre-hook that keeps the call's inputs (positional and keyword) and a
 forward hook that keeps its output. The candidate's module of the same name is then called on
-the baseline's inputs; the difference between its output and the baseline's output is the
-module's *local* error. The first module whose local error exceeds tolerance is where the
-error starts; a module whose output differs only because its inputs did has local error zero.
+the baseline's inputs (cast to the dtypes the candidate's module received in its own run, so
+that a module run in bfloat16 gets bfloat16 inputs); the difference between its output and the
+baseline's output is the module's *local* error. The first module whose local error exceeds
+tolerance is where the error starts; a module whose output differs only because its inputs did
+has local error zero. The difference between the inputs the two sides gave the module is its
+*inherited* error.
+
+When no module's own error exceeds tolerance, the error enters in code between modules: a
+parent's own forward (a mask, a position table or a constant made there and handed to its
+children). :func:`error_entry` climbs from the first module that diverged through its parents,
+comparing the inputs each was called with on the two sides, and names the first whose inputs
+agree: its own forward is where the difference is made.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import inspect
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,10 +52,56 @@ class LocalError:
     positions: PositionErrors | None
     note: str = ""
     typical_relative: float | None = None  # median element-wise relative error, early positions
+    inherited_rel_l2: float | None = None  # relative L2 error of its inputs, candidate against baseline
 
     @property
     def failed(self) -> bool:
         return self.metrics is not None and self.metrics.failed
+
+
+@dataclass(frozen=True)
+class LocalCall:
+    """What a further test of one module call needs: the baseline module, the inputs it was
+    called with (as recorded), the output part measured, and both sides' values of it."""
+
+    module: str
+    call: int
+    tap: str
+    part: str  # the flattened output's name (as :func:`flatten` names it)
+    baseline_module: Any
+    args: Any
+    kwargs: Any
+    baseline: Any  # torch.Tensor: the baseline's output part
+    candidate: Any  # torch.Tensor: the candidate module's output part on the baseline's inputs
+    dim: int | None  # the position dimension of that output
+    candidate_dtypes: tuple[str, ...]  # dtypes of the candidate module's parameters, inputs and outputs
+
+    def rerun(self, fmt: str, ops: str) -> torch.Tensor:
+        """The baseline module on its recorded inputs with ``fmt`` imposed on ``ops``
+        (:func:`glmfb.diff.rounding.rounding_mode`); the same output part."""
+        import torch
+
+        from glmfb.diff.rounding import rounding_mode
+
+        with torch.no_grad(), rounding_mode(fmt, ops):
+            output = self.baseline_module(*_clone_tree(self.args), **_clone_tree(self.kwargs))
+        parts = dict(flatten(output, self.module)[0])
+        if self.part not in parts:
+            raise ValueError(f"the rerun returned no {self.part}")
+        tensor: torch.Tensor = parts[self.part]
+        return tensor
+
+
+@dataclass(frozen=True)
+class Localization:
+    """Every suspect's local error, and the first that exceeds tolerance with what testing it
+    further needs."""
+
+    errors: tuple[LocalError, ...]
+    culprit: LocalCall | None = None
+
+
+Recorded = dict[tuple[str, int], tuple[Any, Any, Any]]
 
 
 def _clone_tree(value: Any) -> Any:
@@ -100,14 +156,76 @@ def record_calls(side: LoadedSide, request: Request, wanted: Sequence[tuple[str,
     return kept
 
 
+
+def _cast_like(value: Any, like: Any) -> Any:
+    """``value`` with each floating tensor cast to the dtype of the tensor in the same place of
+    ``like`` (the inputs the candidate's module got in its own run)."""
+    import torch
+
+    if isinstance(value, torch.Tensor) and isinstance(like, torch.Tensor):
+        if value.is_floating_point() and like.is_floating_point() and value.dtype != like.dtype:
+            return value.to(like.dtype)
+        return value
+    if isinstance(value, tuple) and isinstance(like, tuple) and len(value) == len(like) and not hasattr(value, "_fields"):
+        return tuple(_cast_like(v, w) for v, w in zip(value, like, strict=True))
+    if isinstance(value, list) and isinstance(like, list) and len(value) == len(like):
+        return [_cast_like(v, w) for v, w in zip(value, like, strict=True)]
+    if isinstance(value, dict) and isinstance(like, Mapping):
+        return {k: _cast_like(v, like[k]) if k in like else v for k, v in value.items()}
+    return value
+
+
+def _tensor_dtypes(value: Any) -> list[str]:
+    import torch
+
+    found: list[str] = []
+
+    def walk(item: Any) -> None:
+        if isinstance(item, torch.Tensor):
+            found.append(str(item.dtype).removeprefix("torch."))
+        elif isinstance(item, Mapping):
+            for sub in item.values():
+                walk(sub)
+        elif isinstance(item, (tuple, list)):
+            for sub in item:
+                walk(sub)
+
+    walk(value)
+    return found
+
+
+def _module_dtypes(module: Any) -> list[str]:
+    return [str(t.dtype).removeprefix("torch.") for t in (*module.parameters(), *module.buffers())]
+
+
+def _input_error(base: tuple[Any, Any], cand: tuple[Any, Any] | None) -> float | None:
+    """The largest relative L2 error over the floating input tensors both calls have (None:
+    none to compare)."""
+    if cand is None:
+        return None
+    base_leaves, cand_leaves = _leaves(*base), _leaves(*cand)
+    worst: float | None = None
+    for name, value in base_leaves.items():
+        other = cand_leaves.get(name)
+        if not (_is_float_tensor(value) and _is_float_tensor(other)) or value.shape != other.shape:  # type: ignore[union-attr]
+            continue
+        assert other is not None
+        error = _rel_l2(value, other)
+        worst = error if worst is None else max(worst, error)
+    return worst
+
+
 def local_errors(baseline: LoadedSide, candidate: LoadedSide, request: Request,
                  suspects: Sequence[tuple[str, int, int]], tolerances: Tolerances,
-                 comparer: PairComparer) -> list[LocalError]:
+                 comparer: PairComparer) -> Localization:
     """Local error of each suspect ``(module, call, calls of that module in the request)``."""
     import torch
 
-    recorded = record_calls(baseline, request, [(m, c) for m, c, _ in suspects])
+    wanted = [(m, c) for m, c, _ in suspects]
+    recorded = record_calls(baseline, request, wanted)
+    recorded_c = record_calls(candidate, request, wanted)
     results: list[LocalError] = []
+    culprit: LocalCall | None = None
     for module_name, call, calls in suspects:
         counts = {module_name: calls}
         name = tap_name(module_name, call, counts, module_name)
@@ -115,22 +233,26 @@ def local_errors(baseline: LoadedSide, candidate: LoadedSide, request: Request,
             results.append(LocalError(module_name, call, name, None, None, "the baseline did not call it"))
             continue
         args, kwargs, base_output = recorded[(module_name, call)]
+        own = recorded_c.get((module_name, call))
+        inherited = _input_error((args, kwargs), (own[0], own[1]) if own else None)
         try:
             module = candidate.submodule(module_name)
         except AttributeError:
-            results.append(LocalError(module_name, call, name, None, None, "no such module in the candidate"))
+            results.append(LocalError(module_name, call, name, None, None, "no such module in the candidate",
+                                      inherited_rel_l2=inherited))
             continue
+        call_args, call_kwargs = (_cast_like(args, own[0]), _cast_like(kwargs, own[1])) if own else (args, kwargs)
         try:
             with torch.no_grad():
-                cand_output = module(*args, **kwargs)
+                cand_output = module(*_clone_tree(call_args), **_clone_tree(call_kwargs))
         except (Exception, SystemExit) as exc:
             detail = str(exc).strip().splitlines()
             note = f"run in isolation, it raised {type(exc).__name__}" + (f": {detail[0]}" if detail else "")
-            results.append(LocalError(module_name, call, name, None, None, note))
+            results.append(LocalError(module_name, call, name, None, None, note, inherited_rel_l2=inherited))
             continue
         base_parts = dict(flatten(base_output, module_name)[0])
         cand_parts = dict(flatten(cand_output, module_name)[0])
-        worst: tuple[str, TensorMetrics, torch.Tensor, torch.Tensor] | None = None
+        worst: tuple[str, str, TensorMetrics, torch.Tensor, torch.Tensor] | None = None
         for part, base_tensor in base_parts.items():
             cand_tensor = cand_parts.get(part)
             if cand_tensor is None or cand_tensor.shape != base_tensor.shape:
@@ -138,17 +260,256 @@ def local_errors(baseline: LoadedSide, candidate: LoadedSide, request: Request,
             dtype = str(base_tensor.dtype).removeprefix("torch.")
             part_tap = tap_name(module_name, call, counts, part)
             metrics = comparer.compare_tensors(base_tensor, cand_tensor, tolerances.for_tap(part_tap, dtype))
-            if worst is None or (metrics.failed, metrics.rel_l2) > (worst[1].failed, worst[1].rel_l2):
-                worst = (part_tap, metrics, base_tensor, cand_tensor)
+            if worst is None or (metrics.failed, metrics.rel_l2) > (worst[2].failed, worst[2].rel_l2):
+                worst = (part, part_tap, metrics, base_tensor, cand_tensor)
         if worst is None:
-            results.append(LocalError(module_name, call, name, None, None, "no comparable tensor output"))
+            results.append(LocalError(module_name, call, name, None, None, "no comparable tensor output",
+                                      inherited_rel_l2=inherited))
             continue
-        part_tap, metrics, base_tensor, cand_tensor = worst
+        part, part_tap, metrics, base_tensor, cand_tensor = worst
         dim = position_dim(tuple(base_tensor.shape), request.length)
         positions = None
         if dim is not None:
             tolerance = tolerances.for_tap(part_tap, str(base_tensor.dtype).removeprefix("torch."))
             positions = position_errors(base_tensor, cand_tensor, dim, tolerance)
         typical = typical_relative_error(base_tensor, cand_tensor, dim)
-        results.append(LocalError(module_name, call, part_tap, metrics, positions, typical_relative=typical))
-    return results
+        entry = LocalError(module_name, call, part_tap, metrics, positions, typical_relative=typical,
+                           inherited_rel_l2=inherited)
+        results.append(entry)
+        if culprit is None and entry.failed:
+            dtypes = tuple(dict.fromkeys([*_module_dtypes(module), *_tensor_dtypes(call_args),
+                                          *_tensor_dtypes(call_kwargs), *_tensor_dtypes(cand_output)]))
+            culprit = LocalCall(module_name, call, part_tap, part, baseline.submodule(module_name), args, kwargs,
+                                base_tensor, cand_tensor, dim, dtypes)
+    return Localization(tuple(results), culprit)
+
+
+# --------------------------------------------------------------------------------------------
+# Where the error enters when no module adds it: a parent's own forward
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InputDifference:
+    """One input a module call got differently on the two sides."""
+
+    name: str
+    detail: str  # "None in the baseline, a tensor [1, 1, 64, 64] in the candidate", "relative L2 error 0.65"
+
+
+@dataclass(frozen=True)
+class EntryStep:
+    """A module on the way up from the first divergent module, and the inputs it got differently."""
+
+    module: str  # "" for the top-level module
+    differing: tuple[InputDifference, ...]
+    compared: int  # inputs compared
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ErrorEntry:
+    """The module whose own forward makes the difference (its inputs agree on both sides, the
+    inputs it hands a child do not), and the steps that led there."""
+
+    module: str | None  # None: not found (every step's inputs differ, or none could be recorded)
+    steps: tuple[EntryStep, ...]
+    root_class: str = ""  # the top-level module's class, when the entry is the top level
+
+    @property
+    def handed(self) -> tuple[str, tuple[InputDifference, ...]] | None:
+        """The child of the entry module that got different inputs, and which."""
+        if self.module is None:
+            return None
+        for index, step in enumerate(self.steps):
+            if step.module == self.module and index > 0:
+                below = self.steps[index - 1]
+                return below.module, below.differing
+        return None
+
+
+def ancestors(module: str) -> list[str]:
+    """``a.b.c`` -> ``["a.b", "a", ""]`` ("" is the top-level module)."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts) - 1, -1, -1)]
+
+
+def _record_enclosing(side: LoadedSide, request: Request, module: str, call: int) -> dict[str, tuple[Any, Any]]:
+    """The inputs of ``module``'s call ``call`` and of each ancestor's call that encloses it."""
+    names = [module, *ancestors(module)]
+    counters: dict[str, int] = {}
+    open_calls: dict[str, list[int]] = {name: [] for name in names}
+    pending: dict[tuple[str, int], tuple[Any, Any]] = {}
+    kept: dict[str, tuple[Any, Any]] = {}
+    enclosing: dict[str, int] = {}
+    handles = []
+
+    def make_hooks(name: str) -> tuple[Callable[..., None], Callable[..., None]]:
+        def pre(_: Any, args: Any, kwargs: Any) -> None:
+            number = counters.get(name, 0)
+            counters[name] = number + 1
+            open_calls[name].append(number)
+            if name == module:
+                if number == call:
+                    kept[name] = (_clone_tree(args), _clone_tree(kwargs))
+                    for ancestor in names[1:]:
+                        if open_calls[ancestor]:
+                            enclosing[ancestor] = open_calls[ancestor][-1]
+                            key = (ancestor, enclosing[ancestor])
+                            if key in pending:
+                                kept[ancestor] = pending[key]
+            else:
+                pending[(name, number)] = (_clone_tree(args), _clone_tree(kwargs))
+
+        def post(_: Any, __: Any, ___: Any) -> None:
+            if open_calls[name]:
+                number = open_calls[name].pop()
+                pending.pop((name, number), None)
+
+        return pre, post
+
+    for name in names:
+        try:
+            target = side.submodule(name) if name else side.module
+        except AttributeError:
+            continue
+        pre, post = make_hooks(name)
+        handles.append(target.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(target.register_forward_hook(post))
+    try:
+        forward(side, request)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return kept
+
+
+def error_entry(baseline: LoadedSide, candidate: LoadedSide, request: Request, module: str, call: int,
+                tolerances: Tolerances) -> ErrorEntry:
+    """Climb from ``module`` (call ``call``, whose output diverged though no module's own error
+    exceeds tolerance) to the first module whose inputs agree on both sides."""
+    recorded_b = _record_enclosing(baseline, request, module, call)
+    recorded_c = _record_enclosing(candidate, request, module, call)
+    steps: list[EntryStep] = []
+    for name in [module, *ancestors(module)]:
+        if name not in recorded_b or name not in recorded_c:
+            continue  # never called (a container such as a ModuleList)
+        target = baseline.submodule(name) if name else baseline.module
+        differing, compared = compare_inputs(target, recorded_b[name], recorded_c[name], tolerances)
+        steps.append(EntryStep(name, differing, compared))
+        if not differing:
+            root = type(baseline.module).__name__ if name == "" else ""
+            return ErrorEntry(name, tuple(steps), root)
+    return ErrorEntry(None, tuple(steps))
+
+
+def _named_inputs(module: Any, args: Any, kwargs: Any) -> dict[str, Any]:
+    """A call's inputs by parameter name where the forward's signature binds them."""
+    try:
+        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+    except (TypeError, ValueError):
+        named = {f"args[{i}]": a for i, a in enumerate(args)}
+        named.update(kwargs)
+        return named
+    named = {}
+    for key, value in bound.arguments.items():
+        parameter = bound.signature.parameters[key]
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD and isinstance(value, Mapping):
+            named.update(value)
+        elif parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            named.update({f"{key}[{i}]": v for i, v in enumerate(value)})
+        else:
+            named[key] = value
+    return named
+
+
+def _leaves(args: Any, kwargs: Any, module: Any = None) -> dict[str, Any]:
+    """Tensors, None and plain values inside a call's inputs, by a stable name; other objects
+    (caches, configs) are left out."""
+    import torch
+
+    named = _named_inputs(module, args, kwargs) if module is not None else {
+        **{f"args[{i}]": a for i, a in enumerate(args)}, **dict(kwargs)}
+    leaves: dict[str, Any] = {}
+
+    def walk(item: Any, name: str) -> None:
+        if isinstance(item, torch.Tensor) or item is None or isinstance(item, (bool, int, float, str)):
+            leaves[name] = item
+        elif isinstance(item, Mapping):
+            for key, sub in item.items():
+                walk(sub, f"{name}[{key}]")
+        elif isinstance(item, (tuple, list)):
+            for index, sub in enumerate(item):
+                walk(sub, f"{name}[{index}]")
+
+    for key, value in named.items():
+        walk(value, key)
+    return leaves
+
+
+def _is_float_tensor(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor) and value.is_floating_point()
+
+
+def _rel_l2(base: torch.Tensor, cand: torch.Tensor) -> float:
+    import math
+
+    import torch
+
+    b = base.detach().to(torch.float64)
+    c = cand.detach().to(torch.float64)
+    finite = torch.isfinite(b) & torch.isfinite(c)
+    if not bool(finite.all()):
+        return math.inf
+    norm_b = float(b.norm())
+    norm_d = float((c - b).norm())
+    return norm_d / norm_b if norm_b > 0 else (0.0 if norm_d == 0 else math.inf)
+
+
+def _describe(value: Any) -> str:
+    import torch
+
+    if value is None:
+        return "None"
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor {list(value.shape)}"
+    return repr(value)[:40]
+
+
+def compare_inputs(module: Any, base: tuple[Any, Any], cand: tuple[Any, Any],
+                   tolerances: Tolerances) -> tuple[tuple[InputDifference, ...], int]:
+    """The inputs of one call that differ between the sides (tensors beyond tolerance, integer
+    and boolean tensors and plain values exactly, a value against None), and how many were
+    compared."""
+    import torch
+
+    base_leaves = _leaves(base[0], base[1], module)
+    cand_leaves = _leaves(cand[0], cand[1], module)
+    differing: list[InputDifference] = []
+    names = list(dict.fromkeys([*base_leaves, *cand_leaves]))
+    for name in names:
+        b, c = base_leaves.get(name), cand_leaves.get(name)
+        if b is None and c is None:
+            continue
+        if (b is None) != (c is None) or type(b) is not type(c):
+            differing.append(InputDifference(name, f"{_describe(b)} in the baseline, {_describe(c)} in the candidate"))
+            continue
+        if isinstance(b, torch.Tensor):
+            assert isinstance(c, torch.Tensor)
+            if b.shape != c.shape:
+                differing.append(InputDifference(name, f"{_describe(b)} in the baseline, {_describe(c)} in the candidate"))
+            elif b.is_floating_point() and c.is_floating_point():
+                tolerance = tolerances.for_tap(name, str(b.dtype).removeprefix("torch."))
+                b64, c64 = b.detach().to(torch.float64), c.detach().to(torch.float64)
+                outside = (c64 - b64).abs() > tolerance.atol + tolerance.rtol * b64.abs()
+                outside |= torch.isnan(b64) != torch.isnan(c64)
+                if bool(outside.any()):
+                    differing.append(InputDifference(name, f"relative L2 error {_rel_l2(b, c):.3g}"))
+            elif not torch.equal(b, c.to(b.dtype)):
+                changed = int((b != c.to(b.dtype)).sum())
+                differing.append(InputDifference(name, f"{changed} of {b.numel()} elements differ"))
+        elif b != c:
+            differing.append(InputDifference(name, f"{b!r} in the baseline, {c!r} in the candidate"))
+    return tuple(differing), len(names)

@@ -172,7 +172,8 @@ class PairComparer:
     # ---- entry points -----------------------------------------------------------------------
 
     def compare_files(self, baseline: TensorLocation, candidate: TensorLocation, tolerance: Tolerance) -> TensorMetrics:
-        """Stream two stored tensors (same shape and dtype) through the fused pass.
+        """Stream two stored tensors (same shape; their dtypes may differ, then both are read
+        into the wider compute dtype) through the fused pass.
 
         A reader thread fills the next pair of raw buffers while this thread computes on the
         current pair (file reads and torch ops both release the GIL)."""
@@ -180,20 +181,20 @@ class PairComparer:
 
         from glmfb.diff.store import read_exact
 
-        stored = getattr(torch, baseline.dtype)
-        compute = _compute_dtype(stored)
+        stored_b, stored_c = getattr(torch, baseline.dtype), getattr(torch, candidate.dtype)
+        compute = common_compute_dtype(stored_b, stored_c)
         work = self._buffers(compute)
         acc = _Accumulator()
-        itemsize = baseline.itemsize
-        total = baseline.nbytes // itemsize if itemsize else 0
+        size_b, size_c = baseline.itemsize, candidate.itemsize
+        total = baseline.nbytes // size_b if size_b else 0
         spans = [(start, min(self.chunk, total - start)) for start in range(0, total, self.chunk)]
         with open(baseline.path, "rb", buffering=0) as file_b, open(candidate.path, "rb", buffering=0) as file_c:
             file_b.seek(baseline.offset)
             file_c.seek(candidate.offset)
 
             def read(slot: int, count: int) -> int:
-                read_exact(file_b, self._raw[2 * slot], count * itemsize)
-                read_exact(file_c, self._raw[2 * slot + 1], count * itemsize)
+                read_exact(file_b, self._raw[2 * slot], count * size_b)
+                read_exact(file_c, self._raw[2 * slot + 1], count * size_c)
                 return slot
 
             pending = self._reader.submit(read, 0, spans[0][1]) if spans else None
@@ -202,26 +203,22 @@ class PairComparer:
                 slot = pending.result()
                 if number + 1 < len(spans):
                     pending = self._reader.submit(read, 1 - slot, spans[number + 1][1])
-                nbytes = count * itemsize
-                raw_b = self._raw[2 * slot][:nbytes].view(stored)
-                raw_c = self._raw[2 * slot + 1][:nbytes].view(stored)
-                if stored == compute:
-                    b, c = raw_b, raw_c
-                else:
-                    b, c = work["a"][:count], work["b"][:count]
-                    b.copy_(raw_b)
-                    c.copy_(raw_c)
+                raw_b = self._raw[2 * slot][:count * size_b].view(stored_b)
+                raw_c = self._raw[2 * slot + 1][:count * size_c].view(stored_c)
+                b = raw_b if stored_b == compute else work["a"][:count].copy_(raw_b)
+                c = raw_c if stored_c == compute else work["b"][:count].copy_(raw_c)
                 self._chunk(acc, b, c, work, count, start, tolerance)
         return _finish(acc, total, baseline.shape, tolerance)
 
     def compare_tensors(self, baseline: torch.Tensor, candidate: torch.Tensor, tolerance: Tolerance) -> TensorMetrics:
-        """The same pass over two in-memory tensors (live mode, minimizer)."""
+        """The same pass over two in-memory tensors (live mode, minimizer); their dtypes may
+        differ (both are compared in the wider compute dtype)."""
         if baseline.shape != candidate.shape:
             raise ValueError(f"shapes differ: {tuple(baseline.shape)} vs {tuple(candidate.shape)}")
-        compute = _compute_dtype(baseline.dtype)
+        compute = common_compute_dtype(baseline.dtype, candidate.dtype)
         work = self._buffers(compute)
         flat_b = baseline.detach().reshape(-1)
-        flat_c = candidate.detach().reshape(-1).to(baseline.dtype)
+        flat_c = candidate.detach().reshape(-1)
         acc = _Accumulator()
         total = flat_b.numel()
         for start in range(0, total, self.chunk):
@@ -306,6 +303,15 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32
 
 
+def common_compute_dtype(first: torch.dtype, second: torch.dtype) -> torch.dtype:
+    """The dtype two tensors are compared in: float32, or float64 when either needs it
+    (float64 itself, integers, bools)."""
+    import torch
+
+    one, two = _compute_dtype(first), _compute_dtype(second)
+    return torch.float64 if torch.float64 in (one, two) else torch.float32
+
+
 def _finish(acc: _Accumulator, numel: int, shape: Sequence[int], tolerance: Tolerance) -> TensorMetrics:
     if acc.aa > 0 and acc.bb > 0:
         cosine = acc.ab / math.sqrt(acc.aa * acc.bb)
@@ -340,6 +346,7 @@ class PositionErrors:
     rel_l2: np.ndarray
     max_abs: np.ndarray
     outside: np.ndarray
+    width: int = 1  # elements per position
 
     @property
     def first_failing(self) -> int | None:
@@ -390,7 +397,7 @@ def position_errors(baseline: torch.Tensor, candidate: torch.Tensor, dim: int, t
         max_abs[start:end] = torch.where(finite, d, math.inf).amax(dim=1).numpy() if width else 0.0
         bad = (d > tolerance.atol + tolerance.rtol * b.abs()) | (~finite & (b != c))
         outside[start:end] = bad.sum(dim=1).numpy()
-    return PositionErrors(dim, rel, max_abs, outside)
+    return PositionErrors(dim, rel, max_abs, outside, max(width, 1))
 
 
 def typical_relative_error(baseline: torch.Tensor, candidate: torch.Tensor, dim: int | None,

@@ -2,8 +2,16 @@
 
 Each request has a unique string ``id`` and one of ``input_ids`` (a list of ints), ``length``
 (with optional ``seed`` and ``vocab``: token ids drawn deterministically) or ``tensors``
-(``{"name": {"shape": [...], "dtype": "float32", "seed": 0}}``). Other fields pass through to
-callable targets. A malformed line is an :class:`InputError` naming the file and line.
+(``{"name": {"shape": [...], "dtype": "float32", "seed": 0}}``; a spec may add ``"narrow":
+{"axis": 1, "length": 128}``, the tensor drawn at its shape and cut to its first 128 along axis
+1). A tensor request may declare its sequence axis, ``"sequence_axis": 1`` (every tensor) or
+``{"q": 1, "gate": 1}`` (by name): the axis the minimizer may shorten. Other fields pass
+through to callable targets. A malformed line is an :class:`InputError` naming the file and
+line.
+
+A shortened request (:meth:`Request.shrink`) keeps its form: a ``length`` request stays a
+``length`` request (the ids of a shorter length are the prefix of the longer one's), ``input_ids``
+are sliced, and named tensors are narrowed along their declared sequence axis only.
 """
 
 from __future__ import annotations
@@ -30,11 +38,25 @@ DEFAULT_MAX_ELEMENTS = 1 << 28
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """A named input tensor drawn from a seed: normal floats, or ints in [0, 1000)."""
+    """A named input tensor drawn from a seed: normal floats, or ints in [0, 1000); with
+    ``narrow = (axis, n)``, drawn at ``shape`` and cut to its first ``n`` along ``axis``."""
 
     shape: tuple[int, ...]
     dtype: str = "float32"
     seed: int = 0
+    narrow: tuple[int, int] | None = None
+
+    @property
+    def final_shape(self) -> tuple[int, ...]:
+        if self.narrow is None:
+            return self.shape
+        axis, length = self.narrow
+        return tuple(length if i == axis else d for i, d in enumerate(self.shape))
+
+
+class NotShrinkable(InputError):
+    """A request that cannot be shortened in its own form (a named tensor with no declared
+    sequence axis)."""
 
 
 @dataclass(frozen=True)
@@ -46,26 +68,92 @@ class Request:
     tensors: Mapping[str, TensorSpec] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict)
+    sequence_axes: Mapping[str, int] = field(default_factory=dict)  # tensor name -> its sequence axis
 
     @property
     def length(self) -> int | None:
-        """Sequence length: tokens, or the leading non-batch dimension of the first tensor."""
+        """Sequence length: tokens; for tensors, the size along the declared sequence axis, else
+        the leading non-batch dimension of the first tensor."""
         if self.input_ids is not None:
             return len(self.input_ids)
+        for name, spec in self.tensors.items():
+            shape = spec.final_shape
+            if name in self.sequence_axes:
+                return shape[self.sequence_axes[name]]
         for spec in self.tensors.values():
-            dims = [d for d in spec.shape if d != 1] or list(spec.shape)
+            dims = [d for d in spec.final_shape if d != 1] or list(spec.final_shape)
             return dims[0] if dims else None
         return None
 
     def prefix(self, length: int) -> Request:
-        """This request cut to its first ``length`` tokens (token requests only)."""
+        """This request cut to its first ``length`` tokens (token requests only), in its form."""
         if self.input_ids is None:
             raise InputError(f"request {self.id!r} has no input_ids to cut")
-        ids = self.input_ids[:length]
-        raw = {k: v for k, v in self.raw.items() if k not in ("length", "seed", "vocab")}
-        raw["id"] = f"{self.id}[:{length}]"
-        raw["input_ids"] = list(ids)
-        return Request(id=raw["id"], input_ids=ids, extra=self.extra, raw=raw)
+        return self.shrink(length)
+
+    def axes(self, declared: Mapping[str, int] | int | None = None) -> dict[str, int]:
+        """The sequence axis of each named tensor: the request's own declaration, else the
+        target's (``declared``: one axis for every tensor, or by name)."""
+        if self.sequence_axes:
+            return dict(self.sequence_axes)
+        if isinstance(declared, int) and not isinstance(declared, bool):
+            return {name: declared for name, spec in self.tensors.items() if -len(spec.shape) <= declared < len(spec.shape)}
+        if isinstance(declared, Mapping):
+            return {str(k): int(v) for k, v in declared.items() if str(k) in self.tensors}
+        return {}
+
+    def shrinkable_length(self, declared: Mapping[str, int] | int | None = None) -> int:
+        """The length :meth:`shrink` cuts: tokens, or the size along the sequence axes (every
+        declared tensor must agree). Raises :class:`NotShrinkable`."""
+        if self.input_ids is not None:
+            return len(self.input_ids)
+        axes = self.axes(declared)
+        if not axes:
+            raise NotShrinkable(
+                f"request {self.id!r}: its named tensors declare no sequence axis, so it is not shortened",
+                'add "sequence_axis": N to the request (or {"name": N, ...}), or glmfb_sequence_axis to the target',
+            )
+        sizes = {self.tensors[name].final_shape[axis] for name, axis in axes.items()}
+        if len(sizes) != 1:
+            raise NotShrinkable(f"request {self.id!r}: its tensors' sequence axes have different sizes ({sorted(sizes)})")
+        return sizes.pop()
+
+    def shrink(self, length: int, declared: Mapping[str, int] | int | None = None) -> Request:
+        """This request shortened to ``length``, as a valid request of the same form: a
+        ``length`` request with the new length (its drawn ids are the prefix of the longer
+        draw), ``input_ids`` sliced, named tensors narrowed along their sequence axis only.
+        Raises :class:`NotShrinkable`."""
+        rid = f"{self.id}[:{length}]"
+        if self.input_ids is not None:
+            ids = self.input_ids[:length]
+            raw: dict[str, Any] = {k: v for k, v in self.raw.items() if k not in ("length", "input_ids")}
+            raw["id"] = rid
+            if "length" in self.raw:
+                seed, vocab = self.raw.get("seed", 0), self.raw.get("vocab", DEFAULT_VOCAB)
+                if draw_ids(length, seed, vocab) == ids:
+                    raw["length"] = length
+                    return Request(id=rid, input_ids=ids, extra=self.extra, raw=raw)
+            raw = {k: v for k, v in raw.items() if k not in ("seed", "vocab")}
+            raw["input_ids"] = list(ids)
+            return Request(id=rid, input_ids=ids, extra=self.extra, raw=raw)
+        self.shrinkable_length(declared)
+        axes = self.axes(declared)
+        specs: dict[str, TensorSpec] = {}
+        raw_specs: dict[str, Any] = {}
+        for name, spec in self.tensors.items():
+            raw_spec = dict(self.raw.get("tensors", {}).get(name, {}))
+            if name in axes:
+                axis = axes[name] % len(spec.shape)
+                if spec.narrow is not None and spec.narrow[0] != axis:
+                    raise NotShrinkable(f"request {self.id!r}: tensor {name!r} is already narrowed along another axis")
+                spec = TensorSpec(spec.shape, spec.dtype, spec.seed, (axis, length))
+                raw_spec["narrow"] = {"axis": axis, "length": length}
+            specs[name] = spec
+            raw_specs[name] = raw_spec
+        raw = dict(self.raw)
+        raw["id"] = rid
+        raw["tensors"] = raw_specs
+        return Request(id=rid, tensors=specs, extra=self.extra, raw=raw, sequence_axes=self.sequence_axes)
 
     def to_json_line(self) -> str:
         return json.dumps(dict(self.raw), separators=(", ", ": "))
@@ -102,8 +190,13 @@ def make_tensor(spec: TensorSpec) -> torch.Tensor:
     generator = torch.Generator().manual_seed(spec.seed)
     dtype = getattr(torch, spec.dtype)
     if dtype.is_floating_point:
-        return torch.randn(spec.shape, generator=generator, dtype=dtype)
-    return torch.randint(0, 1000, spec.shape, generator=generator, dtype=dtype)
+        tensor = torch.randn(spec.shape, generator=generator, dtype=dtype)
+    else:
+        tensor = torch.randint(0, 1000, spec.shape, generator=generator, dtype=dtype)
+    if spec.narrow is not None:
+        axis, length = spec.narrow
+        tensor = tensor.narrow(axis, 0, length).contiguous()
+    return tensor
 
 
 def draw_ids(length: int, seed: int, vocab: int) -> tuple[int, ...]:
@@ -135,7 +228,8 @@ def parse_request(data: Any, label: str, max_elements: int = DEFAULT_MAX_ELEMENT
             f"{label}: request {rid!r} needs exactly one of input_ids, length, tensors",
             f"got {', '.join(kinds) or 'none'}",
         )
-    extra = {k: v for k, v in data.items() if k not in ("id", "input_ids", "length", "seed", "vocab", "tensors")}
+    extra = {k: v for k, v in data.items()
+             if k not in ("id", "input_ids", "length", "seed", "vocab", "tensors", "sequence_axis")}
     if "input_ids" in data:
         ids = data["input_ids"]
         if not isinstance(ids, list) or not ids or not all(_is_int(i) and i >= 0 for i in ids):
@@ -168,10 +262,41 @@ def parse_request(data: Any, label: str, max_elements: int = DEFAULT_MAX_ELEMENT
         seed = spec.get("seed", 0)
         if not _is_int(seed):
             raise InputError(f"{where}: seed must be an integer")
-        tensors[name] = TensorSpec(tuple(shape), dtype, seed)
+        tensors[name] = TensorSpec(tuple(shape), dtype, seed, _parse_narrow(spec.get("narrow"), shape, where))
     elements = sum(math.prod(spec.shape) for spec in tensors.values())
     _check_size(label, rid, elements, max_elements)
-    return Request(id=rid, tensors=tensors, extra=extra, raw=dict(data))
+    axes = _parse_axes(data.get("sequence_axis"), tensors, label)
+    return Request(id=rid, tensors=tensors, extra=extra, raw=dict(data), sequence_axes=axes)
+
+
+def _parse_narrow(raw: Any, shape: Sequence[int], where: str) -> tuple[int, int] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) != {"axis", "length"}:
+        raise InputError(f"{where}: narrow must be {{\"axis\": A, \"length\": N}}")
+    axis, length = raw["axis"], raw["length"]
+    if not _is_int(axis) or not 0 <= axis < len(shape):
+        raise InputError(f"{where}: narrow.axis must be an axis of shape {list(shape)}, got {axis!r}")
+    if not _is_int(length) or not 1 <= length <= shape[axis]:
+        raise InputError(f"{where}: narrow.length must be between 1 and {shape[axis]}, got {length!r}")
+    return axis, length
+
+
+def _parse_axes(raw: Any, tensors: Mapping[str, TensorSpec], label: str) -> dict[str, int]:
+    if raw is None:
+        return {}
+    entries = {name: raw for name in tensors} if _is_int(raw) else raw
+    if not isinstance(entries, dict):
+        raise InputError(f"{label}: sequence_axis must be an axis (an integer) or {{\"name\": axis, ...}}")
+    axes: dict[str, int] = {}
+    for name, axis in entries.items():
+        if name not in tensors:
+            raise InputError(f"{label}: sequence_axis names {name!r}, which is not one of the request's tensors")
+        rank = len(tensors[name].shape)
+        if not _is_int(axis) or not -rank <= axis < rank:
+            raise InputError(f"{label}: sequence_axis of {name!r} must be an axis of shape {list(tensors[name].shape)}")
+        axes[name] = axis % rank
+    return axes
 
 
 def _check_size(label: str, rid: str, elements: int, max_elements: int) -> None:

@@ -1,18 +1,40 @@
 """The rules of ``glmfb diff``: what the comparison found in, a diagnosis out.
 
 Each rule looks at the :class:`DiffFindings` of a diff (what failed, where, the shape of the
-error, the precision signature) and, when it applies, says what it saw and what to try next.
-They are tried in order (see :mod:`glmfb.rules`); the first that applies wins.
+error along positions and across lengths, the rounding and bias tests, what the two module
+trees do not share, the counterfactual reruns) and, when it applies, says what it saw and what
+to try next. They are tried in order (see :mod:`glmfb.rules`); the first that applies wins.
+Every claim a why makes is a measurement in the evidence: a format is named only when rounding
+the baseline to it reproduces the error (``rounding_test``), "systematic" only when a scale and
+shift of the baseline explain it (``bias``), a position only where the error starts there.
+
+| rule | fires when |
+|---|---|
+| ``pass`` | every request is within tolerance on every tap both sides share |
+| ``non-finite`` | NaN or Inf in the candidate where the baseline is finite |
+| ``position-onset`` | within one request, zero error up to a position and a step there |
+| ``growing-with-length`` | the output error grows with the request length across requests |
+| ``growing-along-sequence`` | within one request, the error grows with the position |
+| ``precision-rounding`` | rounding the baseline's output or operands to a format reproduces the error |
+| ``module-tree-differs`` | the error starts in a module whose submodules ran on one side only |
+| ``systematic-bias`` | a per-position scale and shift of the baseline explains the error |
+| ``parent-forward`` | no module adds the error: it enters in a parent's own forward |
+| ``spike`` | the error is confined to a few positions |
+| ``generic`` | anything else that fails |
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from glmfb.diff.compare import TreeDifferences
+from glmfb.diff.counterfactual import KnobResult
+from glmfb.diff.localize import ErrorEntry
 from glmfb.diff.metrics import TokenMetrics
-from glmfb.diff.shape import ErrorShape, GrowthFit, PrecisionSignature
+from glmfb.diff.rounding import FORMAT_NAMES, BiasTest, RoundingTest
+from glmfb.diff.shape import ErrorShape, GrowthFit, PositionShape, PrecisionSignature
 from glmfb.rules import Diagnosis, Rule
 from glmfb.verdict import Status
 
@@ -27,19 +49,29 @@ class DiffFindings:
     requests: int
     failing_requests: int
     request: str | None = None
-    module: str | None = None  # where the error starts (local error in live mode)
+    module: str | None = None  # where the error starts (local error, or the parent whose forward makes it)
     tap: str | None = None
     position: int | None = None
     local: bool | None = None  # the module's own error exceeds tolerance (None: not measured)
     first_divergent: str | None = None  # first tap outside tolerance, in execution order
     shape: ErrorShape = ErrorShape.NONE
-    fit: GrowthFit | None = None
+    fit: GrowthFit | None = None  # across requests, else along positions (the error_shape evidence's fit)
     signature: PrecisionSignature | None = None
-    dtype: str | None = None
+    dtype: str | None = None  # the baseline's dtype at the first divergent tap
     tokens: TokenMetrics | None = None
     nonfinite_tap: str | None = None
     output_rel_l2: float = 0.0
     rerun: str | None = None  # command that reruns the minimal reproducer
+    length_fit: GrowthFit | None = None  # output error against request length (three lengths or more)
+    profile: PositionShape | None = None  # error along the worst request's positions where it starts
+    profile_tap: str | None = None
+    onsets: tuple[tuple[int, int], ...] = ()  # (length, onset) of each failing request, when the error steps
+    rounding: RoundingTest | None = None
+    bias: BiasTest | None = None
+    tree: TreeDifferences | None = None
+    entry: ErrorEntry | None = None
+    counterfactuals: tuple[KnobResult, ...] = ()
+    minimize_note: str | None = None
 
     def saw(self) -> dict[str, Any]:
         seen: dict[str, Any] = {
@@ -52,108 +84,367 @@ class DiffFindings:
                 seen[key] = value
         if self.fit is not None:
             seen.update(fit_basis=self.fit.basis, growth_exponent=self.fit.exponent, growth_r2=self.fit.exponent_r2)
+        if self.length_fit is not None:
+            seen.update(length_growth=self.length_fit.growing, length_growth_factor=self.length_fit.growth_factor)
+        if self.profile is not None:
+            seen.update(onset=self.profile.onset, step=self.profile.step, growing_along_sequence=self.profile.growing)
         if self.signature is not None:
             seen.update(signature_nearest=self.signature.nearest, signature_consistent=self.signature.consistent,
                         observed_rel_error=self.signature.observed)
+        if self.rounding is not None:
+            seen["rounding_reproduced_by"] = self.rounding.format
+            if self.rounding.best is not None:
+                seen.update(rounding_size_ratio=self.rounding.best.size_ratio,
+                            rounding_correlation=self.rounding.best.correlation)
+        if self.bias is not None:
+            seen.update(bias_explained=self.bias.explained, systematic=self.bias.systematic)
+        if self.tree is not None and self.tree.any:
+            seen.update(baseline_only_taps=len(self.tree.baseline_only), candidate_only_taps=len(self.tree.candidate_only),
+                        dtype_differences=len(self.tree.dtypes))
+        if self.entry is not None and self.entry.module is not None:
+            seen["entry"] = self.entry.module
+        if self.counterfactuals:
+            seen["counterfactual_closes"] = {k.knob: k.closes for k in self.counterfactuals}
         return seen
 
 
+# --------------------------------------------------------------------------------------------
+# Phrases
+# --------------------------------------------------------------------------------------------
+
+
+def _module_text(module: str | None) -> str:
+    return "the top-level module" if module == "" else f"{module}"
+
+
 def _where(f: DiffFindings) -> str:
-    text = f"module {f.module}" if f.module else (f"tap {f.tap}" if f.tap else "the outputs")
-    if f.local is True:
-        text += " (its own error, measured on the baseline's inputs)"
+    if f.module is not None and f.local is True:
+        return f"module {f.module} (its own error, measured on the baseline's inputs)"
+    if f.module is not None:
+        return f"module {_module_text(f.module)}"
+    if f.tap is not None and (f.tap == "output" or f.tap.startswith("output[")):
+        return f"the final outputs ({f.tap}; no module tap shows it earlier)"
+    return f"tap {f.tap}" if f.tap else "the outputs"
+
+
+def _entry_phrase(f: DiffFindings) -> str:
+    """'it enters in model's own forward ...' when no module adds the error by itself."""
+    entry = f.entry
+    if entry is None or entry.module is None:
+        return ""
+    name = f"{entry.module}" if entry.module else f"the top-level module ({entry.root_class})"
+    text = (f"it enters in {name}'s own forward, not in a submodule: no module's own error exceeds tolerance "
+            "on the baseline's inputs")
+    handed = entry.handed
+    if handed is not None:
+        child, differing = handed
+        names = ", ".join(d.name for d in differing[:3])
+        text += f", and {name} hands {child} a different {names} while its own inputs agree on both sides"
     return text
 
 
-def _signature_phrase(f: DiffFindings) -> str:
-    s = f.signature
-    if s is None or not s.consistent:
-        return ""
-    u_name = {"bf16": "2^-8", "tf32/fp16": "2^-11", "fp32": "2^-24"}.get(s.nearest, "")
-    return f"; its relative error {s.observed:.2g} sits at the {s.nearest} unit roundoff ({u_name})"
+def _location(f: DiffFindings) -> str:
+    entry = _entry_phrase(f)
+    return entry if entry else f"it starts in {_where(f)}"
 
 
-def _growth_phrase(f: DiffFindings) -> str:
-    if f.fit is None:
+VARIANT_MEANING = {
+    "output": "its output is rounded to {name}",
+    "matmul operands": "its matrix products take {name} operands",
+    "matmul operands and output": "its matrix products take {name} operands and it returns {name}",
+    "product operands": "its products take {name} operands",
+    "every operation": "it computes in {name}",
+}
+
+
+def _meaning(r: RoundingTest) -> str:
+    assert r.format is not None and r.best is not None
+    return VARIANT_MEANING.get(r.best.variant, "it rounds to {name}").format(name=FORMAT_NAMES[r.format])
+
+
+def _rounding_clause(f: DiffFindings) -> str:
+    r = f.rounding
+    if r is None or not r.reproduced:
         return ""
-    basis = "context length" if f.fit.basis == "requests" else "position"
-    return f"error grows with {basis} (log-log exponent {f.fit.exponent:.2f}, r² {f.fit.exponent_r2:.2f})"
+    return f"; {r.describe()}"
 
 
 def _rerun(f: DiffFindings) -> list[str]:
     return [f.rerun] if f.rerun else []
 
 
-def _nonfinite(f: DiffFindings) -> tuple[str, list[str]]:
+def _tree_phrase(f: DiffFindings) -> str:
+    tree = f.tree
+    if tree is None or not tree.any:
+        return ""
+    parts = []
+    if tree.baseline_only or tree.candidate_only:
+        examples = [*tree.baseline_only[:2], *tree.candidate_only[:2]][:2]
+        parts.append(f"{len(tree.baseline_only)} taps are in the baseline only and {len(tree.candidate_only)} in the "
+                     f"candidate only (not compared, listed in evidence; e.g. {', '.join(examples)})")
+    if tree.shapes:
+        parts.append(f"{len(tree.shapes)} shared taps differ in shape (not compared)")
+    if tree.dtypes:
+        name, b, c = tree.dtypes[0]
+        parts.append(f"{len(tree.dtypes)} shared taps differ in dtype and were compared in a common one "
+                     f"({name}: {b} in the baseline, {c} in the candidate)")
+    if tree.order_differs:
+        parts.append("the shared taps run in another order in the candidate (compared by name)")
+    return (f" The two paths' module trees differ: glmfb compared the {tree.shared} taps both sides share; "
+            + "; ".join(parts) + ".")
+
+
+def _counterfactual_phrase(f: DiffFindings) -> str:
+    if not f.counterfactuals:
+        return ""
+    return " Counterfactual: " + "; ".join(k.describe() for k in f.counterfactuals) + "."
+
+
+def _counterfactual_steps(f: DiffFindings) -> list[str]:
+    steps = []
+    for knob in f.counterfactuals:
+        run = knob.closing_run
+        if run is not None:
+            value = "true" if run.value is True else "false" if run.value is False else str(run.value)
+            steps.append(f"set {knob.knob}={value} in the candidate: the diff passes with it")
+    return steps
+
+
+def _suffix(f: DiffFindings, tree: bool = True) -> str:
+    return (_tree_phrase(f) if tree else "") + _counterfactual_phrase(f)
+
+
+# --------------------------------------------------------------------------------------------
+# The rules' explanations
+# --------------------------------------------------------------------------------------------
+
+Explained = tuple[str, list[str]]
+
+
+def _passed(f: DiffFindings) -> Explained:
+    tree = _tree_phrase(f)
+    if f.output_rel_l2 == 0.0 and not (f.tree is not None and f.tree.any):
+        return f"All {f.requests} requests match exactly (zero error on every tap).", []
+    what = "every tap both sides share" if f.tree is not None and f.tree.any else "every tap"
+    exact = "match exactly on" if f.output_rel_l2 == 0.0 else "are within tolerance on"
+    why = f"All {f.requests} requests {exact} {what}"
+    if f.output_rel_l2 > 0:
+        why += f" (worst output relative L2 error {f.output_rel_l2:.2g})"
+    return why + "." + tree, []
+
+
+def _nonfinite(f: DiffFindings) -> Explained:
     why = f"The candidate produces NaN or Inf where the baseline is finite, first at {f.nonfinite_tap}."
-    return why, [
+    return why + _suffix(f), [
+        *_counterfactual_steps(f),
         f"check {f.module or f.nonfinite_tap} for overflow (a narrower dtype's range), division by zero or log of zero",
         *_rerun(f),
     ]
 
 
-def _growing_tf32(f: DiffFindings) -> tuple[str, list[str]]:
-    why = (f"The {_growth_phrase(f)} and starts in {_where(f)}{_signature_phrase(f)}: "
-           "products there run in TF32 (10-bit mantissa) and the error accumulates along the sequence.")
-    return why, [
-        f"compute the products in {f.module} in full fp32 (Triton tl.dot input_precision='ieee' or 'tf32x3'; "
-        "torch.backends.cuda.matmul.allow_tf32=False) and rerun the diff",
+def _onsets_phrase(f: DiffFindings) -> str:
+    """Whether the onset sits at one position in every request (a window, a mask, a table row)
+    or at the same fraction of each (a boundary that moves with the length: segments, shards)."""
+    by_length = sorted(set(f.onsets))
+    if len({length for length, _ in by_length}) < 2:
+        return ""
+    listing = ", ".join(f"{onset} of {length}" for length, onset in by_length)
+    if len({onset for _, onset in by_length}) == 1:
+        return f" It starts at the same position in every failing request ({listing} positions): a fixed position."
+    fractions = [onset / length for length, onset in by_length]
+    if max(fractions) - min(fractions) <= 1.0 / min(length for length, _ in by_length):
+        return (f" It starts at the same fraction of every failing request ({listing} positions, "
+                f"{fractions[0]:.3g} of the length): a boundary that moves with the length (segments or shards).")
+    return f" Its onset differs between requests ({listing} positions)."
+
+
+def _onset(f: DiffFindings) -> Explained:
+    p = f.profile
+    assert p is not None
+    after = p.positions - p.onset
+    why = (f"Zero error up to position {p.onset - 1}, large from position {p.onset} on: "
+           f"{100 * p.failing_after:.0f}% of the {after} positions from there fail (median relative error "
+           f"{p.after_median:.2g}, at most {p.before_max:.2g} before), a step at position {p.onset} rather than "
+           f"a growth; {_location(f)}.")
+    why += _onsets_phrase(f)
+    if f.length_fit is not None and f.length_fit.growing:
+        why += f" Across requests the error also grows with context length ({_fit_text(f.length_fit, 'length')} tokens)."
+    where = _module_text(f.module) if f.module is not None else (f.tap or "the outputs")
+    return why + _suffix(f), [
+        *_counterfactual_steps(f),
+        f"read what {where} does at position {p.onset}: what changes there (an attention mask or window, a table "
+        "indexed by position, a chunk or segment boundary)",
         *_rerun(f),
     ]
 
 
-def _growing(f: DiffFindings) -> tuple[str, list[str]]:
-    why = (f"The {_growth_phrase(f)} and starts in {_where(f)}{_signature_phrase(f)}: "
-           "a precision loss there accumulates along the sequence (accumulation dtype of a state or a reduction).")
-    return why, [f"raise the accumulation precision in {f.module} (fp32 state, fp32 accumulators) and rerun", *_rerun(f)]
+def _fit_text(fit: GrowthFit, unit: str) -> str:
+    low, high = min(fit.lengths), max(fit.lengths)
+    return (f"log-log exponent {fit.exponent:.2f}, r² {fit.exponent_r2:.2f}, {fit.growth_factor:.1f}x from "
+            f"{unit} {low:g} to {high:g}")
 
 
-def _rounded(format_name: str) -> Callable[[DiffFindings], tuple[str, list[str]]]:
-    def explain(f: DiffFindings) -> tuple[str, list[str]]:
-        why = (f"The {_where(f)} adds error by itself{_signature_phrase(f)}: "
-               f"its output or an operand is rounded to {format_name}; the layers after it only inherit the error.")
-        return why, [
-            f"look for a {format_name} cast or autocast region in {f.module}; keep it in "
-            f"{f.dtype or 'the baseline dtype'} or widen the tolerance for it with --tol '{f.module}*=RTOL,ATOL' if intended",
-            *_rerun(f),
-        ]
-
-    return explain
+def _rise_text(p: PositionShape) -> str:
+    assert p.fit is not None
+    if p.fit.growing:
+        return _fit_text(p.fit, "position")
+    return (f"it rises {p.rise:.1f}x from the first positions and levels off, rank correlation with the "
+            f"position {p.rank_correlation:.2f}; log-log exponent {p.fit.exponent:.2f}, r² {p.fit.exponent_r2:.2f}")
 
 
-def _spike(f: DiffFindings) -> tuple[str, list[str]]:
+def _tf32_claimed(f: DiffFindings) -> bool:
+    return f.rounding is not None and f.rounding.format == "tf32"
+
+
+def _growth_steps(f: DiffFindings, what: str) -> list[str]:
+    steps = _counterfactual_steps(f)
+    if _tf32_claimed(f):
+        steps.append(f"compute the products in {f.module or f.tap} in full fp32 (Triton tl.dot input_precision="
+                     "'ieee' or 'tf32x3'; torch.backends.cuda.matmul.allow_tf32=False) and rerun the diff")
+    elif f.rounding is not None and f.rounding.format is not None:
+        name = FORMAT_NAMES[f.rounding.format]
+        steps.append(f"keep {f.module or f.tap} out of {name} (an fp32 state, fp32 accumulators) and rerun")
+    else:
+        steps.append(what)
+    return [*steps, *_rerun(f)]
+
+
+def _growing_with_length(f: DiffFindings) -> Explained:
+    fit = f.length_fit
+    assert fit is not None
+    why = f"The error grows with context length ({_fit_text(fit, 'length')} tokens); {_location(f)}"
+    why += _rounding_clause(f)
+    if f.rounding is not None and f.rounding.reproduced:
+        why += f", so {_meaning(f.rounding)}, and the rounding accumulates over the context."
+    else:
+        why += ": something there accumulates over the context (a recurrent state, a reduction, a table indexed by position)."
+    place = f.module if f.module is not None else (f.tap or "the outputs")
+    return why + _suffix(f), _growth_steps(
+        f, f"find what in {_module_text(place)} depends on the context length (an accumulated state, a "
+           "position-dependent table) and compare it at the longest request")
+
+
+def _growing_along_sequence(f: DiffFindings) -> Explained:
+    p = f.profile
+    assert p is not None and p.fit is not None
+    why = (f"Within request {f.request}, the error grows along the sequence from position {p.start} on "
+           f"({_rise_text(p)}); {_location(f)}{_rounding_clause(f)}")
+    if f.rounding is not None and f.rounding.reproduced:
+        why += f", so {_meaning(f.rounding)}, and the rounding accumulates from position to position."
+    else:
+        why += (": a quantity that depends on the position drifts further at every step (rotary angles, a decay "
+                "gate, a recurrent state).")
+    place = f.module if f.module is not None else (f.tap or "the outputs")
+    return why + _suffix(f), _growth_steps(
+        f, f"compare what {_module_text(place)} computes from the position (rotary angles, decay gates, a "
+           "recurrent state) at the last positions of the request")
+
+
+def _rounded(f: DiffFindings) -> Explained:
+    r = f.rounding
+    assert r is not None and r.format is not None
+    name = FORMAT_NAMES[r.format]
+    why = f"The {_where(f)} adds error by itself: {r.describe()}, so {_meaning(r)}"
+    why += "; the layers after it only inherit the error." if f.local is True else "."
+    place = f.module or f.tap or "the module"
+    keep = f.dtype if f.dtype and f.dtype not in ("bfloat16", "float16") else "the baseline's dtype"
+    return why + _suffix(f), [
+        *_counterfactual_steps(f),
+        f"look for a {name} cast or an autocast region in {place}; keep it in {keep}, or widen the tolerance "
+        f"for it with --tol '{place}*=RTOL,ATOL' if intended",
+        *_rerun(f),
+    ]
+
+
+def _tree_differs(f: DiffFindings) -> Explained:
+    assert f.tree is not None and f.module is not None
+    only_b, only_c = f.tree.modules_below(f.module)
+    parts = []
+    if only_b:
+        parts.append(f"{', '.join(_short(m, f.module) for m in only_b)} run as modules in the baseline only")
+    if only_c:
+        parts.append(f"{', '.join(_short(m, f.module) for m in only_c)} in the candidate only")
+    why = (f"The error starts in {_where(f)}, and below it the two paths differ: {'; '.join(parts)}. glmfb "
+           f"compared the {f.tree.shared} taps both sides share and cannot look inside the candidate's "
+           f"{f.module}: the computation that replaced its submodules computes something else.")
+    return why + _suffix(f, tree=False), [
+        *_counterfactual_steps(f),
+        f"compare the candidate's forward of {f.module} with the baseline's (what replaced "
+        f"{', '.join(_short(m, f.module) for m in (only_b or only_c)[:4])}: activation, order of operations, weights used)",
+        *_rerun(f),
+    ]
+
+
+def _short(module: str, parent: str) -> str:
+    return module[len(parent) + 1:] if module.startswith(parent + ".") else module
+
+
+def _systematic(f: DiffFindings) -> Explained:
+    b = f.bias
+    assert b is not None
+    why = f"The error is systematic, not rounding: in {_where(f)}, {b.describe()}"
+    r = f.rounding
+    if r is not None and not r.reproduced and r.best is not None:
+        why += (f", and no rounding of the baseline to a narrower format reproduces it (closest: size "
+                f"{r.best.size_ratio:.2g}x the observed error, correlation {r.best.correlation:.2f})")
+    why += ": a changed constant (an epsilon, a scale, an offset) rather than lost bits."
+    entry = _entry_phrase(f)
+    if entry:
+        why += f" {entry[0].upper()}{entry[1:]}."
+    place = f.module or f.tap or "the module"
+    return why + _suffix(f), [
+        *_counterfactual_steps(f),
+        f"compare the constants {place} uses on the two sides (an epsilon, a scale, an offset, the config "
+        "fields it reads)",
+        *_rerun(f),
+    ]
+
+
+def _parent_forward(f: DiffFindings) -> Explained:
+    entry = _entry_phrase(f)
+    if entry:
+        why = f"The first tap outside tolerance is {f.first_divergent}; {entry}."
+        module = f.entry.module if f.entry is not None else None
+        step = (f"read {_module_text(module)}'s forward: what it computes and hands its submodules "
+                "(a mask, a position table, a constant)")
+    else:
+        why = (f"The first tap outside tolerance is {f.first_divergent}, but no module's own error exceeds "
+               "tolerance on the baseline's inputs: the error enters in code between tapped modules (a parent's "
+               "forward), or grows from differences below tolerance upstream.")
+        step = (f"read the code that produces the inputs of {f.first_divergent} in its parent's forward, "
+                "or tighten the tolerance on the upstream taps (--tol) to see where the first difference appears")
+    return why + _suffix(f), [*_counterfactual_steps(f), step, *_rerun(f)]
+
+
+def _spike(f: DiffFindings) -> Explained:
     why = (f"The error is confined to a few positions (first at position {f.position}) in {_where(f)}: "
            "a boundary, mask or indexing problem rather than a precision loss.")
-    return why, [f"inspect {f.module} at position {f.position} (masks, chunk boundaries, padding)", *_rerun(f)]
+    return why + _suffix(f), [*_counterfactual_steps(f),
+                              f"inspect {f.module or f.tap} at position {f.position} (masks, chunk boundaries, padding)",
+                              *_rerun(f)]
 
 
-def _inherited(f: DiffFindings) -> tuple[str, list[str]]:
-    why = (f"The first tap outside tolerance is {f.first_divergent}, but no module's own error exceeds tolerance on "
-           "the baseline's inputs: the error enters in code between tapped modules (a parent's forward), "
-           "or grows from differences below tolerance upstream.")
-    return why, [
-        f"read the code that produces the inputs of {f.first_divergent} in its parent's forward, "
-        "or tighten the tolerance on the upstream taps (--tol) to see where the first difference appears",
-        *_rerun(f),
-    ]
+def _generic(f: DiffFindings) -> Explained:
+    shape = {ErrorShape.CONSTANT: "about constant across lengths", ErrorShape.GROWING: "growing with length"}.get(
+        f.shape, f.shape.value)
+    why = f"Outputs differ beyond tolerance; the error starts in {_where(f)} and is {shape}."
+    r = f.rounding
+    if r is not None and not r.reproduced and r.best is not None:
+        why += (f" No rounding of the baseline to a narrower format reproduces it (closest: size "
+                f"{r.best.size_ratio:.2g}x, correlation {r.best.correlation:.2f}).")
+    place = f.module or f.tap or "output"
+    return why + _suffix(f), [*_counterfactual_steps(f),
+                              f"diff {place} in isolation (--tap '{place}*') and read its per-position error",
+                              *_rerun(f)]
 
 
-def _generic(f: DiffFindings) -> tuple[str, list[str]]:
-    shape = {ErrorShape.CONSTANT: "about constant across lengths", ErrorShape.GROWING: "growing with length"}.get(f.shape, f.shape.value)
-    why = f"Outputs differ beyond tolerance; the error starts in {_where(f)} and is {shape}{_signature_phrase(f)}."
-    return why, [f"diff {f.module} in isolation (--tap '{f.module}*') and read its per-position error", *_rerun(f)]
+# --------------------------------------------------------------------------------------------
+# The table
+# --------------------------------------------------------------------------------------------
 
 
-def _passed(f: DiffFindings) -> tuple[str, list[str]]:
-    if f.output_rel_l2 == 0.0:
-        return f"All {f.requests} requests match exactly (zero error on every tap).", []
-    return (f"All {f.requests} requests are within tolerance on every tap "
-            f"(worst output relative L2 error {f.output_rel_l2:.2g})."), []
-
-
-def _rule(name: str, applies: Callable[[DiffFindings], bool],
-          explain: Callable[[DiffFindings], tuple[str, list[str]]], doc: str,
-          status: Status = Status.FAIL) -> Rule[DiffFindings]:
+def _rule(name: str, applies: Callable[[DiffFindings], bool], explain: Callable[[DiffFindings], Explained],
+          doc: str, status: Status = Status.FAIL) -> Rule[DiffFindings]:
     def check(f: DiffFindings) -> Diagnosis | None:
         if not applies(f):
             return None
@@ -163,24 +454,40 @@ def _rule(name: str, applies: Callable[[DiffFindings], bool],
     return Rule(name, KIND, check, doc)
 
 
-def _is_tf32(f: DiffFindings) -> bool:
-    return f.signature is not None and f.signature.consistent and f.signature.nearest == "tf32/fp16"
+def _tree_below(f: DiffFindings) -> bool:
+    if f.tree is None or f.module is None or f.local is not True:
+        return False
+    only_b, only_c = f.tree.modules_below(f.module)
+    return bool(only_b or only_c)
+
+
+def _growing_profile(f: DiffFindings) -> bool:
+    return f.profile is not None and f.profile.growing and f.profile.fit is not None
 
 
 RULES: tuple[Rule[DiffFindings], ...] = (
-    _rule("pass", lambda f: not f.failed, _passed, "every request within tolerance", Status.PASS),
+    _rule("pass", lambda f: not f.failed, _passed, "every request within tolerance on every shared tap", Status.PASS),
     _rule("non-finite", lambda f: f.shape is ErrorShape.NON_FINITE, _nonfinite,
           "NaN or Inf in the candidate where the baseline is finite"),
-    _rule("growing-tf32", lambda f: f.shape is ErrorShape.GROWING and _is_tf32(f) and f.dtype == "float32",
-          _growing_tf32, "error grows with length, at the TF32 unit roundoff, in float32"),
-    _rule("growing", lambda f: f.shape is ErrorShape.GROWING, _growing, "error grows with length"),
-    _rule("inherited-only", lambda f: f.local is False, _inherited,
-          "no module's own error exceeds tolerance: the error enters between taps"),
+    _rule("position-onset", lambda f: f.profile is not None and f.profile.step, _onset,
+          "within one request, zero error up to a position and a step there"),
+    _rule("growing-with-length", lambda f: f.length_fit is not None and f.length_fit.growing, _growing_with_length,
+          "the output error grows with the request length (exponent >= 0.3, r² >= 0.7, 2x or more over the lengths)"),
+    _rule("growing-along-sequence", _growing_profile, _growing_along_sequence,
+          "within one request, the error grows with the position from its onset on"),
+    _rule("precision-rounding", lambda f: f.rounding is not None and f.rounding.reproduced, _rounded,
+          "rounding the baseline's output or operands to a narrower format reproduces the error"),
+    _rule("module-tree-differs", _tree_below, _tree_differs,
+          "the error starts in a module whose submodules ran on one side only"),
+    _rule("systematic-bias", lambda f: f.bias is not None and f.bias.systematic, _systematic,
+          "a per-position scale and shift of the baseline explains most of the error, and no rounding does"),
+    _rule("parent-forward", lambda f: f.local is False, _parent_forward,
+          "no module's own error exceeds tolerance: the error enters in a parent's forward"),
     _rule("spike", lambda f: f.shape is ErrorShape.SPIKE, _spike, "error confined to a few positions"),
-    _rule("bf16-rounding", lambda f: f.signature is not None and f.signature.consistent
-          and f.signature.nearest == "bf16" and f.dtype in ("float32", "float64"), _rounded("bfloat16"),
-          "the module's own error sits at the bf16 unit roundoff"),
-    _rule("fp16-rounding", lambda f: _is_tf32(f) and f.dtype in ("float32", "float64"), _rounded("fp16 or TF32"),
-          "the module's own error sits at the fp16/TF32 unit roundoff"),
     _rule("generic", lambda f: True, _generic, "outputs differ beyond tolerance"),
 )
+
+
+def rule_table() -> Sequence[tuple[str, str]]:
+    """(name, what makes it fire) of every built-in rule, in order."""
+    return [(rule.name, rule.doc) for rule in RULES]

@@ -3,6 +3,8 @@
 - :func:`growth_fit`: error against length across requests (or positions within one):
   least-squares slope and r², and the log-log exponent with its r².
 - :func:`classify`: growing with length, constant, a localized spike, or non-finite.
+- :func:`position_profile`: error along one request's positions: zero up to an onset and a
+  step there (a mask, a window, a table), or growing along the sequence.
 - :func:`precision_signature`: an observed relative error set against the unit roundoff
   ``u = 2^-p`` of bf16, fp16, TF32 and fp32. Rounding to nearest gives a median relative
   error of about ``0.35 u``; a few roundings compounded (operands of a product, then the
@@ -30,6 +32,11 @@ ROUNDING_FACTOR = 0.5  # typical median relative error / u after one to a few ro
 
 GROWING_EXPONENT = 0.3  # log-log exponent above which error counts as growing with length
 GROWING_R2 = 0.7
+GROWING_FACTOR = 2.0  # ... and the fit must predict at least this much growth over the span measured
+STEP_CONTRAST = 100.0  # before an onset, the error is this many times below what follows (or is predicted)
+STEP_FAILING_SHARE = 0.5  # ... and at least this share of the positions from the onset on fail
+RISE_FACTOR = 4.0  # an error that rises and saturates: the later half this many times the first bin, ...
+RISE_RANK_CORRELATION = 0.5  # ... and the error ranked against the position correlates at least this well
 SPIKE_POSITION_FRACTION = 0.05  # at most this fraction of positions fail, and ...
 SPIKE_CONTRAST = 10.0  # ... the worst position's error is this many times the median one
 
@@ -54,12 +61,33 @@ class GrowthFit:
     exponent_r2: float
     lengths: tuple[float, ...]
     errors: tuple[float, ...]
+    intercept: float = 0.0  # error = intercept + slope * length
+    log_intercept: float = 0.0  # log(error) = log_intercept + exponent * log(length)
+
+    @property
+    def growth_factor(self) -> float:
+        """How much the log-log fit says the error grows from the shortest length to the longest."""
+        low, high = min(self.lengths), max(self.lengths)
+        return (high / low) ** self.exponent if low > 0 else math.inf
+
+    @property
+    def growing(self) -> bool:
+        """A real growth: exponent >= 0.3 with r² >= 0.7, increasing, and at least 2x over the span."""
+        return (self.exponent >= GROWING_EXPONENT and self.exponent_r2 >= GROWING_R2 and self.slope > 0
+                and self.growth_factor >= GROWING_FACTOR)
+
+    def predict(self, length: float) -> float:
+        """The log-log fit's error at ``length`` (0 at length 0 when it grows)."""
+        if length <= 0:
+            return 0.0 if self.exponent > 0 else math.exp(self.log_intercept)
+        return math.exp(self.log_intercept + self.exponent * math.log(length))
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "basis": self.basis, "points": self.points, "slope": self.slope, "r2": self.r2,
             "loglog_exponent": self.exponent, "loglog_r2": self.exponent_r2,
             "lengths": list(self.lengths), "errors": list(self.errors),
+            "intercept": self.intercept, "loglog_intercept": self.log_intercept,
         }
 
 
@@ -85,13 +113,14 @@ def growth_fit(lengths: Sequence[float], errors: Sequence[float], basis: str) ->
         return None
     xs = [x for x, _ in pairs]
     ys = [y for _, y in pairs]
-    slope, _, r2 = _linear_fit(xs, ys)
+    slope, intercept, r2 = _linear_fit(xs, ys)
     positive = [(math.log(x), math.log(y)) for x, y in pairs if y > 0]
     if len({lx for lx, _ in positive}) >= 3:
-        exponent, _, exponent_r2 = _linear_fit([p[0] for p in positive], [p[1] for p in positive])
+        exponent, log_intercept, exponent_r2 = _linear_fit([p[0] for p in positive], [p[1] for p in positive])
     else:
-        exponent, exponent_r2 = 0.0, 0.0
-    return GrowthFit(basis, len(pairs), slope, r2, exponent, exponent_r2, tuple(xs), tuple(ys))
+        exponent, log_intercept, exponent_r2 = 0.0, math.log(max(ys)) if max(ys) > 0 else 0.0, 0.0
+    return GrowthFit(basis, len(pairs), slope, r2, exponent, exponent_r2, tuple(xs), tuple(ys), intercept,
+                     log_intercept)
 
 
 def position_curve(errors: Sequence[float], points: int = 32) -> tuple[list[float], list[float]]:
@@ -111,6 +140,108 @@ def position_curve(errors: Sequence[float], points: int = 32) -> tuple[list[floa
     return xs, ys
 
 
+def position_bins(count: int, points: int = 32) -> list[tuple[int, int]]:
+    """Up to ``points`` equal bins over ``count`` positions, as ``(start, end)`` (0-based, end
+    exclusive): the bins :func:`position_curve` averages over."""
+    bins = min(points, count)
+    return [(i * count // bins, (i + 1) * count // bins) for i in range(bins)] if count else []
+
+
+def binned_from(errors: Sequence[float], start: int, points: int = 32) -> tuple[list[float], list[float]]:
+    """Error against 0-based position from ``start`` on (position 0 left out: a power law in the
+    position is 0 there), averaged over up to ``points`` bins: the points of a growth fit."""
+    first = max(start, 1)
+    tail = list(errors[first:])
+    xs: list[float] = []
+    ys: list[float] = []
+    for begin, end in position_bins(len(tail), points):
+        chunk = [e for e in tail[begin:end] if math.isfinite(e)]
+        if chunk:
+            xs.append(first + (begin + end - 1) / 2)
+            ys.append(sum(chunk) / len(chunk))
+    return xs, ys
+
+
+@dataclass(frozen=True)
+class PositionShape:
+    """Error along one request's positions, from its onset (the first failing position)."""
+
+    onset: int
+    positions: int
+    failing_after: float
+    before_max: float
+    after_median: float
+    fit: GrowthFit | None  # error against position from the first position with any error (at least 1) on
+    predicted_before: float | None  # the fit's error at onset - 1 (None: no fit, or onset 0)
+    rise: float = 1.0  # median error of the later half of the bins over the first bin's
+    rank_correlation: float = 0.0  # Spearman's rank correlation of error and position (the bins)
+    start: int = 1  # the first position the growth is fitted from (the first with any error, at least 1)
+
+    @property
+    def rises(self) -> bool:
+        """The error climbs from the onset and levels off (a bounded quantity such as a rotary
+        angle's cosine saturates, so a power law fits it loosely)."""
+        return self.rise >= RISE_FACTOR and self.rank_correlation >= RISE_RANK_CORRELATION
+
+    @property
+    def growing(self) -> bool:
+        return self.fit is not None and (self.fit.growing or self.rises)
+
+    @property
+    def step(self) -> bool:
+        """Zero up to the onset and large from there on: the error before the onset is far below
+        what follows (flat after it) or below what its growth predicts just before the onset (a
+        growth from position 0 predicts 0 there, so onset 1 with growth is not a step)."""
+        if self.onset < 1 or self.failing_after < STEP_FAILING_SHARE:
+            return False
+        if not self.growing:
+            return self.before_max * STEP_CONTRAST <= self.after_median
+        if self.predicted_before is None or self.onset < 2:
+            return False
+        return self.before_max * STEP_CONTRAST <= self.predicted_before
+
+
+def position_profile(rel_l2: Sequence[float], outside: Sequence[int]) -> PositionShape | None:
+    """The shape of the error along positions (per-position relative L2 error and elements
+    outside tolerance). None when no position fails."""
+    onset = next((i for i, count in enumerate(outside) if count > 0), None)
+    if onset is None:
+        return None
+    positions = len(rel_l2)
+    after = [e for e in rel_l2[onset:] if math.isfinite(e)]
+    before = [e for e in rel_l2[:onset] if math.isfinite(e)]
+    failing_after = sum(1 for count in outside[onset:] if count > 0) / max(1, positions - onset)
+    # the growth is fitted from the first position with any error (within tolerance or not): an
+    # error that accumulates from the start crosses the tolerance late, a step starts at its onset
+    start = next((i for i, e in enumerate(rel_l2[:onset + 1]) if math.isfinite(e) and e > 0), onset)
+    xs, ys = binned_from(rel_l2, start)
+    fit = growth_fit(xs, ys, "positions")
+    predicted = fit.predict(onset - 1) if fit is not None and onset >= 1 else None
+    after_sorted = sorted(after)
+    later = sorted(ys[len(ys) // 2:])
+    rise = later[len(later) // 2] / ys[0] if ys and ys[0] > 0 and later else (math.inf if later and later[-1] > 0 else 1.0)
+    return PositionShape(
+        onset=onset, positions=positions, failing_after=failing_after, before_max=max(before, default=0.0),
+        after_median=after_sorted[len(after_sorted) // 2] if after_sorted else 0.0, fit=fit,
+        predicted_before=predicted, rise=rise, rank_correlation=rank_correlation(ys), start=max(start, 1),
+    )
+
+
+def rank_correlation(values: Sequence[float]) -> float:
+    """Spearman's rank correlation of ``values`` with their index (ties ranked by order)."""
+    n = len(values)
+    if n < 3:
+        return 0.0
+    order = sorted(range(n), key=lambda i: values[i])
+    ranks = [0] * n
+    for rank, index in enumerate(order):
+        ranks[index] = rank
+    mean = (n - 1) / 2
+    covariance = sum((i - mean) * (ranks[i] - mean) for i in range(n))
+    variance = sum((i - mean) ** 2 for i in range(n))
+    return covariance / variance if variance else 0.0
+
+
 def is_spike(position_errors: Sequence[float], failing_positions: int) -> bool:
     """A few positions carry the error: few fail and the worst stands far above the median."""
     finite = sorted(e for e in position_errors if math.isfinite(e))
@@ -126,7 +257,7 @@ def classify(fit: GrowthFit | None, *, nonfinite: bool, spike: bool, any_error: 
         return ErrorShape.NON_FINITE
     if not any_error:
         return ErrorShape.NONE
-    if fit is not None and fit.exponent >= GROWING_EXPONENT and fit.exponent_r2 >= GROWING_R2 and fit.slope > 0:
+    if fit is not None and fit.growing:
         return ErrorShape.GROWING
     if spike:
         return ErrorShape.SPIKE

@@ -27,46 +27,72 @@ from glmfb.report.plots._base import (
 MAX_MODULE_BARS = 24
 
 
+def _position_points(item: Mapping[str, Any]) -> tuple[list[float], list[float], list[tuple[int, int, float]]]:
+    """0-based bin centres, errors, and the bins with elements outside tolerance (start, end,
+    fraction). ``bin_edges`` (0-based) is used when the evidence has it; older evidence has
+    only 1-based bin centres."""
+    rel = numbers(item.get("rel_l2"))
+    edges = [int(e) for e in numbers(item.get("bin_edges")) if e is not None]
+    fractions = numbers(item.get("outside_fraction"))
+    if len(edges) == len(rel) + 1 and rel:
+        xs, ys, failing = [], [], []
+        for index, y in enumerate(rel):
+            start, end = edges[index], edges[index + 1]
+            if y is not None:
+                xs.append((start + end - 1) / 2)
+                ys.append(y)
+            fraction = fractions[index] if index < len(fractions) else None
+            if fraction is not None and fraction > 0:
+                failing.append((start, end, fraction))
+        return xs, ys, failing
+    # Bin centres are 1-based in older evidence; positions in ``where`` are 0-based indices.
+    pairs = [(x - 1.0, y) for x, y in zip(numbers(item.get("positions")), rel, strict=False)
+             if x is not None and y is not None]
+    return [p[0] for p in pairs], [p[1] for p in pairs], []
+
+
 def error_by_position(view: VerdictView) -> Plot:
     """Relative L2 error along the token positions of the worst request, with the first
-    position outside tolerance marked."""
+    position outside tolerance marked and the bins with elements outside tolerance shaded."""
     item = view.require("error_by_position")
-    # Bin centres are 1-based in the evidence; positions in ``where`` are 0-based indices.
-    pairs = [
-        (x - 1.0, y)
-        for x, y in zip(numbers(item.get("positions")), numbers(item.get("rel_l2")), strict=False)
-        if x is not None and y is not None
-    ]
-    if not pairs:
+    xs, ys, failing = _position_points(item)
+    if not xs:
         raise NoData("the error_by_position evidence holds no finite points")
-    xs = [p[0] for p in pairs]
-    ys = [p[1] for p in pairs]
     tap = str(item.get("tap") or "")
     own = bool(item.get("local"))
     figure, axes = new_axes(6.4, 3.0)
     axes.plot(xs, ys, color=CANDIDATE_COLOR, marker="o", markersize=3, linewidth=1.4,
               label=f"{'own error of' if own else 'error at'} {short(tap, 40)}", gid="error-by-position")
+    for index, (start, end, _) in enumerate(failing):
+        axes.axvspan(start - 0.5, end - 0.5, color=FAIL_COLOR, alpha=0.08, linewidth=0,
+                     gid=element_id("outside-tolerance", index),
+                     label="elements outside tolerance" if index == 0 else None)
     if all(y > 0 for y in ys):
         axes.set_yscale("log")
         at_least_a_decade(axes, ys)
     first = item.get("first_failing_position")
-    caption = f"Relative L2 error per token position of request {item.get('request')} at {tap}"
+    length = item.get("length")
+    caption = f"Relative L2 error per token position of request {item.get('request')}"
+    caption += f" ({length} positions)" if isinstance(length, int) and not isinstance(length, bool) else ""
+    caption += f" at {tap}"
     caption += " (the module run on the baseline's inputs)." if own else "."
     if isinstance(first, int) and not isinstance(first, bool):
         axes.axvline(first, color=FAIL_COLOR, linestyle="--", linewidth=1.4,
                      label=f"first failing position: {first}", gid="first-failing-position")
         axes.annotate(f"first failing\nposition {first}", xy=(first, 1.0), xycoords=("data", "axes fraction"),
                       xytext=(4, -4), textcoords="offset points", va="top", color=FAIL_COLOR, fontsize=8)
-        failing = item.get("failing_positions")
+        failing_count = item.get("failing_positions")
         caption += f" First position outside tolerance: {first}"
-        caption += f"; {failing} positions fail." if failing is not None else "."
+        caption += f"; {failing_count} positions fail." if failing_count is not None else "."
     else:
         caption += " No position is outside tolerance."
-    axes.set_xlabel("token position (averaged over equal bins)")
+    if failing:
+        caption += " Shaded: bins with elements outside tolerance."
+    axes.set_xlabel("token position (0-based, averaged over equal bins)")
     axes.set_ylabel("relative L2 error")
     axes.set_title(f"Error by position: {short(tap, 48)}")
     span = max(xs) - min(0.0, min(xs))
-    axes.set_xlim(min(0.0, min(xs)) - 0.02 * span, max(xs) + 0.02 * span)  # a mark at 0 stays visible
+    axes.set_xlim(min(0.0, min(xs)) - 0.02 * span - 0.5, max(xs) + 0.02 * span + 0.5)  # a mark at 0 stays visible
     axes.legend(loc="lower right")
     return Plot(figure, caption)
 
@@ -131,7 +157,8 @@ def error_growth(view: VerdictView) -> Plot:
     caption = f"Error shape: {shape_name}."
     exponent = number(fit.get("loglog_exponent")) if fit is not None else None
     if fit is not None and exponent is not None and log_axes:
-        law = _power_law(xs, ys, exponent)
+        intercept = number(fit.get("loglog_intercept"))
+        law = (math.exp(intercept), exponent) if intercept is not None else _power_law(xs, ys, exponent)
         if law is not None:
             prefactor, k = law
             grid = [min(xs) * (max(xs) / min(xs)) ** (i / 50) for i in range(51)]
@@ -166,6 +193,7 @@ def module_errors(view: VerdictView) -> Plot:
     labels: list[str] = []
     own: list[float | None] = []
     total: list[float | None] = []
+    inherited: list[float | None] = []
     failed: list[bool] = []
     if local is not None and local.get("rows"):
         for row in local["rows"][:MAX_MODULE_BARS]:
@@ -174,6 +202,7 @@ def module_errors(view: VerdictView) -> Plot:
             labels.append(label if not call else f"{label}#{call}")
             own.append(number(row.get("local_rel_l2")))
             total.append(number(row.get("total_rel_l2")))
+            inherited.append(number(row.get("inherited_rel_l2")))
             failed.append(bool(row.get("local_exceeds_tolerance")))
         source = f"request {local.get('request')}"
     else:
@@ -186,9 +215,10 @@ def module_errors(view: VerdictView) -> Plot:
             labels.append(str(row.get("tap")))
             own.append(None)
             total.append(number(row.get("rel_l2")))
+            inherited.append(None)
             failed.append(row.get("status") == "fail")
         source = f"request {modules.get('request') if modules is not None else '?'}"
-    positive = [v for v in [*own, *total] if v is not None and v > 0]
+    positive = [v for v in [*own, *total, *inherited] if v is not None and v > 0]
     if not positive:
         raise NoData("every module's error is zero")
     floor = min(positive) / 4
@@ -196,20 +226,28 @@ def module_errors(view: VerdictView) -> Plot:
     figure, axes = new_axes(6.8, height_in)
     ys = list(range(len(labels)))
     has_own = any(v is not None for v in own)
-    bar = 0.38 if has_own else 0.6
-    bars = axes.barh([y + (bar / 2 if has_own else 0) for y in ys], [t if t and t > 0 else 0 for t in total],
+    has_inherited = any(v is not None for v in inherited)
+    bar = (0.27 if has_inherited else 0.38) if has_own else 0.6
+    total_offset = bar if has_inherited else (bar / 2 if has_own else 0)
+    bars = axes.barh([y + total_offset for y in ys], [t if t and t > 0 else 0 for t in total],
                      height=bar, color=BASELINE_COLOR, label="in the captures (own + inherited)", left=0)
     for patch, label in zip(bars, labels, strict=False):
         patch.set_gid(element_id("total", label))
+    if has_inherited:
+        inherited_bars = axes.barh(ys, [v if v and v > 0 else 0 for v in inherited], height=bar, color=MUTED_COLOR,
+                                   label="at its inputs (inherited, measured)")
+        for patch, label in zip(inherited_bars, labels, strict=False):
+            patch.set_gid(element_id("inherited", label))
     if has_own:
-        own_bars = axes.barh([y - bar / 2 for y in ys], [o if o and o > 0 else 0 for o in own], height=bar,
+        own_offset = -bar if has_inherited else -bar / 2
+        own_bars = axes.barh([y + own_offset for y in ys], [o if o and o > 0 else 0 for o in own], height=bar,
                              color=[FAIL_COLOR if f else CANDIDATE_COLOR for f in failed],
                              label="own (run on the baseline's inputs)")
         for patch, label in zip(own_bars, labels, strict=False):
             patch.set_gid(element_id("own", label))
         for y, value in zip(ys, own, strict=False):
             if value is not None and value <= 0:
-                axes.annotate("own 0", xy=(floor, y - bar / 2), va="center", fontsize=7, color=MUTED_COLOR,
+                axes.annotate("own 0", xy=(floor, y + own_offset), va="center", fontsize=7, color=MUTED_COLOR,
                               xytext=(2, 0), textcoords="offset points")
     axes.set_xscale("log")
     axes.set_xlim(left=floor)
@@ -223,12 +261,13 @@ def module_errors(view: VerdictView) -> Plot:
     axes.invert_yaxis()
     axes.set_xlabel("relative L2 error (log scale)")
     axes.set_title("Error by module: own against inherited" if has_own else "Error by module")
-    figure.legend(loc="outside lower center", ncol=2)
+    figure.legend(loc="outside lower center", ncol=3 if has_inherited else 2)
     caption = f"Modules of {source} in execution order."
     if has_own:
         starts = [label for label, is_failed in zip(labels, failed, strict=False) if is_failed]
         caption += (" Red: the module's own error exceeds tolerance" + (f" ({', '.join(starts[:3])})" if starts else "")
-                    + "; a long blue bar with a short own bar is error inherited from upstream.")
+                    + "; a long blue bar with a short own bar is error inherited from upstream"
+                    + (", and the grey bar is the error measured at the module's inputs." if has_inherited else "."))
     if culprit:
         caption += f" The verdict names {culprit} (bold)."
     return Plot(figure, caption)
@@ -239,8 +278,10 @@ def counterfactuals(view: VerdictView) -> Plot:
     leaves, and which one closes the gap.
 
     Reads ``counterfactual`` evidence: ``knob``, ``candidate_value``, ``candidate_rel_l2``,
-    ``results`` (each ``value``, ``rel_l2``, ``failed``, optional ``lengths`` and ``errors``),
-    ``closes`` (the value that passes) — see the report's notes on evidence fields.
+    ``results`` (each ``value``, ``rel_l2``, ``failed``, optional ``lengths`` and ``errors``,
+    ``tried`` and ``note``), ``closes`` (the value that passes) — see the report's notes on
+    evidence fields. Values that were not tried (torch's switch on a CPU candidate) are named
+    in the caption, not drawn as zero.
     """
     items = view.evidence("counterfactual")
     if not items:
@@ -250,18 +291,25 @@ def counterfactuals(view: VerdictView) -> Plot:
     results = [r for r in item.get("results") or [] if isinstance(r, Mapping)]
     if not results:
         raise NoData("the counterfactual evidence lists no results")
-    closes = item.get("closes")
-    by_length = all(r.get("lengths") and r.get("errors") for r in results)
+    tried = [r for r in results if r.get("tried", True) is not False and number(r.get("rel_l2")) is not None]
+    untried = [r for r in results if r not in tried]
+    closes_raw = item.get("closes")
+    closes = None if closes_raw is None else _shown(closes_raw)
+    by_length = bool(tried) and all(r.get("lengths") and r.get("errors") for r in tried)
     figure, axes = new_axes(6.4, 3.0)
     if by_length:
-        for result in results:
+        positive = [y for r in tried for y in numbers(r.get("errors")) if y is not None and y > 0]
+        floor = min(positive) / 10 if positive else 1e-12
+        for result in tried:
             pairs = [(x, y) for x, y in zip(numbers(result.get("lengths")), numbers(result.get("errors")), strict=False)
-                     if x is not None and y is not None and x > 0 and y > 0]
-            value = str(result.get("value"))
+                     if x is not None and y is not None and x > 0]
+            value = _shown(result.get("value"))
             color = PASS_COLOR if value == closes else (FAIL_COLOR if result.get("failed") else BASELINE_COLOR)
-            axes.plot([p[0] for p in pairs], [p[1] for p in pairs], marker="o", markersize=3, color=color,
-                      gid=element_id("counterfactual", value),
-                      label=f"{knob}={value}" + (" (closes the gap)" if value == closes else ""))
+            zero = bool(pairs) and all(p[1] <= 0 for p in pairs)
+            axes.plot([p[0] for p in pairs], [p[1] if p[1] > 0 else floor for p in pairs],
+                      marker="v" if zero else "o", markersize=3, color=color, gid=element_id("counterfactual", value),
+                      label=f"{knob}={value}" + (" (zero error)" if zero else "")
+                      + (" (closes the gap)" if value == closes else ""))
         axes.set_xscale("log", base=2)
         axes.set_yscale("log")
         axes.set_xlabel("context length (tokens)")
@@ -271,18 +319,18 @@ def counterfactuals(view: VerdictView) -> Plot:
         colors = []
         reference = number(item.get("candidate_rel_l2"))
         if reference is not None:
-            names.append(f"{item.get('candidate_value', 'candidate')} (as run)")
+            names.append(f"{_shown(item.get('candidate_value', 'candidate'))} (as run)")
             values.append(reference)
             colors.append(FAIL_COLOR)
-        for result in results:
-            value = str(result.get("value"))
+        for result in tried:
+            value = _shown(result.get("value"))
             names.append(value)
             values.append(number(result.get("rel_l2")) or 0.0)
             colors.append(PASS_COLOR if value == closes else (FAIL_COLOR if result.get("failed") else BASELINE_COLOR))
         for patch, name in zip(axes.bar(range(len(names)), values, color=colors), names, strict=False):
             patch.set_gid(element_id("counterfactual", name))
         axes.set_xticks(range(len(names)), names)
-        if all(v > 0 for v in values):
+        if values and all(v > 0 for v in values):
             axes.set_yscale("log")
         axes.set_xlabel(knob)
     axes.set_ylabel("relative L2 error of the outputs")
@@ -291,7 +339,19 @@ def counterfactuals(view: VerdictView) -> Plot:
         axes.legend(loc="upper left")
     caption = f"The candidate rerun with each value of {knob}."
     caption += f" {knob}={closes} closes the gap." if closes else " No value closes the gap."
+    if untried:
+        caption += " Not tried: " + "; ".join(
+            f"{_shown(r.get('value'))}" + (f" ({r.get('note')})" if r.get("note") else "") for r in untried) + "."
+    if len(items) > 1:
+        caption += f" {len(items) - 1} more knobs are in the evidence."
     return Plot(figure, caption)
+
+
+def _shown(value: Any) -> str:
+    """A knob's value as the verdict writes it (JSON booleans as true / false)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 PLOTS = (

@@ -1,0 +1,388 @@
+"""Precision claims, checked: does rounding the baseline to a narrower format reproduce the error?
+
+A relative error near a format's unit roundoff is not evidence that the format caused it (a
+changed norm epsilon gives an error of a few bf16 units too). So a format is claimed only when
+rounding the *baseline* to it reproduces the error the candidate shows, in size and element by
+element:
+
+- the module's own error ``e = c - b`` is measured (the candidate module on the baseline's
+  inputs, or a tap's error between captures);
+- the baseline module is run again on its recorded inputs with a format imposed on it, in
+  several ways (:data:`VARIANTS`): its output rounded; the operands of its matrix products
+  rounded (what TF32 tensor cores or a bf16 matmul do); the operands of every product rounded,
+  elementwise ones too (a kernel that writes its products as multiplies); every operation's
+  inputs and outputs rounded (the module run in that format);
+- each simulated error ``s`` is set against ``e``: its size ``||s|| / ||e||``, the cosine of
+  the two error patterns ``<s, e> / (||s|| ||e||)`` (rounding errors are centred, so this is
+  their correlation) and the share of elements where both errors have the same sign.
+
+A variant *reproduces* the error when its size is within a factor of 2 of the observed one
+and the correlation is at least 0.5; an independent rounding of the same size correlates at
+about 0, and formats 8x apart in unit roundoff (bf16 against fp16 / TF32) are 8x apart in size.
+fp16 and TF32 share a 10-bit mantissa and round values inside fp16's range identically; when
+both reproduce, the dtypes the candidate's module really holds decide (float16 weights: fp16),
+and otherwise TF32 (a float32 module) is named with the caveat.
+
+The bias test says whether an error is *systematic*: the share of its energy that a
+per-position scale and shift of the baseline output explains (``c ≈ a b + d`` fitted row by
+row). A changed constant (an epsilon, a scale) is explained almost entirely; rounding, whose
+errors are independent of the value's sign and size, hardly at all (about 2 / row width).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+FORMATS = ("bf16", "fp16", "tf32")
+FORMAT_NAMES = {"bf16": "bfloat16", "fp16": "float16", "tf32": "TF32"}
+MANTISSA_BITS = {"bf16": 7, "fp16": 10, "tf32": 10}  # explicit mantissa bits
+UNIT_ROUNDOFF = {fmt: 2.0 ** -(bits + 1) for fmt, bits in MANTISSA_BITS.items()}
+
+# (name, operations whose operands are rounded, whether the output is rounded too)
+VARIANTS: tuple[tuple[str, str, bool], ...] = (
+    ("output", "none", True),
+    ("matmul operands", "matmul", False),
+    ("matmul operands and output", "matmul", True),
+    ("product operands", "products", False),
+    ("every operation", "all", True),
+)
+SIZE_FACTOR = 2.0  # a reproduction's error is within this factor of the observed one
+MIN_CORRELATION = 0.5  # ... and its pattern correlates at least this well
+TIE_CORRELATION = 0.05  # formats whose best correlations are this close reproduce equally well
+MAX_ELEMENTS = 1 << 22  # the error patterns are compared on at most this many elements
+
+SYSTEMATIC_SHARE = 0.5  # share of the error a per-position scale and shift must explain
+MIN_ROW_WIDTH = 16  # narrower rows are fitted as one (a fit of 2 numbers to few elements explains noise)
+
+
+# --------------------------------------------------------------------------------------------
+# Rounding
+# --------------------------------------------------------------------------------------------
+
+
+def _round_tf32(x: torch.Tensor) -> torch.Tensor:
+    """float32 values rounded to a 10-bit mantissa, round to nearest even (NaN kept)."""
+    import torch
+
+    bits = x.contiguous().view(torch.int32)
+    lowest_kept = (bits >> 13) & 1
+    rounded = ((bits + 0x0FFF + lowest_kept) & ~0x1FFF).view(torch.float32)
+    return torch.where(torch.isnan(x), x, rounded)
+
+
+def round_to(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """``x`` rounded to ``fmt`` (``bf16``, ``fp16``, ``tf32``), in its own dtype. Only float32
+    and float64 tensors are rounded (a narrower tensor already is what it is)."""
+    import torch
+
+    if x.dtype not in (torch.float32, torch.float64):
+        return x
+    if fmt == "bf16":
+        return x.to(torch.bfloat16).to(x.dtype)
+    if fmt == "fp16":
+        return x.to(torch.float16).to(x.dtype)
+    if fmt == "tf32":
+        return _round_tf32(x.to(torch.float32)).to(x.dtype)
+    raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
+
+
+def _op_sets() -> tuple[frozenset[Any], frozenset[Any]]:
+    import torch
+
+    aten = torch.ops.aten
+    names = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul", "linear",
+             "_addmm_activation", "convolution", "_convolution", "_scaled_dot_product_flash_attention_for_cpu",
+             "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math")
+    matmul = frozenset(getattr(aten, n) for n in names if hasattr(aten, n))
+    products = matmul | frozenset(getattr(aten, n) for n in ("mul", "mul_", "addcmul", "addcmul_") if hasattr(aten, n))
+    return matmul, products
+
+
+@contextmanager
+def rounding_mode(fmt: str, ops: str) -> Iterator[None]:
+    """Within the block, round the float32/float64 operands of ``ops`` (``matmul``: matrix
+    products and attention; ``products``: those and elementwise multiplies; ``all``: every
+    operation, its outputs too) to ``fmt``. ``none`` changes nothing."""
+    if ops == "none":
+        yield
+        return
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_map
+
+    matmul, products = _op_sets()
+    selected = {"matmul": matmul, "products": products}.get(ops)
+
+    def rounded(value: Any) -> Any:
+        return round_to(value, fmt) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+    class Rounding(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = dict(kwargs or {})
+            if selected is not None and func.overloadpacket not in selected:
+                return func(*args, **kwargs)
+            schema = func._schema.arguments
+            written = {a.name for a in schema if a.alias_info is not None and a.alias_info.is_write}
+            args = tuple(a if index < len(schema) and schema[index].name in written else tree_map(rounded, a)
+                         for index, a in enumerate(args))
+            kwargs = {k: v if k in written else tree_map(rounded, v) for k, v in kwargs.items()}
+            out = func(*args, **kwargs)
+            if ops != "all":
+                return out
+            returns = func._schema.returns
+            if any(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+                return out  # a view of an input: its values were rounded where they were made
+            if any(r.alias_info is not None and r.alias_info.is_write for r in returns):
+                for item in (out if isinstance(out, (tuple, list)) else (out,)):
+                    if isinstance(item, torch.Tensor) and item.is_floating_point():
+                        item.copy_(round_to(item, fmt))
+                return out
+            return tree_map(rounded, out)
+
+    with Rounding():
+        yield
+
+
+# --------------------------------------------------------------------------------------------
+# The test
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One way of imposing a format on the baseline, against the observed error."""
+
+    format: str
+    variant: str
+    rel_l2: float  # ||s|| / ||b||
+    size_ratio: float  # ||s|| / ||e||
+    correlation: float  # <s, e> / (||s|| ||e||)
+    sign_agreement: float  # share of elements where s and e are both nonzero with the same sign
+    reproduces: bool
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "format": self.format, "variant": self.variant, "rel_l2": self.rel_l2, "size_ratio": self.size_ratio,
+            "correlation": self.correlation, "sign_agreement": self.sign_agreement, "reproduces": self.reproduces,
+        }
+        if self.note:
+            data["note"] = self.note
+        return data
+
+
+@dataclass(frozen=True)
+class RoundingTest:
+    """Every trial, and the format they support (None: no rounding reproduces the error)."""
+
+    subject: str  # what the observed error is, e.g. "own error of model.layers.1.mlp.down_proj"
+    observed_rel_l2: float
+    elements: int
+    trials: tuple[Trial, ...]
+    format: str | None = None
+    best: Trial | None = None  # the claimed format's best trial, or the closest one when none reproduces
+    equally: tuple[str, ...] = ()  # other formats that reproduce it as well (fp16 and TF32)
+    dtype_evidence: str | None = None  # what the candidate's dtypes say, when they decided
+    live: bool = True  # the module could be rerun (else only its output could be rounded)
+
+    @property
+    def reproduced(self) -> bool:
+        return self.format is not None
+
+    def describe(self) -> str:
+        """The claim and its numbers, for a why (names only the claimed format)."""
+        if self.best is None or self.format is None:
+            return ""
+        best = self.best
+        name = FORMAT_NAMES[self.format]
+        details = [f"size {best.size_ratio:.2f}x the observed error", f"correlation {best.correlation:.2f}",
+                   f"same sign in {100 * best.sign_agreement:.0f}% of elements"]
+        if self.dtype_evidence:
+            details.append(self.dtype_evidence)
+        elif self.format == "tf32" and "fp16" in self.equally:
+            details.append("fp16, with the same 10-bit mantissa, would round these values alike")
+        return f"rounding the baseline's {best.variant} to {name} reproduces it ({'; '.join(details)})"
+
+
+def _pattern(base: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    flat_b = base.detach().reshape(-1)[:MAX_ELEMENTS].to(torch.float64)
+    flat_o = other.detach().reshape(-1)[:MAX_ELEMENTS].to(torch.float64)
+    return flat_o - flat_b
+
+
+def compare_errors(observed: torch.Tensor, simulated: torch.Tensor, base_norm: float) -> tuple[float, float, float, float]:
+    """(rel_l2 of the simulated error, size ratio, correlation, sign agreement) over elements
+    where both errors are finite."""
+    import torch
+
+    finite = torch.isfinite(observed) & torch.isfinite(simulated)
+    if not bool(finite.all()):
+        if not bool(torch.isfinite(simulated).all()):
+            return math.inf, math.inf, 0.0, 0.0
+        observed, simulated = observed[finite], simulated[finite]
+    norm_e = float(observed.norm())
+    norm_s = float(simulated.norm())
+    rel = norm_s / base_norm if base_norm > 0 else math.inf
+    if norm_e == 0.0:
+        return rel, math.inf if norm_s > 0 else 1.0, 0.0, 0.0
+    if norm_s == 0.0:
+        return rel, 0.0, 0.0, 0.0
+    correlation = float(torch.dot(observed, simulated)) / (norm_e * norm_s)
+    both = (observed != 0) & (simulated != 0)
+    agree = float(((observed > 0) == (simulated > 0))[both].to(torch.float64).mean()) if bool(both.any()) else 0.0
+    return rel, norm_s / norm_e, correlation, agree
+
+
+def _reproduces(size_ratio: float, correlation: float) -> bool:
+    return 1.0 / SIZE_FACTOR <= size_ratio <= SIZE_FACTOR and correlation >= MIN_CORRELATION
+
+
+def rounding_test(baseline: torch.Tensor, candidate: torch.Tensor, subject: str,
+                  rerun: Callable[[str, str], torch.Tensor] | None = None,
+                  candidate_dtypes: Sequence[str] = ()) -> RoundingTest | None:
+    """Test each format against the error ``candidate - baseline``. ``rerun(fmt, ops)`` runs
+    the baseline module on its recorded inputs inside :func:`rounding_mode` and returns the
+    output being tested (None: only the output can be rounded). ``candidate_dtypes``: the
+    dtypes the candidate's module holds and sees (its parameters, inputs and outputs). None
+    when there is no finite error to test."""
+    import torch
+
+    if baseline.shape != candidate.shape or not baseline.is_floating_point():
+        return None
+    observed = _pattern(baseline, candidate)
+    base_flat = baseline.detach().reshape(-1)[:MAX_ELEMENTS].to(torch.float64)
+    finite = torch.isfinite(observed) & torch.isfinite(base_flat)
+    if not bool(finite.any()) or float(observed[finite].abs().max()) == 0.0:
+        return None
+    base_norm = float(base_flat[finite].norm())
+    observed_rel = float(observed[finite].norm()) / base_norm if base_norm > 0 else math.inf
+    trials: list[Trial] = []
+    for fmt in FORMATS:
+        for variant, ops, round_output in VARIANTS:
+            if ops != "none" and rerun is None:
+                continue
+            note = ""
+            try:
+                if ops == "none":
+                    simulated_out = baseline
+                else:
+                    assert rerun is not None
+                    simulated_out = rerun(fmt, ops)
+                if simulated_out.shape != baseline.shape:
+                    raise ValueError(f"shape {tuple(simulated_out.shape)}, expected {tuple(baseline.shape)}")
+                if round_output:
+                    simulated_out = round_to(simulated_out, fmt)
+                simulated = _pattern(baseline, simulated_out)
+                rel, size, correlation, agree = compare_errors(observed, simulated, base_norm)
+            except Exception as exc:  # a module that cannot run under the mode: that variant is not tested
+                detail = str(exc).strip().splitlines()
+                note = f"could not run: {type(exc).__name__}" + (f": {detail[0][:120]}" if detail else "")
+                rel, size, correlation, agree = math.nan, math.nan, math.nan, math.nan
+            trials.append(Trial(fmt, variant, rel, size, correlation, agree,
+                                not note and _reproduces(size, correlation), note))
+    return _decide(subject, observed_rel, int(observed.numel()), trials, candidate_dtypes, rerun is not None)
+
+
+def _best(trials: Sequence[Trial]) -> Trial | None:
+    usable = [t for t in trials if not t.note and math.isfinite(t.correlation)]
+    if not usable:
+        return None
+    return max(usable, key=lambda t: (t.reproduces, t.correlation, -abs(math.log(max(t.size_ratio, 1e-300)))))
+
+
+def _decide(subject: str, observed_rel: float, elements: int, trials: Sequence[Trial],
+            candidate_dtypes: Sequence[str], live: bool) -> RoundingTest:
+    best_by_format = {fmt: _best([t for t in trials if t.format == fmt]) for fmt in FORMATS}
+    reproducing = {fmt: t for fmt, t in best_by_format.items() if t is not None and t.reproduces}
+    if not reproducing:
+        closest = _best(trials)
+        return RoundingTest(subject, observed_rel, elements, tuple(trials), None, closest, live=live)
+    top = max(t.correlation for t in reproducing.values())
+    equal = sorted((fmt for fmt, t in reproducing.items() if t.correlation >= top - TIE_CORRELATION),
+                   key=lambda fmt: -reproducing[fmt].correlation)
+    chosen, evidence = equal[0], None
+    held = {"bfloat16": "bf16", "float16": "fp16"}
+    hinted = [held[d] for d in candidate_dtypes if d in held and held[d] in equal]
+    if len(equal) > 1 and hinted:
+        chosen = hinted[0]
+        evidence = f"the candidate's module holds or sees {FORMAT_NAMES[chosen]} tensors"
+    elif len(equal) > 1 and "tf32" in equal and "fp16" in equal:
+        chosen = "tf32"  # a float32 module: a 10-bit mantissa with float32's range is TF32
+    return RoundingTest(subject, observed_rel, elements, tuple(trials), chosen, reproducing[chosen],
+                        tuple(f for f in equal if f != chosen), evidence, live)
+
+
+# --------------------------------------------------------------------------------------------
+# Bias
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BiasTest:
+    """How much of an error a per-position scale and shift of the baseline explains."""
+
+    subject: str
+    explained: float  # share of the error's energy explained by c = a b + d, row by row
+    mean_scale: float  # the fitted a, averaged over rows (1: no scaling)
+    mean_shift: float  # the fitted d, averaged over rows, relative to the baseline's RMS
+    rows: int
+    row_width: int
+
+    @property
+    def systematic(self) -> bool:
+        return self.explained >= SYSTEMATIC_SHARE
+
+    def describe(self) -> str:
+        parts = [f"a per-position scale and shift of the baseline output explains {100 * self.explained:.1f}% of it"]
+        if abs(self.mean_scale - 1.0) > 1e-9:
+            parts.append(f"the outputs are scaled by {self.mean_scale:.5g} on average")
+        if abs(self.mean_shift) > 1e-6:
+            parts.append(f"shifted by {self.mean_shift:.3g} of their RMS")
+        return ", ".join(parts)
+
+
+def bias_test(baseline: torch.Tensor, candidate: torch.Tensor, dim: int | None, subject: str) -> BiasTest | None:
+    """Fit ``c = a b + d`` per row (rows along ``dim``, the positions; one row without it or when
+    rows are narrower than :data:`MIN_ROW_WIDTH`) and measure the share of ``||c - b||²`` the fit
+    removes. None when there is no finite error."""
+    import torch
+
+    if baseline.shape != candidate.shape or not baseline.is_floating_point() or baseline.numel() == 0:
+        return None
+    b = baseline.detach().to(torch.float64)
+    c = candidate.detach().to(torch.float64)
+    if dim is not None:
+        b, c = b.movedim(dim, 0), c.movedim(dim, 0)
+        b, c = b.reshape(b.shape[0], -1), c.reshape(c.shape[0], -1)
+    if dim is None or b.shape[1] < MIN_ROW_WIDTH:
+        b, c = b.reshape(1, -1), c.reshape(1, -1)
+    if b.shape[1] > MAX_ELEMENTS:
+        b, c = b[:, :MAX_ELEMENTS], c[:, :MAX_ELEMENTS]
+    rows_ok = torch.isfinite(b).all(dim=1) & torch.isfinite(c).all(dim=1)
+    b, c = b[rows_ok], c[rows_ok]
+    if b.numel() == 0:
+        return None
+    error = float((c - b).pow(2).sum())
+    if error == 0.0:
+        return None
+    mean_b = b.mean(dim=1, keepdim=True)
+    mean_c = c.mean(dim=1, keepdim=True)
+    centred = b - mean_b
+    var_b = centred.pow(2).sum(dim=1, keepdim=True)
+    scale = torch.where(var_b > 0, (centred * (c - mean_c)).sum(dim=1, keepdim=True) / var_b.clamp_min(1e-300),
+                        torch.ones_like(var_b))
+    shift = mean_c - scale * mean_b
+    residual = float((c - (scale * b + shift)).pow(2).sum())
+    rms = float(b.pow(2).mean().sqrt())
+    return BiasTest(subject, max(0.0, 1.0 - residual / error), float(scale.mean()),
+                    float(shift.mean()) / rms if rms > 0 else 0.0, int(b.shape[0]), int(b.shape[1]))

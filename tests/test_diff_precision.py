@@ -1,0 +1,198 @@
+"""Precision claims checked by rounding the baseline: the rounding and bias tests on real
+modules, and live diffs of small models with a module really run in bfloat16 or float16, or a
+changed norm epsilon (targets referenced as tests/test_diff_precision.py:NAME)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from glmfb.diff.config import DiffConfig
+from glmfb.diff.rounding import bias_test, round_to, rounding_mode, rounding_test
+from glmfb.verdict import Verdict
+
+HERE = Path(__file__).resolve()
+
+
+# ---- targets ------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class Small(nn.Module):
+    """embed -> norm -> proj -> act -> head; ``proj`` optionally run in a narrower dtype (its
+    weights cast, its input cast on the way in, its output cast back)."""
+
+    def __init__(self, dtype: str = "float32", eps: float = 1e-6, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(64, 32)
+        self.norm = RMSNorm(32, eps)
+        self.proj = nn.Linear(32, 48)
+        self.act = nn.SiLU()
+        self.head = nn.Linear(48, 64)
+        self.proj_dtype = getattr(torch, dtype)
+        if self.proj_dtype != torch.float32:
+            self.proj.to(self.proj_dtype)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.norm(self.embed(input_ids))
+        x = self.proj(x.to(self.proj_dtype)).to(torch.float32)
+        return self.head(self.act(x))
+
+
+def small(dtype: str = "float32", eps: float = 1e-6) -> nn.Module:
+    return Small(dtype, eps)
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def requests_file(tmp_path: Path) -> Path:
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(f'{{"id": "r{n}", "length": {n}, "seed": {n}, "vocab": 64}}\n' for n in (16, 32, 64)))
+    return path
+
+
+def run_diff(config: DiffConfig, folder: Path) -> Verdict:
+    from helpers import run
+
+    return run("diff", config, folder)
+
+
+def evidence(verdict: Verdict) -> dict[str, dict[str, Any]]:
+    return {e["kind"]: e for e in verdict.to_dict()["evidence"]}
+
+
+def diagnosis(verdict: Verdict) -> str:
+    return str(evidence(verdict)["diagnosis"]["rule"])
+
+
+# ---- the tests on tensors and modules -----------------------------------------------------------
+
+
+def test_rounding_to_each_format() -> None:
+    x = torch.tensor([1.0 + 2**-9, 1.0 + 2**-12, 98304.0, 1e-6], dtype=torch.float32)
+    assert round_to(x, "bf16")[0] == 1.0 and round_to(x, "fp16")[0] == 1.0 + 2**-9  # 7 vs 10 mantissa bits
+    assert round_to(x, "tf32")[1] == 1.0 and round_to(x, "fp16")[1] == 1.0
+    assert torch.isinf(round_to(x, "fp16")[2]) and round_to(x, "tf32")[2] == 98304.0  # fp16's range, TF32's
+    assert round_to(x.to(torch.bfloat16), "fp16").dtype == torch.bfloat16  # a narrower tensor is left alone
+
+
+def test_rounding_mode_rounds_only_the_operations_asked_for() -> None:
+    lin = nn.Linear(8, 4)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        exact = lin(x)
+        with rounding_mode("bf16", "matmul"):
+            products = lin(x)
+        expected = torch.addmm(round_to(lin.bias, "bf16"), round_to(x, "bf16"), round_to(lin.weight, "bf16").t())
+        assert torch.equal(products, expected) and not torch.equal(products, exact)
+        y = torch.ones(4)
+        with rounding_mode("bf16", "all"):
+            y.mul_(1.0 + 2**-10)  # in place: the tensor itself holds the rounded value
+        assert y[0] == 1.0
+
+
+def test_the_rounding_test_reproduces_a_real_cast_and_names_it() -> None:
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 96)
+    x = torch.randn(1, 32, 64)
+
+    def rerun(fmt: str, ops: str) -> torch.Tensor:
+        with torch.no_grad(), rounding_mode(fmt, ops):
+            return lin(x)
+
+    with torch.no_grad():
+        base = lin(x)
+        for dtype, fmt, name in ((torch.bfloat16, "bf16", "bfloat16"), (torch.float16, "fp16", "float16")):
+            narrow = nn.Linear(64, 96).to(dtype)
+            narrow.load_state_dict({k: v.to(dtype) for k, v in lin.state_dict().items()})
+            test = rounding_test(base, narrow(x.to(dtype)).float(), "own error", rerun, [str(dtype)[6:]])
+            assert test is not None and test.format == fmt, test
+            assert test.best is not None and 0.8 <= test.best.size_ratio <= 1.25 and test.best.correlation > 0.9
+            assert name in test.describe()
+            wrong = [t for t in test.trials if t.format == ("fp16" if fmt == "bf16" else "bf16")]
+            assert wrong and not any(t.reproduces for t in wrong)  # 8x apart in size
+
+
+def test_fp16_and_tf32_tie_on_a_float32_module_and_tf32_is_named_with_the_caveat() -> None:
+    torch.manual_seed(1)
+    lin = nn.Linear(32, 32)
+    x = torch.randn(1, 16, 32)
+
+    def rerun(fmt: str, ops: str) -> torch.Tensor:
+        with torch.no_grad(), rounding_mode(fmt, ops):
+            return lin(x)
+
+    with torch.no_grad():
+        base = lin(x)
+        candidate = rerun("tf32", "matmul")  # what TF32 tensor cores compute
+    test = rounding_test(base, candidate, "own error", rerun, ["float32"])
+    assert test is not None and test.format == "tf32" and "fp16" in test.equally
+    assert "would round these values alike" in test.describe()
+
+
+def test_a_changed_scale_is_systematic_and_no_rounding_reproduces_it() -> None:
+    torch.manual_seed(2)
+    base = torch.randn(1, 64, 64)
+    rows = 1.0 - 0.01 * torch.rand(1, 64, 1)  # every row scaled a little below 1, as a larger epsilon does
+    candidate = base * rows
+    test = rounding_test(base, candidate, "error", None)
+    assert test is not None and test.format is None
+    bias = bias_test(base, candidate, 1, "error")
+    assert bias is not None and bias.systematic and bias.explained > 0.99 and bias.mean_scale < 1
+    rounded = bias_test(base, round_to(base, "bf16"), 1, "error")
+    assert rounded is not None and not rounded.systematic and rounded.explained < 0.2
+
+
+# ---- live diffs -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("dtype", "phrase", "never"), [("bfloat16", "bfloat16", "float16"),
+                                                         ("float16", "float16", "bfloat16")])
+def test_a_module_really_run_narrower_is_named_by_the_rounding_test(tmp_path: Path, requests_file: Path, dtype: str,
+                                                                    phrase: str, never: str) -> None:
+    config = DiffConfig("narrow", f"{HERE}:small", f"{HERE}:small", candidate_args={"dtype": dtype},
+                        requests=requests_file, atol=1e-8, minimize=False)
+    verdict = run_diff(config, tmp_path)
+    assert verdict.status.value == "fail" and verdict.where["module"] == "proj"
+    assert diagnosis(verdict) == "precision-rounding"
+    assert phrase in verdict.why and never not in verdict.why.replace(phrase, "")
+    found = evidence(verdict)
+    test = found["rounding_test"]
+    assert test["reproduced_by"] == {"bfloat16": "bf16", "float16": "fp16"}[dtype]
+    assert {t["format"] for t in test["trials"]} == {"bf16", "fp16", "tf32"} and test["live"]
+    # proj's output is cast back after the call: its tap is narrower, compared in float32
+    assert found["tree_differences"]["dtypes"] == [{"tap": "proj", "baseline": "float32", "candidate": dtype}]
+    rows = {r["module"]: r for r in found["local_error"]["rows"]}
+    # the parent casts proj's input before the call: measured as the error proj inherits, and
+    # proj's own run on the baseline's input gets that input in the candidate's dtype
+    assert rows["proj"]["local_exceeds_tolerance"] and 0 < rows["proj"]["inherited_rel_l2"] < 1e-2
+    assert rows["head"]["local_rel_l2"] == 0.0 and rows["head"]["inherited_rel_l2"] > 0
+
+
+def test_a_changed_epsilon_is_systematic_not_rounding(tmp_path: Path, requests_file: Path) -> None:
+    config = DiffConfig("eps", f"{HERE}:small", f"{HERE}:small", candidate_args={"eps": 1e-2},
+                        requests=requests_file, minimize=False)
+    verdict = run_diff(config, tmp_path)
+    assert verdict.status.value == "fail" and verdict.where["module"] == "norm"
+    assert diagnosis(verdict) == "systematic-bias"
+    assert "systematic, not rounding" in verdict.why
+    for text in (verdict.why, *verdict.next):
+        assert not any(word in text.lower() for word in ("bf16", "bfloat16", "fp16", "float16", "tf32"))
+    found = evidence(verdict)
+    assert found["bias"]["systematic"] and found["rounding_test"]["reproduced_by"] is None

@@ -1,0 +1,196 @@
+"""The diff rules as a table: findings in, the rule that fires, its status and the phrases its
+why must (and must not) hold. No model runs here: the findings are built from the same
+dataclasses the engine fills."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from glmfb.diff.compare import TreeDifferences
+from glmfb.diff.counterfactual import KnobResult, KnobRun
+from glmfb.diff.localize import EntryStep, ErrorEntry, InputDifference
+from glmfb.diff.rounding import BiasTest, RoundingTest, Trial
+from glmfb.diff.rules import RULES, DiffFindings
+from glmfb.diff.shape import ErrorShape, growth_fit, position_profile, precision_signature
+from glmfb.rules import diagnose
+from glmfb.verdict import Status
+
+FORMATS = r"bf16|bfloat16|fp16|(?<!b)float16|tf32"
+
+
+def trial(fmt: str, variant: str = "matmul operands and output", size: float = 1.0, corr: float = 0.99) -> Trial:
+    reproduces = 0.5 <= size <= 2.0 and corr >= 0.5
+    return Trial(fmt, variant, 1e-3 * size, size, corr, 0.9 if reproduces else 0.5, reproduces)
+
+
+def rounding(fmt: str | None, *, equally: tuple[str, ...] = (), dtype_evidence: str | None = None,
+             best: Trial | None = None) -> RoundingTest:
+    trials = tuple(trial(f, size=1.0 if f == fmt else 8.0, corr=0.99 if f == fmt else 0.02) for f in ("bf16", "fp16", "tf32"))
+    chosen = best or (next(t for t in trials if t.format == fmt) if fmt else trial("bf16", size=0.26, corr=0.38))
+    return RoundingTest("own error of m", 1e-3, 4096, trials, fmt, chosen, equally, dtype_evidence)
+
+
+SYSTEMATIC = BiasTest("own error of m", explained=0.999, mean_scale=0.988, mean_shift=0.0, rows=64, row_width=64)
+RANDOM = BiasTest("own error of m", explained=0.03, mean_scale=1.0, mean_shift=0.0, rows=64, row_width=64)
+FLAT = position_profile([1e-3] * 64, [64] * 64)
+WINDOW = position_profile([0.0] * 16 + [0.05 * (1 + i) for i in range(48)], [0] * 16 + [64] * 48)
+ROTARY = position_profile([0.0] + [1e-3 * i for i in range(1, 64)], [0] + [64] * 63)
+TABLE = position_profile([0.0] * 24 + [0.9] * 16, [0] * 24 + [64] * 16)
+GROWING = growth_fit([32, 64, 128, 256, 512], [1e-4, 1.6e-4, 2.6e-4, 4.2e-4, 6.8e-4], "requests")
+CONSTANT = growth_fit([16, 32, 64], [1e-3, 1.1e-3, 1.05e-3], "requests")
+TREE_MLP = TreeDifferences(
+    baseline_only=("m.mlp.gate_proj", "m.mlp.up_proj", "m.mlp.down_proj"),
+    baseline_only_modules=("m.mlp.gate_proj", "m.mlp.up_proj", "m.mlp.down_proj"), shared=165,
+    baseline_taps=168, candidate_taps=165)
+TREE_ATTN = TreeDifferences(baseline_only=("m.layers.0.self_attn[1]",), shared=177, baseline_taps=178,
+                            candidate_taps=177)
+ENTRY = ErrorEntry("model", (
+    EntryStep("model.layers.0.self_attn.o_proj", (InputDifference("input", "relative L2 error 0.65"),), 1),
+    EntryStep("model.layers.0.self_attn", (InputDifference("attention_mask", "None in the baseline, a bool tensor"),), 4),
+    EntryStep("model.layers.0", (InputDifference("attention_mask", "None in the baseline, a bool tensor"),), 4),
+    EntryStep("model", (), 2),
+))
+
+
+def failing(**changes: Any) -> DiffFindings:
+    base = DiffFindings(failed=True, requests=3, failing_requests=3, request="r64", module="m", local=True,
+                        first_divergent="m", tap="m", position=0, shape=ErrorShape.CONSTANT, fit=CONSTANT,
+                        dtype="float32", profile=FLAT, bias=RANDOM)
+    return replace(base, **changes)
+
+
+CASES: list[tuple[str, DiffFindings, str, Status, list[str], str | None]] = [
+    # (label, findings, rule, status, phrases the why has, a pattern neither why nor next may match)
+    ("exact pass", DiffFindings(failed=False, requests=3, failing_requests=0), "pass", Status.PASS,
+     ["match exactly"], None),
+    ("pass with trees that differ", DiffFindings(failed=False, requests=3, failing_requests=0, output_rel_l2=2.7e-7,
+                                                 tree=TREE_ATTN),
+     "pass", Status.PASS, ["every tap both sides share", "module trees differ", "1 taps are in the baseline only"], None),
+    ("non-finite", failing(shape=ErrorShape.NON_FINITE, nonfinite_tap="m.down_proj"), "non-finite", Status.FAIL,
+     ["NaN or Inf", "m.down_proj"], None),
+    ("a mask built in the parent's forward", failing(module="model", local=False, entry=ENTRY, profile=WINDOW,
+                                                     position=16, bias=None),
+     "position-onset", Status.FAIL, ["up to position 15", "from position 16", "model's own forward", "attention_mask"],
+     FORMATS + "|precision"),
+    ("a window at the same position in every request", failing(module="model", local=False, entry=ENTRY, profile=WINDOW,
+                                                               onsets=((32, 16), (64, 16)), bias=None),
+     "position-onset", Status.FAIL, ["same position in every failing request (16 of 32, 16 of 64"], FORMATS),
+    ("a boundary that moves with the length", failing(module=None, local=None, tap="output", profile=WINDOW,
+                                                      onsets=((256, 128), (512, 256), (1024, 512)), bias=None),
+     "position-onset", Status.FAIL, ["same fraction of every failing request", "0.5 of the length",
+                                     "the final outputs (output;"], None),
+    ("a table re-drawn from row 24", failing(module=None, local=None, tap="output", profile=TABLE, bias=None),
+     "position-onset", Status.FAIL, ["position 24"], FORMATS),
+    ("growth with length, TF32 reproduced", failing(module="layers.0.scan", fit=GROWING, length_fit=GROWING,
+                                                    shape=ErrorShape.GROWING, rounding=rounding("tf32", equally=("fp16",)),
+                                                    profile=ROTARY),
+     "growing-with-length", Status.FAIL, ["context length", "TF32", "layers.0.scan", "correlation 0.99"], None),
+    ("growth with length, no rounding reproduces it", failing(module="model.rotary_emb", fit=GROWING, length_fit=GROWING,
+                                                               shape=ErrorShape.GROWING, rounding=rounding(None),
+                                                               profile=ROTARY),
+     "growing-with-length", Status.FAIL, ["context length", "model.rotary_emb"], r"tf32|fp16|(?<!b)float16"),
+    ("growth along the sequence", failing(module="model.rotary_emb", profile=ROTARY, position=1, request="s64",
+                                          rounding=rounding(None)),
+     "growing-along-sequence", Status.FAIL, ["along the sequence", "position 1", "model.rotary_emb"], FORMATS),
+    ("growth along one request, TF32 reproduced", failing(module="layers.0.scan", profile=ROTARY, request="s256",
+                                                          rounding=rounding("tf32", equally=("fp16",))),
+     "growing-along-sequence", Status.FAIL, ["along the sequence", "TF32 operands", "accumulates"], None),
+    ("bf16 reproduced", failing(module="m.o_proj", rounding=rounding("bf16")), "precision-rounding", Status.FAIL,
+     ["bfloat16", "reproduces", "m.o_proj"], r"fp16|(?<!b)float16|tf32"),
+    ("fp16 and TF32 tie, the module holds float16", failing(
+        module="m.down_proj", rounding=rounding("fp16", equally=("tf32",),
+                                                dtype_evidence="the candidate's module holds or sees float16 tensors")),
+     "precision-rounding", Status.FAIL, ["float16", "m.down_proj"], r"bf16|bfloat16"),
+    ("a forward that no longer runs its submodules", failing(module="m.mlp", tree=TREE_MLP), "module-tree-differs",
+     Status.FAIL, ["m.mlp", "gate_proj", "up_proj", "down_proj", "baseline only"], None),
+    ("a changed epsilon", failing(module="m.input_layernorm", bias=SYSTEMATIC, rounding=rounding(None)),
+     "systematic-bias", Status.FAIL, ["systematic, not rounding", "99.9%", "0.988"], FORMATS),
+    ("an error at a bf16-like size that no rounding reproduces", failing(
+        signature=precision_signature(1.5e-3, "test"), rounding=rounding(None)), "generic", Status.FAIL,
+     ["No rounding of the baseline"], FORMATS),
+    ("no module adds it", failing(module="model.layers.0", local=False, entry=replace(ENTRY, module="model.layers.0",
+                                                                                      steps=ENTRY.steps[:3])),
+     "parent-forward", Status.FAIL, ["model.layers.0's own forward"], None),
+    ("a spike", failing(shape=ErrorShape.SPIKE, position=117, bias=None, profile=None), "spike", Status.FAIL,
+     ["position 117"], None),
+]
+
+
+@pytest.mark.parametrize(("label", "findings", "rule", "status", "phrases", "never"), CASES,
+                         ids=[case[0] for case in CASES])
+def test_rule_table(label: str, findings: DiffFindings, rule: str, status: Status, phrases: list[str],
+                    never: str | None) -> None:
+    outcome = diagnose(RULES, findings)
+    assert outcome.rule.name == rule, outcome.diagnosis.why
+    assert outcome.diagnosis.status is status
+    for phrase in phrases:
+        assert phrase in outcome.diagnosis.why, (phrase, outcome.diagnosis.why)
+    if never is not None:
+        for text in (outcome.diagnosis.why, *outcome.diagnosis.next):
+            assert not re.search(never, text, re.IGNORECASE), text
+    assert outcome.record.rule == rule
+    assert outcome.record.checked == tuple(r.name for r in RULES[: [r.name for r in RULES].index(rule)])
+
+
+def test_a_tf32_growth_points_at_tf32x3() -> None:
+    outcome = diagnose(RULES, failing(module="layers.0.scan", profile=ROTARY, rounding=rounding("tf32")))
+    assert any("tf32x3" in step for step in outcome.diagnosis.next)
+    plain = diagnose(RULES, failing(module="model.rotary_emb", profile=ROTARY, rounding=rounding(None)))
+    assert not any("tf32" in step.lower() for step in plain.diagnosis.next)
+
+
+def test_a_precision_claim_needs_the_rounding_test_not_one_ratio() -> None:
+    # the old signature alone (a relative error at the bf16 unit) no longer names bf16
+    findings = failing(signature=precision_signature(1.5e-3, "test"))
+    assert findings.signature is not None and findings.signature.consistent and findings.signature.nearest == "bf16"
+    outcome = diagnose(RULES, findings)
+    assert outcome.rule.name == "generic" and "bf16" not in outcome.diagnosis.why.lower()
+
+
+def test_onset_before_growth_and_growth_before_precision() -> None:
+    # a window whose error also grows along the sequence, with lengths: the step wins
+    assert diagnose(RULES, failing(profile=WINDOW, length_fit=GROWING)).rule.name == "position-onset"
+    # a bf16-rounded table that grows with length: the growth is what the user sees
+    assert diagnose(RULES, failing(length_fit=GROWING, rounding=rounding("bf16"))).rule.name == "growing-with-length"
+    # rounding that reproduces the error wins over a tree difference below the module
+    assert diagnose(RULES, failing(module="m.mlp", tree=TREE_MLP, rounding=rounding("bf16"))).rule.name == \
+        "precision-rounding"
+
+
+def test_counterfactuals_are_in_the_why_and_the_next_steps() -> None:
+    closes = KnobResult("merge_precision", "tf32", 1.4e-4, (
+        KnobRun("ieee", 2.1e-7, False, (512, 1024), (2.0e-7, 2.1e-7)),
+        KnobRun("tf32x3", 2.2e-7, False, (512, 1024), (2.0e-7, 2.2e-7)),
+    ), closes="ieee", improvement=1.4e-4 / 2.1e-7)
+    outcome = diagnose(RULES, failing(length_fit=GROWING, rounding=rounding("tf32"), counterfactuals=(closes,)))
+    why = outcome.diagnosis.why
+    assert "rerun with merge_precision=ieee the diff passes" in why and "667x smaller" in why
+    assert "tf32x3 also passes" in why
+    assert outcome.diagnosis.next[0] == "set merge_precision=ieee in the candidate: the diff passes with it"
+    assert outcome.record.saw["counterfactual_closes"] == {"merge_precision": "ieee"}
+
+
+def test_a_switch_that_the_backend_ignores_is_not_tried_rather_than_useless() -> None:
+    note = "no CUDA device here, and the switch only changes what CUDA kernels compute"
+    knob = KnobResult("torch.backends.cuda.matmul.allow_tf32", True, 1e-3,
+                      (KnobRun(False, tried=False, note=note),), note=note)
+    why = diagnose(RULES, failing(rounding=rounding("tf32"), counterfactuals=(knob,))).diagnosis.why
+    assert "torch.backends.cuda.matmul.allow_tf32 was not tried (no CUDA device here" in why
+    assert "closes" not in why
+    none = KnobResult("merge_precision", "tf32", 1e-3, (KnobRun("ieee", 9e-4, True, (64,), (9e-4,)),), None,
+                      1e-3 / 9e-4)
+    assert "no value of merge_precision closes the gap" in diagnose(
+        RULES, failing(counterfactuals=(none,))).diagnosis.why
+
+
+def test_every_rule_is_documented_and_the_table_ends_with_a_catch_all() -> None:
+    names = [rule.name for rule in RULES]
+    assert names[0] == "pass" and names[-1] == "generic" and len(set(names)) == len(names)
+    assert all(rule.doc for rule in RULES)
+    assert diagnose(RULES, DiffFindings(failed=True, requests=1, failing_requests=1)).rule.name == "generic"
+    assert not math.isnan(diagnose(RULES, failing()).record.saw["output_rel_l2"])
