@@ -194,3 +194,19 @@ def test_every_rule_is_documented_and_the_table_ends_with_a_catch_all() -> None:
     assert all(rule.doc for rule in RULES)
     assert diagnose(RULES, DiffFindings(failed=True, requests=1, failing_requests=1)).rule.name == "generic"
     assert not math.isnan(diagnose(RULES, failing()).record.saw["output_rel_l2"])
+
+
+def test_a_knob_that_closes_a_growing_error_of_rounding_size_makes_the_precision_claim() -> None:
+    """Between captures the rounding test cannot rerun the module; the error's size and a
+    counterfactual that closes it are the evidence then, and the why says both, not more."""
+    from glmfb.diff.shape import precision_signature
+
+    closes = KnobResult("merge_precision", "tf32", 3.8e-4, (KnobRun("tf32x3", 3.2e-7, False, (512,), (3.2e-7,)),),
+                        closes="tf32x3", improvement=3.8e-4 / 3.2e-7)
+    signature = precision_signature(1.8e-4, "captures")
+    outcome = diagnose(RULES, failing(length_fit=GROWING, rounding=None, signature=signature, counterfactuals=(closes,)))
+    why = outcome.diagnosis.why
+    assert outcome.rule.name == "growing-with-length"
+    assert "TF32/fp16 (10-bit mantissa, 2^-11) rounding" in why and "merge_precision=tf32x3 closes the gap" in why
+    without = diagnose(RULES, failing(length_fit=GROWING, rounding=None, signature=signature)).diagnosis.why
+    assert "TF32" not in without and "accumulates over the context" in without  # the ratio alone claims nothing

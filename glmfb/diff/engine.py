@@ -685,18 +685,25 @@ def _counterfactuals(run: _Run, baseline: CaptureReader, results: Sequence[Reque
     config = run.config
     current_error = max(r.output_error for r in results)
     knobs: list[KnobResult] = []
-    if run.candidate_side is None:
+    on_ranks = run.candidate_side is None and config.candidate_nproc > 0 and ":" in config.candidate
+    if run.candidate_side is None and not on_ranks:
         note = "the candidate is a capture directory, so it cannot be rerun with another value"
         for knob, values in config.counterfactuals:
             knobs.append(try_knob(knob, values, None, current_error, lambda value: [], note))
         return knobs
-    factory = run.candidate_side.target.load()
-    device = _candidate_device(run.candidate_side)
+    if run.candidate_side is not None:
+        factory = run.candidate_side.target.load()
+        device = _candidate_device(run.candidate_side)
+    else:  # a candidate on torch.distributed ranks: rerun there, one launch per value
+        factory = Target(config.candidate, dict(config.candidate_args), config.base_dir).load()
+        device = "ranks"
     for number, (knob, values) in enumerate(config.counterfactuals):
         builtin = is_builtin(knob)
         current = (builtin_value(knob) if builtin else
                    config.candidate_args.get(knob, factory_default(factory, knob)))
         not_tried = not_honoured(knob, device) if builtin else None
+        if builtin and on_ranks:
+            not_tried = "the candidate runs on torch.distributed ranks, in processes this switch does not reach"
 
         def rerun(value: Any, knob: str = knob, builtin: bool = builtin, number: int = number) -> list[RequestResult]:
             out = run.ctx.artifact_dir / "captures" / f"counterfactual-{number}-{_safe(str(value))}"

@@ -309,6 +309,29 @@ def _growth_steps(f: DiffFindings, what: str) -> list[str]:
     return [*steps, *_rerun(f)]
 
 
+_ROUNDOFF_NAMES = {"bf16": "bf16 (8-bit mantissa, 2^-8)", "tf32/fp16": "TF32/fp16 (10-bit mantissa, 2^-11)",
+                   "fp32": "fp32 (2^-24)"}
+
+
+def _closed_by_a_knob(f: DiffFindings) -> str:
+    """When the rounding test could not be run where the error starts (captures only) but a
+    counterfactual knob closes the gap, the error's size and that knob together are the
+    evidence of a precision loss: say both, with their numbers, and name no more than that."""
+    closing = next((k for k in f.counterfactuals if k.closing_run is not None), None)
+    s = f.signature
+    if closing is None or s is None or not s.consistent or s.nearest not in _ROUNDOFF_NAMES:
+        return ""
+    run = closing.closing_run
+    assert run is not None
+    return (f": its relative error {s.observed:.2g} is the size of {_ROUNDOFF_NAMES[s.nearest]} rounding, and "
+            f"{closing.knob}={_show_value(run.value)} closes the gap (the counterfactual below), so the precision "
+            "of what it computes there accumulates over the context.")
+
+
+def _show_value(value: Any) -> str:
+    return "true" if value is True else "false" if value is False else str(value)
+
+
 def _growing_with_length(f: DiffFindings) -> Explained:
     fit = f.length_fit
     assert fit is not None
@@ -316,6 +339,8 @@ def _growing_with_length(f: DiffFindings) -> Explained:
     why += _rounding_clause(f)
     if f.rounding is not None and f.rounding.reproduced:
         why += f", so {_meaning(f.rounding)}, and the rounding accumulates over the context."
+    elif _closed_by_a_knob(f):
+        why += _closed_by_a_knob(f)
     else:
         why += ": something there accumulates over the context (a recurrent state, a reduction, a table indexed by position)."
     place = f.module if f.module is not None else (f.tap or "the outputs")
