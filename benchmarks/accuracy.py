@@ -55,8 +55,7 @@ RENAMED: dict[str, dict[str, str]] = {
     "diff": {"bf16-rounding": "precision-rounding", "fp16-rounding": "precision-rounding"},
     "bench": {"slower-operator": "slower-op"},
     "gil": {},
-    "gap": {"within-threshold": "pass", "gil-holder": "gil-starved-sender",
-            "gil-release-missing": "gil-starved-sender"},
+    "gap": {},
 }
 OWN_FILE = re.compile(r"(?:^|[\s(/])glmfb/(?:[\w]+/)*[\w]+\.py")
 

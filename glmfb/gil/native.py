@@ -397,12 +397,41 @@ def known_modules() -> tuple[str, ...]:
     return tuple(sorted(names, key=len, reverse=True))
 
 
+def demangle(name: str) -> str:
+    """``_ZN5torch8autogradL18THPVariable_linearEP7_objectS2_S2_`` ->
+    ``torch::autograd::THPVariable_linear``: the nested name of an Itanium C++ symbol (no
+    templates or arguments); the symbol itself when it is not that simple."""
+    if not name.startswith("_Z"):
+        return name
+    text, index, parts = name[2:], 0, []
+    nested = text.startswith("N")
+    index = 1 if nested else 0
+    while index < len(text):
+        if text[index] in "LK":
+            index += 1
+            continue
+        digits = ""
+        while index < len(text) and text[index].isdigit():
+            digits += text[index]
+            index += 1
+        if not digits:
+            break
+        length = int(digits)
+        parts.append(text[index:index + length])
+        index += length
+        if not nested:
+            break
+    return "::".join(parts) if parts and all(parts) else name
+
+
 def python_name(symbol: Symbol) -> str:
     """The Python name of a C function, by CPython's naming conventions (Argument Clinic's
     ``module_function`` / ``module_Type_method``, ``builtin_name``, ``type_method``); the
     symbol itself when none applies."""
     if symbol.name in ENTRY_NAMES:
         return ENTRY_NAMES[symbol.name]
+    if symbol.name.startswith("_Z"):
+        return demangle(symbol.name)
     name = symbol.name.removesuffix("_impl")
     if name.startswith("builtin_") and len(name) > len("builtin_"):
         return name.removeprefix("builtin_")

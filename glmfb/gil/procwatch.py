@@ -50,7 +50,8 @@ GIL_SPAN_BEFORE = 48
 GIL_SPAN_AFTER = 144
 BLOCK_S = 0.5  # bootstrap blocks: long enough that the lumpy counters even out in each
 RESAMPLES = 1000
-NATIVE_EVERY_S = 0.25  # native snapshots of running threads, this often
+NATIVE_EVERY_S = 0.1  # native snapshots of running threads, this often
+NATIVE_PER_ROUND = 3  # at most this many threads a round, the least snapshotted first
 # Names of the syscalls a thread usually blocks in, to show what a holder was doing.
 SYSCALL_NAMES: dict[int, str] = (
     {
@@ -290,7 +291,8 @@ class GilWaitSampler:
             if not self.ticks:
                 continue
             tick = self.ticks[-1]
-            for tid in sorted(tick.running - self.skip_native):
+            taken = Counter(stack.tid for _at, stack in self.native_stacks)
+            for tid in sorted(tick.running - self.skip_native, key=lambda t: taken[t])[:NATIVE_PER_ROUND]:
                 if self._stop.is_set():
                     break
                 stack = native.snapshot(tid)
