@@ -507,7 +507,7 @@ class _Session:
         times: dict[int, ThreadTime] = {}
         stall: dict[str, Any] = {}
         timeline: dict[int, list[list[float | str]]] = {}
-        native_votes: dict[int, Counter[str]] = {}
+        native_votes: dict[int, Counter[tuple[str, str]]] = {}
         if beat is not None and sampler.error is None:
             times = sampler.thread_times(beat.thread_id, started_s, end_s)
             counts, ticks = sampler.waiting_counts(beat.thread_id)
@@ -558,11 +558,11 @@ class _Session:
             shown = [tid for tid, _ in sorted(times.items(), key=lambda item: -(item[1].cpu_s + item[1].gil_wait_s))]
             timeline = sampler.timeline(beat.thread_id, top_holder["tid"] if top_holder else None,
                                         started_s, end_s, shown[:MAX_TIMELINE_THREADS])
-            from glmfb.gil.native import below_python, c_call
+            from glmfb.gil.native import below_python, c_call_symbol
 
             for _at, stack in sampler.native_stacks:
-                call = c_call(below_python(stack))
-                native_votes.setdefault(stack.tid, Counter())[call or ""] += 1
+                call = c_call_symbol(below_python(stack))
+                native_votes.setdefault(stack.tid, Counter())[call or ("", "")] += 1
         elif sampler.error is not None:
             self.missing.append({"signal": "GIL waiters", "reason": sampler.error})
         if sampler.native_error is not None and not sampler.native_stacks and config.native:

@@ -32,15 +32,16 @@ import struct
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 PTRACE_DETACH = 17
 PTRACE_SEIZE = 0x4206
 PTRACE_INTERRUPT = 0x4207
 WALL = 0x40000000  # __WALL: wait for any child, threads included
 WNOHANG = 1
-STOP_WAIT_S = 0.05
+STOP_WAIT_S = 2.0  # a thread waiting for a CPU stops only once it runs
 STACK_BYTES = 256 * 1024
 EVAL_FRAMES = ("_PyEval_EvalFrameDefault", "PyEval_EvalFrameDefault", "_PyEval_EvalFrame", "PyEval_EvalFrameEx")
 _ARCH = platform.machine().lower()
@@ -62,14 +63,20 @@ class Symbol:
     path: str
 
 
-@dataclass
 class _Elf:
-    """Function symbols of one ELF file, by virtual address, and its PT_LOAD segments."""
+    """Function symbols of one ELF file, by virtual address, and its PT_LOAD segments. Only
+    the headers and the symbol table are read (libtorch is hundreds of MB); names are read
+    from the string table when a symbol is looked up."""
 
-    starts: list[int] = field(default_factory=list)
-    ends: list[int] = field(default_factory=list)
-    names: list[str] = field(default_factory=list)
-    loads: list[tuple[int, int, int]] = field(default_factory=list)  # (offset, vaddr, filesz)
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+        self.starts: Any = []  # numpy int64 arrays once parsed
+        self.ends: Any = []
+        self.name_offsets: Any = []
+        self.strtab_offset = 0
+        self.loads: list[tuple[int, int, int]] = []  # (offset, vaddr, filesz)
+        self._names: dict[int, str] = {}
 
     def vaddr(self, file_offset: int) -> int | None:
         for offset, vaddr, size in self.loads:
@@ -78,57 +85,76 @@ class _Elf:
         return None
 
     def name_at(self, vaddr: int) -> str | None:
-        index = bisect.bisect_right(self.starts, vaddr) - 1
-        if index >= 0 and self.starts[index] < vaddr <= self.ends[index]:
-            return self.names[index]
-        return None
+        if not len(self.starts):
+            return None
+        import numpy as np
+
+        index = int(np.searchsorted(self.starts, vaddr, side="right")) - 1
+        if index < 0 or not int(self.starts[index]) < vaddr <= int(self.ends[index]):
+            return None
+        if index not in self._names:
+            raw = os.pread(self.fd, 512, self.strtab_offset + int(self.name_offsets[index]))
+            self._names[index] = raw.split(b"\0", 1)[0].decode("ascii", "replace").split("@", 1)[0]
+        return self._names[index]
+
+    def code(self, file_offset: int, length: int) -> bytes:
+        return os.pread(self.fd, length, file_offset)
+
+
+_SYMBOL_FIELDS = [("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"), ("value", "<u8"),
+                  ("size", "<u8")]
+_SYMBOL: Any = None
 
 
 @lru_cache(maxsize=64)
 def _elf(path: str) -> _Elf | None:
-    """Parse the function symbols of an ELF64 file (little-endian); None when it is not one."""
+    """The function symbols of an ELF64 little-endian file; None when it is not one."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read()
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
-    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        return None
-    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
-    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
-    elf = _Elf()
-    for index in range(phnum):
-        p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
-            "<IIQQQQ", data, phoff + index * phentsize)
-        if p_type == 1:  # PT_LOAD
-            elf.loads.append((p_offset, p_vaddr, p_filesz))
-    sections = []
-    for index in range(shnum):
-        sections.append(struct.unpack_from("<IIQQQQIIQQ", data, shoff + index * shentsize))
-    symbols: dict[int, tuple[int, str]] = {}
-    for wanted in (2, 11):  # SHT_SYMTAB first (static functions too), then SHT_DYNSYM
-        for _name, sh_type, _f, _a, sh_offset, sh_size, sh_link, _i, _al, sh_entsize in sections:
-            if sh_type != wanted or not sh_entsize:
+    try:
+        header = os.pread(fd, 64, 0)
+        if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+            os.close(fd)
+            return None
+        phoff, shoff = struct.unpack_from("<QQ", header, 0x20)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", header, 0x36)
+        elf = _Elf(path, fd)
+        programs = os.pread(fd, phentsize * phnum, phoff)
+        for index in range(phnum):
+            p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
+                "<IIQQQQ", programs, index * phentsize)
+            if p_type == 1:  # PT_LOAD
+                elf.loads.append((p_offset, p_vaddr, p_filesz))
+        table = os.pread(fd, shentsize * shnum, shoff)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", table, i * shentsize) for i in range(shnum)]
+        for wanted in (2, 11):  # SHT_SYMTAB first (static functions too), then SHT_DYNSYM
+            chosen = [sec for sec in sections if sec[1] == wanted and sec[9]]
+            if not chosen:
                 continue
-            strtab = sections[sh_link]
-            str_offset, str_size = strtab[4], strtab[5]
-            for position in range(sh_offset, sh_offset + sh_size, sh_entsize):
-                st_name, st_info, _other, st_shndx, st_value, st_size = struct.unpack_from(
-                    "<IBBHQQ", data, position)
-                if st_info & 0xF != 2 or not st_value or not st_shndx:  # STT_FUNC, defined
-                    continue
-                end = data.find(b"\0", str_offset + st_name, str_offset + str_size)
-                name = data[str_offset + st_name:end].decode("ascii", "replace")
-                if st_value not in symbols or symbols[st_value][0] < st_size:
-                    symbols[st_value] = (max(st_size, 1), name)
-        if symbols:
+            _n, _t, _f, _a, sh_offset, sh_size, sh_link, _i, _al, _entsize = chosen[0]
+            import numpy as np  # a million symbols in libtorch: parsed in tens of ms, not seconds
+
+            global _SYMBOL
+            if _SYMBOL is None:
+                _SYMBOL = np.dtype(_SYMBOL_FIELDS)
+
+            data = os.pread(fd, sh_size, sh_offset)
+            entries = np.frombuffer(data[: len(data) - len(data) % 24], dtype=_SYMBOL)
+            keep = entries[((entries["info"] & 0xF) == 2) & (entries["value"] != 0) & (entries["shndx"] != 0)]
+            if not len(keep):
+                continue
+            keep = keep[np.argsort(keep["value"], kind="stable")]
+            elf.starts = keep["value"].astype(np.int64)
+            elf.ends = elf.starts + np.maximum(keep["size"].astype(np.int64), 1)
+            elf.name_offsets = keep["name"].astype(np.int64)
+            elf.strtab_offset = sections[sh_link][4]
             break
-    for start in sorted(symbols):
-        size, name = symbols[start]
-        elf.starts.append(start)
-        elf.ends.append(start + size)
-        elf.names.append(name.split("@", 1)[0])
-    return elf
+        return elf
+    except (OSError, struct.error, IndexError):
+        os.close(fd)
+        return None
 
 
 def executable_regions(pid: int) -> list[Region]:
@@ -150,7 +176,6 @@ class _Symbolizer:
     def __init__(self, pid: int) -> None:
         self.regions = executable_regions(pid)
         self.starts = [r.start for r in self.regions]
-        self._code: dict[str, bytes] = {}
 
     def region(self, address: int) -> Region | None:
         index = bisect.bisect_right(self.starts, address) - 1
@@ -175,10 +200,15 @@ class _Symbolizer:
         if region is None:
             return False
         offset = address - region.start + region.offset
-        code = self._file(region.path)
-        if offset < 8 or offset > len(code):
+        elf = _elf(region.path)
+        if elf is None or offset < 8:
             return False
-        before = code[offset - 8:offset]
+        try:
+            before = elf.code(offset - 8, 8)
+        except OSError:
+            return False
+        if len(before) < 8:
+            return False
         if _ARCH in ("x86_64", "amd64"):
             if before[-5] == 0xE8:  # call rel32
                 return True
@@ -194,14 +224,6 @@ class _Symbolizer:
             return word & 0xFC000000 == 0x94000000 or word & 0xFFFFFC1F == 0xD63F0000  # BL, BLR
         return True
 
-    def _file(self, path: str) -> bytes:
-        if path not in self._code:
-            try:
-                with open(path, "rb") as handle:
-                    self._code[path] = handle.read()
-            except OSError:
-                self._code[path] = b""
-        return self._code[path]
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -270,8 +292,10 @@ class NativeSampler:
                 return True
             if got < 0:
                 return False
-            time.sleep(0.0001)
-        return False
+            time.sleep(0.0002)
+        # Never leave it behind: a thread interrupted but not yet stopped would stay stopped
+        # once it stops, with nobody to let it go. Wait for the stop itself.
+        return self._libc.waitpid(tid, ctypes.byref(status), WALL) == tid
 
     def _registers(self, tid: int) -> tuple[bool, int, int] | None:
         try:
@@ -469,15 +493,19 @@ def c_call(frames: tuple[Symbol, ...]) -> str | None:
 
 
 def c_call_symbol(frames: tuple[Symbol, ...]) -> tuple[str, str] | None:
-    """``(python name, C symbol)` of the C function called from Python (``frames`` outermost first):
-    the first frame below the eval loop that is not call machinery and that either has a
-    Python name by CPython's conventions or lies outside the interpreter. Interpreter
-    internals without a Python name (``take_gil``, ``PyDict_GetItem``: often a stale return
-    address a frame left on the stack) are passed over."""
-    for frame in frames:
-        if is_plumbing(frame.name):
-            continue
+    """``(python name, C symbol)`` of the C function called from Python (``frames`` outermost
+    first): the outermost frame below the eval loop that has a Python name by CPython's
+    conventions (``builtin_sorted`` before the ``list_sort_impl`` it calls); else, for a
+    library's function reached without one (libc ``usleep`` through ctypes), the outermost
+    frame outside the interpreter and the call machinery. Interpreter internals without a
+    Python name (``take_gil``, ``PyDict_GetItem``: often a stale return address a frame left
+    on the stack) are passed over, and so is a stale library frame beside a named one."""
+    candidates = [frame for frame in frames if not is_plumbing(frame.name)]
+    for frame in candidates:
         named = python_name(frame)
-        if named != frame.name or _foreign(frame):
+        if named != frame.name and not frame.name.startswith("_Z"):
             return named, frame.name
+    for frame in candidates:
+        if _foreign(frame):
+            return python_name(frame), frame.name
     return None

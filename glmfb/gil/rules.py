@@ -108,7 +108,7 @@ class Observations:
     thread_times: dict[int, Any] = field(default_factory=dict)  # tid -> procwatch.ThreadTime
     thread_names: dict[int, str] = field(default_factory=dict)
     cpus: dict[int, str] = field(default_factory=dict)  # tid -> Cpus_allowed_list
-    native_votes: dict[int, Counter[str]] = field(default_factory=dict)  # tid -> C call seen running
+    native_votes: dict[int, Counter[tuple[str, str]]] = field(default_factory=dict)  # tid -> (name, symbol) seen
     native_error: str | None = None
     native_snapshots: int = 0
     stall: dict[str, Any] = field(default_factory=dict)  # the heartbeat's longest stretch without a wake-up
@@ -168,7 +168,8 @@ def _names_callee(file: str, line: int, symbol: str) -> bool:
     return bool(wanted) and any(wanted in callee.lower() for callee in callees)
 
 
-def c_function_of(site: CallSite, votes: Counter[str] | None) -> tuple[str | None, str | None, str | None]:
+def c_function_of(site: CallSite, votes: Counter[tuple[str, str]] | None
+                  ) -> tuple[str | None, str | None, str | None]:
     """``(python name, C symbol, source)`` of the C function the site held the GIL in: from
     py-spy --native's frames below it, else from native snapshots of its thread while it ran
     (py-spy leaves the interpreter's own functions out: ``sorted``, ``list.sort``). A foreign
@@ -185,9 +186,9 @@ def c_function_of(site: CallSite, votes: Counter[str] | None) -> tuple[str | Non
             found = (name, symbol, "py-spy --native")
     if found is None and votes:
         total = sum(votes.values())
-        name, count = votes.most_common(1)[0]
+        (name, symbol), count = votes.most_common(1)[0]
         if name and count >= 0.5 * total:
-            found = (name, name, "native snapshots")
+            found = (name, symbol, "native snapshots")
     if found is None:
         return None, None, None
     name, symbol, source = found
@@ -198,7 +199,7 @@ def c_function_of(site: CallSite, votes: Counter[str] | None) -> tuple[str | Non
 
 
 def holder_evidence(site: CallSite, total: int, cls: type[HeldSite] = GilHolder,
-                    votes: Counter[str] | None = None) -> HeldSite:
+                    votes: Counter[tuple[str, str]] | None = None) -> HeldSite:
     native = site.native_calls.most_common(1)
     stack = site.stacks.most_common(1)[0][0] if site.stacks else ()
     known = site.split_samples > 0
@@ -568,7 +569,7 @@ def _thread_times(observations: Observations) -> ThreadTimes | None:
         if account.wall_s <= 0:
             continue
         votes = observations.native_votes.get(tid, Counter())
-        named = Counter({k: v for k, v in votes.items() if k})
+        named = Counter({k[0]: v for k, v in votes.items() if k[0]})
         top = named.most_common(1)[0] if named else None
         runnable = account.wall_s - account.runqueue_s
         name = names.get(tid, f"thread {tid}")
