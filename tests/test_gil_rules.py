@@ -178,6 +178,7 @@ def test_the_gil_region_spans_the_struct_around_the_condvar_words() -> None:
     ("time_sleep", LIBPYTHON, "time.sleep"),
     ("encoder_call", "/lib-dynload/_json.cpython-311-x86_64-linux-gnu.so", "json.encoder.c_make_encoder"),
     ("usleep", "/usr/lib/x86_64-linux-gnu/libc.so.6", "usleep"),
+    ("posix_memalign", "/usr/lib/x86_64-linux-gnu/libc.so.6", "posix_memalign"),
 ])
 def test_cpython_c_symbols_get_their_python_names(symbol: str, path: str, name: str) -> None:
     assert python_name(Symbol(symbol, path)) == name

@@ -460,7 +460,11 @@ def python_name(symbol: Symbol) -> str:
     if name.startswith("builtin_") and len(name) > len("builtin_"):
         return name.removeprefix("builtin_")
     module = _module_of(symbol.path)
-    candidates = ([module] if module else []) + [m for m in known_modules() if m != module]
+    base = os.path.basename(symbol.path)
+    shared_object = ".so" in base and not base.startswith("libpython")
+    # A library's symbol is named after its own module only (libc's posix_memalign is not os.memalign).
+    candidates = [module] if shared_object and module else (
+        ([module] if module else []) + [m for m in known_modules() if m != module])
     for prefix in candidates:
         if name.startswith(prefix + "_") and len(name) > len(prefix) + 1:
             rest = name[len(prefix) + 1:]
