@@ -127,7 +127,9 @@ def run_glmfb(seconds: float, folder: Path) -> tuple[dict[str, float], str]:
     )
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     self_before = os.times()
-    verdict = trace_gil(config, folder)
+    from glmfb.probe import ProbeContext
+
+    verdict = trace_gil(config, ProbeContext(run_id="overhead", artifact_dir=folder))
     self_after = os.times()
     children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     stdout = (folder / "stdout.txt").read_text()
@@ -141,7 +143,7 @@ def run_glmfb(seconds: float, folder: Path) -> tuple[dict[str, float], str]:
         (self_after.user - self_before.user) + (self_after.system - self_before.system)
     ) / measured["elapsed_s"]
     measured["heartbeat_cpu_share"] = (measured["heartbeat_cpu_s"] or 0.0) / measured["elapsed_s"]
-    samples = next((e.get("samples") for e in verdict.evidence if e["kind"] == "gil_threads"), None)
+    samples = next((getattr(e, "samples", None) for e in verdict.evidence if e.kind == "gil_threads"), None)
     note = f"verdict {verdict.status.value}, py-spy samples {samples}"
     return measured, note
 
