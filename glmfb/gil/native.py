@@ -31,7 +31,6 @@ import platform
 import struct
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -348,19 +347,6 @@ class NativeSampler:
         return NativeStack(tid, tuple(frames), in_syscall)
 
 
-def sample_threads(pid: int, tids: list[int], *, snapshots: int = 8, spacing_s: float = 0.02) -> dict[int, list[NativeStack]]:
-    """A few snapshots of each thread in ``tids``, spread over ``snapshots * spacing_s``."""
-    sampler = NativeSampler(pid)
-    found: dict[int, list[NativeStack]] = {tid: [] for tid in tids}
-    for _ in range(snapshots):
-        for tid in tids:
-            stack = sampler.snapshot(tid)
-            if stack is not None:
-                found[tid].append(stack)
-        time.sleep(spacing_s)
-    return found
-
-
 def below_python(stack: NativeStack) -> tuple[Symbol, ...]:
     """The C frames from the innermost Python frame's eval loop to the leaf, outermost first;
     empty when the snapshot reached no eval frame (the thread was not below Python code)."""
@@ -369,15 +355,6 @@ def below_python(stack: NativeStack) -> tuple[Symbol, ...]:
         if name in EVAL_FRAMES:
             return tuple(reversed(stack.frames[:index]))
     return ()
-
-
-def stack_votes(stacks: list[NativeStack]) -> Counter[str]:
-    votes: Counter[str] = Counter()
-    for stack in stacks:
-        call = c_call(below_python(stack))
-        if call is not None:
-            votes[call] += 1
-    return votes
 
 
 # ---- naming ----------------------------------------------------------------------------------
