@@ -54,8 +54,7 @@ RENAMED: dict[str, dict[str, str]] = {
     "diff": {},
     "bench": {},
     "gil": {},
-    "gap": {"within-threshold": "pass", "gil-holder": "gil-starved-sender",
-            "gil-release-missing": "gil-starved-sender"},
+    "gap": {},
 }
 OWN_FILE = re.compile(r"(?:^|[\s(/])glmfb/(?:[\w]+/)*[\w]+\.py")
 

@@ -143,7 +143,7 @@ def run_glmfb(seconds: float, folder: Path) -> tuple[dict[str, float], str]:
         (self_after.user - self_before.user) + (self_after.system - self_before.system)
     ) / measured["elapsed_s"]
     measured["heartbeat_cpu_share"] = (measured["heartbeat_cpu_s"] or 0.0) / measured["elapsed_s"]
-    samples = next((e.get("samples") for e in verdict.evidence if e["kind"] == "gil_threads"), None)
+    samples = next((getattr(e, "samples", None) for e in verdict.evidence if e.kind == "gil_threads"), None)
     note = f"verdict {verdict.status.value}, py-spy samples {samples}"
     return measured, note
 

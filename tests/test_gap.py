@@ -268,7 +268,7 @@ def test_gil_finding_names_starved_thread_and_skips_startup_imports() -> None:
     assert finding.starved_thread == "kv-transfer"  # "other" was not called starved
     assert finding.idle_in_native
     sentence = finding.sentence()
-    assert "kv-transfer thread waited for the GIL in 17% of samples" in sentence
+    assert "kv-transfer thread waited for the GIL 17% of the time" in sentence
     assert "p99 61 ms" in sentence and "intranode_dispatch" in sentence and "idle in a native call (usleep)" in sentence
 
 

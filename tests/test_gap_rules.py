@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -20,6 +21,18 @@ HOLDER_IDLE = GilFinding(available=True, status="fail", holder_thread="MainThrea
 HOLDER_BUSY = GilFinding(available=True, status="fail", holder_thread="sender", holder_function="dumps",
                          holder_file="x.py", holder_line=3, holder_idle_share=0.05, starved_thread="MainThread")
 SATURATED = BandwidthCheck("mooncake", 1e8, 9.5e8, 1e9, 1e9)
+PICKLING = GilFinding(available=True, status="fail", holder_thread="kv-sender", holder_function="pickle.dumps",
+                      holder_c_function="pickle.dumps", holder_python_function="PrefillKV._send_loop",
+                      holder_file="gap_workloads.py", holder_line=244, holder_idle_share=0.0,
+                      starved_thread="prefill", starved_waiting_share=0.27, starved_of_runnable=0.51,
+                      starved_of_runnable_ci=(0.42, 0.6))
+COMPRESSING = GilFinding(available=True, status="pass", holder_thread="prefill",
+                         holder_function="torch::autograd::THPVariable_linear", holder_idle_share=0.0,
+                         starved_thread="kv-sender", starved_waiting_share=0.03, starved_of_runnable=0.05,
+                         starved_of_runnable_ci=(0.0, 0.1), cpu_victim="prefill", cpu_victim_runqueue_share=0.72,
+                         cpu_victim_cpu_share=0.14, cpu_victim_gil_share=0.066, cpu_victim_gil_of_runnable=0.24,
+                         competitor_thread="kv-sender", competitor_function="zlib.compress",
+                         competitor_cpu_share=0.16, competitor_cpu_fraction=0.52, shared_cpus="0")
 
 
 def findings(gap: float, low: float, high: float, **kwargs: Any) -> GapFindings:
@@ -32,11 +45,24 @@ def findings(gap: float, low: float, high: float, **kwargs: Any) -> GapFindings:
 
 TABLE = [
     (findings(0.04, 0.01, 0.08, stopped_by="budget"), "undecided", Status.INCONCLUSIVE, ["straddles", "30 s budget"]),
-    (findings(0.01, -0.01, 0.03), "within-threshold", Status.PASS, ["Within the threshold"]),
-    (findings(0.4, 0.3, 0.5, gil=HOLDER_IDLE), "gil-release-missing", Status.FAIL,
+    (findings(0.01, -0.01, 0.03), "pass", Status.PASS, ["Within the threshold"]),
+    (findings(0.4, 0.3, 0.5, gil=HOLDER_IDLE), "gil-starved-sender", Status.FAIL,
      ["kv_wait_s 169 ms (only in the candidate)", "A missing GIL release in intranode_dispatch",
       "idle in a native call (usleep)"]),
-    (findings(0.4, 0.3, 0.5, gil=HOLDER_BUSY), "gil-holder", Status.FAIL, ["held by dumps", "computing"]),
+    (findings(0.4, 0.3, 0.5, gil=HOLDER_BUSY), "gil-starved-sender", Status.FAIL, ["held by dumps", "computing"]),
+    (findings(1.0, 0.9, 1.1, gil=PICKLING), "gil-starved-sender", Status.FAIL,
+     ["prefill thread waited for the GIL 27% of the time (51% of the time it was not waiting for a CPU)",
+      "held by pickle.dumps, called from PrefillKV._send_loop (gap_workloads.py:244), on thread kv-sender"]),
+    (findings(1.0, 0.9, 1.1, gil=COMPRESSING), "cpu-contention", Status.FAIL,
+     ["The prefill thread waited for a CPU 72% of the time", "thread kv-sender ran in zlib.compress",
+      "52% of the CPU time", "CPU contention, not the GIL"]),
+    # A helper that waits for the GIL a little (noisy interval) beside a computing prefill: not the GIL.
+    (findings(1.0, 0.9, 1.1, gil=replace(COMPRESSING, starved_thread="kv-sender", starved_of_runnable=0.19,
+                                         starved_of_runnable_ci=(0.01, 0.37))), "cpu-contention", Status.FAIL, []),
+    # A competitor that took little of the CPU, or a victim that mostly waited for the GIL: no CPU contention.
+    (findings(1.0, 0.9, 1.1, gil=replace(COMPRESSING, competitor_cpu_fraction=0.1)), "over-threshold",
+     Status.FAIL, []),
+    (findings(1.0, 0.9, 1.1, gil=replace(COMPRESSING, cpu_victim_gil_share=0.4)), "over-threshold", Status.FAIL, []),
     (findings(0.4, 0.3, 0.5, bandwidth=SATURATED), "bandwidth-bound", Status.FAIL, ["the link is saturated"]),
     (findings(0.4, 0.3, 0.5, gil=GilFinding(available=False, reason="py-spy missing")), "over-threshold",
      Status.FAIL, ["The GIL signal is missing: py-spy missing"]),
@@ -57,6 +83,18 @@ def test_a_missing_release_names_the_starved_thread_and_the_holder() -> None:
     assert diagnosis.where == {"thread": "kv-transfer", "function": "intranode_dispatch",
                                "file": "scenarios/kv_transfer/dispatch.py", "line": 39}
     assert diagnosis.next[-1].startswith("glmfb gap a.py:prefill a.py:transfer --threshold 5%")
+
+
+def test_cpu_contention_names_the_competitors_function_never_glmfb() -> None:
+    diagnosis = diagnose(RULES, findings(1.0, 0.9, 1.1, gil=COMPRESSING)).diagnosis
+    assert diagnosis.where == {"thread": "prefill", "function": "zlib.compress"}
+    assert "glmfb/" not in diagnosis.why and "held by" not in diagnosis.why
+
+
+def test_the_starved_prefill_thread_and_the_holders_c_function_are_where() -> None:
+    diagnosis = diagnose(RULES, findings(1.0, 0.9, 1.1, gil=PICKLING)).diagnosis
+    assert diagnosis.where == {"thread": "prefill", "function": "pickle.dumps", "file": "gap_workloads.py",
+                               "line": 244}
 
 
 def test_without_the_gil_probe_the_next_step_runs_it() -> None:

@@ -147,13 +147,16 @@ def _observations(raw: str | None, lateness_ms: list[float], **kwargs: object) -
     )
 
 
-def test_rule_idle_holder_with_starvation_fails_naming_the_native_call() -> None:
-    verdict = decide(_observations(RAW_HOLD, [0.2] * 80 + [25.0] * 20))
+def test_rule_idle_holder_with_starvation_fails_naming_the_native_call(tmp_path: Path) -> None:
+    # The Python function whose own line calls the foreign function is its binding: named.
+    source = tmp_path / "dispatch.py"
+    source.write_text("\n" * 70 + "        usleep(dispatch_us)\n", encoding="utf-8")
+    verdict = decide(_observations(RAW_HOLD.replace("/src/dispatch.py", str(source)), [0.2] * 80 + [25.0] * 20))
     assert verdict.status is Status.FAIL and verdict.layer is Layer.RUNTIME
     assert verdict.where == {
         "thread": "moe-dispatch",
         "function": "intranode_dispatch",
-        "file": "/src/dispatch.py",
+        "file": str(source),
         "line": 71,
     }
     assert verdict.why.startswith(
@@ -175,8 +178,10 @@ def test_rule_idle_holder_with_starvation_fails_naming_the_native_call() -> None
 def test_rule_active_holder_names_hot_frames() -> None:
     verdict = decide(_observations(RAW_BUSY, [0.2] * 50 + [200.0] * 50))
     assert verdict.status is Status.FAIL
-    assert verdict.where["function"] == "scan_logs" and verdict.where["thread"] == "log-scanner"
+    # The C function holding the GIL is named; its Python caller stays in the why.
+    assert verdict.where["function"] == "re.Pattern.match" and verdict.where["thread"] == "log-scanner"
     assert "hogs the interpreter" in verdict.why and "_sre_SRE_Pattern_match" in verdict.why
+    assert "called from scan_logs (/src/regex_prog.py:11)" in verdict.why
 
 
 def test_rule_not_starved_passes_and_missing_pyspy_warns() -> None:

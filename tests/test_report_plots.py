@@ -256,6 +256,37 @@ def test_gil_lateness_against_the_threshold() -> None:
     assert "p99 90.9 ms > 10 ms: starved." in result.caption
 
 
+THREAD_TIMES = {"kind": "thread_times", "observed_s": 4.0, "native_snapshots": 12, "threads": [
+    {"thread": "MainThread", "tid": 1, "cpu_share": 0.29, "runqueue_share": 0.3, "gil_wait_share": 0.41,
+     "other_wait_share": 0.0, "gil_wait_ci": [0.37, 0.45], "glmfb": False},
+    {"thread": "serializer", "tid": 4, "cpu_share": 0.56, "runqueue_share": 0.13, "gil_wait_share": 0.01,
+     "other_wait_share": 0.3, "c_function": "pickle.dumps", "glmfb": False}]}
+TIMELINE = {"kind": "gil_timeline", "observed_s": 4.0, "threads": [
+    {"thread": "serializer", "tid": 4, "spans": [[0.0, 0.5, "holding"], [0.5, 0.6, "running"]]},
+    {"thread": "MainThread", "tid": 1, "spans": [[0.0, 0.5, "waiting"], [0.5, 1.0, "running"]]}]}
+SERIES = dict(STARVATION, observed_s=4.0, expected_ticks=4000, stall_ms=2100.0, stall_start_s=0.5,
+              stall_gil_share=0.93, lateness_series=[[0.01, 0.2], [0.5, 2100.0], [3.9, 0.3]])
+
+
+def test_gil_thread_times_stack_each_threads_window() -> None:
+    result = drawn("gil-thread-times", view("gil", [THREAD_TIMES]))
+    ids = element_ids(result.svg)
+    assert {"gil_wait_share-MainThread", "cpu_share-serializer", "gil-ci-MainThread"} <= ids
+    assert "schedstat" in result.caption
+
+
+def test_gil_thread_timeline_draws_each_state_and_the_stall() -> None:
+    result = drawn("gil-thread-timeline", view("gil", [TIMELINE, SERIES]))
+    assert {"holding-serializer", "waiting-MainThread", "running-MainThread", "stall"} <= element_ids(result.svg)
+    assert "longest stretch without a wake-up: 2.10 s, blocked on the GIL 93% of it" in result.caption
+
+
+def test_gil_lateness_over_time_counts_the_ticks_that_never_came() -> None:
+    result = drawn("gil-lateness-series", view("gil", [SERIES]))
+    assert {"lateness-points", "threshold"} <= element_ids(result.svg)
+    assert "91 wake-ups recorded of 4000" in result.caption
+
+
 # --------------------------------------------------------------------------------------------
 # gap
 # --------------------------------------------------------------------------------------------

@@ -11,11 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from glmfb.errors import InputError
 from glmfb.gap.config import GapConfig
-from glmfb.gil.evidence import GilHolder, GilThreads, HeldSite, Starvation
+from glmfb.gil.evidence import (
+    GilHolder,
+    GilThreads,
+    HeldSite,
+    Starvation,
+    ThreadTimeRow,
+    ThreadTimes,
+)
 from glmfb.io import write_json_atomic
 from glmfb.probe import ProbeContext, get_probe
 from glmfb.verdict import Verdict
@@ -24,6 +32,15 @@ IDLE_MAJORITY = 0.5  # a holder blocked in this share of its samples holds the G
 CANARY_PREFIX = "glmfb-"  # threads the gil probe injects, never the starved thread we name
 MAX_PLAUSIBLE_LATENESS_MS = 60_000.0
 STARTUP_FUNCTIONS = frozenset({"_call_with_frames_removed", "_find_and_load", "exec_module", "<module>"})
+# A thread that wants a CPU this share of its time and waits for one in this share is slowed
+# by CPU contention; a competitor on its CPUs must have run this share of the time.
+CPU_WAIT_SHARE = 0.25
+COMPETITOR_CPU_FRACTION = 0.25  # of the CPU time the candidate's threads got on those CPUs
+MIN_COMPETITOR_CPU_SHARE = 0.03  # of wall time: a competitor that ran at all
+# Of the time off the run queue, as the gil probe's gil-wait-share: the estimate at 20% or
+# more and its interval's lower end at 10% or more.
+GIL_WAIT_SHARE = 0.2
+GIL_WAIT_LOW = 0.1
 
 
 @dataclass(frozen=True)
@@ -42,6 +59,20 @@ class GilFinding:
     native_frame: str | None = None
     starved_thread: str | None = None
     starved_waiting_share: float | None = None
+    starved_of_runnable: float | None = None  # GIL wait / (wall - run-queue wait) of that thread
+    starved_of_runnable_ci: tuple[float, ...] = ()
+    holder_c_function: str | None = None  # the C function the holder held the GIL in (pickle.dumps)
+    holder_python_function: str | None = None  # its Python caller
+    cpu_victim: str | None = None  # the thread that waited most for a CPU
+    cpu_victim_runqueue_share: float | None = None
+    cpu_victim_cpu_share: float | None = None
+    cpu_victim_gil_of_runnable: float | None = None
+    cpu_victim_gil_share: float | None = None  # of wall time
+    competitor_thread: str | None = None  # the thread that ran most on the victim's CPUs
+    competitor_function: str | None = None  # what it ran in C (zlib.compress)
+    competitor_cpu_share: float | None = None
+    competitor_cpu_fraction: float | None = None  # of the CPU the candidate's threads got there
+    shared_cpus: str | None = None
     canary_p50_ms: float | None = None
     canary_p99_ms: float | None = None
     canary_max_ms: float | None = None
@@ -63,6 +94,38 @@ class GilFinding:
         """The gil probe saw starvation (it fails on starvation beside a known holder)."""
         return self.status == "fail" or self.starved_thread is not None
 
+    @property
+    def gil_bound(self) -> bool:
+        """A thread of the candidate waited for the GIL a large share of its time off the run
+        queue, beside a known holder on another thread."""
+        if not self.holder_known or self.starved_thread is None or self.starved_thread == self.holder_thread:
+            return False
+        share = self.starved_of_runnable
+        if share is None:  # an older gil verdict: its own failure stands for it
+            return self.status == "fail"
+        low = self.starved_of_runnable_ci[0] if self.starved_of_runnable_ci else share
+        return share >= GIL_WAIT_SHARE and low >= GIL_WAIT_LOW
+
+    @property
+    def cpu_bound(self) -> bool:
+        """A thread waited for a CPU a large share of its time while another thread of the
+        candidate ran on the same CPUs, and the GIL does not explain the wait."""
+        runqueue = self.cpu_victim_runqueue_share or 0.0
+        return (self.cpu_victim is not None and self.competitor_thread is not None
+                and runqueue >= CPU_WAIT_SHARE
+                and (self.competitor_cpu_fraction or 0.0) >= COMPETITOR_CPU_FRACTION
+                and (self.competitor_cpu_share or 0.0) >= MIN_COMPETITOR_CPU_SHARE
+                and (self.cpu_victim_gil_share or 0.0) < runqueue / 2)  # the CPU wait dominates
+
+    def cpu_sentence(self) -> str:
+        runs = f" in {self.competitor_function}" if self.competitor_function else ""
+        cpus = f" (CPUs {self.shared_cpus})" if self.shared_cpus else ""
+        return (f"The {self.cpu_victim} thread waited for a CPU {self.cpu_victim_runqueue_share:.0%} of the time "
+                f"(and ran {self.cpu_victim_cpu_share:.0%}) while thread {self.competitor_thread} ran{runs} on the "
+                f"same CPUs{cpus}, taking {self.competitor_cpu_fraction or 0.0:.0%} of the CPU time the candidate's "
+                f"threads got there; the GIL does not explain it ({self.cpu_victim} waited for the GIL "
+                f"{self.cpu_victim_gil_share or 0.0:.0%} of the time): CPU contention, not the GIL.")
+
     def sentence(self) -> str:
         """The finding in one sentence, in the terms of its evidence."""
         if not self.available:
@@ -71,15 +134,20 @@ class GilFinding:
             return f"The gil probe ({self.status}) named no GIL holder: {self.reason or self.gil_why}."
         waited = ""
         if self.starved_thread is not None:
-            share = (f" in {self.starved_waiting_share:.0%} of samples"
-                     if self.starved_waiting_share is not None else "")
+            share = (f" {self.starved_waiting_share:.0%} of the time" if self.starved_waiting_share is not None else "")
+            if self.starved_of_runnable is not None:
+                share += f" ({self.starved_of_runnable:.0%} of the time it was not waiting for a CPU)"
             waited = f"the {self.starved_thread} thread waited for the GIL{share}"
             if self.canary_p99_ms is not None:
                 waited += f" (a canary thread woke p99 {self.canary_p99_ms:.0f} ms late)"
         elif self.canary_p99_ms is not None:
             waited = f"a canary thread woke p99 {self.canary_p99_ms:.0f} ms late"
-        location = f"{self.holder_file}:{self.holder_line}" if self.holder_file else "unknown file"
-        held = f"held by {self.holder_function} ({location}) on thread {self.holder_thread}"
+        location = f"{self.holder_file}:{self.holder_line}" if self.holder_file else "glmfb's target runner"
+        if self.holder_c_function and self.holder_python_function:
+            held = (f"held by {self.holder_c_function}, called from {self.holder_python_function} ({location}), "
+                    f"on thread {self.holder_thread}")
+        else:
+            held = f"held by {self.holder_function} ({location}) on thread {self.holder_thread}"
         if self.holder_idle_share is not None:
             if self.idle_in_native:
                 native = f" ({self.native_frame})" if self.native_frame else ""
@@ -106,6 +174,19 @@ class GilFinding:
             "holder_source": self.holder_source,
             "starved_thread": self.starved_thread,
             "starved_waiting_share": self.starved_waiting_share,
+            "starved_of_runnable": self.starved_of_runnable,
+            "starved_of_runnable_ci": self.starved_of_runnable_ci,
+            "holder_c_function": self.holder_c_function,
+            "cpu_victim": self.cpu_victim,
+            "cpu_victim_runqueue_share": self.cpu_victim_runqueue_share,
+            "cpu_victim_cpu_share": self.cpu_victim_cpu_share,
+            "cpu_victim_gil_of_runnable": self.cpu_victim_gil_of_runnable,
+            "cpu_victim_gil_share": self.cpu_victim_gil_share,
+            "competitor_thread": self.competitor_thread,
+            "competitor_function": self.competitor_function,
+            "competitor_cpu_share": self.competitor_cpu_share,
+            "competitor_cpu_fraction": self.competitor_cpu_fraction,
+            "shared_cpus": self.shared_cpus,
             "canary_p50_ms": self.canary_p50_ms,
             "canary_p99_ms": self.canary_p99_ms,
             "canary_max_ms": self.canary_max_ms,
@@ -113,18 +194,68 @@ class GilFinding:
         }
 
 
-def _starved_thread(starvation: Starvation | None, holder_thread: str | None) -> tuple[str | None, float | None]:
-    """The thread the gil probe called starved (not the holder, not glmfb's canary) that it saw
-    waiting for the GIL most often."""
+def _starved_thread(starvation: Starvation | None, holder_thread: str | None
+                    ) -> tuple[str | None, float | None, float | None, tuple[float, ...]]:
+    """The program thread (not the holder, not glmfb's canary) that waited for the GIL most,
+    by its share of the time off the run queue (else by the share of wall time an older gil
+    verdict gives): ``(thread, wall share, off-run-queue share, its interval)``."""
     if starvation is None:
-        return None, None
+        return None, None, None, ()
     starved = set(starvation.threads)
     waiting = [w for w in starvation.waiting_for_gil
-               if w.thread in starved and w.thread != holder_thread and not w.thread.startswith(CANARY_PREFIX)]
+               if w.thread != holder_thread and not w.thread.startswith(CANARY_PREFIX)
+               and (w.thread in starved or w.of_runnable_share is not None)]
     if not waiting:
-        return None, None
-    top = max(waiting, key=lambda w: w.waiting_share)
-    return top.thread, top.waiting_share
+        return None, None, None, ()
+    top = max(waiting, key=lambda w: (w.of_runnable_share if w.of_runnable_share is not None else -1.0,
+                                      w.waiting_share))
+    if top.of_runnable_share is None and top.thread not in starved:
+        return None, None, None, ()
+    return top.thread, top.waiting_share, top.of_runnable_share, tuple(top.of_runnable_ci)
+
+
+def cpu_set(text: str | None) -> set[int]:
+    """``0-2,5`` -> {0, 1, 2, 5} (a Cpus_allowed_list); empty when unknown."""
+    cpus: set[int] = set()
+    for part in (text or "").split(","):
+        first, _, last = part.strip().partition("-")
+        if first.isdigit():
+            cpus.update(range(int(first), int(last) + 1 if last.isdigit() else int(first) + 1))
+    return cpus
+
+
+def _cpu_contention(times: ThreadTimes | None, driver: str | None) -> dict[str, Any]:
+    """The thread slowed by CPU contention and the thread that ran most on its CPUs meanwhile
+    (glmfb's own threads are never either). The slowed thread is the one that drives the
+    iteration, the thread that held the GIL most (it runs the iteration's Python), when it
+    waited for a CPU a real share of its time; else the thread that waited most for one."""
+    if times is None:
+        return {}
+    program = [t for t in times.threads if not t.glmfb]
+    wanting = [t for t in program if t.cpu_share + t.runqueue_share >= CPU_WAIT_SHARE]
+    if not wanting:
+        return {}
+    drivers = [t for t in wanting if t.thread == driver and t.runqueue_share >= CPU_WAIT_SHARE]
+    victim = drivers[0] if drivers else max(wanting, key=lambda t: t.runqueue_share)
+    mine = cpu_set(victim.cpus)
+
+    def overlaps(row: ThreadTimeRow) -> bool:
+        return not mine or not cpu_set(row.cpus) or bool(mine & cpu_set(row.cpus))
+
+    others = [t for t in program if t.tid != victim.tid and overlaps(t)]
+    found: dict[str, Any] = {"cpu_victim": victim.thread, "cpu_victim_runqueue_share": victim.runqueue_share,
+                             "cpu_victim_cpu_share": victim.cpu_share,
+                             "cpu_victim_gil_of_runnable": victim.gil_wait_of_runnable,
+                             "cpu_victim_gil_share": victim.gil_wait_share}
+    if others:
+        competitor = max(others, key=lambda t: t.cpu_share)
+        shared = sorted(mine & cpu_set(competitor.cpus)) if mine and competitor.cpus else []
+        used = victim.cpu_share + sum(t.cpu_share for t in others)
+        found.update(competitor_thread=competitor.thread, competitor_function=competitor.c_function,
+                     competitor_cpu_share=competitor.cpu_share,
+                     competitor_cpu_fraction=round(competitor.cpu_share / used, 4) if used > 0 else None,
+                     shared_cpus=",".join(str(c) for c in shared) or None)
+    return found
 
 
 def _lateness_ms(value: float | None) -> float | None:
@@ -137,18 +268,42 @@ def _startup_frame(site: HeldSite) -> bool:
     return site.file.startswith("<frozen importlib") or site.function in STARTUP_FUNCTIONS
 
 
+def _glmfb_frame(site: HeldSite) -> bool:
+    """A site in glmfb's own code (its target runner), unless it held the GIL in a C call it
+    made for the target (then the call is the cause)."""
+    import glmfb
+
+    if site.c_function:
+        return False
+    package = Path(glmfb.__file__).resolve().parent
+    try:
+        return Path(site.file).resolve().is_relative_to(package)
+    except (OSError, ValueError):
+        return False
+
+
 def _steady_state_holder(verdict: Verdict) -> tuple[HeldSite | None, str]:
     """The GIL holder of the steady state: the gil probe's top holder, unless that is the
     child's own import machinery (its window starts when the child starts, so imports and the
     target's setup fall inside it); then the most sampled site that is not."""
     top = verdict.find(GilHolder)
-    if top is None or not _startup_frame(top):
+    if top is None or not (_startup_frame(top) or _glmfb_frame(top)):
         return top, "gil_holder"
     threads = verdict.find(GilThreads)
+    why = "import machinery of the child's startup" if _startup_frame(top) else "glmfb's own runner"
     for index, site in enumerate(threads.sites if threads is not None else ()):
-        if not _startup_frame(site):
-            return site, f"gil_threads.sites[{index}] (the top holder was import machinery of the child's startup)"
-    return None, "only import machinery of the child's startup held the GIL"
+        if not (_startup_frame(site) or _glmfb_frame(site)):
+            return site, f"gil_threads.sites[{index}] (the top holder was {why})"
+    return None, f"only {why} held the GIL"
+
+
+def _glmfb_file(file: str) -> bool:
+    import glmfb
+
+    try:
+        return Path(file).resolve().is_relative_to(Path(glmfb.__file__).resolve().parent)
+    except (OSError, ValueError):
+        return False
 
 
 def finding_from_verdict(verdict: Verdict) -> GilFinding:
@@ -160,21 +315,28 @@ def finding_from_verdict(verdict: Verdict) -> GilFinding:
         return GilFinding(available=False, status=status, reason=f"the gil probe could not run: {verdict.why}",
                           artifacts=dict(verdict.artifacts))
     holder_thread = holder.thread if holder else None
-    starved_thread, waiting_share = _starved_thread(starvation, holder_thread)
+    starved_thread, waiting_share, of_runnable, of_runnable_ci = _starved_thread(starvation, holder_thread)
+    contention = _cpu_contention(verdict.find(ThreadTimes), holder_thread)
+    c_function = holder.c_function if holder else None
     return GilFinding(
         available=True,
         status=status,
         reason=None if holder else f"no steady-state GIL holder: {holder_source}",
         holder_source=holder_source,
         holder_thread=holder_thread,
-        holder_function=holder.function if holder else None,
-        holder_file=holder.file if holder else None,
-        holder_line=holder.line if holder else None,
+        holder_function=(c_function or holder.function) if holder else None,
+        holder_c_function=c_function,
+        holder_python_function=holder.qualname if holder and c_function else None,
+        holder_file=holder.file if holder and not _glmfb_file(holder.file) else None,
+        holder_line=holder.line if holder and not _glmfb_file(holder.file) else None,
         holder_idle_share=holder.idle_share if holder else None,
         holder_share=holder.share_of_time if holder else None,
         native_frame=holder.native_frame if holder else None,
         starved_thread=starved_thread,
         starved_waiting_share=waiting_share,
+        starved_of_runnable=of_runnable,
+        starved_of_runnable_ci=of_runnable_ci,
+        **contention,
         canary_p50_ms=_lateness_ms(starvation.p50_ms) if starvation else None,
         canary_p99_ms=_lateness_ms(starvation.p99_ms) if starvation else None,
         canary_max_ms=_lateness_ms(starvation.max_ms) if starvation else None,

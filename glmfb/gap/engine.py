@@ -110,6 +110,17 @@ def _transfer_env(sides: list[Any]) -> dict[str, Any]:
     return {"transfer_path": path} if path else {}
 
 
+def _phase_order(measurement: Measurement) -> dict[str, int]:
+    """Each phase's place in an iteration: the order the target reported them in (the
+    candidate's first, then any the baseline alone reported)."""
+    order: dict[str, int] = {}
+    for sample in [*measurement.candidate.phases[:1], *measurement.baseline.phases[:1]]:
+        for key in sample:
+            if not key.endswith("_bytes"):
+                order.setdefault(key, len(order))
+    return order
+
+
 def _judge(config: GapConfig, measurement: Measurement, candidate: Any, ctx: ProbeContext) -> Verdict:
     estimate = measurement.estimate
     threshold = config.threshold
@@ -136,7 +147,8 @@ def _judge(config: GapConfig, measurement: Measurement, candidate: Any, ctx: Pro
             candidate_samples_s=tuple(round(t, 6) for t in measurement.candidate.times_s),
         ),
         *(Phase(phase=c.name, baseline_s=c.baseline_s, candidate_s=c.candidate_s, delta_s=c.delta_s, change=c.change,
-                ci=c.ci, concurrent=c.concurrent) for c in phases),
+                ci=c.ci, concurrent=c.concurrent, order=_phase_order(measurement).get(c.name),
+                within="iteration" if c.concurrent else None) for c in phases),
     ]
     info = _describe(candidate)
     if info:

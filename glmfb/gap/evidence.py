@@ -46,6 +46,8 @@ class Phase(Evidence):
     candidate_s: float | None = None
     change: float | None = None
     ci: tuple[float, ...] | None = None
+    order: int | None = None  # its place in the iteration (the order the target reports phases in)
+    within: str | None = None  # for a concurrent activity (*_busy_s): what it overlaps ("iteration")
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         return {"phases": [self.to_dict()]}
@@ -101,6 +103,19 @@ class GilAttribution(Evidence):
     holder_source: str | None = None
     starved_thread: str | None = None
     starved_waiting_share: float | None = None
+    starved_of_runnable: float | None = None
+    starved_of_runnable_ci: tuple[float, ...] = ()
+    holder_c_function: str | None = None
+    cpu_victim: str | None = None
+    cpu_victim_runqueue_share: float | None = None
+    cpu_victim_cpu_share: float | None = None
+    cpu_victim_gil_of_runnable: float | None = None
+    cpu_victim_gil_share: float | None = None
+    competitor_thread: str | None = None
+    competitor_function: str | None = None
+    competitor_cpu_share: float | None = None
+    competitor_cpu_fraction: float | None = None
+    shared_cpus: str | None = None
     canary_p50_ms: float | None = None
     canary_p99_ms: float | None = None
     canary_max_ms: float | None = None

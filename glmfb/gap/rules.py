@@ -5,11 +5,14 @@ Tried in order; the first that applies wins:
 =====================  ========================================================================
 undecided              the interval straddles the threshold when the budget or repeats ran out:
                        inconclusive
-within-threshold       the whole interval lies below the threshold: pass
-gil-release-missing    over the threshold; the gil probe saw the transfer thread starved beside a
-                       holder idle in a native call with the GIL: a missing GIL release; fail
-gil-holder             over the threshold; a starved thread beside a GIL holder that computes
+pass                   the whole interval lies below the threshold
+gil-starved-sender     over the threshold; the gil probe saw a thread of the candidate wait for
+                       the GIL a large share of its time beside a holder on another thread (a
+                       missing GIL release when the holder idles in a native call); fail
 bandwidth-bound        over the threshold; the transfer runs at the link's ceiling
+cpu-contention         over the threshold; a thread of the candidate waited for a CPU a large
+                       share of its time while another of its threads ran on the same CPUs,
+                       and the GIL does not explain it; fail
 over-threshold         over the threshold, no attribution explains it
 =====================  ========================================================================
 """
@@ -66,7 +69,11 @@ class GapFindings:
         if self.gil is not None:
             seen.update(gil_available=self.gil.available, gil_status=self.gil.status,
                         holder_function=self.gil.holder_function, holder_idle_share=self.gil.holder_idle_share,
-                        starved_thread=self.gil.starved_thread)
+                        starved_thread=self.gil.starved_thread, starved_of_runnable=self.gil.starved_of_runnable,
+                        cpu_victim=self.gil.cpu_victim, cpu_victim_runqueue_share=self.gil.cpu_victim_runqueue_share,
+                        competitor_thread=self.gil.competitor_thread,
+                        competitor_function=self.gil.competitor_function,
+                        competitor_cpu_share=self.gil.competitor_cpu_share)
         return seen
 
 
@@ -85,7 +92,7 @@ def _capital(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def _failure_sentences(f: GapFindings) -> list[str]:
+def _failure_sentences(f: GapFindings, cpu: bool = False) -> list[str]:
     sentences = [f"Over the threshold: {f.gap_text}."]
     if f.grown:
         sentences.append("The time went to " + " and ".join(_phase_phrase(c) for c in f.grown[:3]) + ".")
@@ -99,7 +106,9 @@ def _failure_sentences(f: GapFindings) -> list[str]:
         sentences.append(f"{_capital(bandwidth.summary())}: {on_link}.")
     elif bandwidth is not None and bandwidth.error:
         sentences.append(f"Bandwidth unknown ({bandwidth.error}).")
-    if f.gil is not None:
+    if f.gil is not None and cpu:
+        sentences.append(f.gil.cpu_sentence())
+    elif f.gil is not None:
         sentences.append(f.gil.sentence())
     elif not f.attribute:
         sentences.append("Attribution was switched off.")
@@ -150,20 +159,27 @@ def _within(f: GapFindings) -> Diagnosis | None:
     return Diagnosis(Status.PASS, why, (), {})
 
 
-def _release_missing(f: GapFindings) -> Diagnosis | None:
+def _gil_starved_sender(f: GapFindings) -> Diagnosis | None:
     gil = f.gil
-    if not (f.over and gil is not None and gil.holder_known and gil.starved and gil.idle_in_native):
+    if not (f.over and gil is not None and gil.gil_bound):
         return None
-    sentences = [*_failure_sentences(f), f"A missing GIL release in {gil.holder_function}: release the GIL around "
-                                         "its native call and rerun this gap."]
+    sentences = _failure_sentences(f)
+    if gil.idle_in_native:
+        sentences.append(f"A missing GIL release in {gil.holder_function}: release the GIL around its native call "
+                         "and rerun this gap.")
     return Diagnosis(Status.FAIL, " ".join(sentences), (*_gil_next(f), _after_fix(f)), _gil_where(f))
 
 
-def _gil_holder(f: GapFindings) -> Diagnosis | None:
+def _cpu_contention(f: GapFindings) -> Diagnosis | None:
     gil = f.gil
-    if not (f.over and gil is not None and gil.holder_known and gil.starved):
+    if not (f.over and gil is not None and gil.cpu_bound):
         return None
-    return Diagnosis(Status.FAIL, " ".join(_failure_sentences(f)), (*_gil_next(f), _after_fix(f)), _gil_where(f))
+    where: dict[str, Any] = {"thread": gil.cpu_victim}
+    if gil.competitor_function:
+        where["function"] = gil.competitor_function
+    steps = (f"give {gil.competitor_thread} its own CPU, or move its work ({gil.competitor_function or 'its loop'}) "
+             f"off the CPUs {gil.cpu_victim} runs on (check the CPU mask and torch.get_num_threads())", _after_fix(f))
+    return Diagnosis(Status.FAIL, " ".join(_failure_sentences(f, cpu=True)), steps, where)
 
 
 def _bandwidth_bound(f: GapFindings) -> Diagnosis | None:
@@ -179,9 +195,9 @@ def _over(f: GapFindings) -> Diagnosis | None:
 
 RULES: tuple[Rule[GapFindings], ...] = (
     Rule("undecided", KIND, _undecided, "the interval straddles the threshold: inconclusive"),
-    Rule("within-threshold", KIND, _within, "the interval lies below the threshold"),
-    Rule("gil-release-missing", KIND, _release_missing, "starved transfer thread beside a holder idle in a native call"),
-    Rule("gil-holder", KIND, _gil_holder, "starved transfer thread beside a GIL holder"),
+    Rule("pass", KIND, _within, "the interval lies below the threshold"),
+    Rule("gil-starved-sender", KIND, _gil_starved_sender, "a thread of the candidate waits for the GIL held by another"),
     Rule("bandwidth-bound", KIND, _bandwidth_bound, "the transfer runs at the link's ceiling"),
+    Rule("cpu-contention", KIND, _cpu_contention, "a thread of the candidate waits for a CPU another of its threads uses"),
     Rule("over-threshold", KIND, _over, "over the threshold, unexplained"),
 )

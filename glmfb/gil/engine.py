@@ -9,6 +9,7 @@ import shlex
 import signal
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from glmfb.gil import heartbeat as hb
 from glmfb.gil import pyspy
 from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
 from glmfb.gil.process import Launched, describe_returncode, wait_until
-from glmfb.gil.procwatch import GilWaitSampler
+from glmfb.gil.procwatch import GilWaitSampler, ThreadTime
 from glmfb.gil.rules import MIN_WAITING_SHARE, RULES, Observations, decide
 from glmfb.gil.runner import READY_ENV
 from glmfb.probe import ProbeContext
@@ -29,6 +30,7 @@ STARTUP_TIMEOUT_S = 10.0  # for the heartbeat to appear (interpreter start, impo
 STOP_GRACE_S = 5.0
 NATIVE_CHECK_S = 0.3  # py-spy that cannot do --native exits within this
 MAX_WINDOWS = 10  # the longest starvation windows shown in evidence
+MAX_TIMELINE_THREADS = 12
 TRACE_STOP_GRACE_S = 30.0  # viztracer writes its trace on SIGTERM; large traces take a while
 
 
@@ -49,6 +51,31 @@ def trace_gil(config: GilConfig, ctx: ProbeContext) -> Verdict:
     from glmfb.env import fingerprint
 
     return replace(verdict, duration_s=ctx.clock.monotonic() - started, env=fingerprint())
+
+
+def _net_of_holder_cpu_waits(beat: hb.Heartbeat, sampler: GilWaitSampler, holder_tid: int) -> hb.Heartbeat:
+    """The heartbeat with each late wake-up's CPU wait widened by the time the GIL holder
+    itself waited for a CPU meanwhile: a holder descheduled while it holds the GIL makes
+    others wait longer on a busy machine, and that part is the machine's, not the program's."""
+    from dataclasses import replace
+
+    widened = []
+    for wake, late, own in zip(beat.wake_s, beat.lateness_s, beat.cpu_wait_s, strict=True):
+        if late <= beat.period_s:
+            widened.append(own)
+            continue
+        holder_wait = sampler.runqueue_between(holder_tid, wake - late, wake)
+        widened.append(min(late, own + holder_wait))
+    return replace(beat, cpu_wait_s=tuple(widened))
+
+
+def _exited(pid: int) -> bool:
+    """Whether process ``pid`` ended (gone, or a zombie not reaped yet), without reaping it."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            return handle.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 def python_command(config: GilConfig) -> list[str]:
@@ -240,14 +267,20 @@ class _Session:
                     [ProcessExit(stderr_tail=launched.stderr_tail() or None, stderr=str(launched.stderr_path))],
                 )
 
-        sampler = GilWaitSampler(python_pid, round(config.rate_hz))
+        sampler = GilWaitSampler(python_pid, round(config.rate_hz), native=config.native)
+        if header is not None:
+            sampler.skip_native.add(int(header["heartbeat_tid"]))  # glmfb's own thread
         sampler.start()
         sampling_started = time.monotonic()
         self._start_recordings(python_pid)
         self.progress(f"sampling for {config.duration_s:g} s")
         remaining_s = max(0.0, config.duration_s - (time.monotonic() - sampling_started))
         if launched is not None:
-            returncode = launched.wait(remaining_s)
+            # Not Popen.wait while the sampler may hold a thread under ptrace: waitpid on the
+            # program would take the stop meant for the sampler. Poll /proc instead.
+            wait_until(lambda: _exited(launched.pid), remaining_s, poll_s=0.02)
+            sampler.stop()
+            returncode = launched.poll()
             if returncode is None:
                 grace = TRACE_STOP_GRACE_S if config.trace else STOP_GRACE_S
                 launched.stop(grace_s=grace, first_signal=signal.SIGTERM)
@@ -414,6 +447,21 @@ class _Session:
 
     # ---- deciding ----------------------------------------------------------------------
 
+    def _stall(self, beat: hb.Heartbeat, sampler: GilWaitSampler, start_s: float, end_s: float) -> dict[str, Any]:
+        """The heartbeat's longest stretch without a wake-up in the window, and how much of it
+        it spent blocked on the GIL (/proc): the ticks that never came, explained."""
+        for begin, finish in hb.gaps(beat, start_s, end_s)[:5]:
+            account = sampler.thread_times(beat.thread_id, begin, finish).get(beat.thread_id)
+            share = account.gil_wait_share if account is not None and account.wall_s > 0 else None
+            if share is None:
+                continue
+            return {"stall_s": finish - begin, "start_s": begin - start_s, "gil_share": share}
+        gaps = hb.gaps(beat, start_s, end_s)
+        if gaps:
+            begin, finish = gaps[0]
+            return {"stall_s": finish - begin, "start_s": begin - start_s, "gil_share": None}
+        return {}
+
     def _decide(
         self, pid: int, sampler: GilWaitSampler, started_s: float, launched: Launched | None
     ) -> Verdict:
@@ -423,8 +471,8 @@ class _Session:
             if config.heartbeat and config.pid is None
             else None
         )
-        if beat is not None and self.ready_s is not None:  # leave out the target's set-up
-            beat = hb.since(beat, self.ready_s)
+        if beat is not None:  # the sampled window (a target's set-up is before it)
+            beat = hb.between(beat, started_s, sampler.stopped_s or time.monotonic())
         if config.heartbeat and config.pid is None and beat is None:
             self.missing.append(
                 {
@@ -448,16 +496,36 @@ class _Session:
         top_holder = None
         if holders is not None:
             top_holder = next((t for t in holders.threads if not t["excluded"]), None)
+        end_s = sampler.stopped_s or time.monotonic()
+        own_p99_ms: float | None = None
+        holder_cpu_wait_s = 0.0
+        if beat is not None and top_holder is not None and sampler.error is None:
+            own_p99_ms = beat.percentile_ms(99) if beat.ticks else None
+            widened = _net_of_holder_cpu_waits(beat, sampler, top_holder["tid"])
+            holder_cpu_wait_s = sum(widened.cpu_wait_s) - sum(beat.cpu_wait_s)
+            beat = widened
+        times: dict[int, ThreadTime] = {}
+        stall: dict[str, Any] = {}
+        timeline: dict[int, list[list[float | str]]] = {}
+        native_votes: dict[int, Counter[tuple[str, str]]] = {}
         if beat is not None and sampler.error is None:
+            times = sampler.thread_times(beat.thread_id, started_s, end_s)
             counts, ticks = sampler.waiting_counts(beat.thread_id)
-            for tid, count in counts.most_common(8):
-                waiting.append(
-                    {
-                        "thread": names.get(tid, f"thread {tid}"),
-                        "tid": tid,
-                        "waiting_share": round(count / ticks, 4) if ticks else 0.0,
-                    }
-                )
+            for tid, account in sorted(times.items(), key=lambda item: -item[1].gil_wait_s):
+                if tid == beat.thread_id or (account.gil_wait_s <= 0 and not counts.get(tid)):
+                    continue
+                of_runnable = account.of_runnable_share
+                waiting.append({
+                    "thread": names.get(tid, f"thread {tid}"), "tid": tid,
+                    "waiting_share": round(account.gil_wait_share, 4),
+                    "waiting_ci": tuple(round(x, 4) for x in account.gil_wait_ci),
+                    "of_runnable_share": round(of_runnable, 4) if of_runnable is not None else None,
+                    "of_runnable_ci": tuple(round(x, 4) for x in account.of_runnable_ci)
+                    if of_runnable is not None else (),
+                    "seen_share": round(counts.get(tid, 0) / ticks, 4) if ticks else None,
+                })
+                if len(waiting) >= 8:
+                    break
             all_windows = beat.windows(config.starvation_p99_ms / 1e3)
             window_summary = {
                 "windows_total": len(all_windows),
@@ -484,8 +552,21 @@ class _Session:
                     entry["holder"] = top_holder["thread"]
                     entry["holder_states"] = dict(states.most_common(3))
                 windows.append(entry)
+            stall = self._stall(beat, sampler, started_s, end_s)
+            if top_holder is not None and stall:
+                stall["holder"] = top_holder["thread"]
+            shown = [tid for tid, _ in sorted(times.items(), key=lambda item: -(item[1].cpu_s + item[1].gil_wait_s))]
+            timeline = sampler.timeline(beat.thread_id, top_holder["tid"] if top_holder else None,
+                                        started_s, end_s, shown[:MAX_TIMELINE_THREADS])
+            from glmfb.gil.native import below_python, c_call_symbol
+
+            for _at, stack in sampler.native_stacks:
+                call = c_call_symbol(below_python(stack))
+                native_votes.setdefault(stack.tid, Counter())[call or ("", "")] += 1
         elif sampler.error is not None:
             self.missing.append({"signal": "GIL waiters", "reason": sampler.error})
+        if sampler.native_error is not None and not sampler.native_stacks and config.native:
+            self.missing.append({"signal": "native snapshots", "reason": sampler.native_error})
 
         blame = None
         artifacts: dict[str, str] = {}
@@ -526,6 +607,18 @@ class _Session:
                 missing=self.missing,
                 artifacts=artifacts,
                 reproduce_trace=reproduce_command(config, trace=True) if config.pid is None else "",
+                observed_s=max(0.0, end_s - started_s),
+                window_start_s=started_s,
+                thread_times=times,
+                thread_names=names,
+                cpus=dict(sampler.cpus),
+                native_votes=native_votes,
+                native_error=sampler.native_error,
+                native_snapshots=len(sampler.native_stacks),
+                stall=stall,
+                timeline=timeline,
+                own_p99_ms=own_p99_ms,
+                holder_cpu_wait_s=holder_cpu_wait_s,
             ),
             self.ctx.rules("gil", RULES),
         )

@@ -10,11 +10,17 @@ from glmfb.evidence import Evidence, Record, evidence_kind
 
 @dataclass(frozen=True, kw_only=True)
 class WaitingThread(Record):
-    """A thread of the program seen blocked on the GIL's futex, and in what share of ticks."""
+    """A thread of the program that waited for the GIL: the share of wall time it was blocked
+    on the GIL's futex (kernel counters, see glmfb.gil.procwatch), with its 95% interval, and
+    the share of the time it was not waiting for a CPU."""
 
     thread: str
     tid: int
     waiting_share: float
+    waiting_ci: tuple[float, ...] = ()
+    of_runnable_share: float | None = None  # gil wait / (wall - run-queue wait)
+    of_runnable_ci: tuple[float, ...] = ()
+    seen_share: float | None = None  # the share of /proc ticks that saw it waiting (biased low)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +59,15 @@ class Starvation(Evidence):
     windows_total: int | None = None
     starved_ms_total: float | None = None
     windows: tuple[StarvedWindow, ...] = ()
+    observed_s: float | None = None  # the sampled window's length
+    expected_ticks: int | None = None  # wake-ups a heartbeat never held back would have made
+    stall_ms: float | None = None  # its longest stretch without a wake-up in the window
+    stall_start_s: float | None = None  # from the window's start
+    stall_gil_share: float | None = None  # of that stretch, the share it waited for the GIL
+    stall_holder: str | None = None
+    recorded_p99_ms: float | None = None  # p99 net of the heartbeat's own CPU waits only
+    holder_cpu_wait_ms: float | None = None  # the GIL holder's CPU waits, also taken out
+    lateness_series: tuple[Any, ...] = ()  # [t_s, lateness_ms] (<= 2000, the max per bin)
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         return {"gil_waiting": [w.to_dict() for w in self.waiting_for_gil],
@@ -77,6 +92,9 @@ class HeldSite(Evidence):
     native_samples: int = 0
     caller: str | None = None
     stack: tuple[str, ...] = ()
+    c_function: str | None = None  # the Python name of the C function it was in (sorted)
+    c_symbol: str | None = None  # its C symbol (builtin_sorted)
+    c_source: str | None = None  # py-spy --native, or native snapshots
 
     @classmethod
     def _legacy_keys(cls) -> frozenset[str]:
@@ -148,4 +166,62 @@ class TraceOverlap(Evidence):
     functions: tuple[OverlapRow, ...]
 
 
-EVIDENCE_TYPES: tuple[type[Evidence], ...] = (Starvation, GilHolder, GilSite, GilThreads, TraceOverlap)
+@dataclass(frozen=True, kw_only=True)
+class ThreadTimeRow(Record):
+    """Where one thread's time went over the sampled window, as shares of wall time (they sum
+    to 1): on a CPU, waiting for one (run queue), blocked on the GIL, blocked on anything
+    else; with what it ran in C when seen running (native snapshots)."""
+
+    thread: str
+    tid: int
+    cpu_share: float
+    runqueue_share: float
+    gil_wait_share: float
+    other_wait_share: float
+    gil_wait_ci: tuple[float, ...] = ()
+    gil_wait_of_runnable: float | None = None
+    longest_gil_wait_ms: float | None = None
+    cpus: str | None = None  # the CPUs it may run on (Cpus_allowed_list)
+    c_function: str | None = None  # what it ran in C in most of its native snapshots
+    c_function_share: float | None = None
+    native_snapshots: int = 0
+    glmfb: bool = False  # glmfb's own thread (the heartbeat), never a cause
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class ThreadTimes(Evidence):
+    """Per thread: CPU, run-queue, GIL-wait and other-wait shares of the sampled window, from
+    the kernel's per-thread counters (/proc/PID/task/TID/schedstat) and the states seen."""
+
+    kind: ClassVar[str] = "thread_times"
+    observed_s: float
+    threads: tuple[ThreadTimeRow, ...]
+    native_snapshots: int = 0
+    native_error: str | None = None
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        return {"gil_thread_times": [t.to_dict() for t in self.threads]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimelineThread(Record):
+    thread: str
+    tid: int
+    spans: tuple[Any, ...]  # [start_s, end_s, state]: holding | waiting | running
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class GilTimeline(Evidence):
+    """Per thread, when it held the GIL, waited for it or ran, over the sampled window (from
+    the /proc ticks; the holder is py-spy's top holder at ticks where another thread waited,
+    since py-spy's samples carry no time). Bounded: at most 600 spans per thread."""
+
+    kind: ClassVar[str] = "gil_timeline"
+    observed_s: float
+    threads: tuple[TimelineThread, ...]
+
+
+EVIDENCE_TYPES: tuple[type[Evidence], ...] = (Starvation, GilHolder, GilSite, GilThreads, TraceOverlap,
+                                              ThreadTimes, GilTimeline)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -100,6 +101,40 @@ class Heartbeat:
             else:
                 merged.append(Window(start, end, late))
         return merged
+
+
+def between(beat: Heartbeat, start_s: float, end_s: float) -> Heartbeat:
+    """Only the wake-ups in ``[start_s, end_s]`` (monotonic seconds): the sampled window."""
+    kept = [i for i, wake in enumerate(beat.wake_s) if start_s <= wake <= end_s]
+    return replace(
+        beat,
+        wake_s=tuple(beat.wake_s[i] for i in kept),
+        lateness_s=tuple(beat.lateness_s[i] for i in kept),
+        cpu_wait_s=tuple(beat.cpu_wait_s[i] for i in kept),
+    )
+
+
+def gaps(beat: Heartbeat, start_s: float, end_s: float) -> list[tuple[float, float]]:
+    """The stretches of ``[start_s, end_s]`` between the heartbeat's wake-ups (its first
+    and last stretch open on the window's edges), longest first: a heartbeat held back
+    ``N`` seconds leaves a stretch of ``N`` seconds without a wake-up."""
+    points = [start_s, *sorted(w for w in beat.wake_s if start_s <= w <= end_s), end_s]
+    stretches = [(a, b) for a, b in itertools.pairwise(points) if b > a]
+    return sorted(stretches, key=lambda s: s[0] - s[1])
+
+
+def lateness_series(beat: Heartbeat, start_s: float, end_s: float, points: int = 2000) -> list[list[float]]:
+    """``[t_s, lateness_ms]`` pairs over the window (net of CPU waits), at most ``points``:
+    the window cut into that many bins, each showing its latest-woken-up record (spikes kept)."""
+    span = max(end_s - start_s, 1e-9)
+    bins: dict[int, tuple[float, float]] = {}
+    for wake, late in zip(beat.wake_s, beat.gil_lateness_s, strict=True):
+        if not start_s <= wake <= end_s:
+            continue
+        index = min(points - 1, int((wake - start_s) / span * points))
+        if index not in bins or late > bins[index][1]:
+            bins[index] = (wake, late)
+    return [[round(wake - start_s, 4), round(1e3 * late, 3)] for wake, late in (bins[i] for i in sorted(bins))]
 
 
 def since(beat: Heartbeat, start_s: float) -> Heartbeat:

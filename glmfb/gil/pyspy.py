@@ -131,6 +131,14 @@ class Sample:
     def blocked(self) -> bool:
         return any(f.function in BLOCKING_NATIVE for f in self.native_tail)
 
+    def c_call(self) -> tuple[str, str] | None:
+        """``(python name, C symbol)`` of the C function the innermost Python frame called
+        (``pickle.dumps``, ``_pickle_dumps``), past call machinery; None when py-spy shows none
+        (py-spy leaves out most of the interpreter's own functions: ``sorted`` is not shown)."""
+        from glmfb.gil.native import Symbol, c_call_symbol
+
+        return c_call_symbol(tuple(Symbol(f.function, f.file) for f in self.native_tail))
+
     def native_call(self) -> str | None:
         """The native function the innermost Python frame called, past ctypes/pybind plumbing."""
         for frame in self.native_tail:
@@ -185,6 +193,7 @@ class CallSite:
     split_samples: int = 0  # samples with native frames behind ``idle`` (0: split unknown)
     lines: Counter[int] = field(default_factory=Counter)
     native_calls: Counter[str] = field(default_factory=Counter)
+    c_calls: Counter[tuple[str, str]] = field(default_factory=Counter)  # (python name, symbol)
     stacks: Counter[tuple[str, ...]] = field(default_factory=Counter)
 
 
@@ -243,6 +252,9 @@ def profile_holders(
         call = sample.native_call() if native else None
         if call:
             site.native_calls[call] += sample.count
+        named = sample.c_call() if native else None
+        if named:
+            site.c_calls[named] += sample.count
         site.stacks[tuple(f.label() for f in python)] += sample.count
     for site in sites.values():
         site.line = site.lines.most_common(1)[0][0]
@@ -321,6 +333,7 @@ class Recording:
         self._log_handle = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.started_s = time.monotonic()
         self.elapsed_s = 0.0
+        self.attempted_s = 0.0  # how long it was asked to sample (for the share of failed samples)
         self.process = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
@@ -340,6 +353,7 @@ class Recording:
     def stop(self, *, target_running: bool) -> None:
         """Let py-spy write its output: it does so by itself once the traced process is gone,
         and on SIGINT (Ctrl-C) while it still runs (attached by --pid)."""
+        self.attempted_s = time.monotonic() - self.started_s
         if self.process.poll() is None:
             self.elapsed_s = time.monotonic() - self.started_s  # sampling ends now
         try:
@@ -366,7 +380,10 @@ class Recording:
         """Why there is no usable output, or None when py-spy sampled cleanly."""
         if self.output.is_file():
             log = self.log_text()
-            if self.output.stat().st_size or sampled_cleanly(log):
+            # A failed sample now and then (the program's thread briefly held by glmfb's own
+            # native snapshots) is not a failed recording; a quarter of them failing is.
+            tolerated = max(1, int(self.rate_hz * self.attempted_s) // 4)
+            if self.output.stat().st_size or sampled_cleanly(log, tolerated):
                 return None  # samples, or a clean run in which nobody held the GIL
             return explain_failure(log)
         code = self.process.returncode
@@ -405,6 +422,7 @@ def merge_split(main: HolderProfile, split: HolderProfile) -> HolderProfile:
         site.split_samples = other.samples
         site.idle = round(site.samples * other.idle / other.samples)
         site.native_calls = Counter(other.native_calls)
+        site.c_calls = Counter(other.c_calls)
     split_threads = {t["tid"]: t for t in split.threads}
     threads = []
     for thread in main.threads:
@@ -421,14 +439,15 @@ def merge_split(main: HolderProfile, split: HolderProfile) -> HolderProfile:
 _SUMMARY_RE = re.compile(r"Samples: (?P<samples>\d+) Errors: (?P<errors>\d+)")
 
 
-def sampled_cleanly(log: str) -> bool:
-    """Whether py-spy's log reports a finished recording without sampling errors.
+def sampled_cleanly(log: str, max_errors: int = 0) -> bool:
+    """Whether py-spy's log reports a finished recording without sampling errors (or with at
+    most ``max_errors`` of them).
 
     With ``--gil``, ``Samples: 0 Errors: 0`` means no thread held the GIL at any sample
     instant (every thread waited with the GIL released): an observation, not a failure.
     """
     match = _SUMMARY_RE.search(log)
-    return match is not None and int(match["errors"]) == 0
+    return match is not None and int(match["errors"]) <= max_errors
 
 
 def explain_failure(stderr: str) -> str:

@@ -4,12 +4,16 @@
 :class:`GilFindings`, and tries the rules in order (the first that applies wins):
 
 =======================  ======================================================================
-gil-hold-native          a thread starved beyond the p99 threshold while another held the GIL
+gil-hold-native          a thread starved beyond the p99 threshold (or the heartbeat could not
+                         run for a long stretch, blocked on the GIL) while another held the GIL
                          blocked in a native call (idle + GIL): a missing GIL release; fail
 gil-hold-compute         starved while the holder computed holding the GIL (active + GIL): fail
 gil-hold                 starved beside a holder whose active/idle split is unknown: fail
-holder-unknown           starved, but no holder sampling (py-spy missing or refused):
-                         inconclusive
+gil-wait-share           not starved by the p99, but a program thread waited for the GIL a large
+                         share of the time it was not waiting for a CPU (many short holds that
+                         add up), beside a holder: fail
+holder-unknown           starved (or waiting), but no holder sampling (py-spy missing or
+                         refused): inconclusive
 cpu-not-gil              starved, but nobody held the GIL for long: the CPU, not the GIL;
                          inconclusive
 not-measured             no usable heartbeat (attached by pid, not Python): inconclusive
@@ -22,7 +26,10 @@ pass                     no thread starved
 
 from __future__ import annotations
 
+import linecache
+import re
 import sysconfig
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,15 +41,19 @@ from glmfb.gil.evidence import (
     GilHolder,
     GilSite,
     GilThreads,
+    GilTimeline,
     HeldSite,
     HolderThread,
     OverlapRow,
     Starvation,
     StarvedWindow,
+    ThreadTimeRow,
+    ThreadTimes,
+    TimelineThread,
     TraceOverlap,
     WaitingThread,
 )
-from glmfb.gil.heartbeat import Heartbeat
+from glmfb.gil.heartbeat import Heartbeat, lateness_series
 from glmfb.gil.pyspy import CallSite, HolderProfile
 from glmfb.rules import Diagnosis, Rule, diagnose
 from glmfb.verdict import Layer, Metric, Status, Verdict
@@ -60,7 +71,20 @@ _LIBRARY_PREFIXES = tuple(
 )
 IDLE_MAJORITY = 0.5  # a holder blocked in this share of its samples holds the GIL while idle
 WARN_IDLE_SHARE = 0.2  # without starvation, still worth a warning
-MIN_WAITING_SHARE = 0.05  # a thread seen waiting for the GIL in this share of ticks is starved
+MIN_WAITING_SHARE = 0.05  # a thread waiting for the GIL this share of wall time is starved
+# gil-wait-share: the share of a thread's time off the run queue spent waiting for the GIL.
+# A thread beside a busy one waits up to one switch interval per hand-over; the planted short
+# holds make it wait 40-60%, a clean loop under 3%. Both bounds must hold: the estimate at
+# 20% or more and its interval's lower end at 10% or more (a noisy window decides nothing).
+WAIT_SHARE_FAIL = 0.2
+WAIT_SHARE_LOW = 0.1
+MIN_WAIT_WALL_SHARE = 0.05  # and at least this share of wall time
+# A heartbeat too thin for a p99 (few wake-ups) still starved when it could not run for this
+# many thresholds in one stretch while it waited for the GIL in most of that stretch.
+STALL_THRESHOLDS = 10
+STALL_GIL_SHARE = 0.5
+CANARY_PREFIX = "glmfb-"  # glmfb's own threads in the program: never a starved thread we name
+MAX_THREAD_ROWS = 16
 
 
 @dataclass
@@ -79,6 +103,18 @@ class Observations:
     env: dict[str, Any] = field(default_factory=dict)
     reproduce_trace: str = ""
     duration_s: float = 0.0
+    observed_s: float | None = None  # the sampled window's length
+    window_start_s: float | None = None
+    thread_times: dict[int, Any] = field(default_factory=dict)  # tid -> procwatch.ThreadTime
+    thread_names: dict[int, str] = field(default_factory=dict)
+    cpus: dict[int, str] = field(default_factory=dict)  # tid -> Cpus_allowed_list
+    native_votes: dict[int, Counter[tuple[str, str]]] = field(default_factory=dict)  # tid -> (name, symbol) seen
+    native_error: str | None = None
+    native_snapshots: int = 0
+    stall: dict[str, Any] = field(default_factory=dict)  # the heartbeat's longest stretch without a wake-up
+    timeline: dict[int, list[list[Any]]] = field(default_factory=dict)
+    own_p99_ms: float | None = None  # p99 net of the heartbeat's own CPU waits only
+    holder_cpu_wait_s: float = 0.0  # the holder's CPU waits taken out of late wake-ups
 
 
 def heartbeat_is_usable(heartbeat: Heartbeat) -> bool:
@@ -112,11 +148,63 @@ def caller_frame(stack: tuple[str, ...]) -> str | None:
     return None
 
 
-def holder_evidence(site: CallSite, total: int, cls: type[HeldSite] = GilHolder) -> HeldSite:
+def _glmfb_file(file: str) -> bool:
+    """A file of glmfb itself (its runner, its heartbeat): never the cause."""
+    import glmfb
+
+    package = Path(glmfb.__file__).resolve().parent
+    try:
+        return Path(file).resolve().is_relative_to(package)
+    except (OSError, ValueError):
+        return False
+
+
+def _names_callee(file: str, line: int, symbol: str) -> bool:
+    """Whether the source line calls the foreign function by (a variable of) its name:
+    ``usleep(wait_us)``, ``self._usleep(wait_us)``."""
+    text = linecache.getline(file, line) if file and line else ""
+    callees = re.findall(r"([A-Za-z_][\w]*)\s*\(", text)
+    wanted = symbol.lower().strip("_")
+    return bool(wanted) and any(wanted in callee.lower() for callee in callees)
+
+
+def c_function_of(site: CallSite, votes: Counter[tuple[str, str]] | None
+                  ) -> tuple[str | None, str | None, str | None]:
+    """``(python name, C symbol, source)`` of the C function the site held the GIL in: from
+    py-spy --native's frames below it, else from native snapshots of its thread while it ran
+    (py-spy leaves the interpreter's own functions out: ``sorted``, ``list.sort``). A foreign
+    function (a library's, through ctypes) whose call is written on the site's own line
+    (``usleep(...)`` in ``intranode_dispatch``) leaves the site's Python function as the name:
+    that function is the binding; through an indirection (``self.work()`` of a partial) the
+    foreign function is named."""
+    from glmfb.gil.native import ENTRY_NAMES
+
+    found: tuple[str, str, str] | None = None
+    if site.c_calls:
+        (name, symbol), count = site.c_calls.most_common(1)[0]
+        if count >= 0.5 * max(1, site.split_samples):
+            found = (name, symbol, "py-spy --native")
+    if found is None and votes:
+        total = sum(votes.values())
+        (name, symbol), count = votes.most_common(1)[0]
+        if name and count >= 0.5 * total:
+            found = (name, symbol, "native snapshots")
+    if found is None:
+        return None, None, None
+    name, symbol, source = found
+    foreign = name == symbol and symbol not in ENTRY_NAMES
+    if foreign and not _glmfb_file(site.file) and _names_callee(site.file, site.line, symbol):
+        return None, symbol, source
+    return name, symbol, source
+
+
+def holder_evidence(site: CallSite, total: int, cls: type[HeldSite] = GilHolder,
+                    votes: Counter[tuple[str, str]] | None = None) -> HeldSite:
     native = site.native_calls.most_common(1)
     stack = site.stacks.most_common(1)[0][0] if site.stacks else ()
     known = site.split_samples > 0
     idle_share = site.idle / site.samples if site.samples and known else 0.0
+    c_function, c_symbol, c_source = c_function_of(site, votes)
     return cls(
         thread=site.thread_name, tid=site.thread_id, function=_short(site.function), qualname=site.function,
         file=display_path(site.file), line=site.line, samples=site.samples,
@@ -125,6 +213,7 @@ def holder_evidence(site: CallSite, total: int, cls: type[HeldSite] = GilHolder)
         idle_share=round(idle_share, 4) if known else None,
         native_frame=native[0][0] if native else None, native_samples=site.split_samples,
         caller=caller_frame(stack), stack=tuple(stack[-8:]),
+        c_function=c_function, c_symbol=c_symbol, c_source=c_source,
     )
 
 
@@ -143,27 +232,30 @@ def _short(function: str) -> str:
     return function if function.startswith("<") else function.rsplit(".", 1)[-1]
 
 
-def holder_site(observations: Observations) -> CallSite | None:
-    """The thread that held the GIL most (heartbeat excluded), and its top call site; None when
-    no thread held it in ``min_holder_share`` of the samples."""
+def holder_site(observations: Observations, exclude: frozenset[int] = frozenset()) -> CallSite | None:
+    """The thread that held the GIL most (heartbeat and ``exclude`` left out), and its top call
+    site; None when no thread held it in ``min_holder_share`` of the samples. A site in glmfb's
+    own code (the target runner's loop) is passed over unless it held the GIL inside a C call
+    it made for the target (then that call is the cause)."""
     profile = observations.holders
     if profile is None or not profile.sites or not profile.sample_instants:
         return None
-    candidates = [t for t in profile.threads if not t["excluded"]]
-    sites_by_thread = {s.thread_id for s in profile.sites}
-    candidates = [t for t in candidates if t["tid"] in sites_by_thread]
-    if not candidates:
-        return None
-    top_thread = candidates[0]  # threads come ranked by samples
-    if top_thread["samples"] / profile.sample_instants < observations.config.min_holder_share:
-        return None
-    return next(s for s in profile.sites if s.thread_id == top_thread["tid"])
+    candidates = [t for t in profile.threads if not t["excluded"] and t["tid"] not in exclude]
+    for thread in candidates:  # ranked by samples
+        if thread["samples"] / profile.sample_instants < observations.config.min_holder_share:
+            return None
+        for site in (s for s in profile.sites if s.thread_id == thread["tid"]):
+            if not _glmfb_file(site.file):
+                return site
+            if c_function_of(site, observations.native_votes.get(site.thread_id))[0] is not None:
+                return site
+    return None
 
 
 def starved_threads(
     observations: Observations, starved: bool, holder: CallSite | None
 ) -> list[str]:
-    """Threads seen waiting for the GIL often enough (never the holder itself), and the
+    """Threads waiting for the GIL a real share of the time (never the holder itself), and the
     heartbeat when it was late beyond the threshold."""
     names = [
         w["thread"]
@@ -195,6 +287,12 @@ class GilFindings:
     top_overlap: OverlapRow | None = None  # trace mode: what overlapped the starved slices most
     traced: bool = False
     reproduce_trace: str = ""
+    stall_ms: float | None = None  # the heartbeat's longest stretch without a wake-up
+    stall_gil_share: float | None = None  # ... and the share of it blocked on the GIL
+    stalled: bool = False  # starved by that stretch (the heartbeat too thin for a p99)
+    observed_s: float | None = None
+    waiter: WaitingThread | None = None  # the program thread that waited for the GIL most
+    wait_holder: GilHolder | None = None  # who held it meanwhile (not the waiter itself)
 
     @property
     def idle_share(self) -> float:
@@ -214,7 +312,22 @@ class GilFindings:
     def starved_text(self) -> str:
         return ", ".join(self.starved_threads) or HEARTBEAT_THREAD
 
+    @property
+    def waits_a_lot(self) -> bool:
+        """A program thread waited for the GIL a large share of its time off the run queue."""
+        waiter = self.waiter
+        if waiter is None or waiter.of_runnable_share is None:
+            return False
+        low = waiter.of_runnable_ci[0] if waiter.of_runnable_ci else waiter.of_runnable_share
+        return (waiter.of_runnable_share >= WAIT_SHARE_FAIL and low >= WAIT_SHARE_LOW
+                and waiter.waiting_share >= MIN_WAIT_WALL_SHARE)
+
     def late(self) -> str:
+        if self.stalled and self.stall_ms is not None:
+            share = f" (blocked on the GIL {100 * (self.stall_gil_share or 0):.0f}% of that time)"
+            held = f" while {self.holder.thread} held the GIL" if self.holder is not None else ""
+            return (f"{self.starved_text} starved: the heartbeat could not run for {self.stall_ms / 1e3:.2f} s"
+                    f"{held}{share}, waking {self.ticks} times in {self.observed_s or 0:.1f} s")
         return (f"{self.starved_text} starved (p99 wake-up {self.p99_ms:.1f} ms late > "
                 f"{self.threshold_ms:g} ms)")
 
@@ -224,18 +337,47 @@ class GilFindings:
             "threshold_ms": self.threshold_ms, "starved_threads": list(self.starved_threads),
             "holder_sampled": self.holder_sampled, "native_known": self.native_known,
         }
+        if self.stall_ms is not None:
+            seen.update(stall_ms=round(self.stall_ms, 1), stall_gil_share=self.stall_gil_share, stalled=self.stalled)
         if self.holder is not None:
             seen.update(holder_thread=self.holder.thread, holder_function=self.holder.function,
+                        holder_c_function=self.holder.c_function,
                         holder_share=round(self.holder_share, 4), holder_idle_share=self.holder.idle_share)
+        if self.waiter is not None:
+            seen.update(waiter=self.waiter.thread, waiter_share=self.waiter.waiting_share,
+                        waiter_of_runnable=self.waiter.of_runnable_share, waiter_ci=list(self.waiter.of_runnable_ci))
         if self.missing:
             seen["missing"] = [m.signal for m in self.missing]
         return seen
 
 
-def _holder_where(f: GilFindings) -> dict[str, Any] | None:
-    if f.holder is None:
+def _where_of(holder: GilHolder | None) -> dict[str, Any] | None:
+    if holder is None:
         return None
-    return {"thread": f.holder.thread, "function": f.holder.function, "file": f.holder.file, "line": f.holder.line}
+    where: dict[str, Any] = {"thread": holder.thread, "function": holder.c_function or holder.function}
+    if not _glmfb_file(holder.file):  # glmfb's runner is never the place to look
+        where.update(file=holder.file, line=holder.line)
+    return where
+
+
+def _holder_where(f: GilFindings) -> dict[str, Any] | None:
+    return _where_of(f.holder)
+
+
+def _named(holder: GilHolder) -> str:
+    """``sorted (C builtin_sorted), called from Worker.loop`` or the Python function alone."""
+    if holder.c_function is None:
+        return holder.function
+    symbol = f" (C {holder.c_symbol})" if holder.c_symbol and holder.c_symbol != holder.c_function else ""
+    caller = "glmfb's target runner" if _glmfb_file(holder.file) else f"{holder.qualname} ({holder.file}:{holder.line})"
+    return f"{holder.c_function}{symbol}, called from {caller},"
+
+
+def _fix_site(holder: GilHolder) -> str:
+    if _glmfb_file(holder.file):
+        return holder.c_function or holder.function
+    name = holder.c_function or holder.function
+    return f"{name} ({holder.file}:{holder.line})"
 
 
 def _trace_step(f: GilFindings) -> tuple[str, ...]:
@@ -249,10 +391,10 @@ def _hold_native(f: GilFindings) -> Diagnosis | None:
     if not (f.starved and holder is not None and f.native_known and f.idle_share >= IDLE_MAJORITY):
         return None
     inside = f" ({holder.native_frame})" if holder.native_frame else ""
-    why = (f"{holder.function} holds the GIL inside a native call{inside}; release it around the call "
+    why = (f"{_named(holder)} holds the GIL inside a native call{inside}; release it around the call "
            f"(py::gil_scoped_release, Py_BEGIN_ALLOW_THREADS). {f.late()} while thread "
            f"{holder.thread} held the GIL blocked in {100 * f.idle_share:.0f}% of its samples.")
-    steps = (f"wrap the native call under {holder.function} ({holder.file}:{holder.line}) in "
+    steps = (f"wrap the native call under {_fix_site(holder)} in "
              "py::gil_scoped_release / Py_BEGIN_ALLOW_THREADS, then rerun this probe", *_trace_step(f))
     return Diagnosis(Status.FAIL, why, steps, _holder_where(f))
 
@@ -269,11 +411,11 @@ def _hold_compute(f: GilFindings) -> Diagnosis | None:
     holder = f.holder
     if not (f.starved and holder is not None and f.native_known):
         return None
-    inside = f", mostly inside native {holder.native_frame}" if holder.native_frame else ""
-    why = (f"{holder.function} on thread {holder.thread} hogs the interpreter: it held the GIL in "
+    inside = f", mostly inside native {holder.native_frame}" if holder.native_frame and not holder.c_function else ""
+    why = (f"{_named(holder)} on thread {holder.thread} hogs the interpreter: it held the GIL in "
            f"{100 * f.holder_share:.0f}% of sample instants, active (computing) in "
            f"{100 * (1 - f.idle_share):.0f}% of its samples{inside}; {f.late()}. Hot frames: {_hot_frames(holder)}.")
-    steps = (f"move the work in {holder.function} ({holder.file}:{holder.line}) off the GIL (a native call that "
+    steps = (f"move the work in {_fix_site(holder)} off the GIL (a native call that "
              "releases it, a process pool) or cut it into shorter pieces", *_trace_step(f))
     return Diagnosis(Status.FAIL, why, steps, _holder_where(f))
 
@@ -282,12 +424,35 @@ def _hold_unknown_split(f: GilFindings) -> Diagnosis | None:
     holder = f.holder
     if not (f.starved and holder is not None):
         return None
-    why = (f"{holder.function} on thread {holder.thread} held the GIL in {100 * f.holder_share:.0f}% of sample "
+    why = (f"{_named(holder)} on thread {holder.thread} held the GIL in {100 * f.holder_share:.0f}% of sample "
            f"instants; {f.late()}. Whether it computes or blocks inside a native call while holding it is unknown "
            f"without py-spy --native (active/idle split unknown). Hot frames: {_hot_frames(holder)}.")
     steps = (f"py-spy dump --native --pid <pid>  # is {holder.function} blocked in a native call "
              "(release the GIL around it) or computing?", *_trace_step(f))
     return Diagnosis(Status.FAIL, why, steps, _holder_where(f))
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.0f}%"
+
+
+def _wait_share(f: GilFindings) -> Diagnosis | None:
+    waiter, holder = f.waiter, f.wait_holder
+    if f.starved or holder is None or waiter is None or not f.waits_a_lot:
+        return None
+    assert waiter.of_runnable_share is not None
+    ci = (f" [{_pct(waiter.of_runnable_ci[0])}, {_pct(waiter.of_runnable_ci[1])}]"
+          if len(waiter.of_runnable_ci) == 2 else "")
+    calm = (f"the heartbeat's p99 stayed at {f.p99_ms:.1f} ms <= {f.threshold_ms:g} ms"
+            if f.p99_ms is not None else "the heartbeat was not starved")
+    held = f"{100 * holder.share_of_time:.0f}% of sample instants" if holder.share_of_time is not None else "often"
+    why = (f"Thread {waiter.thread} waited for the GIL {_pct(waiter.of_runnable_share)}{ci} of the time it was not "
+           f"waiting for a CPU ({_pct(waiter.waiting_share)} of wall time), while {_named(holder)} on thread "
+           f"{holder.thread} held the GIL in {held}: many short holds that add up ({calm}, so no single hold "
+           f"starves a thread).")
+    steps = (f"move the work in {_fix_site(holder)} off the GIL (a native call that releases it, "
+             "a process pool), or hold it less often (batch the calls)", *_trace_step(f))
+    return Diagnosis(Status.FAIL, why, steps, _where_of(holder))
 
 
 def _overlap_note(f: GilFindings) -> str:
@@ -296,10 +461,12 @@ def _overlap_note(f: GilFindings) -> str:
 
 
 def _holder_unknown(f: GilFindings) -> Diagnosis | None:
-    if not f.starved or f.holder_sampled:
+    if not (f.starved or f.waits_a_lot) or f.holder_sampled:
         return None
     cause = f"the GIL holder is unknown ({f.missing_text or 'holder sampling did not run'})"
-    return Diagnosis(Status.INCONCLUSIVE, f"{f.late()}, but {cause}.{_overlap_note(f)}",
+    what = f.late() if f.starved else (f"thread {f.waiter.thread} waited for the GIL "
+                                       f"{_pct(f.waiter.waiting_share)} of wall time" if f.waiter else "")
+    return Diagnosis(Status.INCONCLUSIVE, f"{what}, but {cause}.{_overlap_note(f)}",
                      ("install py-spy (pip install py-spy) and run as root or with CAP_SYS_PTRACE",))
 
 
@@ -316,9 +483,12 @@ def _not_measured(f: GilFindings) -> Diagnosis | None:
     if f.heartbeat_usable:
         return None
     reason = f"only {f.ticks} heartbeat ticks" if f.ticks else "no heartbeat data"
+    if f.stall_ms is not None and f.stall_gil_share is not None:
+        reason += (f"; its longest stretch without a wake-up, {f.stall_ms / 1e3:.2f} s, was blocked on the GIL "
+                   f"{100 * f.stall_gil_share:.0f}% of the time")
     held = ""
     if f.holder is not None:
-        held = (f" Meanwhile {f.holder.function} on thread {f.holder.thread} held the GIL in "
+        held = (f" Meanwhile {f.holder.c_function or f.holder.function} on thread {f.holder.thread} held the GIL in "
                 f"{100 * f.holder_share:.0f}% of sample instants"
                 + (f", blocked in {100 * f.idle_share:.0f}% of them." if f.native_known else "."))
     why = f"Starvation was not measured ({reason}; {f.missing_text or 'the program may not be Python'}).{held}"
@@ -342,20 +512,25 @@ def _idle_holder(f: GilFindings) -> Diagnosis | None:
     holder = f.holder
     if not (holder is not None and f.native_known and f.idle_share >= WARN_IDLE_SHARE and f.holder_share >= 0.2):
         return None
-    why = (f"No thread was starved ({_calm(f)}), yet {holder.function} holds the GIL while blocked in a native "
+    why = (f"No thread was starved ({_calm(f)}), yet {_named(holder)} holds the GIL while blocked in a native "
            f"call in {100 * f.idle_share:.0f}% of its samples: a release is missing there.")
     return Diagnosis(Status.WARN, why, (), _holder_where(f))
 
 
 def _pass(f: GilFindings) -> Diagnosis | None:
+    waited = ""
+    if f.waiter is not None and f.waiter.of_runnable_share is not None:
+        waited = (f" The thread that waited most for the GIL, {f.waiter.thread}, waited "
+                  f"{_pct(f.waiter.of_runnable_share)} of the time it was not waiting for a CPU.")
     return Diagnosis(Status.PASS, f"No thread was starved: heartbeat p99 wake-up lateness {f.p99_ms:.1f} ms <= "
-                                  f"{f.threshold_ms:g} ms over {f.ticks} ticks.", (), {})
+                                  f"{f.threshold_ms:g} ms over {f.ticks} ticks.{waited}", (), {})
 
 
 RULES: tuple[Rule[GilFindings], ...] = (
     Rule("gil-hold-native", KIND, _hold_native, "starved beside a holder blocked in a native call"),
     Rule("gil-hold-compute", KIND, _hold_compute, "starved beside a holder computing with the GIL"),
     Rule("gil-hold", KIND, _hold_unknown_split, "starved beside a holder, active/idle split unknown"),
+    Rule("gil-wait-share", KIND, _wait_share, "not starved, but a thread waits for the GIL a large share of its time"),
     Rule("holder-unknown", KIND, _holder_unknown, "starved, no holder sampling: inconclusive"),
     Rule("cpu-not-gil", KIND, _cpu_not_gil, "starved, but nobody held the GIL for long: inconclusive"),
     Rule("not-measured", KIND, _not_measured, "no usable heartbeat: inconclusive"),
@@ -365,6 +540,65 @@ RULES: tuple[Rule[GilFindings], ...] = (
 )
 
 
+def _stall_p99_ms(stall_s: float, share: float, observed_s: float, period_s: float) -> float:
+    """The p99 lateness of the wake-ups a heartbeat held back for ``stall_s * share`` would
+    have made: each missed deadline counts, the k-th late by the stall less k periods, so 1%
+    of the window's deadlines lie beyond the stall less 1% of the window."""
+    blocked_s = stall_s * share
+    return 1e3 * max(0.0, blocked_s - 0.01 * observed_s)
+
+
+def _waiting_threads(observations: Observations) -> list[WaitingThread]:
+    return [WaitingThread(**w) for w in observations.waiting]
+
+
+def _top_waiter(waiting: list[WaitingThread]) -> WaitingThread | None:
+    program = [w for w in waiting if not w.thread.startswith(CANARY_PREFIX) and w.of_runnable_share is not None]
+    if not program:
+        return None
+    return max(program, key=lambda w: (w.of_runnable_ci[0] if w.of_runnable_ci else 0.0, w.of_runnable_share or 0.0))
+
+
+def _thread_times(observations: Observations) -> ThreadTimes | None:
+    if not observations.thread_times:
+        return None
+    rows = []
+    names = observations.thread_names
+    heartbeat_tid = observations.heartbeat.thread_id if observations.heartbeat is not None else None
+    for tid, account in sorted(observations.thread_times.items(), key=lambda item: -(item[1].cpu_s + item[1].gil_wait_s)):
+        if account.wall_s <= 0:
+            continue
+        votes = observations.native_votes.get(tid, Counter())
+        named = Counter({k[0]: v for k, v in votes.items() if k[0]})
+        top = named.most_common(1)[0] if named else None
+        runnable = account.wall_s - account.runqueue_s
+        name = names.get(tid, f"thread {tid}")
+        rows.append(ThreadTimeRow(
+            thread=name, tid=tid, cpu_share=round(account.cpu_share, 4),
+            runqueue_share=round(account.runqueue_share, 4), gil_wait_share=round(account.gil_wait_share, 4),
+            other_wait_share=round(account.other_wait_share, 4),
+            gil_wait_ci=tuple(round(x, 4) for x in account.gil_wait_ci),
+            gil_wait_of_runnable=round(account.gil_wait_s / runnable, 4) if runnable > 0 else None,
+            longest_gil_wait_ms=round(1e3 * account.longest_gil_wait_s, 1),
+            cpus=observations.cpus.get(tid), c_function=top[0] if top else None,
+            c_function_share=round(top[1] / sum(votes.values()), 4) if top else None,
+            native_snapshots=sum(votes.values()), glmfb=tid == heartbeat_tid or name.startswith(CANARY_PREFIX),
+        ))
+        if len(rows) >= MAX_THREAD_ROWS:
+            break
+    return ThreadTimes(observed_s=round(observations.observed_s or 0.0, 4), threads=tuple(rows),
+                       native_snapshots=observations.native_snapshots, native_error=observations.native_error)
+
+
+def _timeline(observations: Observations) -> GilTimeline | None:
+    if not observations.timeline:
+        return None
+    names = observations.thread_names
+    return GilTimeline(observed_s=round(observations.observed_s or 0.0, 4), threads=tuple(
+        TimelineThread(thread=names.get(tid, f"thread {tid}"), tid=tid, spans=tuple(spans))
+        for tid, spans in observations.timeline.items()))
+
+
 def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None) -> Verdict:
     """The verdict of one trace: typed evidence, findings, the first rule that applies."""
     config = observations.config
@@ -372,21 +606,58 @@ def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None)
     threshold_ms = config.starvation_p99_ms
     beat_ok = heartbeat is not None and heartbeat_is_usable(heartbeat)
     p99_ms = heartbeat.percentile_ms(99) if beat_ok and heartbeat is not None else None
+    recorded_p99 = (observations.own_p99_ms if observations.own_p99_ms is not None
+                    else heartbeat.percentile_ms(99) if heartbeat is not None and heartbeat.ticks else None)
     starved = p99_ms is not None and p99_ms > threshold_ms
+    stall = observations.stall
+    stall_s, stall_share = stall.get("stall_s"), stall.get("gil_share")
+    stalled = bool(
+        heartbeat is not None and heartbeat.ticks < MIN_HEARTBEAT_TICKS and stall_s is not None
+        and stall_share is not None and 1e3 * stall_s >= STALL_THRESHOLDS * threshold_ms
+        and stall_share >= STALL_GIL_SHARE
+    )
+    if stalled and heartbeat is not None and stall_s is not None and stall_share is not None:
+        beat_ok, starved = True, True
+        p99_ms = max(p99_ms or 0.0, _stall_p99_ms(stall_s, stall_share, observations.observed_s or stall_s,
+                                                  heartbeat.period_s))
     site = holder_site(observations)
     profile = observations.holders
     total = profile.sample_instants if profile else 0
     starved_names = starved_threads(observations, starved, site)
-    holder = holder_evidence(site, total) if site is not None else None
+    holder = (holder_evidence(site, total, votes=observations.native_votes.get(site.thread_id))
+              if site is not None else None)
     assert holder is None or isinstance(holder, GilHolder)
+    waiting = _waiting_threads(observations)
+    waiter = _top_waiter([w for w in waiting if site is None or w.tid != site.thread_id] or waiting)
+    wait_holder: GilHolder | None = None
+    if waiter is not None:
+        other = holder_site(observations, exclude=frozenset({waiter.tid}))
+        if other is not None:
+            found = holder_evidence(other, total, votes=observations.native_votes.get(other.thread_id))
+            assert isinstance(found, GilHolder)
+            wait_holder = found
     missing = tuple(MissingSignal(signal=m["signal"], reason=m["reason"]) for m in observations.missing)
 
     evidence: list[Evidence] = []
     if heartbeat is not None:
+        summary = heartbeat.summary()
+        summary["p99_ms"] = round(p99_ms, 3) if p99_ms is not None else summary["p99_ms"]
+        start = observations.window_start_s
+        observed = observations.observed_s
         evidence.append(Starvation(
-            threads=tuple(starved_names), canary=HEARTBEAT_THREAD, **heartbeat.summary(), threshold_ms=threshold_ms,
-            starved=starved, waiting_for_gil=tuple(WaitingThread(**w) for w in observations.waiting),
+            threads=tuple(starved_names), canary=HEARTBEAT_THREAD, **summary, threshold_ms=threshold_ms,
+            starved=starved, waiting_for_gil=tuple(waiting),
             **observations.window_summary, windows=tuple(StarvedWindow(**w) for w in observations.windows),
+            observed_s=round(observed, 4) if observed is not None else None,
+            expected_ticks=int(observed / heartbeat.period_s) if observed else None,
+            stall_ms=round(1e3 * stall_s, 1) if stall_s is not None else None,
+            stall_start_s=round(stall["start_s"], 4) if "start_s" in stall else None,
+            stall_gil_share=round(stall_share, 4) if stall_share is not None else None,
+            stall_holder=stall.get("holder"),
+            recorded_p99_ms=round(recorded_p99, 3) if recorded_p99 is not None else None,
+            holder_cpu_wait_ms=round(1e3 * observations.holder_cpu_wait_s, 1),
+            lateness_series=tuple(lateness_series(heartbeat, start, start + observed))
+            if start is not None and observed else (),
         ))
     if holder is not None:
         evidence.append(holder)
@@ -396,6 +667,12 @@ def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None)
             threads=tuple(HolderThread(**t) for t in profile.threads[:8]),
             sites=tuple(holder_evidence(s, total, GilSite) for s in profile.sites[1:4]),  # type: ignore[misc]
         ))
+    times = _thread_times(observations)
+    if times is not None:
+        evidence.append(times)
+    timeline = _timeline(observations)
+    if timeline is not None:
+        evidence.append(timeline)
     overlaps = tuple(OverlapRow(**row) for row in observations.blame[:10]) if observations.blame is not None else None
     if overlaps is not None:
         evidence.append(TraceOverlap(functions=overlaps))
@@ -409,6 +686,8 @@ def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None)
         starved_threads=tuple(starved_names), missing=missing,
         top_overlap=overlaps[0] if overlaps else None, traced=observations.blame is not None,
         reproduce_trace=observations.reproduce_trace,
+        stall_ms=1e3 * stall_s if stall_s is not None else None, stall_gil_share=stall_share, stalled=stalled,
+        observed_s=observations.observed_s, waiter=waiter, wait_holder=wait_holder,
     )
     outcome = diagnose(list(rules) if rules is not None else list(RULES), findings)
     evidence.append(outcome.record)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 READY_ENV = "GLMFB_GIL_READY_FILE"
+RUN_MARGIN_S = 2.0
 
 
 def signal_ready(path: str | None) -> None:
@@ -71,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 3
     signal_ready(os.environ.get(READY_ENV))
-    deadline = time.perf_counter() + options.duration
+    # glmfb samples for --duration from the ready signal and stops this process then; the
+    # margin keeps the loop running through the whole window (no exit inside it).
+    deadline = time.perf_counter() + options.duration + RUN_MARGIN_S
     calls = 0
     while time.perf_counter() < deadline:
         work()

@@ -35,6 +35,11 @@ def _seconds(value: object) -> float:
     return number_value if number_value is not None else 0.0
 
 
+def _order(phase: Mapping[str, object]) -> float:
+    value = number(phase.get("order"))
+    return value if value is not None else float("inf")
+
+
 def stacked_phases(phases: Sequence[Mapping[str, object]], totals: Sequence[float | None]) -> tuple[list[str], list[str]]:
     """Split the critical-path phases into those that tile the iteration (stacked) and those
     nested in them (a target may time ``dispatch_s`` inside ``prefill_s``).
@@ -73,7 +78,9 @@ def phases(view: VerdictView) -> Plot:
     totals = [number(gap.get("baseline_median_s")), number(gap.get("candidate_median_s"))] if gap else [None, None]
     # Phases on both sides first, then those only in the candidate: the stack reads as
     # "the baseline's iteration, plus what the candidate adds".
-    critical = sorted((p for p in items if not p.get("concurrent")), key=lambda p: p.get("baseline_s") is None)
+    # In the iteration's own order where the verdict records it (``order``).
+    critical = sorted((p for p in items if not p.get("concurrent")),
+                      key=lambda p: (p.get("baseline_s") is None, _order(p)))
     concurrent = [p for p in items if p.get("concurrent")]
     stacked, nested = stacked_phases(critical, totals)
     by_name = {str(p.get("phase")): p for p in items}
@@ -237,8 +244,10 @@ def gil_timeline(view: VerdictView) -> Plot:
     path = view.artifact("gil_verdict")
     if path is None:
         raise NoData("no gil_verdict artifact (the GIL is attributed only when the gap fails)")
+    from glmfb.report.plots.gil import thread_timeline
+
     nested = VerdictView(json.loads(path.read_text(encoding="utf-8")), run_dir=view.run_dir, run_id=view.run_id)
-    plot = timeline(nested)
+    plot = thread_timeline(nested) if nested.first("gil_timeline") else timeline(nested)
     plot.caption = f"From the GIL attribution run of the candidate ({path.name}). {plot.caption}"
     return plot
 

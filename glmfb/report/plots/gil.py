@@ -3,12 +3,15 @@ holding it and of waiting for it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from glmfb.report.plots._base import (
+    BAND_COLOR,
     BASELINE_COLOR,
     CANDIDATE_COLOR,
     FAIL_COLOR,
+    MUTED_COLOR,
+    PASS_COLOR,
     UNDECIDED_COLOR,
     NoData,
     Plot,
@@ -144,10 +147,11 @@ def wait_shares(view: VerdictView) -> Plot:
             tick.set_fontweight("bold")
     axes.invert_yaxis()
     axes.set_xlim(0, 110)
-    axes.set_xlabel("share of samples (%)")
+    axes.set_xlabel("share of the sampled window (%)")
     axes.set_title("GIL holding and waiting per thread")
     axes.legend(loc="lower right")
-    caption = "From py-spy samples: the share in which each thread held the GIL, and in which it waited for it."
+    caption = ("Holding: the share of py-spy's sample instants in which each thread held the GIL. Waiting: the share "
+               "of wall time it was blocked on the GIL (kernel counters, see the thread-times plot).")
     if starved:
         caption += f" Starved threads (red): {', '.join(sorted(starved))}."
     return Plot(figure, caption)
@@ -192,8 +196,138 @@ def lateness(view: VerdictView) -> Plot:
     return Plot(figure, caption)
 
 
+RUNNING_COLOR = "#9bbbd4"
+STATE_COLORS = {"holding": HOLDING_COLOR, "waiting": WAITING_COLOR, "running": RUNNING_COLOR}
+STATE_LABELS = {"holding": "holding the GIL", "waiting": "waiting for the GIL", "running": "running (no GIL wait)"}
+
+
+def thread_timeline(view: VerdictView) -> Plot:
+    """Per thread, over the sampled window: when it held the GIL, waited for it or ran (the
+    ``gil_timeline`` evidence, from /proc ticks), with the heartbeat's longest stall marked."""
+    item = view.require("gil_timeline")
+    threads = [t for t in item.get("threads") or [] if isinstance(t, Mapping) and t.get("spans")]
+    if not threads:
+        raise NoData("no thread held, waited for or ran with the GIL in the sampled window")
+    rows = [str(t.get("thread")) for t in threads]
+    figure, axes = new_axes(6.8, max(2.2, 1.2 + 0.42 * len(rows)))
+    labelled: set[str] = set()
+    for lane, thread in enumerate(threads):
+        by_state: dict[str, list[tuple[float, float]]] = {}
+        for span in thread.get("spans") or []:
+            if not isinstance(span, Sequence) or len(span) != 3:
+                continue
+            start, end, state = number(span[0]), number(span[1]), str(span[2])
+            if start is None or end is None or state not in STATE_COLORS:
+                continue
+            by_state.setdefault(state, []).append((start, max(end - start, MIN_BAR_S)))
+        for state, spans in by_state.items():
+            axes.broken_barh(spans, (lane - 0.32, 0.64), facecolors=STATE_COLORS[state],
+                             label=STATE_LABELS[state] if state not in labelled else None,
+                             gid=element_id(state, rows[lane]))
+            labelled.add(state)
+    starvation = view.first("starvation")
+    stall_ms = number(starvation.get("stall_ms")) if starvation else None
+    stall_start = number(starvation.get("stall_start_s")) if starvation else None
+    if stall_ms is not None and stall_start is not None and stall_ms >= 10:
+        axes.axvspan(stall_start, stall_start + stall_ms / 1000, color=STARVED_COLOR, alpha=0.12,
+                     label="heartbeat's longest stall", gid="stall")
+    observed = number(item.get("observed_s")) or 0.0
+    axes.set_yticks(range(len(rows)), rows)
+    axes.set_ylim(len(rows) - 0.4, -0.6)
+    axes.set_xlim(0, max(observed, 0.1))
+    axes.set_xlabel("seconds since sampling started")
+    axes.set_title("GIL timeline per thread")
+    axes.grid(axis="y", visible=False)
+    figure.legend(loc="outside lower center", ncol=4)
+    caption = (f"Over the {observed:.1f} s sampled: each thread's state at the /proc ticks (holding: the thread py-spy "
+               "saw holding the GIL most, at ticks where another thread waited for it).")
+    if stall_ms is not None and starvation is not None:
+        share = number(starvation.get("stall_gil_share"))
+        caption += f" The heartbeat's longest stretch without a wake-up: {stall_ms / 1000:.2f} s"
+        caption += f", blocked on the GIL {share:.0%} of it." if share is not None else "."
+    return Plot(figure, caption)
+
+
+def lateness_series(view: VerdictView) -> Plot:
+    """The heartbeat's wake-up lateness over the sampled window (net of CPU waits), against
+    the threshold: short holds show as a band under it, long holds as spikes far above."""
+    starvation = view.require("starvation")
+    points = [p for p in starvation.get("lateness_series") or [] if isinstance(p, Sequence) and len(p) == 2]
+    if not points:
+        raise NoData("the heartbeat recorded no wake-up in the sampled window")
+    threshold = number(starvation.get("threshold_ms"))
+    xs = [number(p[0]) or 0.0 for p in points]
+    ys = [max(number(p[1]) or 0.0, 1e-3) for p in points]
+    figure, axes = new_axes(6.8, 2.6)
+    colors = [FAIL_COLOR if threshold is not None and y > threshold else BASELINE_COLOR for y in ys]
+    axes.scatter(xs, ys, s=6, c=colors, gid="lateness-points")
+    if threshold is not None:
+        axes.axhline(threshold, color=FAIL_COLOR, linestyle="--", linewidth=1.2, label=f"threshold {threshold:g} ms",
+                     gid="threshold")
+        axes.legend(loc="upper right")
+    axes.set_yscale("log")
+    observed = number(starvation.get("observed_s"))
+    axes.set_xlim(0, max(observed or 0.0, max(xs), 0.1))
+    axes.set_xlabel("seconds since sampling started")
+    axes.set_ylabel("lateness (ms, log)")
+    axes.set_title("Heartbeat wake-up lateness over time")
+    expected = starvation.get("expected_ticks")
+    caption = f"{starvation.get('ticks')} wake-ups recorded"
+    caption += f" of {expected} a heartbeat never held back would make" if isinstance(expected, int) else ""
+    caption += f"; the latest of each of {len(points)} bins shown, net of CPU waits."
+    stall = number(starvation.get("stall_ms"))
+    if stall is not None:
+        caption += f" Longest stretch without a wake-up: {stall:,.0f} ms."
+    return Plot(figure, caption)
+
+
+def thread_times(view: VerdictView) -> Plot:
+    """Where each thread's time went over the sampled window: on a CPU, waiting for one, blocked
+    on the GIL (with its 95% interval), blocked on anything else (kernel counters)."""
+    item = view.require("thread_times")
+    rows = [t for t in item.get("threads") or [] if isinstance(t, Mapping)
+            and (number(t.get("cpu_share")) or 0) + (number(t.get("gil_wait_share")) or 0) >= 0.01]
+    if not rows:
+        raise NoData("no thread ran or waited for the GIL in the sampled window")
+    names = [str(r.get("thread")) + (" (glmfb)" if r.get("glmfb") else "") for r in rows]
+    parts = (("cpu_share", "on a CPU", PASS_COLOR), ("runqueue_share", "waiting for a CPU", MUTED_COLOR),
+             ("gil_wait_share", "waiting for the GIL", WAITING_COLOR), ("other_wait_share", "sleeping, I/O, locks", BAND_COLOR))
+    figure, axes = new_axes(6.8, max(2.2, 1.1 + 0.4 * len(rows)))
+    ys = list(range(len(rows)))
+    lefts = [0.0] * len(rows)
+    for key, label, color in parts:
+        values = [100 * (number(r.get(key)) or 0.0) for r in rows]
+        drawn = axes.barh(ys, values, left=lefts, height=0.55, color=color, label=label)
+        for patch, name in zip(drawn, names, strict=False):
+            patch.set_gid(element_id(key, name))
+        if key == "gil_wait_share":
+            for y, row, left in zip(ys, rows, lefts, strict=False):
+                ci = row.get("gil_wait_ci") or []
+                if len(ci) == 2 and number(ci[0]) is not None and number(ci[1]) is not None:
+                    axes.plot([left + 100 * float(ci[0]), left + 100 * float(ci[1])], [y, y], color="#222222",
+                              linewidth=1.0, gid=element_id("gil-ci", names[y]))
+        lefts = [a + b for a, b in zip(lefts, values, strict=False)]
+    for y, row in zip(ys, rows, strict=False):
+        c_function = row.get("c_function")
+        if c_function:
+            axes.annotate(f"in {c_function}", xy=(101, y), va="center", fontsize=7)
+    axes.set_yticks(ys, names)
+    axes.invert_yaxis()
+    axes.set_xlim(0, 135)
+    axes.set_xlabel("share of the sampled window (%)")
+    axes.set_title("Where each thread's time went")
+    figure.legend(loc="outside lower center", ncol=4)
+    caption = (f"Over {number(item.get('observed_s')) or 0:.1f} s, from /proc/PID/task/TID/schedstat (CPU and run-queue "
+               "time, exact) and the states seen at each tick (what a blocked thread waited on); the GIL wait with "
+               "its 95% interval. Right: the C function a thread ran in its native snapshots.")
+    return Plot(figure, caption)
+
+
 PLOTS = (
     PlotSpec("gil-lateness", "heartbeat lateness against the threshold", ("starvation",), lateness),
+    PlotSpec("gil-lateness-series", "heartbeat lateness over time", ("starvation",), lateness_series, optional=True),
+    PlotSpec("gil-thread-times", "where the time of each thread went", ("thread_times",), thread_times, optional=True),
+    PlotSpec("gil-thread-timeline", "GIL timeline per thread", ("gil_timeline",), thread_timeline, optional=True),
     PlotSpec("gil-timeline", "per-thread GIL timeline", ("starvation",), timeline),
     PlotSpec("gil-wait-shares", "GIL holding and waiting per thread", ("starvation", "gil_threads"), wait_shares),
 )

@@ -1,0 +1,210 @@
+"""The rules of glmfb gil as tables: findings in, rule and diagnosis out (no timing), and the
+measurement pieces under them (time accounting from counters, the GIL's futex span, C names)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from glmfb.gil.evidence import GilHolder, WaitingThread
+from glmfb.gil.native import (
+    NativeStack,
+    Symbol,
+    below_python,
+    c_call,
+    c_call_symbol,
+    demangle,
+    python_name,
+)
+from glmfb.gil.procwatch import GIL_SPAN_AFTER, GIL_SPAN_BEFORE, Tick, account, gil_region
+from glmfb.gil.rules import RULES, GilFindings
+from glmfb.rules import diagnose
+from glmfb.verdict import Status
+
+LIBPYTHON = "/usr/lib/libpython3.11.so.1.0"
+SORTER = GilHolder(thread="sorter", tid=7, function="loop", qualname="Worker.loop", file="w.py", line=105,
+                   samples=400, share_of_time=1.0, active_share=1.0, idle_share=0.0, native_samples=40,
+                   c_function="sorted", c_symbol="builtin_sorted", c_source="native snapshots",
+                   stack=("Worker.loop (w.py:105)",))
+SLEEPER = replace(SORTER, thread="native-call", active_share=0.0, idle_share=1.0, native_frame="usleep",
+                  c_function="usleep", c_symbol="usleep", c_source="py-spy --native")
+PICKLER = replace(SORTER, thread="serializer", share_of_time=0.8, c_function="pickle.dumps", c_symbol="_pickle_dumps")
+MAIN_WAITS = WaitingThread(thread="MainThread", tid=1, waiting_share=0.33, of_runnable_share=0.58,
+                           of_runnable_ci=(0.49, 0.66))
+
+
+def findings(**kwargs: Any) -> GilFindings:
+    values: dict[str, Any] = dict(
+        threshold_ms=10.0, min_holder_share=0.05, starved=False, heartbeat_usable=True, p99_ms=0.3, ticks=3500,
+        holder=None, holder_sampled=True, sample_instants=400, native_known=True, starved_threads=(),
+        observed_s=4.0,
+    )
+    values.update(kwargs)
+    return GilFindings(**values)
+
+
+# A heartbeat that woke twice in 4 s: too thin for a p99, but it could not run for 2.1 s
+# while blocked on the GIL (the ticks that never came).
+STALLED = dict(starved=True, stalled=True, ticks=2, p99_ms=2060.0, stall_ms=2100.0, stall_gil_share=0.93,
+               starved_threads=("MainThread", "glmfb-heartbeat"))
+
+TABLE = [
+    (findings(**STALLED, holder=SORTER), "gil-hold-compute", Status.FAIL,
+     ["sorted (C builtin_sorted), called from Worker.loop (w.py:105)", "could not run for 2.10 s",
+      "while sorter held the GIL", "blocked on the GIL 93% of that time"]),
+    (findings(starved=True, p99_ms=199.0, holder=SLEEPER), "gil-hold-native", Status.FAIL,
+     ["holds the GIL inside a native call (usleep)", "p99 wake-up 199.0 ms late > 10 ms"]),
+    (findings(starved=True, p99_ms=40.0, holder=SORTER, native_known=False), "gil-hold", Status.FAIL,
+     ["active/idle split unknown"]),
+    (findings(p99_ms=5.5, holder=PICKLER, waiter=MAIN_WAITS, wait_holder=PICKLER), "gil-wait-share", Status.FAIL,
+     ["Thread MainThread waited for the GIL 58% [49%, 66%] of the time it was not waiting for a CPU",
+      "33% of wall time", "pickle.dumps (C _pickle_dumps), called from Worker.loop", "many short holds that add up",
+      "p99 stayed at 5.5 ms <= 10 ms"]),
+    # Waiting a little, or a noisy interval: not a large share.
+    (findings(holder=PICKLER, waiter=replace(MAIN_WAITS, of_runnable_share=0.04, of_runnable_ci=(0.02, 0.06)),
+              wait_holder=PICKLER), "pass", Status.PASS, ["MainThread, waited 4%"]),
+    (findings(holder=PICKLER, waiter=replace(MAIN_WAITS, of_runnable_share=0.3, of_runnable_ci=(0.0, 0.9)),
+              wait_holder=PICKLER), "pass", Status.PASS, []),
+    (findings(waiter=MAIN_WAITS, holder_sampled=False, holder=None,
+              missing=()), "holder-unknown", Status.INCONCLUSIVE, ["GIL holder is unknown"]),
+    (findings(starved=True, p99_ms=40.0, holder=None), "cpu-not-gil", Status.INCONCLUSIVE, ["not the GIL"]),
+    # Thin heartbeat, and its long stretch was spent waiting for a CPU, not the GIL: not measured.
+    (findings(heartbeat_usable=False, ticks=2, p99_ms=None, stall_ms=2100.0, stall_gil_share=0.1, holder=SORTER),
+     "not-measured", Status.INCONCLUSIVE, ["only 2 heartbeat ticks", "blocked on the GIL 10% of the time"]),
+    (findings(holder=SLEEPER, p99_ms=3.0), "idle-holder", Status.WARN, ["a release is missing there"]),
+    (findings(), "pass", Status.PASS, ["No thread was starved"]),
+]
+
+
+@pytest.mark.parametrize(("case", "rule", "status", "phrases"), TABLE, ids=[f"{i}-{row[1]}" for i, row in
+                                                                              enumerate(TABLE)])
+def test_rule_table(case: GilFindings, rule: str, status: Status, phrases: list[str]) -> None:
+    outcome = diagnose(list(RULES), case)
+    assert outcome.rule.name == rule, outcome.diagnosis.why
+    assert outcome.diagnosis.status is status
+    for phrase in phrases:
+        assert phrase in outcome.diagnosis.why, outcome.diagnosis.why
+
+
+def test_where_names_the_c_function_and_keeps_the_python_line() -> None:
+    diagnosis = diagnose(list(RULES), findings(**STALLED, holder=SORTER)).diagnosis
+    assert diagnosis.where == {"thread": "sorter", "function": "sorted", "file": "w.py", "line": 105}
+
+
+def test_glmfb_runner_frames_are_never_where() -> None:
+    import glmfb.gil.runner as runner
+
+    inside = replace(SORTER, thread="MainThread", file=runner.__file__, line=76)
+    diagnosis = diagnose(list(RULES), findings(**STALLED, holder=inside)).diagnosis
+    assert diagnosis.where == {"thread": "MainThread", "function": "sorted"}
+    assert "runner.py" not in diagnosis.why and "glmfb's target runner" in diagnosis.why
+
+
+def test_the_wait_share_rule_names_the_holder_not_the_waiter() -> None:
+    # The top holder overall is the waiting thread itself (between its own ops); the holder
+    # named is the other thread.
+    main = replace(SORTER, thread="MainThread", tid=1, c_function=None, function="run")
+    diagnosis = diagnose(list(RULES), findings(p99_ms=5.0, holder=main, waiter=MAIN_WAITS,
+                                               wait_holder=PICKLER)).diagnosis
+    assert diagnosis.where is not None and diagnosis.where["thread"] == "serializer"
+    assert diagnosis.where["function"] == "pickle.dumps"
+
+
+# ---- time accounting ---------------------------------------------------------------------------
+
+
+def _ticks(states: list[str], cpu_ms: list[float], runqueue_ms: list[float], address: int = 0x1000) -> list[Tick]:
+    """Ticks 10 ms apart of thread 5; ``states`` g (GIL futex), s (sleeping), r (running);
+    counters cumulative in ms."""
+    ticks = []
+    for index, (state, cpu, runqueue) in enumerate(zip(states, cpu_ms, runqueue_ms, strict=True)):
+        tick = Tick(at_s=index * 0.01, cpu_ns={5: int(cpu * 1e6)}, runqueue_ns={5: int(runqueue * 1e6)},
+                    read_s={5: index * 0.01})
+        if state == "r":
+            tick.running = frozenset({5})
+        else:
+            tick.syscall[5] = 202 if state == "g" else 230
+            if state == "g":
+                tick.futex[5] = address + 8  # the GIL's mutex word, beside the condvar's
+        ticks.append(tick)
+    return ticks
+
+
+def test_blocked_time_comes_from_the_counters_and_is_split_by_what_was_seen() -> None:
+    # 100 ms: 30 ms on a CPU, 10 ms in the run queue, 60 ms blocked; seen blocked on the GIL
+    # at 2 ticks and sleeping at 2: the 60 ms split 30/30, whatever the sampler's timing.
+    states = ["r", "g", "r", "g", "r", "s", "r", "s", "r", "r", "r"]
+    cpu = [0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30]
+    runqueue = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    region = gil_region([0x1000])
+    time = account(_ticks(states, cpu, runqueue), 5, region)
+    assert time.wall_s == pytest.approx(0.1)
+    assert time.cpu_s == pytest.approx(0.03) and time.runqueue_s == pytest.approx(0.01)
+    assert time.gil_wait_s == pytest.approx(0.03, abs=1e-6) and time.other_wait_s == pytest.approx(0.03, abs=1e-6)
+    assert time.gil_wait_share + time.cpu_share + time.runqueue_share + time.other_wait_share == pytest.approx(1.0)
+    assert time.of_runnable_share == pytest.approx(0.03 / 0.09)
+
+
+def test_a_thread_seen_running_at_every_tick_still_has_its_gil_waits_counted() -> None:
+    # The sampler ran only when this thread had the GIL (a busy machine): every tick saw it
+    # running, yet the counters say it was blocked 60% of the time, and the one state seen
+    # blocked was the GIL: all of it is GIL wait (a tick share would have said 9%).
+    states = ["r"] * 5 + ["g"] + ["r"] * 5
+    cpu = [4 * i for i in range(11)]
+    runqueue = [0] * 11
+    time = account(_ticks(states, cpu, runqueue), 5, gil_region([0x1000]))
+    assert time.gil_wait_share == pytest.approx(0.6, abs=1e-6)
+
+
+def test_the_gil_region_spans_the_struct_around_the_condvar_words() -> None:
+    low, high = gil_region([0x6F0, 0x6F4])  # type: ignore[misc]
+    assert low == 0x6F0 - GIL_SPAN_BEFORE and high == 0x6F4 + GIL_SPAN_AFTER
+    assert low <= 0x6F8 <= high  # the mutex
+    assert low <= 0x748 <= high  # the switch condition's word
+    assert gil_region([]) is None
+
+
+# ---- C names --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("symbol", "path", "name"), [
+    ("builtin_sorted", LIBPYTHON, "sorted"),
+    ("_pickle_dumps", "/build/Modules/clinic/_pickle.c.h", "pickle.dumps"),
+    ("_sre_SRE_Pattern_match", LIBPYTHON, "re.Pattern.match"),
+    ("zlib_compress_impl", "/lib-dynload/zlib.cpython-311-x86_64-linux-gnu.so", "zlib.compress"),
+    ("list_sort_impl", LIBPYTHON, "list.sort"),
+    ("time_sleep", LIBPYTHON, "time.sleep"),
+    ("encoder_call", "/lib-dynload/_json.cpython-311-x86_64-linux-gnu.so", "json.encoder.c_make_encoder"),
+    ("usleep", "/usr/lib/x86_64-linux-gnu/libc.so.6", "usleep"),
+    ("posix_memalign", "/usr/lib/x86_64-linux-gnu/libc.so.6", "posix_memalign"),
+])
+def test_cpython_c_symbols_get_their_python_names(symbol: str, path: str, name: str) -> None:
+    assert python_name(Symbol(symbol, path)) == name
+
+
+def test_demangle_reads_nested_cxx_names() -> None:
+    assert demangle("_ZN5torch8autogradL18THPVariable_linearEP7_objectS2_S2_") == "torch::autograd::THPVariable_linear"
+    assert demangle("not_mangled") == "not_mangled"
+
+
+def test_the_call_below_python_skips_machinery_and_stale_interpreter_frames() -> None:
+    # A snapshot of a sorting thread (leaf first), as read from its stack: stale return
+    # addresses (PyDict_GetItemWithError, take_gil) sit between the real frames.
+    frames = ["merge_at", "list_sort_impl", "take_gil", "builtin_sorted", "PyDict_GetItemWithError",
+              "cfunction_vectorcall_FASTCALL_KEYWORDS", "partial_vectorcall", "_PyEval_EvalFrameDefault",
+              "_PyEval_Vector"]
+    stack = NativeStack(tid=7, frames=tuple(Symbol(f, LIBPYTHON) for f in frames), in_syscall=False)
+    assert c_call(below_python(stack)) == "sorted"
+    ctypes_call = tuple(Symbol(f, p) for f, p in [
+        ("partial_call", LIBPYTHON), ("PyCFuncPtr_call", "/x/_ctypes.so"), ("_ctypes_callproc", "/x/_ctypes.so"),
+        ("ffi_call", "/usr/lib/libffi.so.8"), ("usleep", "/usr/lib/libc.so.6"), ("clock_nanosleep", "/usr/lib/libc.so.6")])
+    assert c_call_symbol(ctypes_call) == ("usleep", "usleep")
+    assert below_python(NativeStack(tid=7, frames=(Symbol("merge_at", LIBPYTHON),), in_syscall=False)) == ()
+    # A stale library frame outside the named C function does not win over it.
+    compressing = (Symbol("cfunction_vectorcall_FASTCALL_KEYWORDS", LIBPYTHON),
+                   Symbol("THPVariable_clear", "/site-packages/torch/lib/libtorch_python.so"),
+                   Symbol("zlib_compress", "/lib-dynload/zlib.cpython-311-x86_64-linux-gnu.so"),
+                   Symbol("deflate_slow", "/usr/lib/libz.so.1"))
+    assert c_call(compressing) == "zlib.compress"
