@@ -19,6 +19,8 @@ from glmfb.gap import GapConfig
 from glmfb.targets import Target
 from glmfb.verdict import Layer, Status
 
+pytestmark = pytest.mark.slow  # the real scenario: a receiver process, Mooncake or a socket
+
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = str(ROOT / "scenarios" / "kv_transfer" / "scenario.py")
 SMALL: dict[str, Any] = {"layers": 2, "tokens": 512, "hidden": 64, "heads": 2, "page_tokens": 8, "dispatch_ms": 2.0}

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from helpers import run
 
 from glmfb.gil import GilConfig
 from glmfb.targets import Target
 from glmfb.verdict import Status
+
+pytestmark = pytest.mark.slow  # a real trace of a child process
 
 TARGET = '''
 import ctypes
