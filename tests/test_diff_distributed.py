@@ -269,12 +269,20 @@ def test_torchrun_root_cause_names_the_crashed_rank(tmp_path: Path) -> None:
 
 
 def test_innermost_frame_skips_glmfb_torch_and_the_standard_library() -> None:
+    import threading
+
+    import glmfb.diff.rank_worker
+
+    # The user's checkout sits in a folder named glmfb (as CI's clone does): still the user's.
     stack = ('Current thread 0x00007f (most recent call first):\n'
-             '  File "/usr/lib/python3.11/threading.py", line 629 in wait\n'
-             '  File "/work/tests/test_diff_distributed.py", line 88 in _plant\n'
-             '  File "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1 in _call_impl\n'
+             f'  File "{threading.__file__}", line 629 in wait\n'
+             f'  File "{glmfb.diff.rank_worker.__file__}", line 5 in run_rank\n'
+             '  File "/ci/glmfb/torch/tests/test_diff_distributed.py", line 88 in _plant\n'
+             f'  File "{nn.modules.module.__file__}", line 1 in _call_impl\n'
              '\nThread 0x00007e (most recent call first):\n  File "/x/other.py", line 3 in run\n')
     assert _innermost_frame(stack) == "test_diff_distributed.py:88 in _plant"
+    only_library = f'Current thread 0x1 (most recent call first):\n  File "{threading.__file__}", line 9 in wait\n'
+    assert _innermost_frame(only_library) == "threading.py:9 in wait"
     assert _innermost_frame("") is None
 
 
