@@ -75,6 +75,34 @@ def test_saved_comparison_flags_a_slowdown_as_cross_process(tmp_path: Path) -> N
     assert Verdict.from_dict(verdict.to_dict()) == verdict
 
 
+def test_one_run_a_side_is_judged_against_the_process_floor(tmp_path: Path) -> None:
+    old = write_glmfb(tmp_path / "old.json", {"8x4096": {"baseline": noisy(1e-4, 200, 11)}})
+    new = write_glmfb(tmp_path / "new.json", {"8x4096": {"baseline": noisy(1.04e-4, 200, 12)}})
+    verdict = compare_saved(SavedCompareConfig("s", str(old), str(new), threshold=0.02))
+    # +4% with intervals +-0.2% wide inside each run: tight, but two processes differ by more
+    assert verdict.status is Status.INCONCLUSIVE
+    assert "between-process floor (sd 2.0%" in verdict.why
+    floor = next(e for e in verdict.evidence if e["kind"] == "process_floor")
+    assert floor["sd"] == 0.02 and floor["processes"] == 8 and floor["source"] == "cache"
+    shape = next(e for e in verdict.evidence if e["kind"] == "shape")
+    assert shape["method"] == "one run a side + process floor"
+
+
+def test_several_runs_a_side_resample_runs(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    for i in range(3):
+        write_glmfb(tmp_path / f"base-{i}.json", {"s": {"baseline": noisy(1e-4 * rng.lognormal(0, 0.02), 100, i)}})
+        write_glmfb(tmp_path / f"cand-{i}.json", {"s": {"baseline": noisy(1.3e-4 * rng.lognormal(0, 0.02), 100, 9 + i)}})
+    verdict = compare_saved(SavedCompareConfig("s", str(tmp_path / "base-*.json"),
+                                               f"{tmp_path / 'cand-0.json'},{tmp_path / 'cand-1.json'},{tmp_path / 'cand-2.json'}"))
+    assert verdict.status is Status.FAIL
+    assert verdict.evidence[0]["runs"] == [3, 3]
+    assert "3 run(s) against 3" in verdict.why
+    assert not any(e["kind"] == "process_floor" for e in verdict.evidence)
+    with pytest.raises(InputError, match="no file matches"):
+        compare_saved(SavedCompareConfig("s", str(tmp_path / "nothing-*.json"), str(tmp_path / "cand-0.json")))
+
+
 def test_two_sided_file_needs_a_selector(tmp_path: Path) -> None:
     both = write_glmfb(tmp_path / "ab.json", {"8x8": {"baseline": noisy(1e-4, 50, 3), "candidate": noisy(1e-4, 50, 4)}})
     with pytest.raises(InputError, match="pick one"):
@@ -87,7 +115,8 @@ def test_two_sided_file_needs_a_selector(tmp_path: Path) -> None:
 def test_environment_mismatch_is_stated_and_downgrades_a_pass(tmp_path: Path) -> None:
     old = write_glmfb(tmp_path / "old.json", {"s": {"baseline": noisy(1e-4, 100, 5)}}, {"python": "3.11.7", "torch": "2.12"})
     new = write_glmfb(tmp_path / "new.json", {"s": {"baseline": noisy(1e-4, 100, 6)}}, {"python": "3.11.7", "torch": "2.13"})
-    verdict = compare_saved(SavedCompareConfig("s", str(old), str(new)))
+    # one run a side against a 2% between-process floor: equivalence is within reach at 10%
+    verdict = compare_saved(SavedCompareConfig("s", str(old), str(new), threshold=0.10))
     assert verdict.status is Status.WARN
     assert "environments differ (torch: 2.12 vs 2.13)" in verdict.why
     assert any(e["kind"] == "env_mismatch" for e in verdict.evidence)

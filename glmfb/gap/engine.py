@@ -53,7 +53,10 @@ def run_gap(
     try:
         sides.append(_build("baseline", baseline_factory, config.baseline, report))
         sides.append(_build("candidate", candidate_factory, config.candidate, report))
-        measurement = measure(config, sides[0], sides[1], report)
+        measurement = measure(config, sides[0], sides[1], report, build=(
+            lambda: _build("baseline", baseline_factory, config.baseline, report),
+            lambda: _build("candidate", candidate_factory, config.candidate, report),
+        ))
         verdict = _judge(config, measurement, sides[1], artifact_dir, report)
     except TargetFailed as failure:
         verdict = _target_failed(config, failure, sides)
@@ -179,6 +182,7 @@ def _judge(
             "iterations_per_side": n,
             "stopped_by": measurement.stopped_by,
             "elapsed_s": measurement.elapsed_s,
+            **measurement.evidence(),
             "baseline_samples_s": [round(t, 6) for t in measurement.baseline.times_s],
             "candidate_samples_s": [round(t, 6) for t in measurement.candidate.times_s],
         },
