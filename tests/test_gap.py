@@ -138,8 +138,8 @@ def test_budget_stops_the_loop_inconclusive(tmp_path: Path) -> None:
 
 
 def test_target_that_raises_is_an_error_verdict(tmp_path: Path) -> None:
-    # each of the 4 builds raises on its third call: one warm-up call, then the second round
-    verdict = run_gap(config("broken_after", candidate=Target(f"{THIS}:broken_after", {"calls": 2})), tmp_path)
+    # each build raises on its second call: one warm-up call, then in the first round
+    verdict = run_gap(config("broken_after", candidate=Target(f"{THIS}:broken_after", {"calls": 1})), tmp_path)
     assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
     assert "ConnectionError" in verdict.why and "peer went away" in verdict.why
     kinds = {e["kind"] for e in verdict.evidence}

@@ -63,8 +63,8 @@ def test_planted_two_fold_slowdown_stops_at_the_first_look() -> None:
     assert comparison.decision is Decision.REGRESSION
     assert comparison.stopped_by == "decided"
     assert len(comparison.looks) == 1 and comparison.final is not None
-    assert comparison.final.confidence == pytest.approx(1 - 0.05 / 16)
-    assert comparison.elapsed_s < 1.5  # a quarter of the budget, plus the round in flight
+    assert comparison.final.confidence == pytest.approx(1 - 0.05 * 0.1**2)
+    assert comparison.elapsed_s < 0.8  # a tenth of the budget, plus the round in flight
 
 
 def test_identical_sides_are_equivalent_and_an_improvement_is_one() -> None:

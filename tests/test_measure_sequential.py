@@ -19,7 +19,7 @@ def test_levels_spend_exactly_alpha() -> None:
 
 
 def test_due_counts_the_planned_looks_passed() -> None:
-    plan = LookPlan()
+    plan = LookPlan(fractions=(0.25, 0.5, 0.75, 1.0))
     assert plan.due(0, 0.1) == 0
     assert plan.due(0, 0.3) == 1
     assert plan.due(1, 0.8) == 3

@@ -198,9 +198,10 @@ def _measure_shape(
             df=look.interval.df,
             between_allocation_sd=look.interval.between_sd,
             within_allocation_sd=look.interval.within_sd,
-            allocation_pairs_needed=None if change is None or not math.isfinite(
-                pairs_needed(change, config.threshold)) else round(pairs_needed(change, config.threshold), 1),
         )
+        needed = pairs_needed(change, config.threshold) if change is not None else math.inf
+        if look.decision is Decision.UNDECIDED and math.isfinite(needed):
+            extra["allocation_pairs_needed"] = math.ceil(needed)
         if look.aa is not None:
             extra["aa_between_allocation_sd"] = look.aa.between_sd
     return ShapeResult(

@@ -28,7 +28,7 @@ from glmfb.measure import Arm, Comparison, Look, Pair, Settings, compare
 from glmfb.stats import Decision, Estimate, decide
 
 BYTES_SUFFIX = "_bytes"
-DEFAULT_ALLOCATIONS = 4  # builds per side
+DEFAULT_ALLOCATIONS = 6  # builds per side
 STATISTIC = ("mean over independent build pairs of the median log ratio of interleaved "
              "iteration times, t interval over pairs (random effects), alpha spent over looks")
 

@@ -96,6 +96,16 @@ def _check_logs(values: Sequence[float], what: str) -> None:
             raise ValueError(f"{what} holds NaN or Inf")
 
 
+def _robust_within_sd(units: Sequence[Sequence[float]]) -> float | None:
+    """The sd of block effects within a pair, from the median absolute deviation (1.4826 MAD,
+    pooled over pairs): a burst that hits a few blocks does not inflate it, as it does not
+    move the pair's median."""
+    deviations = [abs(x - statistics.median(unit)) for unit in units if len(unit) >= 3 for x in unit]
+    if not deviations:
+        return None
+    return 1.4826 * statistics.median(deviations)
+
+
 def pair_interval(effects_by_unit: Sequence[Sequence[float]], confidence: float) -> Interval:
     """The random-effects interval of paired block effects (``log(B / A)`` per block),
     grouped by allocation pair: the mean over pairs of each pair's median block effect,
@@ -109,8 +119,7 @@ def pair_interval(effects_by_unit: Sequence[Sequence[float]], confidence: float)
     k = len(medians)
     point = statistics.fmean(medians)
     spread = statistics.stdev(medians)
-    within_vars = [statistics.variance(unit) for unit in units if len(unit) >= 2]
-    within_sd = math.sqrt(statistics.fmean(within_vars)) if within_vars else None
+    within_sd = _robust_within_sd(units)
     between_sd: float | None = None
     if within_sd is not None:
         own = statistics.fmean(MEDIAN_EFFICIENCY * within_sd**2 / len(unit) for unit in units)

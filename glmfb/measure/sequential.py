@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from glmfb.stats import Decision, Estimate, decide
 
 DEFAULT_ALPHA = 0.05
-DEFAULT_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+DEFAULT_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_RHO = 2.0
 
 
