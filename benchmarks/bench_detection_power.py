@@ -60,6 +60,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = {"rmsnorm": "16x4096", "softmax_placed": "8x4096", "matmul": "128x256"}
+START_SIZES = {"rmsnorm": (2048, 32768), "softmax_placed": (2048, 32768), "matmul": (32, 256)}
 KERNELS = textwrap.dedent(
     """
     import os
@@ -73,6 +74,7 @@ KERNELS = textwrap.dedent(
 
 
     def _pad(extra, generator):
+        \"\"\"An elementwise pass over `extra` values: the planted slowdown of the elementwise kernels.\"\"\"
         extra = int(extra)
         pad = torch.randn(max(extra, 1), generator=generator)
         return extra, pad, torch.empty_like(pad)
@@ -86,11 +88,10 @@ KERNELS = textwrap.dedent(
         extra, pad, pad_out = _pad(extra, generator)
 
         def kernel():
-            rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-            torch.mul(x, rstd, out=out)
+            torch.mul(x, torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6), out=out)
             out.mul_(weight).mul_(F.silu(gate))
             if extra:
-                torch.neg(pad, out=pad_out)  # the planted slowdown
+                torch.neg(pad, out=pad_out)  # the planted slowdown: one more elementwise pass
             return out
 
         return kernel
@@ -121,12 +122,14 @@ KERNELS = textwrap.dedent(
         generator = torch.Generator().manual_seed(seed)
         a, b = torch.randn(m, k, generator=generator), torch.randn(k, k, generator=generator)
         out = torch.empty(m, k)
-        extra, pad, pad_out = _pad(extra, generator)
+        extra = int(extra)  # one more product, 16 x k by k x `extra`
+        a2, b2 = torch.randn(16, k, generator=generator), torch.randn(k, max(extra, 1), generator=generator)
+        out2 = torch.empty(16, max(extra, 1))
 
         def kernel():
             torch.mm(a, b, out=out)
             if extra:
-                torch.neg(pad, out=pad_out)
+                torch.mm(a2, b2, out=out2)
             return out
 
         return kernel
@@ -141,20 +144,24 @@ KERNELS = textwrap.dedent(
         return FACTORIES[name](SHAPES[name], int(os.environ.get("DP_EXTRA", "0")))
 
 
-    def gap_iteration(extra=0, layers=12):
-        \"\"\"A ~20 ms iteration: a few small layers with fresh activations each call.\"\"\"
+    def gap_iteration(extra=0, layers=16, width=512):
+        \"\"\"A ~55 ms iteration: small layers on fresh activations; `extra` rows more of the
+        same layer work are the planted gap.\"\"\"
         generator = torch.Generator().manual_seed(0)
-        weights = [torch.randn(256, 256, generator=generator) * 0.06 for _ in range(layers)]
-        prompt = torch.randn(256, 256, generator=generator)
-        extra, pad, pad_out = _pad(extra, generator)
+        weights = [torch.randn(width, width, generator=generator) * width**-0.5 for _ in range(layers)]
+        prompt = torch.randn(width, width, generator=generator)
+        extra = int(extra)
+        more = torch.randn(max(extra, 1), width, generator=generator)
 
         def iteration():
             x = prompt
             for w in weights:
                 x = torch.tanh(x @ w)
             if extra:
-                torch.neg(pad, out=pad_out)
-            return {"forward_s": 0.0}
+                y = more
+                for w in weights:
+                    y = torch.tanh(y @ w)
+            return {"layers_s": 0.0}
 
         return iteration
     """
@@ -224,21 +231,28 @@ def measured_slowdown(directory: Path, kernel: str, extra: int, seconds: float, 
 
 
 def calibrate_extras(directory: Path, kernel: str, targets: list[float], rounds: int = 3) -> dict[float, int]:
-    """Buffer sizes giving each target slowdown: a least-squares line (slowdown against size)
-    through every measurement so far, refined by measuring at each new guess."""
+    """Buffer sizes giving each target slowdown: a weighted least-squares line (slowdown
+    against size, weights from each measurement's interval) through every measurement so
+    far, refined by measuring 4 s at each new guess."""
     import numpy as np
 
-    points = [(n, measured_slowdown(directory, kernel, n, 2.0, seed)[0]) for seed, n in enumerate((2048, 32768))]
-    extras: dict[float, int] = {}
+    points: list[tuple[int, float, float]] = []  # size, slowdown, weight
+
+    def measure(n: int, seed: int) -> None:
+        value, low, high, _ = measured_slowdown(directory, kernel, n, 4.0, seed)
+        points.append((n, value, 1.0 / max(high - low, 1e-3) ** 2))
+
+    for seed, n in enumerate(START_SIZES[kernel]):
+        measure(n, seed)
+    def guess(target: float) -> int:
+        sizes, slowdowns, weights = np.array(points, dtype=float).T
+        slope, intercept = np.polyfit(sizes, slowdowns, 1, w=np.sqrt(weights))
+        return max(1, int((target - intercept) / slope)) if slope > 0 else 2 * int(sizes.max())
+
     for target in targets:
-        n = 1
         for step in range(rounds):
-            sizes, slowdowns = np.array(points, dtype=float).T
-            slope, intercept = np.polyfit(sizes, slowdowns, 1)
-            n = max(1, int((target - intercept) / slope)) if slope > 0 else 2048
-            points.append((n, measured_slowdown(directory, kernel, n, 3.0, 10 + step)[0]))
-        extras[target] = n
-    return extras
+            measure(guess(target), 10 + step)
+    return {target: guess(target) for target in targets}
 
 
 # --------------------------------------------------------------------------------------------
@@ -402,14 +416,14 @@ def calibrate_gap_extra(directory: Path, target: float) -> tuple[int, float]:
     """Elements of planted work giving ``target``: a line through the measurements so far."""
     import numpy as np
 
-    points = [(n, gap_slowdown(directory, n, 3.0)) for n in (250_000, 1_000_000)]
+    points = [(n, gap_slowdown(directory, n, 6.0)) for n in (16, 64)]
     n = 1
     for _ in range(3):
         sizes, slowdowns = np.array(points, dtype=float).T
         slope, intercept = np.polyfit(sizes, slowdowns, 1)
-        n = max(1, int((target - intercept) / slope)) if slope > 0 else 1_000_000
-        points.append((n, gap_slowdown(directory, n, 4.0)))
-    return n, gap_slowdown(directory, n, 8.0)
+        n = max(1, round((target - intercept) / slope)) if slope > 0 else 64
+        points.append((n, gap_slowdown(directory, n, 8.0)))
+    return n, gap_slowdown(directory, n, 15.0)
 
 
 def check_units(directory: Path) -> list[str]:

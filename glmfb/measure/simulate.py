@@ -14,6 +14,7 @@ by each sample's duration, so budgets and looks behave as they would in a real r
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections.abc import Callable
@@ -43,18 +44,24 @@ class HostModel:
     burst_length_s: float = 2.0
     burst_slowdown: float = 0.5  # a burst adds this fraction to every sample within it
     seed: int = 0
-    _bursts: list[tuple[float, float]] = field(default_factory=list)
-    _planned_until: float = 0.0
+    horizon_s: float = 3600.0  # bursts are drawn up to this time
+    _starts: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.burst_rate_per_s <= 0:
+            return
+        rng = random.Random(self.seed)
+        t = rng.expovariate(self.burst_rate_per_s)
+        while t < self.horizon_s:
+            self._starts.append(t)
+            t += rng.expovariate(self.burst_rate_per_s)
 
     def factor(self, t: float) -> float:
-        rng = random.Random(self.seed * 1_000_003 + int(self._planned_until))
-        while self._planned_until <= t + 60.0 and self.burst_rate_per_s > 0:
-            start = self._planned_until + rng.expovariate(self.burst_rate_per_s)
-            self._bursts.append((start, start + self.burst_length_s))
-            self._planned_until = start
-        if self.burst_rate_per_s <= 0:
+        """1 plus the slowdown of every burst running at ``t``."""
+        if not self._starts:
             return 1.0
-        return 1.0 + self.burst_slowdown * sum(1 for a, b in self._bursts if a <= t < b)
+        running = bisect.bisect_right(self._starts, t) - bisect.bisect_right(self._starts, t - self.burst_length_s)
+        return 1.0 + self.burst_slowdown * running
 
 
 @dataclass
