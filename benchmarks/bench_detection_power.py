@@ -1,8 +1,9 @@
 """Detection power and false alarms of glmfb bench beside pytest-benchmark and pyperf, on the
 same kernels in the same run; saved (cross-process) comparisons; glmfb gap.
 
-Kernels (one thread, float32), each with a planted slowdown: the candidate also negates a
-buffer of ``extra`` elements, calibrated so the slowdown is +4%, +6% and +10%:
+Kernels (one thread, float32), each with a planted slowdown of the kernel's own kind,
+calibrated so the slowdown is +4%, +6% and +10% (the elementwise kernels also negate a buffer
+of ``extra`` elements; the matrix product also multiplies a 16 x 256 by 256 x ``extra``):
 
 - ``rmsnorm``: a gated RMS norm on 16x4096;
 - ``softmax_placed``: a softmax-like kernel on 8x4096 whose buffers land at a random element
@@ -27,8 +28,9 @@ tools and cases so host noise falls on all alike:
   --min-speed 5`` (and ``2``); flagged = reported significantly slower.
 - saved glmfb runs: pairs of separate ``glmfb bench TARGET --save F`` runs of identical code,
   compared by ``glmfb bench a.json b.json``.
-- gap: ``glmfb gap BASE CAND --threshold 5% --no-attribute`` on a ~20 ms torch iteration,
-  A/A and a calibrated +8%.
+- gap: ``glmfb gap BASE CAND --threshold 5% --repeats 120 --budget 30 --no-attribute`` on a
+  ~55 ms torch iteration (16 layers, 512 wide), A/A and a calibrated +8% (more rows of the
+  same layers).
 - units: every fraction option given a bare ``5`` must exit 2 with "write 5% or 0.05".
 
 Seconds per comparison are wall seconds of everything a comparison needs, process starts
@@ -60,6 +62,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = {"rmsnorm": "16x4096", "softmax_placed": "8x4096", "matmul": "128x256"}
+GAP_REPEATS, GAP_BUDGET_S = 120, 30  # a ~55 ms iteration: up to 120 a side within 30 s
 START_SIZES = {"rmsnorm": (2048, 32768), "softmax_placed": (2048, 32768), "matmul": (32, 256)}
 KERNELS = textwrap.dedent(
     """
@@ -249,10 +252,19 @@ def calibrate_extras(directory: Path, kernel: str, targets: list[float], rounds:
         slope, intercept = np.polyfit(sizes, slowdowns, 1, w=np.sqrt(weights))
         return max(1, int((target - intercept) / slope)) if slope > 0 else 2 * int(sizes.max())
 
+    extras: dict[float, int] = {}
     for target in targets:
         for step in range(rounds):
             measure(guess(target), 10 + step)
-    return {target: guess(target) for target in targets}
+        n = guess(target)
+        for step in range(4):  # verify at the final guess; scale until within 0.5%
+            value, low, high, _ = measured_slowdown(directory, kernel, n, 6.0, 20 + step)
+            points.append((n, value, 1.0 / max(high - low, 1e-3) ** 2))
+            if abs(value - target) <= 0.005:
+                break
+            n = guess(target)
+        extras[target] = n
+    return extras
 
 
 # --------------------------------------------------------------------------------------------
@@ -377,6 +389,7 @@ def run_saved_glmfb(directory: Path, kernel: str, budget: float, keep: Path) -> 
 def run_gap(directory: Path, extra: int) -> Outcome:
     ref = f"{directory / 'dp_kernels.py'}:gap_iteration"
     verdict, done = _glmfb(["gap", ref, ref, "--candidate-arg", f"extra={extra}", "--threshold", "5%",
+                            "--repeats", str(GAP_REPEATS), "--budget", str(GAP_BUDGET_S),
                             "--no-attribute", "--out", str(directory / "gap-reports")])
     if verdict is None:
         return Outcome(status=f"broken(rc={done.returncode}): {done.stderr.strip()[-200:]}")
