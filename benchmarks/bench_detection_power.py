@@ -555,6 +555,14 @@ def main() -> None:
             print(f"[{index}/{len(jobs)}] {tool:16s} {kernel:14s} {case:5s} {outcome.status:12s} "
                   f"{outcome.note} ({outcome.seconds:.1f} s){saved}", flush=True)
         print_report(results, kernels)
+        print()
+        print("true slowdowns again, after the trials (how stable the planted work was):")
+        for kernel in kernels:
+            for label, extra in cases[kernel].items():
+                value, low, high, between = measured_slowdown(directory, kernel, extra, 8.0, 31)
+                print(f"  {kernel:15s} {label:4s}: {value:+.2%} [{low:+.2%}, {high:+.2%}]", flush=True)
+        if args.gap_trials:
+            print(f"  gap_iteration   +8%: {gap_slowdown(directory, gap_extra, 15.0):+.2%}", flush=True)
     print(f"end: {load_average()}", flush=True)
 
 
