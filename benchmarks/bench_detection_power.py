@@ -28,9 +28,9 @@ tools and cases so host noise falls on all alike:
   --min-speed 5`` (and ``2``); flagged = reported significantly slower.
 - saved glmfb runs: pairs of separate ``glmfb bench TARGET --save F`` runs of identical code,
   compared by ``glmfb bench a.json b.json``.
-- gap: ``glmfb gap BASE CAND --threshold 5% --repeats 120 --budget 30 --no-attribute`` on a
-  ~55 ms torch iteration (16 layers, 512 wide), A/A and a calibrated +8% (more rows of the
-  same layers).
+- gap: ``glmfb gap BASE CAND --threshold 5% --repeats 120 --budget 45 --no-attribute`` on a
+  ~100 ms torch iteration (4 layers, 1024 wide: a small prefill), A/A and a calibrated +8%
+  (more rows through the same layers).
 - units: every fraction option given a bare ``5`` must exit 2 with "write 5% or 0.05".
 
 Seconds per comparison are wall seconds of everything a comparison needs, process starts
@@ -62,7 +62,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = {"rmsnorm": "16x4096", "softmax_placed": "8x4096", "matmul": "128x256"}
-GAP_REPEATS, GAP_BUDGET_S = 120, 30  # a ~55 ms iteration: up to 120 a side within 30 s
+GAP_REPEATS, GAP_BUDGET_S = 120, 45  # a ~100 ms iteration: up to 120 a side within 45 s
 START_SIZES = {"rmsnorm": (2048, 32768), "softmax_placed": (2048, 32768), "matmul": (32, 256)}
 KERNELS = textwrap.dedent(
     """
@@ -147,8 +147,8 @@ KERNELS = textwrap.dedent(
         return FACTORIES[name](SHAPES[name], int(os.environ.get("DP_EXTRA", "0")))
 
 
-    def gap_iteration(extra=0, layers=16, width=512):
-        \"\"\"A ~55 ms iteration: small layers on fresh activations; `extra` rows more of the
+    def gap_iteration(extra=0, layers=4, width=1024):
+        \"\"\"A ~100 ms iteration: small layers on fresh activations; `extra` rows more of the
         same layer work are the planted gap.\"\"\"
         generator = torch.Generator().manual_seed(0)
         weights = [torch.randn(width, width, generator=generator) * width**-0.5 for _ in range(layers)]
@@ -429,13 +429,13 @@ def calibrate_gap_extra(directory: Path, target: float) -> tuple[int, float]:
     """Elements of planted work giving ``target``: a line through the measurements so far."""
     import numpy as np
 
-    points = [(n, gap_slowdown(directory, n, 6.0)) for n in (16, 64)]
+    points = [(n, gap_slowdown(directory, n, 8.0)) for n in (32, 128)]
     n = 1
     for _ in range(3):
         sizes, slowdowns = np.array(points, dtype=float).T
         slope, intercept = np.polyfit(sizes, slowdowns, 1)
-        n = max(1, round((target - intercept) / slope)) if slope > 0 else 64
-        points.append((n, gap_slowdown(directory, n, 8.0)))
+        n = max(1, round((target - intercept) / slope)) if slope > 0 else 128
+        points.append((n, gap_slowdown(directory, n, 10.0)))
     return n, gap_slowdown(directory, n, 15.0)
 
 

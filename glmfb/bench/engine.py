@@ -603,7 +603,7 @@ def compare_saved(config: SavedCompareConfig) -> Verdict:
         why += f"; {len(approximate)} comparison(s) from medians and IQR only (no raw samples)"
     evidence: list[dict[str, Any]] = [{
         "kind": "saved_comparison", "baseline": baseline.source, "candidate": candidate.source,
-        "formats": [baseline.format, candidate.format], "in_process": False,
+        "formats": [baseline.format, candidate.format], "in_process": same_process,
         "statistic": _saved_statistic(saved),
         "runs": [len(baseline_runs), len(candidate_runs)], "same_process": same_process,
         "geomean_change": geomean.value, "geomean_ci": list(geomean.ci),

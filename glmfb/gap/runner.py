@@ -1,9 +1,9 @@
 """Interleaved A/B measurement of two iteration callables in one process, on the shared
 measurement core (:mod:`glmfb.measure`).
 
-Each side is built ``allocations`` times (independent instances: a build's own weights,
-buffers, threads), so the interval sees the variance between builds instead of mistaking one
-build's luck for a gap. The pairs (baseline build ``j``, candidate build ``j``) run in
+Each side is built several times (``repeats / 8``, 6 to 12; independent instances: a
+build's own weights, buffers, threads), so the interval sees the variance between builds
+instead of mistaking one build's luck for a gap. The pairs (baseline build ``j``, candidate build ``j``) run in
 rounds: every round runs one ``AB`` or ``BA`` block on every pair (alternating per pair), so
 drift and bursts of host load fall on both sides alike. The gap is the mean over pairs of
 each pair's median ``log(candidate / baseline)`` iteration time, as ``exp(.) - 1``, with a t
@@ -28,7 +28,8 @@ from glmfb.measure import Arm, Comparison, Look, Pair, Settings, compare
 from glmfb.stats import Decision, Estimate, decide
 
 BYTES_SUFFIX = "_bytes"
-DEFAULT_ALLOCATIONS = 6  # builds per side
+MIN_ALLOCATIONS, MAX_ALLOCATIONS = 6, 12  # builds per side
+ROUNDS_PER_BUILD = 8  # builds per side = repeats / this, within the bounds above
 STATISTIC = ("mean over independent build pairs of the median log ratio of interleaved "
              "iteration times, t interval over pairs (random effects), alpha spent over looks")
 
@@ -135,20 +136,23 @@ def measure(
     progress: Callable[[str], None] = lambda message: None,
     *,
     build: tuple[Callable[[], Callable[[], Any]], Callable[[], Callable[[], Any]]] | None = None,
-    allocations: int = DEFAULT_ALLOCATIONS,
+    allocations: int | None = None,
     clock: Callable[[], float] = time.monotonic,
     timer: Timer = wall_timer,
 ) -> Measurement:
     """Run both sides interleaved until the gap settles or the limits are reached.
 
     ``baseline`` and ``candidate`` are the first builds; ``build`` makes the further ones
-    (``allocations`` per side in all; they are closed here, the first ones by the caller).
+    (``allocations`` per side in all, by default ``repeats / 8`` within 6 to 12, so every
+    build pair gets about 8 rounds; they are closed here, the first ones by the caller).
     Without ``build`` the first builds are used for every pair, and the interval can then not
     see the variance between builds (the evidence says 1 allocation per side).
     """
     started = clock()
     functions: dict[str, list[Callable[[], Any]]] = {"baseline": [baseline], "candidate": [candidate]}
     extra: list[Any] = []
+    if allocations is None:
+        allocations = min(MAX_ALLOCATIONS, max(MIN_ALLOCATIONS, config.repeats // ROUNDS_PER_BUILD))
     count = max(2, allocations)
     try:
         for index in range(config.warmup):
