@@ -36,3 +36,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs a CUDA device")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _process_floor_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test gets its own glmfb cache holding a between-process floor (2% sd, as
+    measured on the development host), so no saved comparison in a test starts the fresh
+    worker processes that measuring the floor takes. Tests of the floor itself override it."""
+    from glmfb.measure.floor import ProcessFloor, machine_key, save_floor
+
+    monkeypatch.setenv("GLMFB_CACHE_DIR", str(tmp_path_factory.mktemp("glmfb-cache")))
+    save_floor(ProcessFloor(0.02, 14.0, 8, 1.0, "2026-12-01T00:00:00+00:00", 0.5, "test floor",
+                            machine_key(), {"softmax": [1e-4] * 8}))

@@ -1,113 +1,120 @@
-"""Statistics of glmfb bench: paired and unpaired changes, floors, looks, FDR, geomean."""
+"""Statistics of glmfb bench: changes from intervals, floors, FDR and geomean, saved runs."""
 
 from __future__ import annotations
 
-import itertools
 import math
+import random
 
-import numpy as np
 import pytest
 
 from glmfb.bench.decision import (
     LOOK_CONFIDENCE,
+    SavedRun,
     aa_biased,
+    change_from_interval,
     combine,
     decide_with_floor,
-    look_schedule,
     noise_floor,
     normal_change,
-    paired_change,
+    pairs_needed,
     samples_needed,
-    unpaired_change,
+    saved_change,
 )
+from glmfb.measure.intervals import pair_interval
 from glmfb.stats import Decision
 
 
-def noisy(n: int, scale: float, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return 100e-6 * np.exp(rng.normal(0.0, scale, n))
+def units(effect: float, pairs: int, between: float, within: float, seed: int) -> list[list[float]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(pairs):
+        offset = math.log1p(effect) + rng.gauss(0, between)
+        out.append([offset + rng.gauss(0, within) for _ in range(20)])
+    return out
 
 
-def test_paired_change_recovers_a_planted_ratio_despite_drift() -> None:
-    rng = np.random.default_rng(1)
-    drift = np.exp(np.linspace(0.0, 0.5, 400))  # the host slows down by 65% during the run
-    base = 100e-6 * drift * np.exp(rng.normal(0, 0.02, 400))
-    cand = 1.10 * 100e-6 * drift * np.exp(rng.normal(0, 0.02, 400))
-    change = paired_change(base, cand)
-    assert change.estimate.low < 0.10 < change.estimate.high
-    assert change.estimate.high - change.estimate.low < 0.02
+def test_change_from_interval_keeps_the_interval_and_adjusts_the_pvalue() -> None:
+    interval = pair_interval(units(0.10, 12, 0.01, 0.01, 1), 0.99)
+    change = change_from_interval(interval)
+    assert change.estimate == interval.estimate
+    assert change.pvalue == pytest.approx(min(1.0, interval.pvalue * 0.05 / 0.01))
+    assert change.samples == 240 and change.spread == interval.log_se
+    assert change.log_replicates.mean() == pytest.approx(interval.log_point, abs=0.002)
     assert decide_with_floor(change, 0.05, 0.0) is Decision.REGRESSION
-    assert change.pvalue < 0.01
-
-
-def test_unpaired_change_is_wider_than_paired_on_drifting_data() -> None:
-    rng = np.random.default_rng(2)
-    drift = np.exp(np.linspace(0.0, 0.5, 300))
-    base = drift * np.exp(rng.normal(0, 0.02, 300))
-    cand = 1.05 * drift * np.exp(rng.normal(0, 0.02, 300))
-    paired = paired_change(base, cand).estimate
-    unpaired = unpaired_change(base, cand).estimate
-    assert (unpaired.high - unpaired.low) > 3 * (paired.high - paired.low)
-
-
-def test_equivalence_and_improvement() -> None:
-    base = noisy(300, 0.01, 3)
-    same = paired_change(base, base * np.exp(np.random.default_rng(4).normal(0, 0.01, 300)))
-    assert decide_with_floor(same, 0.05, 0.0) is Decision.EQUIVALENT
-    faster = paired_change(base, base * 0.5)
-    assert faster.estimate.value == pytest.approx(-0.5)
-    assert decide_with_floor(faster, 0.05, 0.0) is Decision.IMPROVEMENT
-
-
-def test_noise_floor_keeps_small_effects_from_being_called() -> None:
-    base = noisy(200, 0.005, 5)
-    change = paired_change(base, base * 1.06)
-    assert decide_with_floor(change, 0.05, 0.0) is Decision.REGRESSION
-    assert decide_with_floor(change, 0.05, 0.08) is Decision.UNDECIDED
-
-
-def test_aa_floor_and_bias() -> None:
-    base = noisy(200, 0.01, 6)
-    aa = paired_change(base, base * 1.03)
-    assert noise_floor(aa) == pytest.approx(0.03, abs=1e-6)
-    assert aa_biased(aa)
-    unbiased = paired_change(base, noisy(200, 0.01, 7) * 1.0)
-    assert not aa_biased(unbiased) or abs(unbiased.estimate.value) < 0.01
-
-
-def test_bad_samples_are_rejected() -> None:
-    with pytest.raises(ValueError):
-        paired_change([1.0, 2.0], [1.0])
-    with pytest.raises(ValueError):
-        paired_change([1.0, math.nan], [1.0, 1.0])
-    with pytest.raises(ValueError):
-        unpaired_change([1.0], [1.0, 2.0])
-
-
-def test_look_schedule_grows_and_is_bounded() -> None:
-    looks = look_schedule(16)
-    assert looks[0] == 16 and len(looks) == 8
-    assert all(b > a for a, b in itertools.pairwise(looks))
     assert 0.95 < LOOK_CONFIDENCE < 1
 
 
-def test_samples_needed_scales_with_the_gap_to_the_threshold() -> None:
-    base = noisy(100, 0.05, 8)
-    change = paired_change(base, base * np.exp(np.random.default_rng(9).normal(0.08, 0.05, 100)))
+def test_equivalence_improvement_and_the_floor() -> None:
+    same = change_from_interval(pair_interval(units(0.0, 12, 0.005, 0.01, 2), 0.99))
+    assert decide_with_floor(same, 0.05, 0.0) is Decision.EQUIVALENT
+    faster = change_from_interval(pair_interval(units(-0.5, 12, 0.005, 0.01, 3), 0.99))
+    assert decide_with_floor(faster, 0.05, 0.0) is Decision.IMPROVEMENT
+    slower = normal_change(1.06, 0.002, 100)
+    assert decide_with_floor(slower, 0.05, 0.0) is Decision.REGRESSION
+    assert decide_with_floor(slower, 0.05, 0.08) is Decision.UNDECIDED
+
+
+def test_aa_floor_and_bias() -> None:
+    aa = normal_change(1.03, 0.005, 50)
+    assert noise_floor(aa) == pytest.approx(0.03)
+    assert aa_biased(aa)
+    assert not aa_biased(normal_change(1.001, 0.01, 50))
+
+
+def test_samples_and_pairs_needed_scale_with_the_gap_to_the_threshold() -> None:
+    change = change_from_interval(pair_interval(units(0.08, 6, 0.03, 0.01, 4), 0.99))
     needed = samples_needed(change, 0.05)
     assert math.isfinite(needed) and needed > 0
-    at_threshold = normal_change(1.05, 0.02, 50)
-    assert samples_needed(at_threshold, 0.05) == math.inf
+    assert pairs_needed(change, 0.05) == pytest.approx(needed * 6 / 120)
+    assert samples_needed(normal_change(1.05, 0.02, 50), 0.05) == math.inf
 
 
 def test_combine_applies_benjamini_hochberg_and_gives_a_geomean() -> None:
-    strong = [paired_change(noisy(100, 0.01, s), noisy(100, 0.01, s) * 1.2) for s in range(3)]
+    strong = [change_from_interval(pair_interval(units(0.2, 8, 0.01, 0.01, s), 0.99)) for s in range(3)]
     weak = normal_change(1.06, 0.03, 20)  # p about 0.05: not significant among four
     changes = [*strong, weak]
-    decisions = [Decision.REGRESSION] * 3 + [Decision.REGRESSION]
-    combined = combine(changes, decisions)
+    combined = combine(changes, [Decision.REGRESSION] * 4)
     assert combined.decisions[:3] == (Decision.REGRESSION,) * 3
-    assert combined.significant[:3] == (True, True, True)
+    assert combined.significant == (True, True, True, False)
+    assert combined.decisions[3] is Decision.UNDECIDED
     expected = math.exp(sum(math.log1p(c.estimate.value) for c in changes) / 4) - 1
     assert combined.geomean.value == pytest.approx(expected)
     assert combined.geomean.low < combined.geomean.value < combined.geomean.high
+
+
+def run_of(median: float, n: int, seed: int, sd: float = 0.01, allocations: int = 0) -> SavedRun:
+    rng = random.Random(seed)
+    values = [median * math.exp(rng.gauss(0, sd)) for _ in range(n)]
+    owners = [i % allocations for i in range(n)] if allocations else None
+    return SavedRun(values, owners, sorted(values)[n // 2], 0.0, n)
+
+
+def test_saved_one_run_a_side_carries_the_process_floor() -> None:
+    a, b = run_of(1e-4, 200, 1), run_of(1.03e-4, 200, 2)
+    with_floor = saved_change([a], [b], same_process=False, process_sd=0.02, process_df=14)
+    assert with_floor.uses_floor and with_floor.method == "one run a side + process floor"
+    low, high = with_floor.change.estimate.ci
+    assert low < 0 < 0.03 < high  # +3% is far inside what two processes differ by
+    assert decide_with_floor(with_floor.change, 0.05, 0.0) is Decision.UNDECIDED
+    with pytest.raises(ValueError, match="floor"):
+        saved_change([a], [b], same_process=False, process_sd=None, process_df=None)
+    one_process = saved_change([a], [b], same_process=True, process_sd=None, process_df=None)
+    assert one_process.method == "one process" and one_process.change.estimate.low > 0
+
+
+def test_saved_runs_are_the_units_when_there_are_several() -> None:
+    rng = random.Random(5)
+    base = [run_of(1e-4 * math.exp(rng.gauss(0, 0.03)), 100, s) for s in range(3)]
+    cand = [run_of(1.3e-4 * math.exp(rng.gauss(0, 0.03)), 100, 10 + s) for s in range(3)]
+    change = saved_change(base, cand, same_process=False, process_sd=None, process_df=None)
+    assert change.method == "runs" and not change.uses_floor
+    assert change.change.interval is not None and change.change.interval.df == 4
+    assert decide_with_floor(change.change, 0.05, 0.0) is Decision.REGRESSION
+
+
+def test_saved_allocations_of_one_process_are_the_units() -> None:
+    a, b = run_of(1e-4, 120, 1, allocations=6), run_of(1e-4, 120, 2, allocations=6)
+    change = saved_change([a], [b], same_process=True, process_sd=None, process_df=None)
+    assert change.method == "allocations"
+    assert change.change.interval is not None and change.change.interval.units == 12
+    assert decide_with_floor(change.change, 0.05, 0.0) is Decision.EQUIVALENT

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import random
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -11,15 +13,19 @@ import torch
 
 from glmfb.bench.runner import (
     Blocks,
-    InterleavedRunner,
-    calibrate,
     calls_per_sample,
     kernel_name,
     load_side,
+    measure_single,
+    plan_pairs,
+    prepare_pairs,
     warm_up,
 )
-from glmfb.bench.timers import CpuTimer, first_nonfinite, make_timer
+from glmfb.bench.timers import CpuTimer, Kernel, Loop, first_nonfinite, make_timer
 from glmfb.errors import TargetFailed
+from glmfb.measure import Settings, compare
+from glmfb.measure.simulate import FakeClock
+from glmfb.stats import Decision
 from glmfb.targets import Target, resolve
 
 HERE = __file__
@@ -108,23 +114,112 @@ def test_calls_per_sample() -> None:
     assert calls_per_sample(0.0, 1e-3) == 1_000_000
 
 
-def test_abba_blocks_are_balanced_and_sample_far_above_resolution() -> None:
-    side_a = load_side("baseline", Target(f"{HERE}:seeded_factory"), (64, 256), 2)
-    side_b = load_side("candidate", Target(f"{HERE}:seeded_factory"), (64, 256), 2)
+def test_pairs_run_in_abba_blocks_far_above_timer_resolution() -> None:
     timer = CpuTimer()
-    calls = calibrate(timer, [side_a, side_b], 5e-4)
-    assert calls >= 1
-    loops = {"baseline": timer.prepare(side_a.kernels, calls), "candidate": timer.prepare(side_b.kernels, calls)}
-    blocks = Blocks()
-    InterleavedRunner(timer, loops, {"baseline": side_a, "candidate": side_b}, seed=3).run(
-        blocks, 10, time.perf_counter() + 30
-    )
-    assert len(blocks) == 10
-    patterns = ["".join("A" if label == "baseline" else "B" for label, _ in blocks.raw[i:i + 4])
-                for i in range(0, 40, 4)]
-    assert set(patterns) <= {"ABBA", "BAAB"}
-    assert patterns.count("ABBA") == patterns.count("BAAB") == 5
-    assert all(value * calls > 100 * CpuTimer().describe()["resolution_s"] for _, value in blocks.raw)
+    setup = prepare_pairs(timer, Target(f"{HERE}:seeded_factory"), Target(f"{HERE}:seeded_factory"),
+                          (64, 256), input_sets=2, sample_s=5e-4, budget_s=0.4)
+    assert setup.plan.ab_pairs >= 6 and setup.plan.aa_pairs >= 2
+    comparison = compare(setup.pairs, Settings(threshold=0.5, budget_s=0.4, seed=3), time.perf_counter)
+    by_pair: dict[int, list[str]] = {}
+    for sample in comparison.samples:
+        by_pair.setdefault(sample.pair, []).append("A" if (sample.label == "baseline" and sample.kind == "ab")
+                                                   or (sample.allocation % 2 == 0 and sample.kind == "aa") else "B")
+    for letters in by_pair.values():
+        assert {"".join(letters[i:i + 4]) for i in range(0, len(letters) - 3, 4)} <= {"ABBA", "BAAB"}
+    resolution = CpuTimer().describe()["resolution_s"]
+    assert all(s.value_s * setup.calls_per_sample > 100 * resolution for s in comparison.samples)
+    blocks = Blocks.of(comparison)
+    assert len(blocks) == comparison.blocks
+    assert set(blocks.allocations_of("candidate")) == set(range(setup.plan.ab_pairs))
+
+
+def test_plan_pairs_by_budget_memory_and_setup() -> None:
+    assert plan_pairs(10.0, 0.004).ab_pairs == 24  # small kernel: the maximum
+    slow = plan_pairs(10.0, 0.2)  # 50 ms calls: the minimum, 6 pairs
+    assert (slow.ab_pairs, slow.aa_pairs, slow.limited_by) == (6, 2, "budget")
+    tight = plan_pairs(10.0, 0.004, bytes_per_pair=2**30, available_bytes=16 * 2**30)
+    assert tight.ab_pairs == 3 and tight.limited_by == "memory"
+    costly = plan_pairs(10.0, 0.004, setup_s_per_pair=0.5)
+    assert costly.ab_pairs == 4 and costly.limited_by == "setup"
+
+
+class ScriptedTimer:
+    """Times nothing: a loop "takes" the sum of its kernels' ``cost_s`` (with 1% jitter), and
+    the fake clock moves by that much."""
+
+    device = "cpu"
+
+    def __init__(self, clock: FakeClock, seed: int = 0) -> None:
+        self.clock = clock
+        self.rng = random.Random(seed)
+
+    def prepare(self, kernels: Sequence[Kernel], calls: int) -> Loop:
+        order = [kernels[i % len(kernels)] for i in range(calls)]
+
+        def run() -> Any:
+            return order[-1]()
+
+        run.cost_s = sum(k.cost_s for k in order)  # type: ignore[attr-defined]
+        return Loop(calls, run)
+
+    def measure(self, loop: Loop) -> tuple[float, Any]:
+        elapsed = loop.run.cost_s * math.exp(self.rng.gauss(0.0, 0.01))  # type: ignore[attr-defined]
+        self.clock.advance(elapsed)
+        return elapsed, loop.run()
+
+    def describe(self) -> dict[str, Any]:
+        return {"timer": "scripted"}
+
+
+LUCK = random.Random(11)
+
+
+def scripted_factory(shape: tuple[int, ...], slowdown: float = 0.0, luck: float = 0.0, seed: int = 0) -> Any:
+    """A kernel that does nothing and *costs* 100 µs, times an allocation's luck."""
+    SEEDS.append(seed)
+
+    def kernel() -> None:
+        return None
+
+    kernel.cost_s = 100e-6 * (1 + slowdown) * math.exp(LUCK.gauss(0.0, luck))  # type: ignore[attr-defined]
+    return kernel
+
+
+def scripted(candidate_args: dict[str, Any], baseline_args: dict[str, Any] | None = None,
+             threshold: float = 0.05) -> Any:
+    clock = FakeClock()
+    timer = ScriptedTimer(clock)
+    setup = prepare_pairs(timer, Target(f"{HERE}:scripted_factory", baseline_args or {}),
+                          Target(f"{HERE}:scripted_factory", candidate_args), (8,), input_sets=2,
+                          sample_s=1e-3, budget_s=5.0, clock=clock)
+    return setup, compare(setup.pairs, Settings(threshold=threshold, budget_s=5.0), clock)
+
+
+def test_scripted_bench_decisions_and_seeds() -> None:
+    target_seeds().clear()
+    setup, slower = scripted({"slowdown": 0.10})
+    assert slower.decision is Decision.REGRESSION
+    seeds = target_seeds()
+    # pair j: both sides get seeds 2j, 2j+1; each A/A pair two allocations with the same seeds
+    assert seeds[:4] == [0, 1, 0, 1]
+    assert seeds.count(2) == 2 and seeds.count(2 * setup.plan.ab_pairs) == 2
+    _, same = scripted({})
+    assert same.decision is Decision.EQUIVALENT
+
+
+def test_scripted_allocation_luck_is_not_called_a_regression() -> None:
+    """Allocations that differ by ~3% (sd): the old one-allocation-a-side design read such
+    luck as tight effects; over independent pairs it widens the interval instead."""
+    outcomes = [scripted({"luck": 0.03}, {"luck": 0.03}, threshold=0.02)[1].decision for _ in range(5)]
+    assert Decision.REGRESSION not in outcomes and Decision.IMPROVEMENT not in outcomes
+
+
+def test_measure_single_rotates_allocations() -> None:
+    clock = FakeClock()
+    single = measure_single(ScriptedTimer(clock), Target(f"{HERE}:scripted_factory"), (8,), input_sets=1,
+                            sample_s=1e-3, budget_s=0.1, allocations=3, clock=clock)
+    assert set(single.allocations) == {0, 1, 2} and len(single.values) == len(single.allocations)
+    assert single.allocations[:3] == [0, 1, 2]
 
 
 def test_make_timer_on_cpu() -> None:

@@ -12,7 +12,8 @@ import torch
 from typer.testing import CliRunner
 
 from glmfb.bench.config import BenchConfig
-from glmfb.bench.saved import SAVED_SCHEMA, load_side
+from glmfb.bench.evidence import ProcessFloorEvidence, SavedComparison, ShapeChange
+from glmfb.bench.saved import SAVED_SCHEMA, load_runs, load_side
 from glmfb.cli import app
 from glmfb.errors import InputError
 from glmfb.targets import Target
@@ -64,10 +65,11 @@ def pytest_benchmark_file(path: Path, median: float, *, data: bool, python: str 
     return path
 
 
-def compare_saved(name: str, baseline: str, candidate: str, folder: Path) -> Verdict:
+def compare_saved(name: str, baseline: str, candidate: str, folder: Path, threshold: float = 0.05) -> Verdict:
     from helpers import run
 
-    return run("bench", BenchConfig(name=name, baseline=Target(baseline), candidate=Target(candidate)), folder)
+    return run("bench", BenchConfig(name=name, baseline=Target(baseline), candidate=Target(candidate),
+                                    threshold=threshold), folder)
 
 
 def test_saved_comparison_flags_a_slowdown_as_cross_process(tmp_path: Path) -> None:
@@ -79,6 +81,35 @@ def test_saved_comparison_flags_a_slowdown_as_cross_process(tmp_path: Path) -> N
     assert "across processes" in verdict.why
     assert verdict.evidence[0].in_process is False  # type: ignore[attr-defined]
     assert Verdict.from_dict(verdict.to_dict()) == verdict
+
+
+def test_one_run_a_side_is_judged_against_the_process_floor(tmp_path: Path) -> None:
+    old = write_glmfb(tmp_path / "old.json", {"8x4096": {"baseline": noisy(1e-4, 200, 11)}})
+    new = write_glmfb(tmp_path / "new.json", {"8x4096": {"baseline": noisy(1.04e-4, 200, 12)}})
+    verdict = compare_saved("s", str(old), str(new), tmp_path, threshold=0.02)
+    # +4% with intervals +-0.2% wide inside each run: tight, but two processes differ by more
+    assert verdict.status is Status.INCONCLUSIVE
+    assert "between-process floor (sd 2.0%" in verdict.why
+    floor = verdict.find(ProcessFloorEvidence)
+    assert floor is not None and floor.sd == 0.02 and floor.processes == 8 and floor.source == "cache"
+    shape = verdict.find(ShapeChange)
+    assert shape is not None and shape.method == "one run a side + process floor"
+
+
+def test_several_runs_a_side_resample_runs(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    for i in range(3):
+        write_glmfb(tmp_path / f"base-{i}.json", {"s": {"baseline": noisy(1e-4 * rng.lognormal(0, 0.02), 100, i)}})
+        write_glmfb(tmp_path / f"cand-{i}.json", {"s": {"baseline": noisy(1.3e-4 * rng.lognormal(0, 0.02), 100, 9 + i)}})
+    verdict = compare_saved("s", str(tmp_path / "base-*.json"),
+                            f"{tmp_path / 'cand-0.json'},{tmp_path / 'cand-1.json'},{tmp_path / 'cand-2.json'}", tmp_path)
+    assert verdict.status is Status.FAIL
+    saved = verdict.find(SavedComparison)
+    assert saved is not None and saved.runs == (3, 3)
+    assert "3 run(s) against 3" in verdict.why
+    assert verdict.find(ProcessFloorEvidence) is None
+    with pytest.raises(InputError, match="no file matches"):
+        load_runs(str(tmp_path / "nothing-*.json"))
 
 
 def test_two_sided_file_needs_a_selector(tmp_path: Path) -> None:
@@ -93,7 +124,8 @@ def test_two_sided_file_needs_a_selector(tmp_path: Path) -> None:
 def test_environment_mismatch_is_stated_and_downgrades_a_pass(tmp_path: Path) -> None:
     old = write_glmfb(tmp_path / "old.json", {"s": {"baseline": noisy(1e-4, 100, 5)}}, {"python": "3.11.7", "torch": "2.12"})
     new = write_glmfb(tmp_path / "new.json", {"s": {"baseline": noisy(1e-4, 100, 6)}}, {"python": "3.11.7", "torch": "2.13"})
-    verdict = compare_saved("s", str(old), str(new), tmp_path)
+    # one run a side against this machine's between-process floor: equivalence is within reach at 10%
+    verdict = compare_saved("s", str(old), str(new), tmp_path, threshold=0.10)
     assert verdict.status is Status.WARN
     assert "environments differ (torch: 2.12 vs 2.13)" in verdict.why
     from glmfb.evidence import EnvDifferences

@@ -53,14 +53,17 @@ def spin(units: int = 20_000, extra_units: int = 0) -> Any:
     return iteration
 
 
+ERRATIC_CALLS = {"n": 0}
+
+
 def erratic() -> Any:
-    """Alternately a quarter and three times the work of ``spin()``: an interval that straddles."""
+    """Alternately a quarter and three times the work of ``spin()`` (the alternation runs
+    across every build, so the builds disagree): an interval that straddles."""
     small, big = spin(5_000), spin(60_000)
-    calls = {"n": 0}
 
     def iteration() -> dict[str, float]:
-        calls["n"] += 1
-        return small() if calls["n"] % 2 else big()
+        ERRATIC_CALLS["n"] += 1
+        return small() if ERRATIC_CALLS["n"] % 2 else big()
 
     return iteration
 
@@ -145,7 +148,8 @@ def test_budget_stops_the_loop_inconclusive(tmp_path: Path) -> None:
 
 
 def test_target_that_raises_is_an_error_verdict(tmp_path: Path) -> None:
-    verdict = run_gap(config("broken_after"), tmp_path)
+    # each build raises on its second call: one warm-up call, then in the first round
+    verdict = run_gap(config("broken_after", candidate=Target(f"{THIS}:broken_after", {"calls": 1})), tmp_path)
     assert verdict.status is Status.ERROR and verdict.layer is Layer.HARNESS
     assert "ConnectionError" in verdict.why and "peer went away" in verdict.why
     kinds = {e.kind for e in verdict.evidence}

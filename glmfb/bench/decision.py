@@ -1,111 +1,94 @@
-"""Statistics of one comparison: paired block ratios, bootstrap intervals, sequential looks.
+"""Statistics of one bench comparison, on top of :mod:`glmfb.measure`.
 
-In-process the runner yields *paired* blocks: within one ABBA block both sides ran within a
-few milliseconds of each other, so a burst of noise on a shared host hits both. The effect
-of a block is ``log(candidate / baseline)``; the change is ``exp(median of block effects) - 1``
-(the median ratio of paired blocks), with a percentile bootstrap interval over blocks. Saved
-files have no pairing: there the change is the ratio of medians, each side resampled on its
-own (:func:`unpaired_change`), which is noisier.
+In process the estimator is the **mean over allocation pairs of each pair's median block
+log-ratio** ``log(candidate / baseline)``, reported as ``exp(.) - 1``, with a t interval over
+the pairs (:func:`glmfb.measure.intervals.pair_interval`, a random-effects interval: the
+pairs are independent allocations, the blocks within a pair are not). A block's time per
+side is the faster of its two samples. Sequential looks spend alpha over a fixed schedule
+(:mod:`glmfb.measure.sequential`).
 
-Sequential stopping looks at the data after a growing number of blocks. Each look uses a
-wider interval than the nominal one (a Pocock-style constant nominal level for up to
-:data:`MAX_LOOKS` looks), so looking often does not inflate false alarms.
+Saved files (other processes) are compared by :func:`saved_change`: with several runs a
+side, a two-sample t over the runs' statistics; with one run a side, each run's batch-means
+error plus the between-process floor measured on this machine (:mod:`glmfb.measure.floor`).
+
+:func:`combine` carries the decisions across shapes (Benjamini-Hochberg on look-adjusted
+p-values) and the geometric mean of the changes.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from glmfb.stats import Decision, Estimate, benjamini_hochberg, decide
+from glmfb.measure.intervals import (
+    Interval,
+    RunStatistic,
+    batch_means,
+    runs_interval,
+    single_runs_interval,
+)
+from glmfb.measure.sequential import LookPlan, bonferroni_pvalue
+from glmfb.measure.sequential import decide_with_floor as _decide_with_floor
+from glmfb.stats import Decision, Estimate, benjamini_hochberg
 
 if TYPE_CHECKING:
     import numpy as np
 
 RESAMPLES = 2000
-MAX_LOOKS = 8
-# Pocock's constant nominal two-sided level for 8 looks at overall alpha 0.05 is ~0.0141.
-LOOK_CONFIDENCE = 0.986
+PLAN = LookPlan()
+MAX_LOOKS = PLAN.looks
+# The level of the last planned look when no look was skipped: what the geomean is shown at.
+LOOK_CONFIDENCE = round(PLAN.levels()[-1], 4)
+STATISTIC = (
+    "mean over independent allocation pairs of the median paired ABBA block log-ratio (each "
+    "side's faster sample per block), t interval over pairs (random effects), alpha spent "
+    "over sequential looks"
+)
 
 
 @dataclass(frozen=True)
 class Change:
-    """A relative change (``candidate / baseline - 1``) with its interval and bootstrap."""
+    """A relative change (``candidate / baseline - 1``) with its interval."""
 
     estimate: Estimate
-    pvalue: float  # two-sided, for "no change"
-    log_replicates: np.ndarray  # bootstrap replicates of log(ratio), for the geomean
-    samples: int  # blocks (paired) or the smaller side's samples (unpaired)
-    spread: float  # bootstrap standard error of log(ratio)
+    pvalue: float  # two-sided, for "no change", adjusted for the look it was made at
+    log_replicates: np.ndarray  # draws of log(ratio) from its sampling distribution, for the geomean
+    samples: int  # blocks (in process) or samples (saved)
+    spread: float  # standard error of log(ratio)
+    interval: Interval | None = None
 
     @property
     def ratio(self) -> float:
         return 1.0 + self.estimate.value
 
 
-def _percentile_change(
-    point_log: float, replicates: np.ndarray, confidence: float, samples: int
-) -> Change:
+def _t_draws(point: float, se: float, df: float, resamples: int, seed: int) -> np.ndarray:
     import numpy as np
 
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(replicates, [tail, 1.0 - tail])
-    below = float(np.mean(replicates <= 0.0))
-    above = float(np.mean(replicates >= 0.0))
-    pvalue = min(1.0, max(2.0 * min(below, above), 1.0 / replicates.size))
-    estimate = Estimate(math.expm1(point_log), math.expm1(float(low)), math.expm1(float(high)), confidence)
-    return Change(estimate, pvalue, replicates, samples, float(np.std(replicates)))
-
-
-def paired_change(
-    baseline: Sequence[float] | np.ndarray,
-    candidate: Sequence[float] | np.ndarray,
-    *,
-    confidence: float = 0.95,
-    resamples: int = RESAMPLES,
-    seed: int = 0,
-) -> Change:
-    """Median of paired ratios ``candidate[i] / baseline[i]`` with a bootstrap over pairs."""
-    import numpy as np
-
-    a = np.asarray(baseline, dtype=np.float64)
-    b = np.asarray(candidate, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 1 or a.size < 2:
-        raise ValueError("paired samples need two 1-D arrays of the same length (at least 2)")
-    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b)) and np.all(a > 0) and np.all(b > 0)):
-        raise ValueError("paired samples must be finite and positive")
-    effects = np.log(b) - np.log(a)
     rng = np.random.default_rng(seed)
-    index = rng.integers(0, effects.size, size=(resamples, effects.size))
-    replicates = np.median(effects[index], axis=1)
-    return _percentile_change(float(np.median(effects)), replicates, confidence, int(a.size))
+    if se == 0.0:
+        return np.full(resamples, point)
+    if math.isfinite(df) and df < 1e5:
+        return point + se * rng.standard_t(df, resamples)
+    return point + se * rng.standard_normal(resamples)
 
 
-def unpaired_change(
-    baseline: Sequence[float] | np.ndarray,
-    candidate: Sequence[float] | np.ndarray,
-    *,
-    confidence: float = 0.95,
-    resamples: int = RESAMPLES,
-    seed: int = 0,
+def change_from_interval(
+    interval: Interval, *, alpha: float = PLAN.alpha, resamples: int = RESAMPLES, seed: int = 0
 ) -> Change:
-    """Ratio of medians of two independent samples, each resampled on its own."""
-    import numpy as np
-
-    a = np.asarray(baseline, dtype=np.float64)
-    b = np.asarray(candidate, dtype=np.float64)
-    if a.ndim != 1 or b.ndim != 1 or a.size < 2 or b.size < 2:
-        raise ValueError("each side needs at least 2 samples")
-    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b)) and np.all(a > 0) and np.all(b > 0)):
-        raise ValueError("samples must be finite and positive")
-    rng = np.random.default_rng(seed)
-    a_med = np.median(a[rng.integers(0, a.size, size=(resamples, a.size))], axis=1)
-    b_med = np.median(b[rng.integers(0, b.size, size=(resamples, b.size))], axis=1)
-    replicates = np.log(b_med) - np.log(a_med)
-    point = math.log(float(np.median(b)) / float(np.median(a)))
-    return _percentile_change(point, replicates, confidence, int(min(a.size, b.size)))
+    """A :class:`Change` from a :class:`~glmfb.measure.intervals.Interval` at its level; the
+    p-value is put on the overall scale of ``alpha`` (Bonferroni for the look's share)."""
+    return Change(
+        estimate=interval.estimate,
+        pvalue=bonferroni_pvalue(interval.pvalue, interval.confidence, alpha),
+        log_replicates=_t_draws(interval.log_point, interval.log_se, interval.df, resamples, seed),
+        samples=interval.samples,
+        spread=interval.log_se,
+        interval=interval,
+    )
 
 
 def normal_change(
@@ -113,33 +96,22 @@ def normal_change(
     resamples: int = RESAMPLES, seed: int = 0,
 ) -> Change:
     """A change known only by its ratio and standard error (summaries without raw data)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    replicates = math.log(ratio) + relative_se * rng.standard_normal(resamples)
-    return _percentile_change(math.log(ratio), replicates, confidence, samples)
+    interval = Interval(math.log(ratio), relative_se, math.inf, confidence, 2, samples,
+                        "ratio and standard error only, normal interval")
+    return change_from_interval(interval, alpha=1.0 - confidence, resamples=resamples, seed=seed)
 
 
 def decide_with_floor(change: Change, threshold: float, noise_floor: float) -> Decision:
-    """:func:`glmfb.stats.decide`, with effects below the A/A noise floor never called an
-    effect: regression and improvement need the interval beyond ``max(threshold, floor)``."""
-    decision = decide(change.estimate, threshold)
-    effective = max(threshold, noise_floor)
-    if decision is Decision.REGRESSION and change.estimate.low <= effective:
-        return Decision.UNDECIDED
-    if decision is Decision.IMPROVEMENT and change.estimate.high >= -effective:
-        return Decision.UNDECIDED
-    return decision
+    """:func:`glmfb.measure.sequential.decide_with_floor` on a :class:`Change`."""
+    return _decide_with_floor(change.estimate, threshold, noise_floor)
 
 
 def noise_floor(aa: Change) -> float:
-    """The change the harness reports between the baseline and itself (A/A), in magnitude.
+    """The change the harness reads between the baseline and itself (A/A pairs), in magnitude.
 
-    Identical sides should read 0; whatever an A/A run reads instead (order effects, cache
-    state, a host that is busier for one position of the block) is not an effect of the
-    candidate, so a regression or improvement must exceed it. The A/A interval is not used as
-    the floor: it mostly reflects how short the A/A run was, and the A/B interval already
-    carries the sampling noise.
+    Identical sides should read 0; what independent A/A allocation pairs read instead is not
+    an effect of the candidate, so a regression or improvement must exceed it. Its interval
+    is not used as the floor: the A/B interval already carries the sampling noise.
     """
     return abs(aa.estimate.value)
 
@@ -149,18 +121,10 @@ def aa_biased(aa: Change) -> bool:
     return aa.estimate.low > 0 or aa.estimate.high < 0
 
 
-def look_schedule(first: int, growth: float = 1.6, looks: int = MAX_LOOKS) -> list[int]:
-    """Block counts at which the sequential test looks (the last look may come earlier if the
-    budget runs out)."""
-    counts = [max(2, first)]
-    while len(counts) < looks:
-        counts.append(max(counts[-1] + 1, math.ceil(counts[-1] * growth)))
-    return counts
-
-
 def samples_needed(change: Change, threshold: float) -> float:
-    """Roughly how many samples would make the interval clear the nearest threshold
-    (``inf`` when the estimate sits on a threshold)."""
+    """Roughly how many samples (blocks, at the same blocks per allocation pair, so as many
+    more pairs) would make the interval clear the nearest threshold (``inf`` when the
+    estimate sits on a threshold)."""
     point = math.log1p(change.estimate.value)
     half_width = (math.log1p(change.estimate.high) - math.log1p(change.estimate.low)) / 2.0
     upper, lower = math.log1p(threshold), math.log1p(-threshold) if threshold < 1 else -math.inf
@@ -173,6 +137,13 @@ def samples_needed(change: Change, threshold: float) -> float:
     if room <= 1e-4 or half_width <= 0:
         return math.inf
     return change.samples * (half_width / room) ** 2
+
+
+def pairs_needed(change: Change, threshold: float) -> float:
+    """Like :func:`samples_needed`, in allocation pairs (``inf`` when undecidable)."""
+    if change.interval is None or change.samples <= 0:
+        return math.inf
+    return samples_needed(change, threshold) * change.interval.units / change.samples
 
 
 @dataclass(frozen=True)
@@ -189,8 +160,8 @@ def combine(
     confidence: float = 0.95,
 ) -> Combined:
     """A regression or improvement on a shape stands only if its "no change" hypothesis is
-    rejected by Benjamini-Hochberg at ``alpha`` across all shapes; the geometric mean of
-    the ratios gets its interval from the shapes' bootstrap replicates, combined by index."""
+    rejected by Benjamini-Hochberg at ``alpha`` across all shapes; the geometric mean of the
+    ratios gets its interval from the shapes' draws, combined by index (shapes independent)."""
     import numpy as np
 
     significant = benjamini_hochberg([c.pvalue for c in changes], alpha)
@@ -205,6 +176,82 @@ def combine(
     mean_log = stacked.mean(axis=0)
     point = float(np.mean([math.log1p(c.estimate.value) for c in changes]))
     tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(mean_log, [tail, 1.0 - tail])
+    centred = mean_log - float(np.mean(mean_log)) + point
+    low, high = np.quantile(centred, [tail, 1.0 - tail])
     geomean = Estimate(math.expm1(point), math.expm1(float(low)), math.expm1(float(high)), confidence)
     return Combined(final, tuple(significant), geomean)
+
+
+# --------------------------------------------------------------------------------------------
+# Saved runs (other processes)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """One run of one side for one shape or benchmark: raw samples in the order taken (and
+    their allocations, when saved), or only a median and its relative standard error."""
+
+    samples: Sequence[float] | None
+    allocations: Sequence[int] | None
+    median_s: float
+    relative_se: float = 0.0
+    rounds: int = 0
+
+
+def run_statistic(run: SavedRun) -> RunStatistic:
+    """A run's log time per call and its error: batch means over raw samples, else the
+    summary's median with its normal-approximation error."""
+    if run.samples is not None and len(run.samples) >= 4:
+        return batch_means(run.samples)
+    return RunStatistic(math.log(run.median_s), run.relative_se, math.inf, run.rounds, 0)
+
+
+def _allocation_logs(run: SavedRun) -> list[float]:
+    assert run.samples is not None and run.allocations is not None
+    groups: dict[int, list[float]] = {}
+    for value, owner in zip(run.samples, run.allocations, strict=True):
+        groups.setdefault(owner, []).append(value)
+    return [math.log(statistics.median(values)) for values in groups.values()]
+
+
+@dataclass(frozen=True)
+class SavedChange:
+    """A saved comparison's change and how it was formed."""
+
+    change: Change
+    method: str  # "runs", "allocations", "one run a side + process floor", "one process"
+    uses_floor: bool
+
+
+def saved_change(
+    baseline: Sequence[SavedRun], candidate: Sequence[SavedRun], *, same_process: bool,
+    process_sd: float | None, process_df: float | None, confidence: float = 0.95, seed: int = 0,
+) -> SavedChange:
+    """The change between saved runs, honest about what varies between processes.
+
+    - Several runs (3 or more in all): each run's statistic is one unit; a pooled two-sample
+      t over runs ("resample runs", in its random-effects form).
+    - Both sides from one file (one process, interleaved) with their allocations saved: the
+      allocations are the units, the same way.
+    - One run a side from separate processes: each run's batch-means error plus twice the
+      between-process variance measured on this machine (``process_sd``); without it the
+      caller must not compare (it raises ``ValueError``).
+    """
+    total = sum(len(run.samples) if run.samples is not None else run.rounds for run in [*baseline, *candidate])
+    if len(baseline) + len(candidate) >= 3:
+        interval = runs_interval([run_statistic(r).log_value for r in baseline],
+                                 [run_statistic(r).log_value for r in candidate], confidence, total)
+        return SavedChange(change_from_interval(interval, alpha=1 - confidence, seed=seed), "runs", False)
+    (a,), (b,) = baseline, candidate
+    if same_process and a.allocations and b.allocations and len(set(a.allocations)) >= 2 and len(set(b.allocations)) >= 2:
+        interval = runs_interval(_allocation_logs(a), _allocation_logs(b), confidence, total)
+        return SavedChange(change_from_interval(interval, alpha=1 - confidence, seed=seed), "allocations", False)
+    if same_process:
+        interval = single_runs_interval(run_statistic(a), run_statistic(b), 0.0, math.inf, confidence)
+        return SavedChange(change_from_interval(interval, alpha=1 - confidence, seed=seed), "one process", False)
+    if process_sd is None or process_df is None:
+        raise ValueError("one run a side needs the between-process floor")
+    interval = single_runs_interval(run_statistic(a), run_statistic(b), process_sd, process_df, confidence)
+    return SavedChange(change_from_interval(interval, alpha=1 - confidence, seed=seed),
+                       "one run a side + process floor", True)

@@ -20,16 +20,14 @@ from typing import Any
 from glmfb.bench.config import BenchConfig
 from glmfb.bench.decision import (
     LOOK_CONFIDENCE,
+    STATISTIC,
     Change,
     aa_biased,
+    change_from_interval,
     combine,
     decide_with_floor,
-    look_schedule,
-    noise_floor,
-    normal_change,
-    paired_change,
+    pairs_needed,
     samples_needed,
-    unpaired_change,
 )
 from glmfb.bench.evidence import (
     BenchHarness,
@@ -37,20 +35,21 @@ from glmfb.bench.evidence import (
     Measurement,
     OpDiff,
     Placement,
+    ProcessFloorEvidence,
     Roofline,
     SavedComparison,
     ShapeChange,
+    quantiles_of,
 )
 from glmfb.bench.probe import kernel_name
 from glmfb.bench.rules import RULES, BenchFindings, ShapeOutcome
 from glmfb.bench.runner import (
     Blocks,
-    InterleavedRunner,
     Side,
-    calibrate,
     call_checked,
     load_side,
-    run_single,
+    measure_single,
+    prepare_pairs,
     warm_up,
 )
 from glmfb.env import differences, fingerprint
@@ -62,10 +61,7 @@ from glmfb.stats import Decision
 from glmfb.units import format_shape
 from glmfb.verdict import Layer, Metric, Status, Verdict
 
-AA_SHARE = 0.15  # of each shape's budget, at most, for the A/A noise-floor calibration
-AA_BLOCKS = 40
-FIRST_LOOK_BLOCKS = 16
-MIN_BLOCKS = 6
+MIN_BLOCKS = 4  # blocks a comparison needs at least (2 allocation pairs, 2 blocks each)
 
 
 @dataclass
@@ -83,7 +79,8 @@ class ShapeResult:
     baseline_median_s: float
     candidate_median_s: float
     declared: dict[str, dict[str, float | None]] = field(default_factory=dict)
-    measuring_s: float = 0.0  # A/A and A/B together, what the budget counts
+    measuring_s: float = 0.0  # allocating the pairs and measuring them, what the budget counts
+    extra: dict[str, Any] = field(default_factory=dict)  # how the shape was measured (ShapeChange fields)
 
     @property
     def ratio_of_medians(self) -> float:
@@ -159,63 +156,62 @@ def _measure_shape(
     config: BenchConfig, ctx: ProbeContext, timer: Any, shape: tuple[int, ...], budget_s: float,
     seed: int,
 ) -> ShapeResult:
+    from glmfb.measure import Settings, compare
+
+    assert config.candidate is not None
     label = format_shape(shape)
-    ctx.progress(f"bench {label}: loading and warming up")
-    baseline, candidate = _load_pair(config, shape)
-    warm_up(baseline)
-    warm_up(candidate)
-    calls = calibrate(timer, [baseline, candidate], config.sample_s)
-    loops = {
-        "baseline": timer.prepare(baseline.kernels, calls),
-        "candidate": timer.prepare(candidate.kernels, calls),
-    }
-    begin = ctx.clock.monotonic()
-    deadline = begin + budget_s
+    ctx.progress(f"bench {label}: loading, warming up and allocating")
 
-    ctx.progress(f"bench {label}: A/A noise floor")
-    # The baseline against a second, independently allocated copy of itself: what the harness
-    # reads between identical kernels (order effects, memory placement) is not an effect.
-    again = load_side("baseline", config.baseline, shape, config.input_sets)
-    warm_up(again, min_calls=1, min_s=0.0)
-    aa_blocks = Blocks()
-    InterleavedRunner(
-        timer, {"baseline": loops["baseline"], "again": timer.prepare(again.kernels, calls)},
-        {"baseline": baseline, "again": again}, seed,
-    ).run(aa_blocks, AA_BLOCKS, begin + AA_SHARE * budget_s, names=("baseline", "again"))
-    del again
-    aa = paired_change(aa_blocks.baseline, aa_blocks.candidate, seed=seed) if len(aa_blocks) >= MIN_BLOCKS else None
-    floor = noise_floor(aa) if aa is not None else 0.0
+    def report(message: str) -> None:
+        ctx.progress(f"bench {label}: {message}")
 
-    runner = InterleavedRunner(timer, loops, {"baseline": baseline, "candidate": candidate}, seed + 1)
-    blocks = Blocks()
-    schedule = look_schedule(FIRST_LOOK_BLOCKS)
-    change: Change | None = None
-    decision = Decision.UNDECIDED
-    looks = 0
-    for index, target in enumerate(schedule):
-        last = index == len(schedule) - 1
-        runner.run(blocks, 1 << 40 if last else target, deadline)
-        if len(blocks) >= MIN_BLOCKS:
-            looks += 1
-            change = paired_change(blocks.baseline, blocks.candidate, confidence=LOOK_CONFIDENCE, seed=seed)
-            decision = decide_with_floor(change, config.threshold, floor)
-            ctx.progress(
-                f"bench {label}: {len(blocks)} blocks, {_pct(change.estimate.value)} "
-                f"{_ci(*change.estimate.ci)}: {decision.value}"
-            )
-        if decision is not Decision.UNDECIDED or ctx.clock.monotonic() >= deadline:
-            break
+    began = ctx.clock.monotonic()
+    setup = prepare_pairs(
+        timer, config.baseline, config.candidate, shape, input_sets=config.input_sets,
+        sample_s=config.sample_s, budget_s=budget_s, clock=ctx.clock.monotonic, progress=report,
+    )
+    settings = Settings(threshold=config.threshold, budget_s=max(budget_s - setup.setup_s, budget_s / 2),
+                        seed=seed)
+    comparison = compare(setup.pairs, settings, ctx.clock.monotonic, report)
+    look = comparison.final
+    change = change_from_interval(look.interval, seed=seed) if look is not None else None
+    aa = change_from_interval(look.aa, seed=seed + 1) if look is not None and look.aa is not None else None
+    blocks = Blocks.of(comparison, setup.setup_s)
     base_samples = blocks.samples_of("baseline") or [math.nan]
     cand_samples = blocks.samples_of("candidate") or [math.nan]
     declared = {
         side.label: {"flops_per_call": side.flops_per_call, "bytes_per_call": side.bytes_per_call}
-        for side in (baseline, candidate)
+        for side in (setup.baseline, setup.candidate)
     }
+    extra: dict[str, Any] = {
+        "allocations_per_side": setup.plan.ab_pairs,
+        "aa_pairs": setup.plan.aa_pairs,
+        "pairs_limited_by": setup.plan.limited_by,
+        "input_sets_per_allocation": setup.input_sets,
+        "bytes_per_allocation": setup.bytes_per_allocation,
+        "rounds": comparison.rounds,
+        "stopped_by": comparison.stopped_by,
+        "look_levels": tuple(round(lk.confidence, 5) for lk in comparison.looks),
+        "setup_s": setup.setup_s,
+    }
+    if look is not None:
+        extra.update(
+            df=look.interval.df,
+            between_allocation_sd=look.interval.between_sd,
+            within_allocation_sd=look.interval.within_sd,
+        )
+        needed = pairs_needed(change, config.threshold) if change is not None else math.inf
+        if look.decision is Decision.UNDECIDED and math.isfinite(needed):
+            extra["allocation_pairs_needed"] = math.ceil(needed)
+        if look.aa is not None:
+            extra["aa_between_allocation_sd"] = look.aa.between_sd
     return ShapeResult(
-        shape=label, calls_per_sample=calls, blocks=blocks, change=change, decision=decision,
-        aa=aa, floor=floor, looks=looks, baseline_median_s=statistics.median(base_samples),
+        shape=label, calls_per_sample=setup.calls_per_sample, blocks=blocks, change=change,
+        decision=look.decision if look is not None else Decision.UNDECIDED,
+        aa=aa, floor=look.floor if look is not None else 0.0, looks=len(comparison.looks),
+        baseline_median_s=statistics.median(base_samples),
         candidate_median_s=statistics.median(cand_samples), declared=declared,
-        measuring_s=ctx.clock.monotonic() - begin,
+        measuring_s=ctx.clock.monotonic() - began, extra=extra,
     )
 
 
@@ -294,8 +290,7 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
             undecided=sum(o.decision == "undecided" for o in outcomes),
             geomean_change=geomean.value, geomean_ci=geomean.ci, confidence=LOOK_CONFIDENCE,
             threshold=config.threshold,
-            statistic="median of paired ABBA block ratios (each side's faster sample per block), "
-                      "percentile bootstrap over blocks",
+            statistic=STATISTIC,
             fdr="Benjamini-Hochberg at 0.05 across shapes",
         ))
     evidence.extend(_shape_evidence(r, significant.get(r.shape), decisions.get(r.shape)) for r in results)
@@ -306,7 +301,7 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
         evidence.append(roofline)
     evidence.append(BenchHarness(
         **timer.describe(), threads=env.get("threads"), input_sets=config.input_sets, sample_s=config.sample_s,
-        order="randomized balanced ABBA/BAAB blocks", budget_s=config.budget_s,
+        order="independent allocation pairs, each in randomized balanced ABBA/BAAB blocks, rounds in random pair order", budget_s=config.budget_s,
     ))
     evidence.append(outcome.record)
 
@@ -356,7 +351,7 @@ def _suggest_budget(config: BenchConfig, results: Sequence[ShapeResult]) -> floa
             worst = max(worst, needed / rate)
     if worst == 0.0:
         return round(max(config.budget_s * 4, 30), 1)
-    return round(max(config.budget_s, worst * len(config.shapes) / (1 - AA_SHARE) + per_shape), 1)
+    return round(max(config.budget_s, worst * len(config.shapes) + per_shape), 1)
 
 
 def _shape_evidence(result: ShapeResult, significant: bool | None, decision: Decision | None) -> ShapeChange:
@@ -374,6 +369,8 @@ def _shape_evidence(result: ShapeResult, significant: bool | None, decision: Dec
         noise_floor=result.floor, measuring_s=result.measuring_s,
         aa_change=aa.estimate.value if aa is not None else None, aa_ci=aa.estimate.ci if aa is not None else None,
         aa_blocks=aa.samples if aa is not None else None,
+        quantiles_s={side: quantiles_of(result.blocks.samples_of(side)) for side in ("baseline", "candidate")},
+        **result.extra,
     )
 
 
@@ -421,7 +418,9 @@ def _save(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, Any
                               "args": dict(config.candidate.args)}
     shapes = {
         r.shape: {"calls_per_sample": r.calls_per_sample,
-                  **{label: r.blocks.samples_of(label) for label in sides}}
+                  **{label: r.blocks.samples_of(label) for label in sides},
+                  **{f"{label}_allocations": r.blocks.allocations_of(label) for label in sides
+                     if r.blocks.allocations_of(label)}}
         for r in results
     }
     artifact = ctx.artifact("bench-samples.json")
@@ -449,15 +448,12 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
     for shape in config.shapes:
         label = format_shape(shape)
         ctx.progress(f"bench {label}: measuring {name}")
-        side = load_side("baseline", config.baseline, shape, config.input_sets)
-        warm_up(side)
-        calls = calibrate(timer, [side], config.sample_s)
-        loop = timer.prepare(side.kernels, calls)
-        begin = ctx.clock.monotonic()
-        values = run_single(timer, loop, side, 1 << 40, begin + per_shape_s)
-        blocks = Blocks(raw=[("baseline", v) for v in values], elapsed_s=ctx.clock.monotonic() - begin)
-        results.append(ShapeResult(label, calls, blocks, None, Decision.UNDECIDED, None, 0.0, 0,
-                                   statistics.median(values), math.nan))
+        single = measure_single(timer, config.baseline, shape, input_sets=config.input_sets,
+                                sample_s=config.sample_s, budget_s=per_shape_s, clock=ctx.clock.monotonic)
+        blocks = Blocks(raw=[("baseline", v) for v in single.values], elapsed_s=single.elapsed_s,
+                        allocations=single.allocations)
+        results.append(ShapeResult(label, single.calls_per_sample, blocks, None, Decision.UNDECIDED,
+                                   None, 0.0, 0, statistics.median(single.values), math.nan))
     artifacts = _save(config, ctx, timer, env, results)
     saved = artifacts.get("saved", artifacts["samples"])
     medians = ", ".join(f"{r.shape} {r.baseline_median_s * 1e6:.4g} µs" for r in results)
@@ -480,40 +476,47 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
 
 def compare_saved(config: BenchConfig, ctx: ProbeContext) -> Verdict:
     """Compare two saved sides (glmfb ``--save`` files or pytest-benchmark JSON), unpaired."""
-    from glmfb.bench.saved import SavedSide
-    from glmfb.bench.saved import load_side as load_saved
+    from glmfb.bench.decision import SavedChange, SavedRun, saved_change
+    from glmfb.bench.saved import SavedSide, load_runs
+    from glmfb.measure.floor import ProcessFloor, get_floor
 
     assert config.candidate is not None
-    baseline = load_saved(config.baseline.ref)
-    candidate = load_saved(config.candidate.ref)
-    keys = [k for k in baseline.keys if k in set(candidate.keys)]
+    baseline_runs = load_runs(config.baseline.ref)
+    candidate_runs = load_runs(config.candidate.ref)
+    baseline, candidate = baseline_runs[0], candidate_runs[0]
+    others = [set(run.keys) for run in [*baseline_runs[1:], *candidate_runs]]
+    keys = [k for k in baseline.keys if all(k in keys for keys in others)]
     if not keys:
         raise InputError(
             f"{config.baseline.ref} and {config.candidate.ref} have no shape or benchmark in common",
             f"baseline has {', '.join(baseline.keys[:5])}; candidate has {', '.join(candidate.keys[:5])}",
         )
     approximate: list[str] = []
+    same_process = len(baseline_runs) == len(candidate_runs) == 1 and baseline.path == candidate.path
+    floor_used: list[tuple[ProcessFloor, str]] = []
 
-    def change_for(key: str, index: int) -> Change:
-        def side_values(side: SavedSide) -> tuple[list[float] | None, float, float, int]:
-            if key in side.samples:
-                values = side.samples[key]
-                return values, statistics.median(values), 0.0, len(values)
-            summary = side.summaries[key]
-            return None, summary.median_s, summary.relative_se, summary.rounds
+    def run_of(side: SavedSide, key: str) -> SavedRun:
+        if key in side.samples:
+            values = side.samples[key]
+            return SavedRun(values, side.allocations.get(key), statistics.median(values), 0.0, len(values))
+        summary = side.summaries[key]
+        if key not in approximate:
+            approximate.append(key)
+        return SavedRun(None, None, summary.median_s, summary.relative_se, summary.rounds)
 
-        a_values, a_median, a_se, a_n = side_values(baseline)
-        b_values, b_median, b_se, b_n = side_values(candidate)
-        if a_values is not None and b_values is not None:
-            return unpaired_change(a_values, b_values, confidence=0.95, seed=index)
-        approximate.append(key)
-        if a_values is not None:
-            a_se = 1.2533 * _robust_sd(a_values) / math.sqrt(a_n) / a_median
-        if b_values is not None:
-            b_se = 1.2533 * _robust_sd(b_values) / math.sqrt(b_n) / b_median
-        return normal_change(b_median / a_median, math.hypot(a_se, b_se), min(a_n, b_n), seed=index)
+    def change_for(key: str, index: int) -> SavedChange:
+        a = [run_of(side, key) for side in baseline_runs]
+        b = [run_of(side, key) for side in candidate_runs]
+        sd = df = None
+        if not same_process and len(a) + len(b) < 3:
+            if not floor_used:
+                ctx.progress("measuring this machine's between-process floor (once; cached)")
+                floor_used.append(get_floor(ctx.progress))
+            sd, df = floor_used[0][0].sd, floor_used[0][0].df
+        return saved_change(a, b, same_process=same_process, process_sd=sd, process_df=df, seed=index)
 
-    changes = [change_for(key, i) for i, key in enumerate(keys)]
+    saved = [change_for(key, i) for i, key in enumerate(keys)]
+    changes = [c.change for c in saved]
     decisions = [decide_with_floor(c, config.threshold, 0.0) for c in changes]
     combined = combine(changes, decisions)
     geomean = combined.geomean
@@ -542,7 +545,9 @@ def compare_saved(config: BenchConfig, ctx: ProbeContext) -> Verdict:
     findings = BenchFindings(
         baseline=baseline.source, candidate=candidate.source, threshold=config.threshold, budget_s=0.0,
         shapes=outcomes, geomean=geomean.value, geomean_low=geomean.low, geomean_high=geomean.high,
-        focus=keys[focus], saved=True, unit="benchmark" if pytest_format else "shape",
+        focus=keys[focus], saved=True, saved_in_process=same_process,
+        saved_runs_note=_runs_note(len(baseline_runs), len(candidate_runs), saved, floor_used),
+        unit="benchmark" if pytest_format else "shape",
         env_differences=tuple(f"{k}: {a} vs {b}" for k, (a, b) in env_diff.items()),
         approximate=len(approximate),
         more_evidence="rerun both kernels in one process for a paired measurement: glmfb bench BASELINE "
@@ -553,13 +558,19 @@ def compare_saved(config: BenchConfig, ctx: ProbeContext) -> Verdict:
     outcome = diagnose(ctx.rules("bench", RULES), findings)
     evidence: list[Evidence] = [SavedComparison(
         baseline=baseline.source, candidate=candidate.source, formats=(baseline.format, candidate.format),
-        in_process=False, statistic="ratio of medians, each side bootstrapped on its own",
+        in_process=same_process, statistic=_saved_statistic(saved),
+        runs=(len(baseline_runs), len(candidate_runs)),
         geomean_change=geomean.value, geomean_ci=geomean.ci, approximate=tuple(approximate),
     )]
+    if floor_used:
+        fields = floor_used[0][0].evidence(floor_used[0][1])
+        evidence.append(ProcessFloorEvidence(**{k: v for k, v in fields.items() if k != "kind"}))
     for i, key in enumerate(keys):
+        interval = changes[i].interval
         evidence.append(ShapeChange(
             shape=key, change=changes[i].estimate.value, ci=changes[i].estimate.ci, pvalue=changes[i].pvalue,
-            decision=combined.decisions[i].value, fdr_significant=combined.significant[i],
+            decision=combined.decisions[i].value, fdr_significant=combined.significant[i], method=saved[i].method,
+            df=interval.df if interval is not None else None, units=interval.units if interval is not None else None,
         ))
     if env_diff:
         evidence.append(EnvDifferences(differences={k: [a, b] for k, (a, b) in env_diff.items()},
@@ -580,11 +591,34 @@ def compare_saved(config: BenchConfig, ctx: ProbeContext) -> Verdict:
     )
 
 
-def _robust_sd(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    n = len(ordered)
-    q1, q3 = ordered[n // 4], ordered[(3 * n) // 4]
-    return (q3 - q1) / 1.349
+def _saved_statistic(saved: Sequence[Any]) -> str:
+    methods = {c.method for c in saved}
+    texts = {
+        "runs": "difference of mean log medians (batch means) of independent runs, pooled two-sample t over runs",
+        "allocations": "difference of mean log medians of independent allocations (one process), pooled two-sample t",
+        "one process": "difference of batch-means log medians, one process",
+        "one run a side + process floor": "difference of batch-means log medians; each run's batch-means "
+        "error plus twice the between-process variance of this machine, Welch-Satterthwaite t",
+    }
+    return "; ".join(texts[m] for m in sorted(methods))
+
+
+def _runs_note(a_runs: int, b_runs: int, saved: Sequence[Any], floor_used: Sequence[Any]) -> str:
+    """What the saved comparison's interval carries between processes, in words."""
+    if floor_used:
+        floor, source = floor_used[0]
+        note = (f"one run a side, so the interval carries this machine's between-process floor "
+                f"(sd {floor.sd:.1%} of a run's median over {floor.processes} fresh processes, "
+                f"measured {floor.created}{'' if source == 'cache' else ' just now'}"
+                f"{f' at load {floor.load_1m:.1f}' if floor.load_1m is not None else ''})")
+        now, then = floor.evidence(source)["load_1m_now"], floor.load_1m
+        if now is not None and then is not None and now > 2 * then + 1:
+            note += (f"; the host is busier now (load {now:.1f}), so that floor may understate the "
+                     "noise: remeasure it with python -m glmfb.measure.floor")
+        return note
+    if any(c.method == "runs" for c in saved):
+        return f"{a_runs} run(s) against {b_runs}: the spread between runs is in the interval"
+    return ""
 
 
 __all__ = ["compare_saved", "run_bench"]

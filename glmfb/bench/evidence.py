@@ -75,6 +75,24 @@ class ShapeChange(Evidence):
     # Per-call seconds at the QUANTILES of each side's samples ({"baseline": [...], "candidate":
     # [...]}, from quantiles_of), so a report can draw the distribution without the samples file.
     quantiles_s: Mapping[str, tuple[float, ...]] | None = None
+    # How it was measured: independent allocation pairs (A/B and A/A), rounds, the looks'
+    # levels, the interval's degrees of freedom and its spread between and within allocations.
+    allocations_per_side: int | None = None
+    aa_pairs: int | None = None
+    pairs_limited_by: str | None = None  # "budget", "memory", "setup" or "maximum"
+    input_sets_per_allocation: int | None = None
+    bytes_per_allocation: int | None = None
+    rounds: int | None = None
+    stopped_by: str | None = None  # "decided" | "budget"
+    look_levels: tuple[float, ...] = ()
+    setup_s: float | None = None
+    df: float | None = None
+    between_allocation_sd: float | None = None
+    within_allocation_sd: float | None = None
+    aa_between_allocation_sd: float | None = None
+    allocation_pairs_needed: int | None = None  # when undecided: pairs that would decide it
+    method: str | None = None  # saved comparisons: "runs", "allocations", "one process", "one run a side + process floor"
+    units: int | None = None  # the interval's independent units (allocation pairs or runs)
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         row = self.to_dict()
@@ -234,8 +252,30 @@ class SavedComparison(Evidence):
     geomean_change: float
     geomean_ci: tuple[float, ...]
     approximate: tuple[str, ...] = ()
+    runs: tuple[int, ...] = (1, 1)  # saved runs (processes) of each side
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class ProcessFloorEvidence(Evidence):
+    """The between-process floor a saved comparison with one run a side carried: how much a
+    run's median moves between fresh processes on this machine when nothing changed."""
+
+    kind: ClassVar[str] = "process_floor"
+    title: ClassVar[str] = "between-process floor"
+    sd: float  # of a run's log median (about a fraction)
+    df: float
+    processes: int
+    seconds_per_process: float
+    measured: str  # when (UTC)
+    load_1m_then: float | None
+    load_1m_now: float | None
+    reference: str  # the kernels it was measured on
+    source: str  # "cache" or "measured now"
+    path: str
 
 
 EVIDENCE_TYPES: tuple[type[Evidence], ...] = (
     BenchSummary, ShapeChange, OpDiff, Roofline, BenchHarness, Measurement, SavedComparison,
+    ProcessFloorEvidence,
 )

@@ -54,8 +54,12 @@ class BenchProbe(BaseProbe):
                              "glmfb bench OLD.json NEW.json")
         if all(saved) and len(saved) == 2:
             def resolved(ref: str) -> Target:
-                path, sep, side = ref.partition("#")
-                return Target(str(spec.resolve_path(path)) + (f"#{side}" if sep else ""))
+                """Each run of a side (``FILE[#side][,FILE...]``, globs allowed) beside the definition."""
+                parts = []
+                for part in (p.strip() for p in ref.split(",") if p.strip()):
+                    path, sep, side = part.partition("#")
+                    parts.append(str(spec.resolve_path(path)) + (f"#{side}" if sep else ""))
+                return Target(",".join(parts))
 
             assert spec.candidate is not None
             return BenchConfig(name=spec.name, baseline=resolved(spec.baseline), candidate=resolved(spec.candidate),

@@ -87,7 +87,9 @@ class BenchFindings:
     device: str = "cpu"
     reproduce: str | None = None  # the command that reruns the comparison on the worst shape
     more_evidence: str | None = None  # the command with the budget that would decide it
-    saved: bool = False  # compared from saved files (separate processes), not in one process
+    saved: bool = False  # compared from saved files, not measured now
+    saved_in_process: bool = False  # both saved sides come from one in-process run (one file)
+    saved_runs_note: str = ""  # what a saved comparison's interval carries between processes
     unit: str = "shape"  # what the comparisons are of: "shape", or "benchmark" (pytest-benchmark)
     env_differences: tuple[str, ...] = ()  # "python: 3.11.7 vs 3.12.1", when the sides' environments differ
     approximate: int = 0  # saved comparisons made from summaries only (no raw samples)
@@ -358,8 +360,12 @@ def _equivalent_headline(f: BenchFindings) -> str:
 
 def _notes(f: BenchFindings) -> str:
     notes = _floor_note(f)
-    if f.saved:
+    if f.saved and f.saved_in_process:
+        notes += " Both sides come from one saved in-process run."
+    elif f.saved:
         notes += " Compared across processes (saved results): noisier than an in-process A/B run."
+    if f.saved_runs_note:
+        notes += f" {f.saved_runs_note[0].upper()}{f.saved_runs_note[1:]}."
     if f.env_differences:
         notes += (f" The environments differ ({'; '.join(f.env_differences)}), so part of the change may be "
                   "the environment.")

@@ -1,11 +1,16 @@
-"""Loading kernels from factories and timing them: warm-up, calibration, ABBA blocks.
+"""Loading kernels from factories and timing them: allocations, warm-up, calibration, and the
+allocation pairs that :func:`glmfb.measure.compare` runs in interleaved ABBA blocks.
 
-Factory contract: ``factory(shape, **args)`` returns a zero-argument callable that
-runs the kernel once on inputs it has already allocated. The runner calls the factory once per
-*input set* (``input_sets``, default 4) and rotates over the callables, so a small shape is not
-flattered by inputs that stay hot in cache. If the factory has a parameter named ``seed`` that
-the user did not set, input set ``i`` gets ``seed=i`` (distinct data); otherwise each call is
-expected to allocate fresh inputs.
+Factory contract: ``factory(shape, **args)`` returns a zero-argument callable that runs the
+kernel once on inputs it has already allocated. One *allocation* of a side is ``input_sets``
+factory calls (default 4) whose callables a timed sample rotates over, so a small shape is
+not flattered by inputs that stay hot in cache. A comparison uses several independent
+allocations per side (:func:`prepare_pairs`): where a side's buffers land (alignment, cache
+sets, pages) changes its speed, and only several allocations per side let the interval see
+that variance instead of mistaking one allocation's luck for an effect. If the factory has a
+parameter named ``seed`` that the user did not set, input set ``i`` of allocation ``j`` gets
+``seed = j * input_sets + i``, the same on both sides of a pair (distinct data, paired);
+otherwise each call is expected to allocate fresh inputs.
 
 A kernel's result is checked for NaN/Inf on every warm-up call and on the last call of every
 timed sample; a kernel that raises or returns a non-finite value stops the measurement with
@@ -16,14 +21,15 @@ from __future__ import annotations
 
 import inspect
 import math
-import random
+import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from glmfb.bench.timers import Kernel, Loop, Timer, first_nonfinite
 from glmfb.errors import TargetFailed
+from glmfb.measure.runner import Arm, Comparison, Pair
 from glmfb.targets import Target
 from glmfb.units import format_shape
 
@@ -54,8 +60,11 @@ def _declared(kernel: Kernel, *names: str) -> float | None:
     return None
 
 
-def load_side(label: str, target: Target, shape: tuple[int, ...], input_sets: int) -> Side:
-    """Resolve the target, call its factory once per input set, check what comes back."""
+def load_side(
+    label: str, target: Target, shape: tuple[int, ...], input_sets: int, seed_base: int = 0
+) -> Side:
+    """Resolve the target, call its factory once per input set (seeds from ``seed_base``),
+    check what comes back."""
     factory = target.load()
     try:
         parameters = inspect.signature(factory).parameters
@@ -67,7 +76,7 @@ def load_side(label: str, target: Target, shape: tuple[int, ...], input_sets: in
     for index in range(input_sets):
         args: dict[str, Any] = dict(target.args)
         if pass_seed:
-            args["seed"] = index
+            args["seed"] = seed_base + index
         try:
             kernel = factory(shape, **args)
         except (Exception, SystemExit) as exc:  # a target that exits is a failed target
@@ -137,8 +146,7 @@ def calibrate(timer: Timer, sides: list[Side], sample_s: float) -> int:
     for side in sides:
         calls = 1
         while True:
-            elapsed, result = timer.measure(timer.prepare(side.kernels, calls))
-            check_result(side, result, f"calibration ({calls} calls)")
+            elapsed, _ = timed(timer, side, timer.prepare(side.kernels, calls), f"calibration ({calls} calls)")
             if elapsed >= sample_s / 8 or calls >= 1 << 20:
                 per_call = min(per_call, elapsed / calls)
                 break
@@ -148,13 +156,15 @@ def calibrate(timer: Timer, sides: list[Side], sample_s: float) -> int:
 
 @dataclass
 class Blocks:
-    """Per-call seconds of each side, one value per ABBA block (the faster of its two
-    samples), plus every raw sample in the order it was taken."""
+    """What a comparison measured, flattened: per-call seconds of each side per block (A/B
+    pairs only, pair after pair), every raw sample in the order it was taken with the
+    allocation it came from, and the measuring time."""
 
     baseline: list[float] = field(default_factory=list)
     candidate: list[float] = field(default_factory=list)
     raw: list[tuple[str, float]] = field(default_factory=list)
     elapsed_s: float = 0.0
+    allocations: list[int] = field(default_factory=list)  # parallel to ``raw``
 
     def __len__(self) -> int:
         return len(self.baseline)
@@ -166,60 +176,232 @@ class Blocks:
     def samples_of(self, label: str) -> list[float]:
         return [value for side, value in self.raw if side == label]
 
+    def allocations_of(self, label: str) -> list[int]:
+        if len(self.allocations) != len(self.raw):
+            return []
+        return [a for (side, _), a in zip(self.raw, self.allocations, strict=True) if side == label]
 
-class InterleavedRunner:
-    """Both sides in one process, in randomized balanced ABBA / BAAB blocks."""
+    @classmethod
+    def of(cls, comparison: Comparison, extra_s: float = 0.0) -> Blocks:
+        """The A/B part of a comparison (A/A pairs are reported apart)."""
+        blocks = cls(elapsed_s=comparison.elapsed_s + extra_s)
+        for pair in comparison.ab:
+            blocks.baseline.extend(pair.a_blocks)
+            blocks.candidate.extend(pair.b_blocks)
+        for sample in comparison.samples:
+            if sample.kind == "ab":
+                blocks.raw.append((sample.label, sample.value_s))
+                blocks.allocations.append(sample.allocation)
+        return blocks
 
-    def __init__(
-        self, timer: Timer, loops: Mapping[str, Loop], sides: Mapping[str, Side], seed: int = 0
-    ) -> None:
-        self.timer = timer
-        self.loops = loops
-        self.sides = sides
-        self._random = random.Random(seed)
-        self._pending: list[str] = []
 
-    def _next_pattern(self) -> str:
-        if not self._pending:  # each pair of blocks holds one ABBA and one BAAB, order random
-            self._pending = ["ABBA", "BAAB"]
-            self._random.shuffle(self._pending)
-        return self._pending.pop()
+# Allocation pairs per comparison: at least MIN_PAIRS (the t interval over pairs has K-1
+# degrees of freedom, and below 6 its quantiles at corrected levels grow fast), at most
+# MAX_PAIRS (beyond that the interval narrows slowly and loading costs more).
+MIN_PAIRS = 6
+MAX_PAIRS = 24
+TARGET_ROUNDS = 16  # rounds (one block on every pair) that a full budget should allow
+MEMORY_SHARE = 0.25  # of the memory available, at most, for all allocations together
+SETUP_SHARE = 0.3  # of the budget, at most, for loading and warming the extra allocations
 
-    def _sample(self, label: str) -> float:
-        loop = self.loops[label]
-        elapsed, result = self.timer.measure(loop)
-        check_result(self.sides[label], result, "a timed call")
+
+def _resident_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _memory_probe(device: str) -> tuple[Callable[[], int | None], int | None]:
+    """A reading of the memory allocations live in (bytes in use) and what is still free."""
+    if device == "cuda":
+        import torch
+
+        free, _total = torch.cuda.mem_get_info()
+        return (lambda: int(torch.cuda.memory_allocated())), int(free)
+    return _resident_bytes, _available_bytes()
+
+
+@dataclass(frozen=True)
+class PairPlan:
+    """How many allocation pairs a comparison runs, and what limited it."""
+
+    ab_pairs: int
+    aa_pairs: int
+    limited_by: str  # "budget", "memory", "setup" or "maximum"
+
+
+def plan_pairs(
+    budget_s: float, block_s: float, *, setup_s_per_pair: float = 0.0,
+    bytes_per_pair: int | None = None, available_bytes: int | None = None,
+    min_pairs: int = MIN_PAIRS, max_pairs: int = MAX_PAIRS, target_rounds: int = TARGET_ROUNDS,
+) -> PairPlan:
+    """A/B pairs (and A/A pairs beside them, a quarter as many, at least 2) such that a full
+    budget allows about ``target_rounds`` blocks on every pair, within memory and setup."""
+
+    def aa(ab: int) -> int:
+        return max(2, ab // 4)
+
+    fits = budget_s / (target_rounds * block_s) if block_s > 0 else math.inf
+    ab = int(fits * 0.8)
+    limited_by = "budget"
+    if ab >= max_pairs:
+        ab, limited_by = max_pairs, "maximum"
+    ab = max(ab, min_pairs)
+    if setup_s_per_pair > 0:
+        by_setup = int(SETUP_SHARE * budget_s / setup_s_per_pair * 0.8)
+        if by_setup < ab:
+            ab, limited_by = max(2, by_setup), "setup"
+    if bytes_per_pair and available_bytes:
+        by_memory = int(MEMORY_SHARE * available_bytes / bytes_per_pair * 0.8)
+        if by_memory < ab:
+            ab, limited_by = max(2, by_memory), "memory"
+    return PairPlan(ab, aa(ab), limited_by)
+
+
+@dataclass
+class PairSetup:
+    """The pairs of one shape's comparison, ready to run, and how they were set up."""
+
+    pairs: list[Pair]
+    calls_per_sample: int
+    baseline: Side  # the first allocation of each side: declared work, names
+    candidate: Side
+    plan: PairPlan
+    input_sets: int
+    setup_s: float  # loading and warming the allocations after the first pair
+    bytes_per_allocation: int | None
+    block_s: float  # one ABBA block, as calibrated
+
+
+def timed(timer: Timer, side: Side, loop: Loop, call: str) -> tuple[float, Any]:
+    """One timed sample of ``loop``, its result checked; a kernel that raises (or exits) in it
+    is the side's failure."""
+    try:
+        elapsed, result = timer.measure(loop)
+    except (Exception, SystemExit) as exc:
+        raise TargetFailed(side.label, f"in the kernel {side.kernel_name} on {call}", exc) from exc
+    check_result(side, result, call)
+    return elapsed, result
+
+
+def _arm(timer: Timer, side: Side, loop: Loop, allocation: int) -> Arm:
+    def sample() -> float:
+        elapsed, _ = timed(timer, side, loop, "a timed call")
         return elapsed / loop.calls
 
-    def run(
-        self, blocks: Blocks, until_blocks: int, deadline: float,
-        names: tuple[str, str] = ("baseline", "candidate"),
-    ) -> None:
-        """Add blocks until there are ``until_blocks`` or ``deadline`` (perf_counter) passes."""
-        first, second = names
-        started = time.perf_counter()
-        while len(blocks) < until_blocks and time.perf_counter() < deadline:
-            times: dict[str, list[float]] = {first: [], second: []}
-            for letter in self._next_pattern():
-                label = first if letter == "A" else second
-                value = self._sample(label)
-                times[label].append(value)
-                blocks.raw.append((label, value))
-            # The faster of each side's two samples: on a shared host noise only ever adds
-            # time (preemption, a neighbour's burst), and it rarely hits both samples.
-            blocks.baseline.append(min(times[first]))
-            blocks.candidate.append(min(times[second]))
-        blocks.elapsed_s += time.perf_counter() - started
+    return Arm(side.label, allocation, sample)
 
 
-def run_single(timer: Timer, loop: Loop, side: Side, samples: int, deadline: float) -> list[float]:
-    """Samples of one side alone (``--save`` of a single target)."""
+def prepare_pairs(
+    timer: Timer, baseline: Target, candidate: Target, shape: tuple[int, ...], *,
+    input_sets: int, sample_s: float, budget_s: float, clock: Callable[[], float] = time.perf_counter,
+    progress: Callable[[str], None] | None = None, min_pairs: int = MIN_PAIRS, max_pairs: int = MAX_PAIRS,
+) -> PairSetup:
+    """Load, warm up and calibrate the first allocation of each side, plan the pairs
+    (:func:`plan_pairs`), then load the other allocations: A/B pair ``j`` gets baseline and
+    candidate allocations with the same seeds (which side is allocated first alternates, so
+    allocation order is no systematic effect); each A/A pair gets two baseline allocations."""
+    read_memory, available = _memory_probe(timer.device)
+    before = read_memory()
+    began = clock()
+    first = {"baseline": load_side("baseline", baseline, shape, input_sets, 0),
+             "candidate": load_side("candidate", candidate, shape, input_sets, 0)}
+    load_s = clock() - began
+    after = read_memory()
+    bytes_per_allocation = (
+        max(1, (after - before) // 2) if before is not None and after is not None and after > before else None
+    )
+    for side in first.values():
+        warm_up(side)
+    calls = calibrate(timer, list(first.values()), sample_s)
+    loops = {label: timer.prepare(side.kernels, calls) for label, side in first.items()}
+    sample_times = {label: timed(timer, first[label], loop, "a timed call")[0] for label, loop in loops.items()}
+    block_s = 2.0 * sum(sample_times.values())
+    per_call_s = max(sample_times.values()) / calls
+    setup_per_pair = load_s + 4 * input_sets * per_call_s  # load, and two warm-up calls a set a side
+    plan = plan_pairs(
+        budget_s, block_s, setup_s_per_pair=setup_per_pair,
+        bytes_per_pair=2 * bytes_per_allocation if bytes_per_allocation else None,
+        available_bytes=available, min_pairs=min_pairs, max_pairs=max_pairs,
+    )
+    if progress is not None:
+        progress(f"{plan.ab_pairs} allocation pairs and {plan.aa_pairs} A/A pairs ({plan.limited_by}), "
+                 f"{calls} calls per sample")
+    started_setup = clock()
+    targets = {"baseline": baseline, "candidate": candidate}
+
+    def allocate(label: str, seed_slot: int) -> Side:
+        side = load_side(label, targets[label], shape, input_sets, seed_slot * input_sets)
+        warm_up(side, min_calls=2, min_s=0.0)
+        return side
+
+    pairs: list[Pair] = [Pair("ab", 0, _arm(timer, first["baseline"], loops["baseline"], 0),
+                              _arm(timer, first["candidate"], loops["candidate"], 0))]
+    for j in range(1, plan.ab_pairs):
+        order = ("baseline", "candidate") if j % 2 == 0 else ("candidate", "baseline")
+        sides = {label: allocate(label, j) for label in order}
+        pairs.append(Pair("ab", j, *(_arm(timer, sides[label], timer.prepare(sides[label].kernels, calls), j)
+                                     for label in ("baseline", "candidate"))))
+    for m in range(plan.aa_pairs):
+        slot = plan.ab_pairs + m
+        a, b = allocate("baseline", slot), allocate("baseline", slot)
+        allocation = plan.ab_pairs + 2 * m
+        pairs.append(Pair("aa", plan.ab_pairs + m,
+                          _arm(timer, a, timer.prepare(a.kernels, calls), allocation),
+                          _arm(timer, b, timer.prepare(b.kernels, calls), allocation + 1)))
+    return PairSetup(pairs, calls, first["baseline"], first["candidate"], plan, input_sets,
+                     clock() - started_setup, bytes_per_allocation, block_s)
+
+
+@dataclass
+class SingleMeasurement:
+    """One target measured alone (``--save``): samples in order, with their allocation."""
+
+    side: Side
+    calls_per_sample: int
+    values: list[float]
+    allocations: list[int]
+    elapsed_s: float
+
+
+def measure_single(
+    timer: Timer, target: Target, shape: tuple[int, ...], *, input_sets: int, sample_s: float,
+    budget_s: float, allocations: int = MIN_PAIRS, clock: Callable[[], float] = time.perf_counter,
+) -> SingleMeasurement:
+    """Samples of one side alone, rotating over ``allocations`` independent allocations, so
+    the saved run's median averages over where the buffers landed."""
+    first = load_side("baseline", target, shape, input_sets, 0)
+    warm_up(first)
+    calls = calibrate(timer, [first], sample_s)
+    sides = [first]
+    for j in range(1, allocations):
+        side = load_side("baseline", target, shape, input_sets, j * input_sets)
+        warm_up(side, min_calls=2, min_s=0.0)
+        sides.append(side)
+    loops = [timer.prepare(side.kernels, calls) for side in sides]
     values: list[float] = []
-    while len(values) < samples and time.perf_counter() < deadline:
-        elapsed, result = timer.measure(loop)
-        check_result(side, result, "a timed call")
-        values.append(elapsed / loop.calls)
-    return values
+    owners: list[int] = []
+    began = clock()
+    deadline = began + budget_s
+    while clock() < deadline:
+        for index, (side, loop) in enumerate(zip(sides, loops, strict=True)):
+            elapsed, _ = timed(timer, side, loop, "a timed call")
+            values.append(elapsed / loop.calls)
+            owners.append(index)
+    return SingleMeasurement(first, calls, values, owners, clock() - began)
 
 
 def measure_callable(fn: Callable[[], Any], repeats: int) -> float:

@@ -8,7 +8,12 @@ File format ``glmfb.bench/1`` (history: ``glmfb.bench/1`` first version)::
                "candidate": {...}},                       # or only "baseline" for one target
      "shapes": {"8x4096": {"calls_per_sample": 12,
                            "baseline": [per-call seconds of each sample, ...],
-                           "candidate": [...]}}}
+                           "baseline_allocations": [allocation of each sample, ...],
+                           "candidate": [...], "candidate_allocations": [...]}}}
+
+(``*_allocations`` is optional: which independent allocation each sample came from; added
+within ``glmfb.bench/1``, older files simply lack it.) Several runs of one side can be given
+as ``FILE,FILE`` or a glob (:func:`load_runs`).
 
 A pytest-benchmark file (``--benchmark-json`` or ``--benchmark-save``) is read as one side
 whose keys are benchmark names: raw round times when it was saved with
@@ -17,6 +22,7 @@ whose keys are benchmark names: raw round times when it was saved with
 
 from __future__ import annotations
 
+import glob
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -49,6 +55,8 @@ class SavedSide:
     env: Mapping[str, Any] = field(default_factory=dict)
     samples: Mapping[str, list[float]] = field(default_factory=dict)
     summaries: Mapping[str, Summary] = field(default_factory=dict)
+    allocations: Mapping[str, list[int]] = field(default_factory=dict)  # per sample, when saved
+    path: str = ""  # the file it came from (two sides of one file ran in one process)
 
     @property
     def keys(self) -> list[str]:
@@ -93,6 +101,26 @@ def _positive_floats(values: Any, where: str) -> list[float]:
     return out
 
 
+def load_runs(spec: str) -> list[SavedSide]:
+    """Several runs of one side: ``FILE[,FILE...]``, each may be a glob (``runs/base-*.json``)
+    and end in ``#baseline`` / ``#candidate``. Each file is one run (one process)."""
+    runs: list[SavedSide] = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        path_text, sep, selector = part.partition("#")
+        if any(ch in path_text for ch in "*?["):
+            matches = sorted(glob.glob(path_text))
+            if not matches:
+                raise InputError(f"{path_text}: no file matches", "check the pattern, or quote it for the shell")
+            runs.extend(load_side(m + (f"#{selector}" if sep else "")) for m in matches)
+        else:
+            runs.append(load_side(part))
+    if not runs:
+        raise InputError(f"{spec!r} names no file", "give a saved .json file")
+    return runs
+
+
 def load_side(spec: str) -> SavedSide:
     """Read ``FILE`` or ``FILE#baseline`` / ``FILE#candidate``."""
     path_text, _, selector = spec.partition("#")
@@ -133,9 +161,16 @@ def _load_glmfb(path_text: str, data: dict[str, Any], selector: str, spec: str) 
                                      f"{path_text}: shapes.{shape}.{label}")
         for shape, entry in shapes.items()
     }
+    allocations: dict[str, list[int]] = {}
+    for shape, entry in shapes.items():
+        owners = entry.get(f"{label}_allocations") if isinstance(entry, dict) else None
+        if (isinstance(owners, list) and len(owners) == len(samples[str(shape)])
+                and all(isinstance(a, int) and not isinstance(a, bool) for a in owners)):
+            allocations[str(shape)] = list(owners)
     env = data.get("env") if isinstance(data.get("env"), dict) else {}
     kernel = str(side.get("kernel") or side.get("ref") or label) if isinstance(side, dict) else label
-    return SavedSide(f"{path_text}#{label}", SAVED_SCHEMA, kernel, env or {}, samples)
+    return SavedSide(f"{path_text}#{label}", SAVED_SCHEMA, kernel, env or {}, samples,
+                     allocations=allocations, path=str(Path(path_text).resolve()))
 
 
 def _pytest_benchmark_env(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -180,4 +215,4 @@ def _load_pytest_benchmark(path_text: str, data: Mapping[str, Any]) -> SavedSide
     if not samples and not summaries:
         raise InputError(f"{path_text}: the pytest-benchmark file lists no benchmarks")
     return SavedSide(path_text, "pytest-benchmark", Path(path_text).name,
-                     _pytest_benchmark_env(data), samples, summaries)
+                     _pytest_benchmark_env(data), samples, summaries, path=str(Path(path_text).resolve()))

@@ -44,7 +44,10 @@ def run_gap(config: GapConfig, ctx: ProbeContext) -> Verdict:
     try:
         sides.append(_build("baseline", baseline_factory, config.baseline, ctx.progress))
         sides.append(_build("candidate", candidate_factory, config.candidate, ctx.progress))
-        measurement = measure(config, sides[0], sides[1], ctx.progress)
+        measurement = measure(config, sides[0], sides[1], ctx.progress, build=(
+            lambda: _build("baseline", baseline_factory, config.baseline, ctx.progress),
+            lambda: _build("candidate", candidate_factory, config.candidate, ctx.progress),
+        ))
         verdict = _judge(config, measurement, sides[1], ctx)
     except TargetFailed as failure:
         from glmfb.host import target_failed_verdict
@@ -143,6 +146,7 @@ def _judge(config: GapConfig, measurement: Measurement, candidate: Any, ctx: Pro
             baseline_median_s=statistics.median(measurement.baseline.times_s),
             candidate_median_s=statistics.median(measurement.candidate.times_s),
             iterations_per_side=n, stopped_by=measurement.stopped_by, elapsed_s=measurement.elapsed_s,
+            **measurement.evidence(),
             baseline_samples_s=tuple(round(t, 6) for t in measurement.baseline.times_s),
             candidate_samples_s=tuple(round(t, 6) for t in measurement.candidate.times_s),
         ),

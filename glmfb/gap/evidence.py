@@ -11,8 +11,9 @@ from glmfb.evidence import Evidence, evidence_kind
 @evidence_kind
 @dataclass(frozen=True, kw_only=True)
 class GapMeasurement(Evidence):
-    """The gap (candidate / baseline - 1 of the median iteration time), its interval, and the
-    interleaved samples it came from."""
+    """The gap (candidate / baseline - 1; ``statistic`` says of what), its interval, how it
+    was measured (builds a side, rounds, the levels of the looks, the interval's degrees of
+    freedom and its spread between and within builds) and the interleaved samples."""
 
     kind: ClassVar[str] = "gap"
     gap: float
@@ -24,6 +25,13 @@ class GapMeasurement(Evidence):
     iterations_per_side: int
     stopped_by: str
     elapsed_s: float
+    statistic: str = ""
+    allocations_per_side: int = 1
+    rounds: int = 0
+    look_levels: tuple[float, ...] = ()
+    df: float | None = None
+    between_allocation_sd: float | None = None
+    within_allocation_sd: float | None = None
     baseline_samples_s: tuple[float, ...] = ()
     candidate_samples_s: tuple[float, ...] = ()
 
