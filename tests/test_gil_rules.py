@@ -208,3 +208,40 @@ def test_the_call_below_python_skips_machinery_and_stale_interpreter_frames() ->
                    Symbol("zlib_compress", "/lib-dynload/zlib.cpython-311-x86_64-linux-gnu.so"),
                    Symbol("deflate_slow", "/usr/lib/libz.so.1"))
     assert c_call(compressing) == "zlib.compress"
+
+
+# ---- which C function a holder was in, from native snapshots ----------------------------------
+
+
+def _site(tmp_path: Any, line_text: str) -> Any:
+    from glmfb.gil.pyspy import CallSite
+
+    source = tmp_path / f"dispatch_{abs(hash(line_text))}.py"  # linecache keeps a file's first text
+    source.write_text(f"def dispatch():\n    {line_text}\n")
+    return CallSite(thread_id=3, thread_name="dispatcher", function="dispatch", file=str(source), line=2, samples=50)
+
+
+def test_a_stale_library_frame_above_the_call_is_not_named(tmp_path: Any) -> None:
+    from collections import Counter
+
+    from glmfb.gil.rules import c_function_of
+
+    # Every snapshot's stack scan found a stale __clock_gettime above the usleep the line calls.
+    votes = Counter({("__clock_gettime", "__clock_gettime"): 18, ("", ""): 2})
+    foreign = Counter({"__clock_gettime": 18, "usleep": 19, "__nanosleep": 19})
+    site = _site(tmp_path, "self._usleep(20_000)")
+    assert c_function_of(site, votes, foreign) == (None, "usleep", "native snapshots")
+    # Without the line naming it, the outermost library frame stays the answer.
+    other = _site(tmp_path, "self.work()")
+    assert c_function_of(other, votes, foreign)[0] == "__clock_gettime"
+
+
+def test_a_python_named_c_function_is_kept_over_a_library_frame_the_line_names(tmp_path: Any) -> None:
+    from collections import Counter
+
+    from glmfb.gil.rules import c_function_of
+
+    votes = Counter({("zlib.compress", "zlib_compress"): 20})
+    foreign = Counter({"compress": 20, "deflate": 20})
+    site = _site(tmp_path, "zlib.compress(data)")
+    assert c_function_of(site, votes, foreign)[0] == "zlib.compress"

@@ -4,7 +4,8 @@ holds it inside a native call that never lets it go (bug 2 of docs/background.md
 Public API (used by ``glmfb gap``)::
 
     from glmfb.gil import GilConfig, trace_gil
-    verdict = trace_gil(GilConfig(name="x", command=("python", "prog.py")), artifact_dir=Path(...))
+    ctx = ProbeContext(run_id="x", artifact_dir=Path("reports/x/gil"))  # from glmfb.probe
+    verdict = trace_gil(GilConfig(name="x", command=("python", "prog.py")), ctx)
 """
 
 from __future__ import annotations

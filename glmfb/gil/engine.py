@@ -508,6 +508,7 @@ class _Session:
         stall: dict[str, Any] = {}
         timeline: dict[int, list[list[float | str]]] = {}
         native_votes: dict[int, Counter[tuple[str, str]]] = {}
+        native_foreign: dict[int, Counter[str]] = {}
         if beat is not None and sampler.error is None:
             times = sampler.thread_times(beat.thread_id, started_s, end_s)
             counts, ticks = sampler.waiting_counts(beat.thread_id)
@@ -558,11 +559,13 @@ class _Session:
             shown = [tid for tid, _ in sorted(times.items(), key=lambda item: -(item[1].cpu_s + item[1].gil_wait_s))]
             timeline = sampler.timeline(beat.thread_id, top_holder["tid"] if top_holder else None,
                                         started_s, end_s, shown[:MAX_TIMELINE_THREADS])
-            from glmfb.gil.native import below_python, c_call_symbol
+            from glmfb.gil.native import below_python, c_call_symbol, foreign_calls
 
             for _at, stack in sampler.native_stacks:
-                call = c_call_symbol(below_python(stack))
+                frames = below_python(stack)
+                call = c_call_symbol(frames)
                 native_votes.setdefault(stack.tid, Counter())[call or ("", "")] += 1
+                native_foreign.setdefault(stack.tid, Counter()).update(foreign_calls(frames))
         elif sampler.error is not None:
             self.missing.append({"signal": "GIL waiters", "reason": sampler.error})
         if sampler.native_error is not None and not sampler.native_stacks and config.native:
@@ -613,6 +616,7 @@ class _Session:
                 thread_names=names,
                 cpus=dict(sampler.cpus),
                 native_votes=native_votes,
+                native_foreign=native_foreign,
                 native_error=sampler.native_error,
                 native_snapshots=len(sampler.native_stacks),
                 stall=stall,

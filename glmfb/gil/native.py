@@ -467,6 +467,12 @@ def _foreign(symbol: Symbol) -> bool:
     return not base.startswith(("libpython", "python", "libffi"))
 
 
+def foreign_calls(frames: tuple[Symbol, ...]) -> set[str]:
+    """The library functions (outside the interpreter and the call machinery) among the
+    frames below Python, each once."""
+    return {frame.name for frame in frames if not is_plumbing(frame.name) and _foreign(frame)}
+
+
 def c_call(frames: tuple[Symbol, ...]) -> str | None:
     """The Python name of the C function called from Python; see :func:`c_call_symbol`."""
     found = c_call_symbol(frames)

@@ -109,6 +109,8 @@ class Observations:
     thread_names: dict[int, str] = field(default_factory=dict)
     cpus: dict[int, str] = field(default_factory=dict)  # tid -> Cpus_allowed_list
     native_votes: dict[int, Counter[tuple[str, str]]] = field(default_factory=dict)  # tid -> (name, symbol) seen
+    # tid -> library functions below Python, counted once per snapshot they appear in
+    native_foreign: dict[int, Counter[str]] = field(default_factory=dict)
     native_error: str | None = None
     native_snapshots: int = 0
     stall: dict[str, Any] = field(default_factory=dict)  # the heartbeat's longest stretch without a wake-up
@@ -168,15 +170,21 @@ def _names_callee(file: str, line: int, symbol: str) -> bool:
     return bool(wanted) and any(wanted in callee.lower() for callee in callees)
 
 
-def c_function_of(site: CallSite, votes: Counter[tuple[str, str]] | None
-                  ) -> tuple[str | None, str | None, str | None]:
+def c_function_of(site: CallSite, votes: Counter[tuple[str, str]] | None,
+                  foreign: Counter[str] | None = None) -> tuple[str | None, str | None, str | None]:
     """``(python name, C symbol, source)`` of the C function the site held the GIL in: from
     py-spy --native's frames below it, else from native snapshots of its thread while it ran
     (py-spy leaves the interpreter's own functions out: ``sorted``, ``list.sort``). A foreign
     function (a library's, through ctypes) whose call is written on the site's own line
     (``usleep(...)`` in ``intranode_dispatch``) leaves the site's Python function as the name:
     that function is the binding; through an indirection (``self.work()`` of a partial) the
-    foreign function is named."""
+    foreign function is named.
+
+    A snapshot's frames come from scanning its stack for return addresses, so a stale one (a
+    ``clock_gettime`` an earlier call left in a slot the foreign call's frames did not
+    overwrite) can sit above the function really called. So a library function that the
+    site's own line calls and that is below Python in most snapshots (``foreign``) is taken
+    before the outermost library frame the votes name."""
     from glmfb.gil.native import ENTRY_NAMES
 
     found: tuple[str, str, str] | None = None
@@ -189,22 +197,26 @@ def c_function_of(site: CallSite, votes: Counter[tuple[str, str]] | None
         (name, symbol), count = votes.most_common(1)[0]
         if name and count >= 0.5 * total:
             found = (name, symbol, "native snapshots")
+        if name == symbol and foreign and not _glmfb_file(site.file):  # the votes name a library function
+            for called, seen in foreign.most_common():
+                if seen >= 0.5 * total and _names_callee(site.file, site.line, called):
+                    return None, called, "native snapshots"
     if found is None:
         return None, None, None
     name, symbol, source = found
-    foreign = name == symbol and symbol not in ENTRY_NAMES
-    if foreign and not _glmfb_file(site.file) and _names_callee(site.file, site.line, symbol):
+    library = name == symbol and symbol not in ENTRY_NAMES
+    if library and not _glmfb_file(site.file) and _names_callee(site.file, site.line, symbol):
         return None, symbol, source
     return name, symbol, source
 
 
 def holder_evidence(site: CallSite, total: int, cls: type[HeldSite] = GilHolder,
-                    votes: Counter[tuple[str, str]] | None = None) -> HeldSite:
+                    votes: Counter[tuple[str, str]] | None = None, foreign: Counter[str] | None = None) -> HeldSite:
     native = site.native_calls.most_common(1)
     stack = site.stacks.most_common(1)[0][0] if site.stacks else ()
     known = site.split_samples > 0
     idle_share = site.idle / site.samples if site.samples and known else 0.0
-    c_function, c_symbol, c_source = c_function_of(site, votes)
+    c_function, c_symbol, c_source = c_function_of(site, votes, foreign)
     return cls(
         thread=site.thread_name, tid=site.thread_id, function=_short(site.function), qualname=site.function,
         file=display_path(site.file), line=site.line, samples=site.samples,
@@ -247,7 +259,8 @@ def holder_site(observations: Observations, exclude: frozenset[int] = frozenset(
         for site in (s for s in profile.sites if s.thread_id == thread["tid"]):
             if not _glmfb_file(site.file):
                 return site
-            if c_function_of(site, observations.native_votes.get(site.thread_id))[0] is not None:
+            if c_function_of(site, observations.native_votes.get(site.thread_id),
+                             observations.native_foreign.get(site.thread_id))[0] is not None:
                 return site
     return None
 
@@ -624,7 +637,8 @@ def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None)
     profile = observations.holders
     total = profile.sample_instants if profile else 0
     starved_names = starved_threads(observations, starved, site)
-    holder = (holder_evidence(site, total, votes=observations.native_votes.get(site.thread_id))
+    holder = (holder_evidence(site, total, votes=observations.native_votes.get(site.thread_id),
+                              foreign=observations.native_foreign.get(site.thread_id))
               if site is not None else None)
     assert holder is None or isinstance(holder, GilHolder)
     waiting = _waiting_threads(observations)
@@ -633,7 +647,8 @@ def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None)
     if waiter is not None:
         other = holder_site(observations, exclude=frozenset({waiter.tid}))
         if other is not None:
-            found = holder_evidence(other, total, votes=observations.native_votes.get(other.thread_id))
+            found = holder_evidence(other, total, votes=observations.native_votes.get(other.thread_id),
+                                    foreign=observations.native_foreign.get(other.thread_id))
             assert isinstance(found, GilHolder)
             wait_holder = found
     missing = tuple(MissingSignal(signal=m["signal"], reason=m["reason"]) for m in observations.missing)
