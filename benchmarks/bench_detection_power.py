@@ -395,7 +395,9 @@ def run_gap(directory: Path, extra: int) -> Outcome:
                             "--no-attribute", "--out", str(directory / "gap-reports")])
     if verdict is None:
         return Outcome(status=f"broken(rc={done.returncode}): {done.stderr.strip()[-200:]}")
-    gap = next(e for e in verdict["evidence"] if e["kind"] == "gap")
+    gap = next((e for e in verdict["evidence"] if e["kind"] == "gap"), None)
+    if gap is None:
+        return Outcome(status=f"{verdict['status']}: {verdict['why'][:160]}")
     status = verdict["status"]
     return Outcome({"5%": status == "fail"}, {"5%": status == "pass"}, status,
                    note=f"{gap['gap']:+.1%} [{gap['ci'][0]:+.1%}, {gap['ci'][1]:+.1%}] "
@@ -483,6 +485,9 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=None, help="glmfb --budget (default: glmfb's)")
     parser.add_argument("--save-budget", type=float, default=3.0, help="glmfb --budget of each --save run")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-floor", action="store_true",
+                        help="use the cached between-process floor (measure it in another run)")
+    parser.add_argument("--skip-units", action="store_true", help="leave out the units checks")
     args = parser.parse_args()
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
@@ -494,10 +499,12 @@ def main() -> None:
         write_workdir(directory)
         keep = directory / "keep"
         keep.mkdir()
-        for line in check_units(directory):
+        for line in [] if args.skip_units else check_units(directory):
             print(f"units: {line}", flush=True)
-        floor = subprocess.run([sys.executable, "-m", "glmfb.measure.floor"], capture_output=True, text=True, cwd=ROOT)
-        print(f"floor: {floor.stdout.strip() or floor.stderr.strip()[-200:]}", flush=True)
+        if not args.skip_floor:
+            floor = subprocess.run([sys.executable, "-m", "glmfb.measure.floor"], capture_output=True, text=True,
+                                   cwd=ROOT)
+            print(f"floor: {floor.stdout.strip() or floor.stderr.strip()[-200:]}", flush=True)
 
         cases: dict[str, dict[str, int]] = {}
         for kernel in kernels:
@@ -549,7 +556,10 @@ def main() -> None:
         results: dict[tuple[str, str, str], list[Outcome]] = defaultdict(list)
         for index, (tool, kernel, case, job) in enumerate(jobs, 1):
             begin = time.perf_counter()
-            outcome = job()
+            try:
+                outcome = job()
+            except Exception as exc:  # one broken trial is reported, and the others go on
+                outcome = Outcome(status=f"broken: {type(exc).__name__}: {exc}"[:200])
             outcome.seconds = time.perf_counter() - begin
             results[(tool, kernel, case)].append(outcome)
             if outcome.files is not None:  # glmfb on the same two separate runs (not timed)
