@@ -56,7 +56,7 @@ RENAMED: dict[str, dict[str, str]] = {
     "gil": {},
     "gap": {},
 }
-OWN_FILE = re.compile(r"(?:^|[\s(/])glmfb/(?:[\w]+/)*[\w]+\.py")
+PY_FILE = re.compile(r"[\w./-]+\.py\b")  # a file the why names (relative or absolute)
 
 
 class CorpusError(Exception):
@@ -273,7 +273,16 @@ def _own_frames(verdict: Mapping[str, Any]) -> list[str]:
         if resolved.is_relative_to(package):
             found.append(f"where.file {file}")
     if verdict["status"] != "pass":
-        found.extend(f"why names {m.group(0).strip(' (/')}" for m in OWN_FILE.finditer(verdict["why"]))
+        # Told by where the file is, never by a name in its path: a checkout may well sit in a
+        # folder called glmfb.
+        for match in PY_FILE.finditer(verdict["why"]):
+            path = Path(match.group(0))
+            try:
+                resolved = (path if path.is_absolute() else Path.cwd() / path).resolve()
+            except (OSError, ValueError):
+                continue
+            if resolved.is_relative_to(package):
+                found.append(f"why names {match.group(0)}")
     return found
 
 

@@ -163,8 +163,11 @@ def test_a_signal_to_glmfb_stops_everything_and_keeps_a_valid_run(kind: str, sig
     else:
         args = [*probe_args(kind, "hang", requests), "--json"]
     env = {**os.environ, MARK: mark, "PYTHONPATH": str(ROOT)}
+    # SIGINT as a terminal delivers it: a shell that starts jobs in the background (without job
+    # control) leaves SIGINT ignored in them, and a program that starts with it ignored keeps it so.
     process = subprocess.Popen([sys.executable, "-m", "glmfb", *args, "--out", str(out), "--timeout", "120s"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         if kind == "run":  # wait until the first probe is done and the hanging one has started
             deadline = time.monotonic() + 60
@@ -178,6 +181,7 @@ def test_a_signal_to_glmfb_stops_everything_and_keeps_a_valid_run(kind: str, sig
     finally:
         if process.poll() is None:
             process.kill()
+            process.wait()  # reaped, so no zombie is left to later tests
     assert process.returncode == 3, (process.returncode, stderr[-1500:])
     assert stopped_s < 20
     run = run_json(out)

@@ -98,7 +98,13 @@ def bench_arguments(**extra: Any) -> dict[str, Any]:
 
 def server_process() -> psutil.Process:
     """The glmfb mcp process this test's client started."""
-    children = [p for p in psutil.Process().children() if "mcp" in p.cmdline()]
+    children = []
+    for child in psutil.Process().children():
+        try:
+            if "mcp" in child.cmdline():
+                children.append(child)
+        except psutil.Error:  # a zombie or a process gone meanwhile is not the server
+            continue
     assert len(children) == 1, children
     return children[0]
 
