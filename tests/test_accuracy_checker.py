@@ -9,7 +9,7 @@ from pathlib import Path
 import glmfb.gil.runner as runner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import accuracy  # noqa: E402
+import accuracy
 
 
 def test_a_user_file_under_a_folder_named_glmfb_is_not_glmfbs_own() -> None:
