@@ -281,6 +281,14 @@ class _Session:
             wait_until(lambda: _exited(launched.pid), remaining_s, poll_s=0.02)
             sampler.stop()
             returncode = launched.poll()
+            if returncode is None and _exited(launched.pid):
+                # It ended, but the exit may not be collectable yet while the sampler's ptrace
+                # stop is being undone: wait for the status rather than "stop" a dead program
+                # (which would lose its exit code and read as a clean end).
+                deadline = time.monotonic() + 2.0
+                while returncode is None and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                    returncode = launched.poll()
             if returncode is None:
                 grace = TRACE_STOP_GRACE_S if config.trace else STOP_GRACE_S
                 launched.stop(grace_s=grace, first_signal=signal.SIGTERM)
