@@ -124,7 +124,6 @@ def record_calls(side: LoadedSide, request: Request, wanted: Sequence[tuple[str,
     kept: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
     inputs: dict[tuple[str, int], tuple[Any, Any]] = {}
     counters: dict[str, int] = {}
-    handles = []
 
     def make_hooks(name: str) -> tuple[Callable[..., None], Callable[..., None]]:
         def pre(module: Any, args: Any, kwargs: Any) -> None:
@@ -140,19 +139,7 @@ def record_calls(side: LoadedSide, request: Request, wanted: Sequence[tuple[str,
 
         return pre, post
 
-    for name in {module for module, _ in wanted}:
-        try:
-            module = side.submodule(name)
-        except AttributeError:
-            continue
-        pre, post = make_hooks(name)
-        handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(module.register_forward_hook(post))
-    try:
-        forward(side, request)
-    finally:
-        for handle in handles:
-            handle.remove()
+    _forward_hooked(side, request, {module for module, _ in wanted}, make_hooks)
     return kept
 
 
@@ -342,7 +329,6 @@ def _record_enclosing(side: LoadedSide, request: Request, module: str, call: int
     pending: dict[tuple[str, int], tuple[Any, Any]] = {}
     kept: dict[str, tuple[Any, Any]] = {}
     enclosing: dict[str, int] = {}
-    handles = []
 
     def make_hooks(name: str) -> tuple[Callable[..., None], Callable[..., None]]:
         def pre(_: Any, args: Any, kwargs: Any) -> None:
@@ -368,6 +354,15 @@ def _record_enclosing(side: LoadedSide, request: Request, module: str, call: int
 
         return pre, post
 
+    _forward_hooked(side, request, names, make_hooks)
+    return kept
+
+
+
+def _forward_hooked(side: LoadedSide, request: Request, names: Any, make_hooks: Any) -> None:
+    """One forward of ``side`` on ``request`` with ``make_hooks(name)``'s pre- and post-hooks on
+    each named module ("" is the whole model; a name the side lacks is skipped), removed after."""
+    handles = []
     for name in names:
         try:
             target = side.submodule(name) if name else side.module
@@ -381,7 +376,6 @@ def _record_enclosing(side: LoadedSide, request: Request, module: str, call: int
     finally:
         for handle in handles:
             handle.remove()
-    return kept
 
 
 def error_entry(baseline: LoadedSide, candidate: LoadedSide, request: Request, module: str, call: int,
