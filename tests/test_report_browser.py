@@ -248,11 +248,15 @@ def _expected_plots(verdict: Mapping[str, Any]) -> set[str]:
     elif verdict["probe"] == "gil":
         expected |= {"gil-lateness"} if kinds.get("starvation", {}).get("p99_ms") is not None else set()
         expected |= {"gil-timeline"} if kinds.get("starvation", {}).get("windows") else set()
-        expected |= {"gil-wait-shares"} if kinds.get("gil_threads", {}).get("threads") else set()
+        holders = [t for t in kinds.get("gil_threads", {}).get("threads") or [] if not t.get("excluded")]
+        waiters = kinds.get("starvation", {}).get("waiting_for_gil") or []
+        expected |= {"gil-wait-shares"} if holders or waiters else set()
     elif verdict["probe"] == "gap":
         expected |= {"gap-phases"} if "phase" in kinds else set()
         expected |= {"gap-interval"} if "gap" in kinds else set()
-        expected |= {"gap-bandwidth"} if kinds.get("bandwidth", {}).get("achieved_bytes_per_s") else set()
+        bandwidth = kinds.get("bandwidth", {})
+        compared = bandwidth.get("page_rate_bytes_per_s") or bandwidth.get("ceiling_bytes_per_s")
+        expected |= {"gap-bandwidth"} if bandwidth.get("achieved_bytes_per_s") and compared else set()
         expected |= {"gap-gil-timeline"} if "gil_verdict" in artifacts else set()
     return expected
 

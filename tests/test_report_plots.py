@@ -250,6 +250,17 @@ def test_gil_wait_shares_per_thread() -> None:
     assert "Starved threads (red): glmfb-heartbeat, kv-transfer." in result.caption
 
 
+def test_gil_wait_shares_with_only_the_heartbeat_sampled_says_so() -> None:
+    quiet = dict(STARVATION, waiting_for_gil=[], threads=[], starved=False)
+    heartbeat_only = dict(THREADS, samples=1, threads=[
+        {"thread": "glmfb-heartbeat", "tid": 9, "samples": 1, "share": 0.0033, "excluded": True}])
+    spec = next(s for s in specs_for("gil") if s.plot_id == "gil-wait-shares")
+    result = draw(spec, view("gil", [quiet, heartbeat_only]), prefix="t0")
+    assert result.state == "missing"
+    assert result.reason == ("no thread (glmfb-heartbeat, glmfb's own, aside) held or waited for the GIL "
+                             "in any of 300 sampled instants")
+
+
 def test_gil_lateness_against_the_threshold() -> None:
     result = drawn("gil-lateness", view("gil", [STARVATION]))
     assert {"lateness-p99", "threshold"} <= element_ids(result.svg)

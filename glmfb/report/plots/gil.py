@@ -123,7 +123,9 @@ def wait_shares(view: VerdictView) -> Plot:
     if not names:
         instants = threads.get("sample_instants") if threads is not None else None
         if instants:
-            raise NoData(f"no thread held or waited for the GIL in any of {instants} sampled instants")
+            own = [str(row.get("thread")) for row in threads.get("threads") or [] if row.get("excluded")]
+            aside = f" ({', '.join(own)}, glmfb's own, aside)" if own else ""
+            raise NoData(f"no thread{aside} held or waited for the GIL in any of {instants} sampled instants")
         raise NoData("the verdict has neither gil_threads nor waiting_for_gil evidence")
     names.sort(key=lambda n: -(max(holding.get(n, 0.0), waiting.get(n, 0.0))))
     starved = {str(t) for t in (starvation.get("threads") if starvation is not None else None) or []}
