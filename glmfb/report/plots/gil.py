@@ -123,7 +123,8 @@ def wait_shares(view: VerdictView) -> Plot:
     if not names:
         instants = threads.get("sample_instants") if threads is not None else None
         if instants:
-            own = [str(row.get("thread")) for row in threads.get("threads") or [] if row.get("excluded")]
+            rows = (threads.get("threads") if threads is not None else None) or []
+            own = [str(row.get("thread")) for row in rows if row.get("excluded")]
             aside = f" ({', '.join(own)}, glmfb's own, aside)" if own else ""
             raise NoData(f"no thread{aside} held or waited for the GIL in any of {instants} sampled instants")
         raise NoData("the verdict has neither gil_threads nor waiting_for_gil evidence")
