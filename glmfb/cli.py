@@ -166,8 +166,9 @@ def run_command(
     report_dir = start_run(out, run_id)  # the gate's pointer, before anything can fail
     timeout_s = parse_timeout(timeout)
     search = paths or ["probes"]
-    definitions = suite.select(suite.load_definitions(suite.discover(search)), select or [])
-    suite.ensure_definitions(definitions, search)
+    loaded = suite.load_definitions(suite.discover(search))
+    definitions = suite.select(loaded, select or [])
+    suite.ensure_definitions(definitions, search, loaded, select or [])
     notes = console(stderr=True)
     show_progress = interactive()
 

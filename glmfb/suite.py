@@ -237,11 +237,20 @@ def select(definitions: Sequence[ProbeDefinition], patterns: Sequence[str]) -> l
     return [d for d in definitions if any(fnmatch.fnmatchcase(d.name, p) or p in d.name for p in patterns)]
 
 
-def ensure_definitions(definitions: Sequence[ProbeDefinition], paths: Sequence[str | Path]) -> None:
-    if not definitions:
-        where = ", ".join(str(p) for p in paths)
-        raise UsageError(f"no probe definitions found in {where}",
-                         "add [[probe]] tables in a .toml file there (README: Writing a probe definition)")
+def ensure_definitions(definitions: Sequence[ProbeDefinition], paths: Sequence[str | Path],
+                       loaded: Sequence[ProbeDefinition] = (), patterns: Sequence[str] = ()) -> None:
+    """Refuse an empty selection: no definition in ``paths`` at all, or none of the ``loaded``
+    ones matching ``patterns`` (then name what they could have matched)."""
+    if definitions:
+        return
+    where = ", ".join(str(p) for p in paths)
+    if loaded and patterns:
+        names = [d.name for d in loaded]
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        raise UsageError(f"no probe in {where} matches -k {' '.join(repr(p) for p in patterns)}",
+                         f"-k takes a glob or a substring of a name: {shown}")
+    raise UsageError(f"no probe definitions found in {where}",
+                     "add [[probe]] tables in a .toml file there (README: Writing a probe definition)")
 
 
 # --------------------------------------------------------------------------------------------

@@ -110,6 +110,19 @@ def test_run_without_definitions_exits_2(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_run_whose_selection_matches_nothing_names_what_it_could_match(tmp_path: Path) -> None:
+    (tmp_path / "k.py").write_text("def a(shape, seed=0): ...\ndef b(shape, seed=0): ...\n")
+    (tmp_path / "p.toml").write_text('[[probe]]\nname = "rmsnorm-speed"\nprobe = "bench"\n'
+                                     'baseline = "k.py:a"\ncandidate = "k.py:b"\noptions = { shapes = ["8"] }\n')
+    result = glmfb("run", "p.toml", "-k", "nothing-like-it$", "--out", "reports", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [(
+        "glmfb: error: no probe in p.toml matches -k 'nothing-like-it$'; "
+        "-k takes a glob or a substring of a name: rmsnorm-speed")]
+    assert "Traceback" not in result.stderr
+    assert not list((tmp_path / "reports").glob("*/run.json"))  # and `glmfb gate` would refuse the stale pointer
+
+
 def test_run_writes_run_json_and_json_stdout(tmp_path: Path, toy: Path) -> None:
     from test_suite import DEFINITIONS
 

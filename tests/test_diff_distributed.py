@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ctypes
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +23,7 @@ from glmfb.diff.distributed import (
     Layout,
     RankFailure,
     _failure,
+    _hung,
     _innermost_frame,
     check_ranks_agree,
     declared_layouts,
@@ -284,6 +287,41 @@ def test_innermost_frame_skips_glmfb_torch_and_the_standard_library() -> None:
     only_library = f'Current thread 0x1 (most recent call first):\n  File "{threading.__file__}", line 9 in wait\n'
     assert _innermost_frame(only_library) == "threading.py:9 in wait"
     assert _innermost_frame("") is None
+
+
+LATE_DUMPER = """
+import faulthandler, signal, sys, time
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the first request for a stack goes unanswered
+print("ready", flush=True)
+time.sleep(float(sys.argv[2]))
+if sys.argv[1] != "-":
+    faulthandler.register(signal.SIGUSR1, file=open(sys.argv[1], "w"), all_threads=True)
+def hang_here():
+    time.sleep(60)
+hang_here()
+"""
+
+
+@pytest.mark.parametrize("answers", [True, False], ids=["asked-again", "never"])
+def test_a_hung_ranks_stack_is_asked_for_again_and_its_absence_said(tmp_path: Path, answers: bool) -> None:
+    from glmfb.diff.distributed import STACK_WAIT_S, stack_path
+
+    stack = stack_path(tmp_path, 0)
+    child = subprocess.Popen([sys.executable, "-c", LATE_DUMPER, str(stack) if answers else "-", "1.5"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        started = time.monotonic()
+        failure = _hung([0], {0: {"pid": child.pid, "state": "running", "request": "a"}}, tmp_path, 8.0)
+        elapsed_s = time.monotonic() - started
+    finally:
+        child.kill()
+        child.wait()
+    if answers:
+        assert "rank 0 hung in request 'a' (at <string>:" in str(failure) and "in hang_here)" in str(failure)
+        assert elapsed_s < STACK_WAIT_S
+    else:
+        assert f"rank 0 hung in request 'a' (its stack did not arrive within {STACK_WAIT_S:g} s)" in str(failure)
 
 
 def test_launch_goes_through_torch_distributed_run() -> None:

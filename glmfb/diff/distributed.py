@@ -65,7 +65,8 @@ Progress = Callable[[str], None]
 ORDERS = ("contiguous", "zigzag")
 STATUS_DIR = ".ranks"
 DEFAULT_TIMEOUT_S = 300.0
-STACK_WAIT_S = 2.0  # how long the stacks of hung ranks get to arrive after SIGUSR1
+STACK_WAIT_S = 6.0  # how long the stacks of hung ranks get to arrive after SIGUSR1
+STACK_ASK_AGAIN_S = 1.0  # SIGUSR1 again to a rank whose stack has not arrived after this long
 TEARDOWN_WAIT_S = 5.0  # SIGTERM, then SIGKILL after this long
 POLL_S = 0.1
 
@@ -551,19 +552,22 @@ def _hung(stalled: Sequence[int], statuses: Mapping[int, dict[str, Any] | None],
     the hung ones (all unfinished ranks when every one of them waits in a collective)."""
     unfinished = sorted({rank for rank, status in statuses.items() if (status or {}).get("state") not in ("done", "raised")}
                         | set(stalled))
-    for rank in unfinished:
-        pid = (statuses.get(rank) or {}).get("pid")
-        if pid:
-            with contextlib.suppress(OSError):
-                os.kill(int(pid), signal.SIGUSR1)
     stacks: dict[int, str] = {}
-    deadline = time.monotonic() + STACK_WAIT_S
-    while time.monotonic() < deadline and len(stacks) < len(unfinished):
+    started = time.monotonic()
+    asked_at = -STACK_ASK_AGAIN_S
+    while time.monotonic() - started < STACK_WAIT_S and len(stacks) < len(unfinished):
+        if time.monotonic() - asked_at >= STACK_ASK_AGAIN_S:  # ask again whoever has not answered
+            asked_at = time.monotonic()
+            for rank in unfinished:
+                pid = (statuses.get(rank) or {}).get("pid")
+                if pid and rank not in stacks:
+                    with contextlib.suppress(OSError):
+                        os.kill(int(pid), signal.SIGUSR1)
+        time.sleep(POLL_S)
         for rank in unfinished:
             text = _read_text(stack_path(status_dir, rank))
             if "File " in text and rank not in stacks:
                 stacks[rank] = text
-        time.sleep(POLL_S)
     waiting = sorted(rank for rank, text in stacks.items() if _in_collective(text))
     culprits = [rank for rank in unfinished if rank not in waiting] or unfinished
     parts = []
@@ -571,7 +575,8 @@ def _hung(stalled: Sequence[int], statuses: Mapping[int, dict[str, Any] | None],
         status = statuses.get(rank) or {}
         state = "before its first request" if not status.get("request") else f"in request {status['request']!r}"
         where = _innermost_frame(stacks.get(rank, ""))
-        parts.append(f"rank {rank} hung {state}" + (f" (at {where})" if where else ""))
+        at = f" (at {where})" if where else f" (its stack did not arrive within {STACK_WAIT_S:g} s)"
+        parts.append(f"rank {rank} hung {state}{at}")
     if waiting and culprits != unfinished:
         parts.append(f"rank {', '.join(str(r) for r in waiting)} waiting for it in a collective")
     elif waiting:

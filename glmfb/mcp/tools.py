@@ -510,8 +510,9 @@ class Toolbox:
                                     what="file or folder")
         select = strings(arguments.get("select", []), "select")
         try:
-            definitions = suite.select(suite.load_definitions(suite.discover(paths)), select)
-            suite.ensure_definitions(definitions, [self.boundary.relative(p) for p in paths])
+            loaded = suite.load_definitions(suite.discover(paths))
+            definitions = suite.select(loaded, select)
+            suite.ensure_definitions(definitions, [self.boundary.relative(p) for p in paths], loaded, select)
         except UsageError as exc:
             raise InputError(f"{label}: {exc.message}", exc.hint) from None
         return definitions
