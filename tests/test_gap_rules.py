@@ -101,3 +101,55 @@ def test_without_the_gil_probe_the_next_step_runs_it() -> None:
     diagnosis = diagnose(RULES, findings(0.4, 0.3, 0.5, gil=GilFinding(available=False, reason="x"))).diagnosis
     assert any(step.startswith("glmfb gil --target a.py:transfer") for step in diagnosis.next)
     assert diagnosis.where == {}
+
+
+def _times(*rows: tuple[str, float, float, str | None]) -> Any:
+    from glmfb.gil.evidence import ThreadTimeRow, ThreadTimes
+
+    return ThreadTimes(observed_s=4.0, threads=tuple(
+        ThreadTimeRow(thread=name, tid=i, cpu_share=cpu, runqueue_share=runqueue, gil_wait_share=0.0,
+                      other_wait_share=max(0.0, 1 - cpu - runqueue), cpus="0", c_function=c_function)
+        for i, (name, cpu, runqueue, c_function) in enumerate(rows)))
+
+
+# A CI run of gap-sender-zlib-cpu-contention: on one core the sender, compressing with the GIL
+# released, held the GIL in more sampled instants than the prefill and waited about as long for
+# the CPU, so "the thread that held the GIL most drives the iteration" named the sender slowed.
+ONE_CORE = _times(("kv-sender", 0.484, 0.393, "zlib.compress"),
+                  ("prefill", 0.387, 0.419, "torch::autograd::THPVariable_scaled_dot_product_attention"),
+                  ("thread 25649", 0.011, 0.037, None))
+PREFILL_ALONE = _times(("prefill", 0.83, 0.02, "torch::autograd::THPVariable_linear"), ("thread 31002", 0.01, 0.0, None))
+
+
+def test_the_baseline_tells_the_slowed_thread_from_the_one_the_candidate_added() -> None:
+    from glmfb.gap.attribution import _cpu_contention
+
+    alone = _cpu_contention(ONE_CORE, "kv-sender")
+    assert (alone["cpu_victim"], alone["competitor_thread"]) == ("kv-sender", "prefill")  # what the heuristic said
+    compared = _cpu_contention(ONE_CORE, "kv-sender", PREFILL_ALONE)
+    assert (compared["cpu_victim"], compared["competitor_thread"], compared["competitor_function"]) == (
+        "prefill", "kv-sender", "zlib.compress")
+    assert compared["baseline_compared"] and compared["cpu_victim_baseline_runqueue_share"] == 0.02
+    assert "competitor_baseline_cpu_share" not in compared  # the baseline has no sender
+    finding = replace(COMPRESSING, **compared)
+    diagnosis = diagnose(RULES, findings(1.0, 0.9, 1.1, gil=finding)).diagnosis
+    assert diagnosis.where == {"thread": "prefill", "function": "zlib.compress"}
+    assert "waited for a CPU 42% of the time against 2% in the baseline's run (and ran 39%)" in diagnosis.why
+    assert "thread kv-sender (a thread the baseline does not run) ran in zlib.compress" in diagnosis.why
+
+
+def test_a_competitor_the_baseline_also_runs_is_the_one_whose_cpu_time_grew() -> None:
+    from glmfb.gap.attribution import _cpu_contention
+
+    candidate = _times(("prefill", 0.40, 0.45, None), ("logger", 0.30, 0.10, None), ("packer", 0.25, 0.2, "zlib.compress"))
+    baseline = _times(("prefill", 0.80, 0.05, None), ("logger", 0.30, 0.05, None), ("packer", 0.02, 0.0, None))
+    found = _cpu_contention(candidate, "prefill", baseline)
+    assert (found["cpu_victim"], found["competitor_thread"], found["competitor_baseline_cpu_share"]) == (
+        "prefill", "packer", 0.02)
+
+
+def test_without_a_thread_whose_cpu_wait_grew_the_comparison_is_not_claimed() -> None:
+    from glmfb.gap.attribution import _cpu_contention
+
+    found = _cpu_contention(ONE_CORE, "prefill", _times(("prefill", 0.3, 0.6, None)))
+    assert found["cpu_victim"] == "prefill" and "baseline_compared" not in found

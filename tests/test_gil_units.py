@@ -317,3 +317,29 @@ def test_a_few_wake_ups_spread_over_seconds_are_usable_starvation_data() -> None
     assert heartbeat_is_usable(beat)
     short = Heartbeat(1, 7, 0.001, {7: "glmfb-heartbeat"}, (100.0, 100.01, 100.02), (0.001,) * 3)
     assert not heartbeat_is_usable(short)
+
+
+def test_a_recording_that_ended_with_its_program_keeps_the_sampled_window(tmp_path: Path) -> None:
+    """py-spy stops by itself when the traced program exits; the shares of the time a thread
+    held the GIL are still taken over the instants of the window, not over the held ones."""
+    import subprocess
+    import sys
+    import time
+
+    from glmfb.gil import pyspy
+
+    executable = pyspy.find_pyspy()
+    if executable is None:
+        pytest.skip("py-spy is not installed")
+    program = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass"])
+    recording = pyspy.Recording(executable, program.pid, tmp_path / "raw.txt", tmp_path / "log.txt",
+                                rate_hz=100, native=False, nonblocking=False)
+    program.wait()
+    ended = time.monotonic()
+    deadline = ended + 10
+    while recording.process.poll() is None and time.monotonic() < deadline:  # py-spy notices the exit
+        time.sleep(0.05)
+    time.sleep(0.5)
+    recording.stop(target_running=False, sampling_ended_s=ended)
+    assert recording.elapsed_s == pytest.approx(ended - recording.started_s, abs=0.01)
+    assert recording.sample_instants >= 100  # ~1.5 s at 100 Hz, not 0 (which left the held lines as the total)

@@ -9,6 +9,7 @@ missing or breaks, the finding says so and the gap verdict names the missing sig
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -73,6 +74,12 @@ class GilFinding:
     competitor_cpu_share: float | None = None
     competitor_cpu_fraction: float | None = None  # of the CPU the candidate's threads got there
     shared_cpus: str | None = None
+    # The same threads in a gil run of the baseline, when the candidate's threads waited for a
+    # CPU: which thread the gap slowed and which one the candidate added or runs more.
+    baseline_compared: bool = False
+    baseline_reason: str | None = None  # why there is no comparison, when one was wanted
+    cpu_victim_baseline_runqueue_share: float | None = None
+    competitor_baseline_cpu_share: float | None = None  # None: the baseline has no such thread
     canary_p50_ms: float | None = None
     canary_p99_ms: float | None = None
     canary_max_ms: float | None = None
@@ -120,8 +127,15 @@ class GilFinding:
     def cpu_sentence(self) -> str:
         runs = f" in {self.competitor_function}" if self.competitor_function else ""
         cpus = f" (CPUs {self.shared_cpus})" if self.shared_cpus else ""
-        return (f"The {self.cpu_victim} thread waited for a CPU {self.cpu_victim_runqueue_share:.0%} of the time "
-                f"(and ran {self.cpu_victim_cpu_share:.0%}) while thread {self.competitor_thread} ran{runs} on the "
+        victim_before = competitor_before = ""
+        if self.baseline_compared:
+            if self.cpu_victim_baseline_runqueue_share is not None:
+                victim_before = f" against {self.cpu_victim_baseline_runqueue_share:.0%} in the baseline's run"
+            competitor_before = (" (a thread the baseline does not run)" if self.competitor_baseline_cpu_share is None
+                                 else f" (it ran {self.competitor_baseline_cpu_share:.0%} in the baseline's run)")
+        return (f"The {self.cpu_victim} thread waited for a CPU {self.cpu_victim_runqueue_share:.0%} of the time"
+                f"{victim_before} (and ran {self.cpu_victim_cpu_share:.0%}) while thread {self.competitor_thread}"
+                f"{competitor_before} ran{runs} on the "
                 f"same CPUs{cpus}, taking {self.competitor_cpu_fraction or 0.0:.0%} of the CPU time the candidate's "
                 f"threads got there; the GIL does not explain it ({self.cpu_victim} waited for the GIL "
                 f"{self.cpu_victim_gil_share or 0.0:.0%} of the time): CPU contention, not the GIL.")
@@ -187,6 +201,10 @@ class GilFinding:
             "competitor_cpu_share": self.competitor_cpu_share,
             "competitor_cpu_fraction": self.competitor_cpu_fraction,
             "shared_cpus": self.shared_cpus,
+            "baseline_compared": self.baseline_compared,
+            "baseline_reason": self.baseline_reason,
+            "cpu_victim_baseline_runqueue_share": self.cpu_victim_baseline_runqueue_share,
+            "competitor_baseline_cpu_share": self.competitor_baseline_cpu_share,
             "canary_p50_ms": self.canary_p50_ms,
             "canary_p99_ms": self.canary_p99_ms,
             "canary_max_ms": self.canary_max_ms,
@@ -224,31 +242,60 @@ def cpu_set(text: str | None) -> set[int]:
     return cpus
 
 
-def _cpu_contention(times: ThreadTimes | None, driver: str | None) -> dict[str, Any]:
+def waits_for_cpu(times: ThreadTimes | None) -> bool:
+    """Whether a thread of the program waited for a CPU a large share of its time (then which
+    thread the contention slowed is worth a baseline run to tell)."""
+    return times is not None and any(not t.glmfb and t.runqueue_share >= CPU_WAIT_SHARE for t in times.threads)
+
+
+def _cpu_contention(times: ThreadTimes | None, driver: str | None,
+                    baseline: ThreadTimes | None = None) -> dict[str, Any]:
     """The thread slowed by CPU contention and the thread that ran most on its CPUs meanwhile
-    (glmfb's own threads are never either). The slowed thread is the one that drives the
-    iteration, the thread that held the GIL most (it runs the iteration's Python), when it
-    waited for a CPU a real share of its time; else the thread that waited most for one."""
+    (glmfb's own threads are never either).
+
+    With the baseline's thread times (a gil run of the baseline target), the slowed thread is
+    the one the baseline also runs whose wait for a CPU grew most, and the competitor the one
+    whose CPU time grew most (a thread the baseline does not run grew from nothing): on shared
+    CPUs every busy thread waits for the others, and only the baseline tells the work the
+    candidate added from the work it slowed. Without it, the slowed thread is the one that
+    drives the iteration, the thread that held the GIL most (it runs the iteration's Python),
+    when it waited for a CPU a real share of its time; else the thread that waited most."""
     if times is None:
         return {}
     program = [t for t in times.threads if not t.glmfb]
     wanting = [t for t in program if t.cpu_share + t.runqueue_share >= CPU_WAIT_SHARE]
     if not wanting:
         return {}
+    before = {t.thread: t for t in baseline.threads if not t.glmfb} if baseline is not None else {}
+
+    def wait_grown(row: ThreadTimeRow) -> float:
+        return row.runqueue_share - before[row.thread].runqueue_share
+
+    slowed = [t for t in wanting if t.thread in before and wait_grown(t) > 0]
     drivers = [t for t in wanting if t.thread == driver and t.runqueue_share >= CPU_WAIT_SHARE]
-    victim = drivers[0] if drivers else max(wanting, key=lambda t: t.runqueue_share)
+    if slowed:
+        victim = max(slowed, key=wait_grown)
+    else:
+        victim = drivers[0] if drivers else max(wanting, key=lambda t: t.runqueue_share)
     mine = cpu_set(victim.cpus)
 
     def overlaps(row: ThreadTimeRow) -> bool:
         return not mine or not cpu_set(row.cpus) or bool(mine & cpu_set(row.cpus))
+
+    def cpu_grown(row: ThreadTimeRow) -> float:
+        return row.cpu_share - (before[row.thread].cpu_share if row.thread in before else 0.0)
 
     others = [t for t in program if t.tid != victim.tid and overlaps(t)]
     found: dict[str, Any] = {"cpu_victim": victim.thread, "cpu_victim_runqueue_share": victim.runqueue_share,
                              "cpu_victim_cpu_share": victim.cpu_share,
                              "cpu_victim_gil_of_runnable": victim.gil_wait_of_runnable,
                              "cpu_victim_gil_share": victim.gil_wait_share}
+    if slowed:
+        found.update(baseline_compared=True, cpu_victim_baseline_runqueue_share=before[victim.thread].runqueue_share)
     if others:
-        competitor = max(others, key=lambda t: t.cpu_share)
+        competitor = max(others, key=cpu_grown if slowed else (lambda t: t.cpu_share))
+        if slowed and competitor.thread in before:
+            found["competitor_baseline_cpu_share"] = before[competitor.thread].cpu_share
         shared = sorted(mine & cpu_set(competitor.cpus)) if mine and competitor.cpus else []
         used = victim.cpu_share + sum(t.cpu_share for t in others)
         found.update(competitor_thread=competitor.thread, competitor_function=competitor.c_function,
@@ -306,8 +353,10 @@ def _glmfb_file(file: str) -> bool:
         return False
 
 
-def finding_from_verdict(verdict: Verdict) -> GilFinding:
-    """Read a gil verdict into a finding, through its typed evidence."""
+def finding_from_verdict(verdict: Verdict, baseline: Verdict | None = None) -> GilFinding:
+    """Read a gil verdict into a finding, through its typed evidence; ``baseline``, a gil
+    verdict of the baseline target, tells the threads the CPU contention slowed from those the
+    candidate added."""
     holder, holder_source = _steady_state_holder(verdict)
     starvation = verdict.find(Starvation)
     status = verdict.status.value
@@ -316,7 +365,8 @@ def finding_from_verdict(verdict: Verdict) -> GilFinding:
                           artifacts=dict(verdict.artifacts))
     holder_thread = holder.thread if holder else None
     starved_thread, waiting_share, of_runnable, of_runnable_ci = _starved_thread(starvation, holder_thread)
-    contention = _cpu_contention(verdict.find(ThreadTimes), holder_thread)
+    contention = _cpu_contention(verdict.find(ThreadTimes), holder_thread,
+                                 baseline.find(ThreadTimes) if baseline is not None else None)
     c_function = holder.c_function if holder else None
     return GilFinding(
         available=True,
@@ -346,31 +396,53 @@ def finding_from_verdict(verdict: Verdict) -> GilFinding:
     )
 
 
-def trace_candidate_gil(config: GapConfig, ctx: ProbeContext) -> GilFinding:
-    """Run the gil probe on the candidate target (artifacts in ``ctx``'s folder); never raises
-    for a probe failure: the attribution degrades, the gap itself stands."""
+def _trace(config: GapConfig, ctx: ProbeContext, side: str) -> Verdict | str:
+    """The gil probe's verdict on one side's target, or why there is none."""
     from glmfb.host import run_probe
 
     try:
         probe = get_probe("gil")
     except InputError as exc:
-        return GilFinding(available=False, reason=f"the gil probe is not installed ({exc})")
+        return f"the gil probe is not installed ({exc})"
     try:
         gil_config = probe.config_type(
-            name=f"{config.name}/gil",
-            target=config.candidate,
+            name=f"{config.name}/gil" + ("" if side == "candidate" else f"-{side}"),
+            target=config.candidate if side == "candidate" else config.baseline,
             # The gil probe samples once the target is built and has run once (steady state).
             duration_s=config.gil_duration_s,
             setup_timeout_s=max(config.gil_startup_s, 1.0),
             rate_hz=config.gil_rate_hz,
         )
-        verdict = run_probe(probe, gil_config, ctx)
+        verdict: Verdict = run_probe(probe, gil_config, ctx)
     except Exception as exc:
-        return GilFinding(available=False, reason=f"the gil probe broke: {type(exc).__name__}: {exc}")
+        return f"the gil probe broke: {type(exc).__name__}: {exc}"
+    with contextlib.suppress(OSError):
+        write_json_atomic(ctx.artifact("gil-verdict.json"), verdict.to_dict())
+    return verdict
+
+
+def trace_candidate_gil(config: GapConfig, ctx: ProbeContext) -> GilFinding:
+    """Run the gil probe on the candidate target (artifacts in ``ctx``'s folder), and on the
+    baseline too when a thread of the candidate waited for a CPU (its folder ``baseline/``);
+    never raises for a probe failure: the attribution degrades, the gap itself stands."""
+    verdict = _trace(config, ctx, "candidate")
+    if isinstance(verdict, str):
+        return GilFinding(available=False, reason=verdict)
     finding = finding_from_verdict(verdict)
-    verdict_file = ctx.artifact("gil-verdict.json")
-    try:
-        write_json_atomic(verdict_file, verdict.to_dict())
-    except OSError:
-        return finding
-    return replace(finding, artifacts={**finding.artifacts, "verdict": str(verdict_file)})
+    if finding.available and waits_for_cpu(verdict.find(ThreadTimes)):
+        ctx.progress("running the gil probe on the baseline (which threads the contention slowed)")
+        baseline = _trace(config, ctx.child("baseline"), "baseline")
+        if isinstance(baseline, str):
+            finding = replace(finding, baseline_reason=baseline)
+        elif baseline.status.value == "error":
+            finding = replace(finding, baseline_reason=f"the gil probe could not run the baseline: {baseline.why}")
+        else:
+            finding = finding_from_verdict(verdict, baseline)
+            if not finding.baseline_compared:
+                finding = replace(finding, baseline_reason="no thread the baseline also runs waited longer for a CPU")
+    artifacts = dict(finding.artifacts)
+    for key, path in (("verdict", ctx.artifact_dir / "gil-verdict.json"),
+                      ("baseline_verdict", ctx.artifact_dir / "baseline" / "gil-verdict.json")):
+        if path.is_file():
+            artifacts[key] = str(path)
+    return replace(finding, artifacts=artifacts)

@@ -124,6 +124,10 @@ class GilAttribution(Evidence):
     competitor_cpu_share: float | None = None
     competitor_cpu_fraction: float | None = None
     shared_cpus: str | None = None
+    baseline_compared: bool = False
+    baseline_reason: str | None = None
+    cpu_victim_baseline_runqueue_share: float | None = None
+    competitor_baseline_cpu_share: float | None = None
     canary_p50_ms: float | None = None
     canary_p99_ms: float | None = None
     canary_max_ms: float | None = None

@@ -279,6 +279,7 @@ class _Session:
             # Not Popen.wait while the sampler may hold a thread under ptrace: waitpid on the
             # program would take the stop meant for the sampler. Poll /proc instead.
             wait_until(lambda: _exited(launched.pid), remaining_s, poll_s=0.02)
+            sampling_ended = time.monotonic()
             sampler.stop()
             returncode = launched.poll()
             if returncode is None and _exited(launched.pid):
@@ -294,8 +295,10 @@ class _Session:
                 launched.stop(grace_s=grace, first_signal=signal.SIGTERM)
         else:
             wait_until(lambda: not os.path.isdir(f"/proc/{pid}"), remaining_s, poll_s=0.05)
+            sampling_ended = time.monotonic()
         sampler.stop()
-        self._stop_recordings(target_running=launched is None and os.path.isdir(f"/proc/{pid}"))
+        self._stop_recordings(target_running=launched is None and os.path.isdir(f"/proc/{pid}"),
+                              sampling_ended_s=sampling_ended)
 
         if launched is not None and not launched.stopped_by_glmfb:
             code = launched.poll()
@@ -402,10 +405,10 @@ class _Session:
                     }
                 )
 
-    def _stop_recordings(self, *, target_running: bool) -> None:
+    def _stop_recordings(self, *, target_running: bool, sampling_ended_s: float | None = None) -> None:
         for recording in (self.main_recording, self.native_recording):
             if recording is not None:
-                recording.stop(target_running=target_running)
+                recording.stop(target_running=target_running, sampling_ended_s=sampling_ended_s)
         if self.main_recording is not None:
             failure = self.main_recording.failure()
             if failure is not None:

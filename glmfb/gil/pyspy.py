@@ -350,12 +350,19 @@ class Recording:
             return False
         return True
 
-    def stop(self, *, target_running: bool) -> None:
+    def stop(self, *, target_running: bool, sampling_ended_s: float | None = None) -> None:
         """Let py-spy write its output: it does so by itself once the traced process is gone,
-        and on SIGINT (Ctrl-C) while it still runs (attached by --pid)."""
-        self.attempted_s = time.monotonic() - self.started_s
-        if self.process.poll() is None:
-            self.elapsed_s = time.monotonic() - self.started_s  # sampling ends now
+        and on SIGINT (Ctrl-C) while it still runs (attached by --pid).
+
+        ``sampling_ended_s`` (a ``time.monotonic()`` reading) is when the window ended: the
+        traced program exited or the duration passed. The share of the time a thread held the
+        GIL is taken over the instants up to then, whether py-spy noticed the exit by itself
+        before this call or is stopped by it (else a py-spy that ended first would leave only
+        the held instants as the denominator, and every share would be inflated)."""
+        now = time.monotonic()
+        self.attempted_s = now - self.started_s
+        ended = now if sampling_ended_s is None else min(now, sampling_ended_s)
+        self.elapsed_s = max(0.0, ended - self.started_s)
         try:
             if target_running and self.process.poll() is None:
                 self.process.send_signal(signal.SIGINT)
