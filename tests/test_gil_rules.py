@@ -210,6 +210,19 @@ def test_the_call_below_python_skips_machinery_and_stale_interpreter_frames() ->
     assert c_call(compressing) == "zlib.compress"
 
 
+def test_a_stale_named_frame_that_no_dispatch_frame_called_loses_to_the_one_called() -> None:
+    # A snapshot of a worker looping `fn(); time.sleep(0.005)` with fn = partial(b"".join, parts)
+    # (outermost first, as read): the time_sleep and PyEval_RestoreThread of the last sleep are
+    # stale slots above partial_vectorcall -> cfunction_vectorcall_O -> stringlib_bytes_join
+    # (bytes_join tail-calls it). It was named time.sleep, a call that releases the GIL.
+    joining = tuple(Symbol(f, LIBPYTHON) for f in [
+        "PyObject_Vectorcall", "time_sleep", "PyEval_RestoreThread", "partial_vectorcall", "cfunction_vectorcall_O",
+        "pthread_cond_wait", "stringlib_bytes_join", "PyBuffer_Release"])
+    assert c_call_symbol(joining) == ("bytes.join", "stringlib_bytes_join")
+    # With no named frame after a dispatch frame, the outermost named frame still answers.
+    assert c_call(tuple(Symbol(f, LIBPYTHON) for f in ["PyObject_Vectorcall", "builtin_sorted", "list_sort_impl"])) == "sorted"
+
+
 # ---- which C function a holder was in, from native snapshots ----------------------------------
 
 

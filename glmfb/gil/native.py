@@ -376,6 +376,16 @@ PUBLIC_MODULES = {"_sre": "re", "_io": "io", "_socket": "socket", "posix": "os",
 ENTRY_NAMES = {"encoder_call": "json.encoder.c_make_encoder", "scanner_call": "json.scanner.c_make_scanner"}
 
 
+# The call machinery's frames that call a C function's own code (a builtin function, a method
+# descriptor, a slot wrapper, a type's tp_call): what follows one is the function called.
+_DISPATCH = ("cfunction_", "method_vectorcall", "wrapperdescr_", "wrapper_call", "_PyObject_MakeTpCall",
+             "PyCFunction_Call", "_PyCFunction")
+
+
+def is_dispatch(name: str) -> bool:
+    return name.startswith(_DISPATCH)
+
+
 def is_plumbing(name: str) -> bool:
     return name in _PLUMBING_EXACT or name.startswith(_PLUMBING) or name.startswith("0x")
 
@@ -434,6 +444,8 @@ def python_name(symbol: Symbol) -> str:
     if symbol.name.startswith("_Z"):
         return demangle(symbol.name)
     name = symbol.name.removesuffix("_impl")
+    if name.startswith("stringlib_"):  # the templated bodies of str/bytes methods (bytes.join's)
+        name = name.removeprefix("stringlib_")
     if name.startswith("builtin_") and len(name) > len("builtin_"):
         return name.removeprefix("builtin_")
     module = _module_of(symbol.path)
@@ -486,12 +498,27 @@ def c_call_symbol(frames: tuple[Symbol, ...]) -> tuple[str, str] | None:
     library's function reached without one (libc ``usleep`` through ctypes), the outermost
     frame outside the interpreter and the call machinery. Interpreter internals without a
     Python name (``take_gil``, ``PyDict_GetItem``: often a stale return address a frame left
-    on the stack) are passed over, and so is a stale library frame beside a named one."""
+    on the stack) are passed over, and so is a stale library frame beside a named one. A named
+    frame that a dispatch frame (``cfunction_vectorcall_O``, ``method_vectorcall_*``, a type's
+    tp_call) calls comes before one that none does (a stale ``time_sleep`` left by the last
+    ``time.sleep`` above the ``bytes.join`` running now)."""
+    def named(frame: Symbol) -> str | None:
+        name = python_name(frame)
+        return name if name != frame.name and not frame.name.startswith("_Z") else None
+
+    # First the outermost named frame that a dispatch frame calls (unnamed frames between are
+    # stale slots): a stale frame an earlier call left on the stack, such as the time_sleep of
+    # the loop's last time.sleep above the bytes.join running now, follows no dispatch frame.
+    after_dispatch = False
+    for frame in frames:
+        if is_dispatch(frame.name):
+            after_dispatch = True
+        elif after_dispatch and not is_plumbing(frame.name) and named(frame):
+            return str(named(frame)), frame.name
     candidates = [frame for frame in frames if not is_plumbing(frame.name)]
     for frame in candidates:
-        named = python_name(frame)
-        if named != frame.name and not frame.name.startswith("_Z"):
-            return named, frame.name
+        if named(frame):
+            return str(named(frame)), frame.name
     for frame in candidates:
         if _foreign(frame):
             return python_name(frame), frame.name
