@@ -45,7 +45,7 @@ RULES: dict[str, tuple[str, ...]] = {
              "growing-along-sequence", "non-finite", "module-tree-differs", "pass"),
     "gil": ("gil-hold-native", "gil-hold-compute", "gil-wait-share", "pass"),
     "gap": ("gil-starved-sender", "cpu-contention", "bandwidth-bound", "pass"),
-    "bench": ("redundant-recomputation", "lost-fusion", "slower-op", "memory-traffic", "equivalent"),
+    "bench": ("redundant-recomputation", "lost-fusion", "slower-op", "memory-traffic", "more-calls", "equivalent"),
 }
 TAG_KEYS = frozenset({"rule", "why", "why-not", "minimal-length"})
 TAG = re.compile(r"^\[([^\]]*)\]")

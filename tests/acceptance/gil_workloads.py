@@ -8,18 +8,23 @@ thread's step: a 1 ms periodic service loop (``main="serve"``) or torch matmuls 
 pattern that backtracks exponentially, ``sorted`` of a large list, ``pickle.dumps`` of a large
 object (all keep the GIL for the whole call), ``zlib.compress`` and ``hashlib.sha256`` on large
 buffers (they release it), libc ``usleep`` through ``ctypes.PyDLL`` (keeps it) or
-``ctypes.CDLL`` (releases it). ``--size`` picks how much work one call does; the small sizes
+``ctypes.CDLL`` (releases it); ``json.dumps`` and ``math.factorial`` (keep it), ``bz2.compress``
+and an SQLite query (release it). ``--size`` picks how much work one call does; the small sizes
 are the clean twins.
 """
 
 from __future__ import annotations
 
+import bz2
 import ctypes
 import ctypes.util
 import hashlib
+import json
+import math
 import pickle
 import random
 import re
+import sqlite3
 import threading
 import time
 import zlib
@@ -79,7 +84,35 @@ def cdll_work(size: int) -> Work:
     return _usleep(ctypes.CDLL, size)
 
 
+def json_work(size: int) -> Work:
+    """``json.dumps`` of ``size`` page records: the C encoder keeps the GIL for the whole call."""
+    doc = {"pages": [{"id": i, "tokens": list(range(8)), "name": f"p{i}"} for i in range(size)]}
+    return partial(json.dumps, doc)
+
+
+def factorial_work(size: int) -> Work:
+    """``math.factorial(size)``: big-integer multiplication in one C call, the GIL held."""
+    return partial(math.factorial, size)
+
+
+def bz2_work(size: int) -> Work:
+    """``bz2.compress`` of ``size`` KiB (releases the GIL while it compresses)."""
+    return partial(bz2.compress, bytes(range(256)) * (size * 4), 9)
+
+
+def sqlite_work(size: int) -> Work:
+    """A recursive query counting to ``size`` in an in-memory SQLite database: the sqlite3
+    module releases the GIL while SQLite steps the statement."""
+    connection = sqlite3.connect(":memory:", check_same_thread=False)
+    query = f"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {size}) SELECT sum(x) FROM c"
+    return lambda: connection.execute(query).fetchone()
+
+
 WORKS: dict[str, tuple[Callable[[int], Work], str]] = {
+    "json": (json_work, "encoder"),
+    "factorial": (factorial_work, "math-worker"),
+    "bz2": (bz2_work, "compressor"),
+    "sqlite": (sqlite_work, "db-worker"),
     "regex": (regex_work, "regex-worker"),
     "sort": (sort_work, "sorter"),
     "pickle": (pickle_work, "serializer"),

@@ -104,6 +104,16 @@ def scaled_module(
     return model
 
 
+def attention_scaling(arch: str = "llama", layer: int = 0, factor: float = 1.0, seed: int = 0) -> nn.Module:
+    """The model with layer ``layer``'s attention ``scaling`` multiplied by ``factor`` (a patch
+    that scales the scores by 1/d instead of 1/sqrt(d), say); ``factor=1`` is the clean twin.
+    Position 0 attends to itself only, so its output cannot change: the error starts at 1."""
+    model = causal_lm(arch, seed, "eager")
+    attention = model.get_submodule(f"model.layers.{layer}.self_attn")
+    attention.scaling = attention.scaling * factor
+    return model
+
+
 def mlp_functional(
     arch: str = "llama", layer: int = 1, activation: str = "same", seed: int = 0, attn: str = "sdpa"
 ) -> nn.Module:

@@ -218,3 +218,72 @@ def scale_materialized(shape: tuple[int, ...], seed: int = 0) -> Kernel:
     rows, cols = _rows(shape)
     x, w = _randn((rows, cols), seed), _randn((cols,), seed, 1)
     return lambda: x * w.expand(rows, cols).contiguous()
+
+
+# ---- user-style changes: the same product through einsum, a Python loop over rows, a debug --
+# ---- leftover computing a result twice, a defensive copy ------------------------------------
+
+
+def _mnk(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    if len(shape) != 3:
+        raise ValueError(f"shape {shape}: give n x k x m, e.g. 256x256x256")
+    return shape[0], shape[1], shape[2]
+
+
+def matmul(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """``torch.matmul`` of an n x k by a k x m matrix (one aten::mm)."""
+    n, k, m = _mnk(shape)
+    a, b = _randn((n, k), seed), _randn((k, m), seed, 1)
+    return lambda: torch.matmul(a, b)
+
+
+def matmul_einsum(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """The same product as ``torch.einsum("ij,jk->ik")``: other operators on the way (views,
+    aten::bmm), the same work."""
+    n, k, m = _mnk(shape)
+    a, b = _randn((n, k), seed), _randn((k, m), seed, 1)
+    return lambda: torch.einsum("ij,jk->ik", a, b)
+
+
+def softmax_rows(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """``x.softmax(-1)`` over a rows x columns input (one aten::_softmax)."""
+    x = _randn(_rows(shape), seed)
+    return lambda: x.softmax(-1)
+
+
+def softmax_row_loop(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """The same softmax, one row at a time in a Python loop, stacked: aten::_softmax once per
+    row on a row."""
+    x = _randn(_rows(shape), seed)
+    return lambda: torch.stack([row.softmax(-1) for row in x])
+
+
+def linear(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """``F.linear`` of a rows x columns input by a columns x columns weight."""
+    rows, cols = _rows(shape)
+    x, w = _randn((rows, cols), seed), _randn((cols, cols), seed, 1)
+    return lambda: F.linear(x, w)
+
+
+def linear_computed_twice(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """The same ``F.linear``, with a debug leftover that computes it once more and drops it."""
+    rows, cols = _rows(shape)
+    x, w = _randn((rows, cols), seed), _randn((cols, cols), seed, 1)
+
+    def kernel() -> torch.Tensor:
+        F.linear(x, w)  # computed, thrown away
+        return F.linear(x, w)
+
+    return kernel
+
+
+def silu(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """``F.silu`` of a contiguous input."""
+    x = _randn(_rows(shape), seed)
+    return lambda: F.silu(x)
+
+
+def silu_of_a_copy(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """``F.silu`` of ``x.clone()``: a defensive copy of an input that needed none."""
+    x = _randn(_rows(shape), seed)
+    return lambda: F.silu(x.clone())
