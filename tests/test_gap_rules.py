@@ -153,3 +153,20 @@ def test_without_a_thread_whose_cpu_wait_grew_the_comparison_is_not_claimed() ->
 
     found = _cpu_contention(ONE_CORE, "prefill", _times(("prefill", 0.3, 0.6, None)))
     assert found["cpu_victim"] == "prefill" and "baseline_compared" not in found
+
+
+def test_a_gap_the_gil_and_the_cpus_do_not_explain_says_so_and_blames_no_holder() -> None:
+    # A sender that sleeps 20 ms per layer (an acknowledgement round trip): kv_wait_s grew, the
+    # gil probe saw nothing starved. The why once read "A canary thread woke p99 0 ms late,
+    # held by torch::autograd::THPVariable_numel ... on thread prefill", blaming the busiest thread.
+    sleeping = GilFinding(available=True, status="pass", holder_thread="prefill",
+                          holder_function="torch::autograd::THPVariable_numel",
+                          holder_c_function="torch::autograd::THPVariable_numel",
+                          holder_python_function="PrefillKV._iteration", holder_file="gap_workloads.py",
+                          holder_line=226, holder_idle_share=0.0, canary_p99_ms=0.3)
+    diagnosis = diagnose(RULES, findings(0.76, 0.58, 0.96, gil=sleeping)).diagnosis
+    assert diagnosis.where == {}
+    assert ("The gil probe saw no thread starved of the GIL (a canary thread woke p99 0.3 ms late), and no "
+            "thread waiting for a CPU another thread of the candidate took: neither the GIL nor CPU contention "
+            "explains the gap.") in diagnosis.why
+    assert "held by" not in diagnosis.why and "THPVariable_numel" not in diagnosis.why

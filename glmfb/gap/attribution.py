@@ -146,6 +146,13 @@ class GilFinding:
             return f"The GIL signal is missing: {self.reason}."
         if not self.holder_known:
             return f"The gil probe ({self.status}) named no GIL holder: {self.reason or self.gil_why}."
+        if not self.starved:
+            lateness = (f" (a canary thread woke p99 {self.canary_p99_ms:.1f} ms late)"
+                        if self.canary_p99_ms is not None else "")
+            if self.cpu_bound:
+                return f"The gil probe saw no thread starved of the GIL{lateness}: the GIL does not explain the gap."
+            return (f"The gil probe saw no thread starved of the GIL{lateness}, and no thread waiting for a CPU "
+                    "another thread of the candidate took: neither the GIL nor CPU contention explains the gap.")
         waited = ""
         if self.starved_thread is not None:
             share = (f" {self.starved_waiting_share:.0%} of the time" if self.starved_waiting_share is not None else "")
@@ -154,7 +161,7 @@ class GilFinding:
             waited = f"the {self.starved_thread} thread waited for the GIL{share}"
             if self.canary_p99_ms is not None:
                 waited += f" (a canary thread woke p99 {self.canary_p99_ms:.0f} ms late)"
-        elif self.canary_p99_ms is not None:
+        elif self.canary_p99_ms is not None:  # the gil probe failed on the canary's lateness
             waited = f"a canary thread woke p99 {self.canary_p99_ms:.0f} ms late"
         location = f"{self.holder_file}:{self.holder_line}" if self.holder_file else "glmfb's target runner"
         if self.holder_c_function and self.holder_python_function:
@@ -170,7 +177,7 @@ class GilFinding:
                 held += f", computing in {1 - self.holder_idle_share:.0%} of its samples"
         if waited:
             return f"{waited[0].upper()}{waited[1:]}, {held}."
-        return f"The GIL was {held}, but no thread was starved beyond the gil probe's threshold."
+        return f"The gil probe failed: {self.gil_why} The GIL was {held}."
 
     def to_evidence(self) -> dict[str, Any]:
         return {

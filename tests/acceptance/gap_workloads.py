@@ -16,7 +16,9 @@ prepares a layer is the case:
   (the prefill, the sender and Mooncake's threads pinned to one core, as a container's
   cpuset does) it competes with the prefill for the core, not for the GIL;
 - ``"bulk"``: after the prefill, one write of ``bulk_mib`` MiB with nothing overlapping it:
-  the transfer runs as fast as the engine moves bytes on this host (bandwidth bound).
+  the transfer runs as fast as the engine moves bytes on this host (bandwidth bound);
+- ``"sleep"``: a 20 ms wait per layer before the write (an acknowledgement round trip): the
+  prefill waits for its KV, and neither the GIL nor a CPU is the cause.
 
 By default the prefill runs on a thread of its own, ``prefill``, which pins itself and then
 starts the sender (and Mooncake's threads), so they inherit its CPU mask and the calling process
@@ -41,7 +43,8 @@ from typing import Any
 
 import torch
 
-SENDERS = ("none", "plain", "pickle", "zlib", "bulk")
+SLEEP_PER_LAYER_S = 0.02  # the "sleep" sender waits this long per layer before it writes
+SENDERS = ("none", "plain", "pickle", "zlib", "bulk", "sleep")
 PREFILL_THREAD = "prefill"
 SENDER_THREAD = "kv-sender"
 CALL_TIMEOUT_S = 60.0
@@ -187,7 +190,7 @@ class PrefillKV:
         self.bulk = torch.zeros(self.settings["bulk_mib"] * 1024 * 1024 // 4) if self.sender == "bulk" else None
         if self.sender != "none":
             self.link = MooncakeLink(self.bulk if self.bulk is not None else self.pool)
-        if self.sender in ("plain", "pickle", "zlib"):
+        if self.sender in ("plain", "pickle", "zlib", "sleep"):
             for index, layer in enumerate(self.model.model.layers):
                 layer.self_attn.k_proj.register_forward_hook(self._hook(index, 0))
                 layer.self_attn.v_proj.register_forward_hook(self._hook(index, 1))
@@ -242,6 +245,8 @@ class PrefillKV:
                 if self.sender == "pickle":
                     for _ in range(self.pickles_per_layer):
                         pickle.dumps(self.page_table, pickle.HIGHEST_PROTOCOL)
+                elif self.sender == "sleep":
+                    time.sleep(SLEEP_PER_LAYER_S)  # an acknowledgement round trip per layer
                 elif self.sender == "zlib":
                     zlib.compress(self.pool[index].numpy().tobytes(), self.zlib_level)
                 self.link.write(index * self.layer_bytes, self.layer_bytes)
