@@ -166,9 +166,7 @@ def run_command(
     report_dir = start_run(out, run_id)  # the gate's pointer, before anything can fail
     timeout_s = parse_timeout(timeout)
     search = paths or ["probes"]
-    loaded = suite.load_definitions(suite.discover(search))
-    definitions = suite.select(loaded, select or [])
-    suite.ensure_definitions(definitions, search, loaded, select or [])
+    definitions = suite.selected(suite.load_definitions(suite.discover(search)), select or [], search)
     notes = console(stderr=True)
     show_progress = interactive()
 

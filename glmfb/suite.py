@@ -237,12 +237,13 @@ def select(definitions: Sequence[ProbeDefinition], patterns: Sequence[str]) -> l
     return [d for d in definitions if any(fnmatch.fnmatchcase(d.name, p) or p in d.name for p in patterns)]
 
 
-def ensure_definitions(definitions: Sequence[ProbeDefinition], paths: Sequence[str | Path],
-                       loaded: Sequence[ProbeDefinition] = (), patterns: Sequence[str] = ()) -> None:
-    """Refuse an empty selection: no definition in ``paths`` at all, or none of the ``loaded``
-    ones matching ``patterns`` (then name what they could have matched)."""
+def selected(loaded: Sequence[ProbeDefinition], patterns: Sequence[str],
+             paths: Sequence[str | Path]) -> list[ProbeDefinition]:
+    """The ``loaded`` definitions (from ``paths``) that match ``patterns``; an empty selection is
+    refused: no definition in ``paths`` at all, or none matching (then name what could have)."""
+    definitions = select(loaded, patterns)
     if definitions:
-        return
+        return definitions
     where = ", ".join(str(p) for p in paths)
     if loaded and patterns:
         names = [d.name for d in loaded]

@@ -510,9 +510,8 @@ class Toolbox:
                                     what="file or folder")
         select = strings(arguments.get("select", []), "select")
         try:
-            loaded = suite.load_definitions(suite.discover(paths))
-            definitions = suite.select(loaded, select)
-            suite.ensure_definitions(definitions, [self.boundary.relative(p) for p in paths], loaded, select)
+            definitions = suite.selected(suite.load_definitions(suite.discover(paths)), select,
+                                         [self.boundary.relative(p) for p in paths])
         except UsageError as exc:
             raise InputError(f"{label}: {exc.message}", exc.hint) from None
         return definitions
