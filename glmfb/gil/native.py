@@ -513,12 +513,12 @@ def c_call_symbol(frames: tuple[Symbol, ...]) -> tuple[str, str] | None:
     for frame in frames:
         if is_dispatch(frame.name):
             after_dispatch = True
-        elif after_dispatch and not is_plumbing(frame.name) and named(frame):
-            return str(named(frame)), frame.name
+        elif after_dispatch and not is_plumbing(frame.name) and (name := named(frame)):
+            return name, frame.name
     candidates = [frame for frame in frames if not is_plumbing(frame.name)]
     for frame in candidates:
-        if named(frame):
-            return str(named(frame)), frame.name
+        if name := named(frame):
+            return name, frame.name
     for frame in candidates:
         if _foreign(frame):
             return python_name(frame), frame.name
