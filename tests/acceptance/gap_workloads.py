@@ -17,7 +17,7 @@ prepares a layer is the case:
   cpuset does) it competes with the prefill for the core, not for the GIL;
 - ``"bulk"``: after the prefill, one write of ``bulk_mib`` MiB with nothing overlapping it:
   the transfer runs as fast as the engine moves bytes on this host (bandwidth bound);
-- ``"sleep"``: a 20 ms wait per layer before the write (an acknowledgement round trip): the
+- ``"sleep"``: a 60 ms wait per layer before the write (an acknowledgement round trip): the
   prefill waits for its KV, and neither the GIL nor a CPU is the cause.
 
 By default the prefill runs on a thread of its own, ``prefill``, which pins itself and then
@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-SLEEP_PER_LAYER_S = 0.02  # the "sleep" sender waits this long per layer before it writes
+SLEEP_PER_LAYER_S = 0.06  # the "sleep" sender waits this long per layer before it writes
 SENDERS = ("none", "plain", "pickle", "zlib", "bulk", "sleep")
 PREFILL_THREAD = "prefill"
 SENDER_THREAD = "kv-sender"
