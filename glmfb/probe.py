@@ -151,6 +151,35 @@ class ProbeSpec:
         return path if not beside.exists() and path.exists() else beside
 
 
+@dataclass(frozen=True)
+class ReportSection:
+    """How report.html shows a probe's verdicts: where its section goes (lower first), the
+    question it answers (under the section's title), and its plots: ``"module:attr"`` naming
+    a sequence of :class:`glmfb.plotting.PlotSpec`, imported only when a page is drawn."""
+
+    order: int = 100
+    question: str = ""
+    plots: str = ""
+
+
+@dataclass(frozen=True)
+class ProbeCommand:
+    """A command a probe brings besides its own (diff brings ``capture``). It runs ``job``
+    (``"module:function"``, called as ``job(config, progress) -> dict`` in a supervised child)
+    and answers with that result, not a verdict. Its options are declared on ``config_type``
+    (:func:`glmfb.options.option`); its fixed arguments are the config fields named in
+    ``positional`` (written without a flag, in order), ``flags`` (argument -> flag) and
+    ``kwargs`` (an object argument written ``KEY=VALUE``, argument -> flag)."""
+
+    name: str
+    summary: str
+    config_type: type
+    job: str
+    positional: tuple[str, ...] = ()
+    flags: Mapping[str, str] = field(default_factory=dict)
+    kwargs: Mapping[str, str] = field(default_factory=dict)
+
+
 @runtime_checkable
 class Probe(Protocol):
     """A probe kind (see the module docstring)."""
@@ -163,6 +192,11 @@ class Probe(Protocol):
     evidence_types: tuple[type[Evidence], ...]
     accepts_command: bool
     candidate_optional: bool
+    report: ReportSection
+    agent_hint: str  # one line for agents: when to reach for this probe (the MCP server's instructions)
+    commands: tuple[ProbeCommand, ...]
+
+    def default_name(self, spec: ProbeSpec) -> str: ...
 
     def rules(self) -> Sequence[Rule[Any]]: ...
 
@@ -185,6 +219,13 @@ class BaseProbe:
     accepts_command: ClassVar[bool] = False
     candidate_optional: ClassVar[bool] = False
     builtin_rules: ClassVar[tuple[Rule[Any], ...]] = ()
+    report: ClassVar[ReportSection] = ReportSection()
+    agent_hint: ClassVar[str] = ""
+    commands: ClassVar[tuple[ProbeCommand, ...]] = ()
+
+    def default_name(self, spec: ProbeSpec) -> str:
+        """The verdict's name when none is given: the kind."""
+        return self.kind
 
     def rules(self) -> Sequence[Rule[Any]]:
         return self.builtin_rules

@@ -26,6 +26,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from glmfb.errors import InputError
 from glmfb.evidence import RuleFired
+from glmfb.step import Step, as_step
 from glmfb.verdict import Status
 
 ENTRY_POINT_GROUP = "glmfb.rules"
@@ -48,13 +49,13 @@ class Diagnosis:
 
     status: Status
     why: str
-    next: tuple[str, ...] = ()
+    next: tuple[Step, ...] = ()  # a plain string is read as a plain step (Step(why=text))
     where: Mapping[str, Any] | None = None
     saw: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", Status(self.status))
-        object.__setattr__(self, "next", tuple(self.next))
+        object.__setattr__(self, "next", tuple(as_step(step) for step in self.next))
 
 
 @dataclass(frozen=True)

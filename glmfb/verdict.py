@@ -8,6 +8,9 @@ Format history (never renumber; a change bumps the version and keeps a reader fo
   ``env_differences``, ``diagnosis_rule`` as ``diagnosis``; ``gil_holder.share_of_samples``
   (a copy of ``share_of_time``) is dropped on reading. ``probe`` is any registered kind
   (built-in or installed); a reader accepts kinds it does not know.
+- ``glmfb.verdict/2``, ``glmfb.run/2``: ``next`` holds typed steps (:mod:`glmfb.step`:
+  ``{"why", "command", "arguments"}``), not strings. A ``/1`` document is still read: each
+  string step becomes a plain step (``{"why": text}``); it is never parsed as a command.
 
 Reading a document validates it against :func:`json_schema` and names the first offending
 field (``verdicts[3].metric.value: expected number or null, got 'fast'``).
@@ -23,11 +26,15 @@ from enum import Enum, IntEnum
 from typing import Any, TypeVar
 
 from glmfb.evidence import Evidence, EvidenceError, RawEvidence, as_evidence, parse_evidence
+from glmfb.step import STEP_SCHEMA, Step, as_step
 
 E = TypeVar("E", bound=Evidence)
 
-VERDICT_SCHEMA = "glmfb.verdict/1"
-RUN_SCHEMA = "glmfb.run/1"
+VERDICT_SCHEMA = "glmfb.verdict/2"
+RUN_SCHEMA = "glmfb.run/2"
+# Older versions still read (upgraded on reading, see the module docstring).
+VERDICT_SCHEMA_V1 = "glmfb.verdict/1"
+RUN_SCHEMA_V1 = "glmfb.run/1"
 
 
 class Status(str, Enum):
@@ -257,7 +264,7 @@ class Verdict:
     where: Mapping[str, Any] = field(default_factory=dict)
     metric: Metric | None = None
     evidence: tuple[Evidence, ...] = ()
-    next: tuple[str, ...] = ()
+    next: tuple[Step, ...] = ()
     artifacts: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
@@ -277,7 +284,7 @@ class Verdict:
             self, "evidence",
             tuple(as_evidence(item, f"evidence[{i}]") for i, item in enumerate(self.evidence)),
         )
-        object.__setattr__(self, "next", tuple(str(step) for step in self.next))
+        object.__setattr__(self, "next", tuple(as_step(step) for step in self.next))
         object.__setattr__(
             self, "artifacts", {str(k): str(v) for k, v in dict(self.artifacts).items()}
         )
@@ -325,7 +332,7 @@ class Verdict:
         name: str,
         why: str,
         *,
-        next: Iterable[str] = (),
+        next: Iterable[Step | str] = (),
         evidence: Iterable[Evidence | Mapping[str, Any]] = (),
         env: Mapping[str, Any] | None = None,
         duration_s: float = 0.0,
@@ -337,7 +344,7 @@ class Verdict:
             status=Status.ERROR,
             layer=Layer.HARNESS,
             why=why,
-            next=tuple(next),
+            next=tuple(as_step(step) for step in next),
             evidence=tuple(as_evidence(item) for item in evidence),
             env=env or {},
             duration_s=duration_s,
@@ -356,7 +363,7 @@ class Verdict:
             "why": self.why,
             "metric": self.metric.to_dict() if self.metric is not None else None,
             "evidence": [item.to_dict() for item in self.evidence],
-            "next": list(self.next),
+            "next": [step.to_dict() for step in self.next],
             "artifacts": dict(self.artifacts),
             "env": dict(self.env),
             "duration_s": self.duration_s,
@@ -373,8 +380,8 @@ class Verdict:
         With ``typed`` (the default) evidence is read into its typed classes (an item that does
         not fit its kind stays as read, a :class:`~glmfb.evidence.RawEvidence`); without it all
         evidence stays as read, which is all a gate needs."""
-        validate(data, VERDICT_JSON_SCHEMA)
-        return cls._from_valid_dict(data, typed=typed)
+        validate(upgrade(data), VERDICT_JSON_SCHEMA)
+        return cls._from_valid_dict(upgrade(data), typed=typed)
 
     @classmethod
     def _from_valid_dict(cls, data: Mapping[str, Any], *, typed: bool = True, path: str = "") -> Verdict:
@@ -389,7 +396,7 @@ class Verdict:
             where=data.get("where") or {},
             metric=Metric.from_dict(metric) if metric is not None else None,
             evidence=_read_evidence(data.get("evidence") or (), typed, path),
-            next=tuple(data.get("next") or ()),
+            next=tuple(Step.from_json(step) for step in data.get("next") or ()),
             artifacts=data.get("artifacts") or {},
             env=data.get("env") or {},
             duration_s=data.get("duration_s", 0.0),
@@ -444,6 +451,7 @@ class Run:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, typed: bool = True) -> Run:
+        data = upgrade(data)
         validate(data, RUN_JSON_SCHEMA)
         return cls(
             id=data["id"],
@@ -479,6 +487,7 @@ def load_document(data: Any, *, typed: bool = True) -> Run:
     """A run from parsed JSON that holds either a run or a single verdict."""
     if not isinstance(data, Mapping):
         raise SchemaError("(document)", f"expected a JSON object, got {_json_type(data)}")
+    data = upgrade(data)
     schema = data.get("schema")
     if schema == RUN_SCHEMA:
         return Run.from_dict(data, typed=typed)
@@ -489,6 +498,33 @@ def load_document(data: Any, *, typed: bool = True) -> Run:
         "schema",
         f"expected {RUN_SCHEMA!r} or {VERDICT_SCHEMA!r}, got {schema!r}",
     )
+
+
+def upgrade(data: Any) -> Any:
+    """A ``/1`` document as its ``/2`` form (string steps become plain steps); any other
+    document as it is. The older form is never written."""
+    if not isinstance(data, Mapping):
+        return data
+    schema = data.get("schema")
+    if schema == VERDICT_SCHEMA_V1:
+        return _upgrade_verdict_v1(data)
+    if schema == RUN_SCHEMA_V1:
+        verdicts = data.get("verdicts")
+        upgraded = {**data, "schema": RUN_SCHEMA}
+        if isinstance(verdicts, list):
+            upgraded["verdicts"] = [_upgrade_verdict_v1(v) if isinstance(v, Mapping) else v for v in verdicts]
+        return upgraded
+    return data
+
+
+def _upgrade_verdict_v1(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    if data.get("schema") != VERDICT_SCHEMA_V1:
+        return data
+    steps = data.get("next")
+    upgraded = {**data, "schema": VERDICT_SCHEMA}
+    if isinstance(steps, list):
+        upgraded["next"] = [{"why": step} if isinstance(step, str) else step for step in steps]
+    return upgraded
 
 
 # --------------------------------------------------------------------------------------------
@@ -545,7 +581,7 @@ _EXPECT_SCHEMA: dict[str, Any] = {
 
 VERDICT_JSON_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "https://glmfb.dev/schema/verdict-1.json",
+    "$id": "https://glmfb.dev/schema/verdict-2.json",
     "title": VERDICT_SCHEMA,
     "type": "object",
     "required": ["schema", "probe", "name", "status", "layer", "why"],
@@ -566,7 +602,7 @@ VERDICT_JSON_SCHEMA: dict[str, Any] = {
                 "properties": {"kind": {"type": "string"}},
             },
         },
-        "next": {"type": "array", "items": {"type": "string"}},
+        "next": {"type": "array", "items": STEP_SCHEMA},
         "artifacts": {"type": "object", "additionalProperties": {"type": "string"}},
         "env": {"type": "object"},
         "duration_s": {"type": "number", "minimum": 0},
@@ -578,7 +614,7 @@ VERDICT_JSON_SCHEMA: dict[str, Any] = {
 
 RUN_JSON_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "https://glmfb.dev/schema/run-1.json",
+    "$id": "https://glmfb.dev/schema/run-2.json",
     "title": RUN_SCHEMA,
     "type": "object",
     "required": ["schema", "id", "started", "verdicts"],
@@ -631,7 +667,7 @@ def json_schema() -> dict[str, Any]:
     }
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": "https://glmfb.dev/schema/glmfb-1.json",
+        "$id": "https://glmfb.dev/schema/glmfb-2.json",
         "title": "glmfb verdict and run documents",
         "oneOf": [{"$ref": "#/$defs/verdict"}, {"$ref": "#/$defs/run"}],
         "$defs": {"verdict": verdict, "run": run, **evidence_defs},

@@ -6,7 +6,7 @@ resources.
   command lines only with ``--allow-commands``, a time budget with a cap);
 - :mod:`glmfb.mcp.tools`: the tools, their input schemas (from the probes' declared options),
   their output schemas (the verdict contract) and the blocking work each does;
-- :mod:`glmfb.mcp.nextcalls`: a verdict's ``next`` commands as tool calls;
+- a verdict's ``next`` steps that are commands become tool calls (``Toolbox.next_calls``);
 - :mod:`glmfb.mcp.resources`: the runs under ``<root>/reports`` as resources;
 - :mod:`glmfb.mcp.server`: the MCP SDK wiring (stdio, streamable HTTP), progress and
   cancellation.

@@ -6,7 +6,7 @@ the targets (``baseline``/``candidate``, or ``target``/``command``), its declare
 (:func:`glmfb.options.options_schema`) give the rest, keyed as in a probe definition and
 parsed by the same function (:func:`glmfb.options.parse_table`: ``"5%"``, ``"2s"``). Its
 result is the verdict (``glmfb.verdict/1``) beside the run it was written to and the verdict's
-next steps as tool calls (:mod:`glmfb.mcp.nextcalls`).
+next steps as tool calls (a step's command and arguments, checked as the tool would check them).
 
 Each call is first *prepared* (arguments checked against the :class:`Boundary`, the config
 built: a bad argument is an :class:`~glmfb.errors.InputError` naming it, before anything
@@ -30,9 +30,10 @@ from typing import Any
 
 from glmfb.errors import GlmfbError, InputError, UsageError
 from glmfb.mcp.boundary import Boundary, strings
-from glmfb.mcp.nextcalls import next_calls
 from glmfb.options import options_of, options_schema, parse_table
 from glmfb.probe import Probe, ProbeForm, ProbeSpec, all_probes, safe_component
+from glmfb.commandline import shell_line
+from glmfb.step import STEP_SCHEMA, Step
 from glmfb.verdict import Run, Verdict
 
 RUN_URI = "glmfb://runs/{run_id}"
@@ -133,7 +134,8 @@ _NEXT_CALL: dict[str, Any] = {
     "required": ["index", "text"],
     "properties": {
         "index": {"type": "integer", "description": "the position of the step in the verdict's next"},
-        "text": {"type": "string", "description": "the step as the verdict gives it"},
+        "text": {"type": "string", "description": "the step as a command line, for people"},
+        "why": {"type": "string", "description": "what the step is for"},
         "tool": {"type": "string", "description": "the tool to call"},
         "arguments": {"type": "object", "description": "the arguments to call it with, as they are"},
         "error": {"type": "string", "description": "why this step cannot be called now (then no arguments)"},
@@ -220,8 +222,23 @@ class Toolbox:
         """Raise what :meth:`prepare` would raise; run nothing."""
         self.prepare(name, arguments)
 
-    def next_calls(self, steps: Sequence[str]) -> list[dict[str, Any]]:
-        return next_calls(steps, self.check)
+    def next_calls(self, steps: Sequence[Step]) -> list[dict[str, Any]]:
+        """The steps that are glmfb commands, as tool calls: ``{"index", "text", "why", "tool",
+        "arguments"}``, or with ``error`` instead of ``arguments`` when the call would be refused
+        now (a path outside the root, no such tool). Plain steps stay text only."""
+        calls: list[dict[str, Any]] = []
+        for index, step in enumerate(steps):
+            if step.command is None:
+                continue
+            entry: dict[str, Any] = {"index": index, "text": shell_line(step), "why": step.why, "tool": step.command}
+            try:
+                self.check(step.command, step.arguments)
+            except GlmfbError as exc:
+                entry["error"] = str(exc)
+            else:
+                entry["arguments"] = dict(step.arguments)
+            calls.append(entry)
+        return calls
 
     # ---- probes --------------------------------------------------------------------------
 
@@ -693,7 +710,7 @@ class Toolbox:
                 "name": {"type": "string"}, "probe": {"type": "string"}, "status": {"type": "string"},
                 "outcome": {"type": "string"}, "layer": {"type": "string"}, "where": {"type": "object"},
                 "why": {"type": "string"}, "metric": {"type": ["object", "null"]},
-                "next": {"type": "array", "items": {"type": "string"}},
+                "next": {"type": "array", "items": STEP_SCHEMA},
                 "next_calls": {"type": "array", "items": _NEXT_CALL},
                 "artifacts": {"type": "object"},
             },
@@ -731,7 +748,7 @@ class Toolbox:
                     "name": verdict.name, "probe": verdict.probe, "status": verdict.status.value,
                     "outcome": verdict.outcome.value, "layer": verdict.layer.value, "where": dict(verdict.where),
                     "why": verdict.why, "metric": verdict.metric.to_dict() if verdict.metric else None,
-                    "next": list(verdict.next), "next_calls": calls,
+                    "next": [step.to_dict() for step in verdict.next], "next_calls": calls,
                     "artifacts": self.artifact_uris(verdict, run_id) if run_id else dict(verdict.artifacts),
                 })
             ref = self.run_ref(run_id) if run_id else {"id": run.id}
@@ -866,7 +883,7 @@ def summarize(verdict: Verdict, calls: Sequence[Mapping[str, Any]], run_uri: str
         suffix = ""
         if call is not None and "arguments" in call:
             suffix = f"  [next_calls[{calls.index(call)}]: tool {call['tool']}]"
-        lines.append(f"next {index + 1}: {step}{suffix}")
+        lines.append(f"next {index + 1}: {shell_line(step)}{suffix}")
     lines += [f"note: {note}" for note in notes]
     if run_uri:
         lines.append(f"run: {run_uri}")

@@ -18,6 +18,7 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from glmfb.commandline import shell_line
 from glmfb.report.text import (
     expectation_text,
     expected_label,
@@ -124,7 +125,7 @@ def _card(verdict: Verdict, data: Mapping[str, Any], links: _Links) -> str:
     if verdict.metric is not None:
         rows.append(("metric", escape(format_metric(verdict.metric))))
     for step in verdict.next:
-        rows.append(("next", f"<code>{escape(step)}</code>"))
+        rows.append(("next", f"<code>{escape(shell_line(step))}</code>"))
     rows.append(("layer", escape(verdict.layer.value)))
     if verdict.expect is not None:
         rows.append(("expect", f"{escape(expected_label(verdict))}: {escape(expectation_text(verdict))}"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from glmfb.commandline import shell_line
 from glmfb.gate import GateDecision, GateResult, failing_rows
 from glmfb.report.text import expectation_text, format_metric, printable
 from glmfb.verdict import Verdict
@@ -39,7 +40,7 @@ def _body(verdict: Verdict) -> str:
         lines.append(expectation_text(verdict))
     if verdict.metric is not None:
         lines.append(format_metric(verdict.metric))
-    lines.extend(f"next: {step}" for step in verdict.next)
+    lines.extend(f"next: {shell_line(step)}" for step in verdict.next)
     return "\n".join(lines)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from glmfb.commandline import shell_line
 from glmfb.gate import GateDecision, GateResult
 from glmfb.report.text import expectation_text, format_metric, format_where, printable, status_label
 
@@ -47,6 +48,6 @@ def render_markdown(result: GateResult) -> str:
                 lines.append(f"- {expectation_text(v)}")
             if row.reason:
                 lines.append(f"- allowed: {row.reason}")
-            lines.extend(f"- next: `{step}`" for step in v.next)
+            lines.extend(f"- next: `{shell_line(step)}`" for step in v.next)
             lines.append("")
     return "\n".join(lines).rstrip() + "\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from glmfb.commandline import shell_line
 from glmfb.report.text import (
     expectation_text,
     expected_label,
@@ -71,7 +72,7 @@ def render_verdict(verdict: Verdict) -> RenderableType:
         style = "" if verdict.expect_met else "verdict.unexpected"
         grid.add_row("expect", Text(expectation_text(verdict), style=style))
     for index, step in enumerate(verdict.next):
-        grid.add_row("next" if index == 0 else "", Text(step, style="verdict.next"))
+        grid.add_row("next" if index == 0 else "", Text(shell_line(step), style="verdict.next"))
     for name, path in verdict.artifacts.items():
         grid.add_row(name, path)
     grid.add_row("took", f"{verdict.duration_s:.2f} s")
