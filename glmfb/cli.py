@@ -284,10 +284,11 @@ def report_command(
     ] = None,
 ) -> None:
     """Re-render report.html from a saved run."""
+    from glmfb.documents import load_document
     from glmfb.io import read_json
     from glmfb.report.html import REPORT_NAME, write_html
     from glmfb.runs import run_file_of
-    from glmfb.verdict import SchemaError, load_document
+    from glmfb.verdict import SchemaError
 
     path = Path(run_file_of(source))
     try:
@@ -305,7 +306,7 @@ def report_command(
 @app.command("schema")
 def schema_command() -> None:
     """Print the JSON Schema (draft 2020-12) of verdict and run documents."""
-    from glmfb.verdict import json_schema
+    from glmfb.documents import json_schema
 
     dump_json(json_schema())
 

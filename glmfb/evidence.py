@@ -24,6 +24,7 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, ClassVar, TypeVar
 
 R = TypeVar("R", bound="Record")
@@ -52,10 +53,39 @@ def _float_out(value: float) -> Any:
     return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
-def _json_out(value: Any) -> Any:
-    from glmfb.verdict import to_json_value
-
-    return to_json_value(value)
+def to_json_value(value: Any) -> Any:
+    """Turn a value into plain JSON data: tuples to lists, enums and numpy scalars to Python,
+    non-finite floats to the strings "nan", "inf", "-inf" (JSON has no NaN)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:  # the common cases, fast
+        return value
+    if kind is dict:
+        return {str(k): to_json_value(v) for k, v in value.items()}
+    if isinstance(value, Enum):
+        return to_json_value(value.value)
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return _float_out(value)
+    if isinstance(value, Mapping):
+        return {str(k): to_json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json_value(v) for v in value]
+    item = getattr(value, "item", None)  # numpy / torch scalars
+    if callable(item):
+        try:
+            return to_json_value(item())
+        except (TypeError, ValueError):
+            pass
+    if hasattr(value, "tolist"):
+        return to_json_value(value.tolist())
+    if hasattr(value, "__fspath__"):
+        return str(value)
+    raise TypeError(f"cannot store a {type(value).__name__} in a verdict: {value!r}")
 
 
 def _same(value: Any) -> Any:
@@ -74,7 +104,7 @@ def _codec(hint: Any) -> _Codec:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if hint is Any:
-        return _Codec(lambda v, p: v, _json_out, {}, _json_out)
+        return _Codec(lambda v, p: v, to_json_value, {}, to_json_value)
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
         codec = _codec(inner[0]) if len(inner) == 1 else _codec(Any)
@@ -319,7 +349,7 @@ class RawEvidence(Evidence):
         return self.raw_kind
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.raw_kind, **_json_out(dict(self.data))}
+        return {"kind": self.raw_kind, **to_json_value(dict(self.data))}
 
     def summary_rows(self) -> list[tuple[str, str]]:
         return [(k, f"{len(v)} items" if isinstance(v, list) else str(v)[:80]) for k, v in self.data.items()]
@@ -345,26 +375,18 @@ def evidence_kind(cls: type[E]) -> type[E]:
 
 
 def registered_kinds() -> dict[str, type[Evidence]]:
-    """Every evidence kind known to this installation (built-in and installed probes')."""
-    _load_probe_evidence()
+    """The evidence kinds registered so far: the contract's own, and those given to
+    :func:`evidence_kind` (a probe's kinds are registered by the probe API,
+    :func:`glmfb.probe.load_evidence_types`, before a document is read with them)."""
     return dict(_KINDS)
 
 
-def _load_probe_evidence() -> None:
-    from glmfb.probe import load_evidence_types
-
-    load_evidence_types()
-
-
 def parse_evidence(data: Mapping[str, Any], path: str = "evidence") -> Evidence:
-    """Typed evidence from its JSON form; an unknown kind becomes :class:`RawEvidence`."""
+    """Typed evidence from its JSON form; a kind not registered becomes :class:`RawEvidence`."""
     kind = data.get("kind")
     if not isinstance(kind, str):
         raise EvidenceError(f"{path}.kind", "needs a string 'kind'")
     cls = _KINDS.get(kind)
-    if cls is None:
-        _load_probe_evidence()
-        cls = _KINDS.get(kind)
     if cls is None or cls is RawEvidence:
         return RawEvidence(raw_kind=kind, data={k: v for k, v in data.items() if k != "kind"})
     return cls._decode(data, path)
@@ -382,11 +404,11 @@ def first(items: Iterable[Evidence], kind: type[E]) -> E | None:
     return next((item for item in items if isinstance(item, kind)), None)
 
 
-def evidence_schema_defs() -> dict[str, Any]:
-    """``$defs`` entries for every known kind and the records they use."""
+def evidence_schema_defs(kinds: Mapping[str, type[Evidence]] | None = None) -> dict[str, Any]:
+    """``$defs`` entries for the given kinds (default: those registered) and the records they use."""
     defs: dict[str, Any] = {}
     records: set[type[Record]] = set()
-    for kind, cls in sorted(registered_kinds().items()):
+    for kind, cls in sorted((registered_kinds() if kinds is None else kinds).items()):
         if kind != cls.kind or cls is RawEvidence:
             continue
         defs[f"evidence.{kind}"] = cls.json_schema()

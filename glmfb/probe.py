@@ -315,10 +315,6 @@ def get_probe(kind: str) -> Probe:
     if obj.kind != kind:
         raise InputError(f"probe entry {kind!r} ({entry.ref}) says its kind is {obj.kind!r}")
     _LOADED[kind] = obj
-    for evidence_type in getattr(obj, "evidence_types", ()):
-        from glmfb.evidence import evidence_kind
-
-        evidence_kind(evidence_type)
     return obj
 
 
@@ -330,16 +326,22 @@ _EVIDENCE_LOADED = False
 
 
 def load_evidence_types() -> None:
-    """Register the evidence kinds of every probe (for reading verdicts)."""
+    """Register the evidence kinds of every probe with the contract (:mod:`glmfb.evidence`),
+    so that documents are read with them: imported only when a document is read typed."""
     global _EVIDENCE_LOADED
     if _EVIDENCE_LOADED:
         return
     _EVIDENCE_LOADED = True
+    from glmfb.evidence import evidence_kind
+
     for kind in known_kinds():
         try:
-            get_probe(kind)
+            evidence_types = tuple(get_probe(kind).evidence_types)
         except InputError as exc:  # a broken third-party probe must not stop reading verdicts
             warnings.warn(f"glmfb: {exc}", stacklevel=2)
+            continue
+        for evidence_type in evidence_types:
+            evidence_kind(evidence_type)
 
 
 def reset_registry() -> None:

@@ -283,6 +283,9 @@ def run_isolated(
         what = describe_returncode(returncode if returncode is not None else -9)
         return _failed(kind, name, f"glmfb {kind}: the probe's process {what} before answering",
                        returncode, stdout_path, stderr_path, elapsed_s)
+    from glmfb.probe import load_evidence_types
+
+    load_evidence_types()  # the verdict's evidence, typed
     verdict = Verdict.from_dict(verdict_message["verdict"])
     artifacts = dict(verdict.artifacts)
     for label, path in (("probe_stdout", stdout_path), ("probe_stderr", stderr_path)):

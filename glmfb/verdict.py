@@ -20,12 +20,19 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum, IntEnum
 from typing import Any, TypeVar
 
-from glmfb.evidence import Evidence, EvidenceError, RawEvidence, as_evidence, parse_evidence
+from glmfb.evidence import (
+    Evidence,
+    EvidenceError,
+    RawEvidence,
+    as_evidence,
+    parse_evidence,
+    to_json_value,
+)
 from glmfb.step import STEP_SCHEMA, Step, as_step
 
 E = TypeVar("E", bound=Evidence)
@@ -92,48 +99,6 @@ def combine_exit_codes(codes: Iterable[ExitCode]) -> ExitCode:
         if code in present:
             return code
     return ExitCode.OK
-
-
-# --------------------------------------------------------------------------------------------
-# JSON normalization
-# --------------------------------------------------------------------------------------------
-
-
-def to_json_value(value: Any) -> Any:
-    """Turn a value into plain JSON data: tuples to lists, enums and numpy scalars to Python,
-    non-finite floats to the strings "nan", "inf", "-inf" (JSON has no NaN)."""
-    kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:  # the common cases, fast
-        return value
-    if kind is dict:
-        return {str(k): to_json_value(v) for k, v in value.items()}
-    if isinstance(value, Enum):
-        return to_json_value(value.value)
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return value
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, Mapping):
-        return {str(k): to_json_value(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_json_value(v) for v in value]
-    item = getattr(value, "item", None)  # numpy / torch scalars
-    if callable(item):
-        try:
-            return to_json_value(item())
-        except (TypeError, ValueError):
-            pass
-    if hasattr(value, "tolist"):
-        return to_json_value(value.tolist())
-    if hasattr(value, "__fspath__"):
-        return str(value)
-    raise TypeError(f"cannot store a {type(value).__name__} in a verdict: {value!r}")
 
 
 def _finite_or_none(value: Any) -> float | None:
@@ -377,9 +342,11 @@ class Verdict:
     def from_dict(cls, data: Mapping[str, Any], *, typed: bool = True) -> Verdict:
         """Build a verdict from JSON data, validating it first (raises :class:`SchemaError`).
 
-        With ``typed`` (the default) evidence is read into its typed classes (an item that does
-        not fit its kind stays as read, a :class:`~glmfb.evidence.RawEvidence`); without it all
-        evidence stays as read, which is all a gate needs."""
+        With ``typed`` (the default) evidence is read into the typed classes registered (an item
+        of another kind, or that does not fit its kind, stays as read, a
+        :class:`~glmfb.evidence.RawEvidence`); without it all evidence stays as read, which is
+        all a gate needs. :func:`glmfb.documents.load_document` registers every probe's kinds
+        first."""
         validate(upgrade(data), VERDICT_JSON_SCHEMA)
         return cls._from_valid_dict(upgrade(data), typed=typed)
 
@@ -484,7 +451,9 @@ def _read_evidence(items: Iterable[Any], typed: bool, path: str) -> tuple[Eviden
 
 
 def load_document(data: Any, *, typed: bool = True) -> Run:
-    """A run from parsed JSON that holds either a run or a single verdict."""
+    """A run from parsed JSON that holds either a run or a single verdict (evidence typed into
+    the kinds registered so far; :func:`glmfb.documents.load_document` reads with every
+    probe's kinds)."""
     if not isinstance(data, Mapping):
         raise SchemaError("(document)", f"expected a JSON object, got {_json_type(data)}")
     data = upgrade(data)
@@ -632,24 +601,27 @@ RUN_JSON_SCHEMA: dict[str, Any] = {
 }
 
 
-def json_schema() -> dict[str, Any]:
+def json_schema(probes: Sequence[str] | None = None,
+                evidence: Mapping[str, type[Evidence]] | None = None) -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of both documents, verdict and run.
 
-    ``probe`` lists the kinds this installation knows (built-in and installed); each known
-    evidence kind has its schema under ``$defs`` and is checked when its ``kind`` matches.
-    Other kinds stay valid (a newer probe's evidence), with only ``kind`` required."""
+    ``probe`` lists the kinds given in ``probes`` (any string when None); each evidence kind
+    given (default: those registered so far) has its schema under ``$defs`` and is checked
+    when its ``kind`` matches. Other kinds stay valid (a newer probe's evidence), with only
+    ``kind`` required. The schema of this installation, every probe's kinds in it, is
+    :func:`glmfb.documents.json_schema`."""
     import copy
 
     from glmfb.evidence import evidence_schema_defs
-    from glmfb.probe import known_kinds
 
-    evidence_defs = evidence_schema_defs()
+    evidence_defs = evidence_schema_defs(evidence)
     verdict = copy.deepcopy({k: v for k, v in VERDICT_JSON_SCHEMA.items() if not k.startswith("$")})
-    verdict["properties"]["probe"] = {
-        "type": "string",
-        "enum": list(known_kinds()),
-        "description": "the probe kinds of this installation; readers accept others with a warning",
-    }
+    if probes is not None:
+        verdict["properties"]["probe"] = {
+            "type": "string",
+            "enum": list(probes),
+            "description": "the probe kinds of this installation; readers accept others with a warning",
+        }
     verdict["properties"]["evidence"]["items"] = {
         "type": "object",
         "required": ["kind"],

@@ -1,69 +1,209 @@
 """The data flow of docs/design.md, checked against the imports (every import, also the ones
-inside functions): target -> probe engine -> Verdict -> (render | JSON | gate | report)."""
+inside functions; an import under ``if TYPE_CHECKING:`` is for the type checker only and does
+not count): target -> probe engine -> Verdict -> (render | JSON | gate | report).
+
+The checker is a function of a folder holding a ``glmfb`` tree, so a test can plant a wrong
+import in a scratch copy and see it fail."""
 
 from __future__ import annotations
 
 import ast
+import functools
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+from glmfb.probe import BUILTIN_PROBES
 
 GLMFB = Path(__file__).resolve().parents[1] / "glmfb"
-ENGINES = ("diff", "bench", "gil", "gap")
-# Layers above the engines: nothing below may import them.
-CLI_LAYER = ("glmfb.cli", "glmfb.commands", "typer", "click")
-SUITE_LAYER = ("glmfb.suite",)
-REPORT_LAYER = ("glmfb.report", "glmfb.gate")
+
+# The engines are the packages of the registered built-in probes: a new probe's layering is
+# checked as soon as it is registered.
+ENGINES = tuple(sorted({ref.partition(":")[0].rpartition(".")[0] for _, ref in BUILTIN_PROBES}))
+
+# The layer table of docs/design.md, bottom first: a module may import its own layer and the
+# layers below it. A name covers the module and, for a package, everything in it.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("contract", ("glmfb", "glmfb.verdict", "glmfb.evidence", "glmfb.errors", "glmfb.units", "glmfb.options",
+                  "glmfb.clock", "glmfb.step")),
+    ("probe API", ("glmfb.probe", "glmfb.rules", "glmfb.host", "glmfb.targets", "glmfb.env", "glmfb.io",
+                   "glmfb.tables", "glmfb.stats", "glmfb.commandline", "glmfb.documents", "glmfb.runs",
+                   "glmfb.supervise", "glmfb.child", "glmfb.process", "glmfb.plotting", "glmfb.measure")),
+    ("engines", ENGINES),
+    ("suite, reports, gate, agent server", ("glmfb.suite", "glmfb.report", "glmfb.gate", "glmfb.mcp")),
+    ("CLI", ("glmfb.cli", "glmfb.__main__", "glmfb.commands")),
+)
+
+CLI_ONLY = ("typer", "click")  # imported by the CLI layer only
 
 
-def imports_of(path: Path) -> set[str]:
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_files(root: Path) -> dict[str, Path]:
+    """Every module of the ``glmfb`` tree under ``root`` (not the code that runs inside a
+    traced program, ``gil/_site``)."""
+    return {module_name(p, root): p for p in sorted((root / "glmfb").rglob("*.py")) if "_site" not in p.parts}
+
+
+def _nodes(node: ast.AST) -> Iterator[ast.AST]:
+    """Every node below ``node``, at module level and inside functions, except the bodies of
+    ``if TYPE_CHECKING:``."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            for other in child.orelse:
+                yield other
+                yield from _nodes(other)
+            continue
+        yield child
+        yield from _nodes(child)
+
+
+def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
+    """The modules a module imports: ``from pkg import sub`` is an import of ``pkg.sub`` when
+    ``sub`` is a module (a dependency on that code, not on the package's ``__init__``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    names: set[str] = set()
-    package = ".".join(path.relative_to(GLMFB.parent).with_suffix("").parts[:-1])
-    for node in ast.walk(tree):
+    found: set[str] = set()
+    for node in _nodes(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
+            found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             module = node.module or ""
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 module = ".".join([*base, module]) if module else ".".join(base)
-            names.add(module)
-    return names
+            for alias in node.names:
+                found.add(f"{module}.{alias.name}" if f"{module}.{alias.name}" in known else module)
+    return found - {name}
 
 
-def modules(*folders: str) -> list[Path]:
-    return sorted(p for folder in folders for p in (GLMFB / folder).rglob("*.py"))
+@functools.cache
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the glmfb modules it imports (read once per tree)."""
+    files = module_files(root)
+    known = set(files)
+    return {name: imports_of(path, name, known) for name, path in files.items()}
 
 
-def offending(paths: list[Path], forbidden: tuple[str, ...]) -> list[str]:
+def layer_of(module: str) -> int | None:
+    """The index in :data:`LAYERS` of the longest name that covers ``module``."""
+    matches = [(len(name), index) for index, (_, names) in enumerate(LAYERS) for name in names
+               if module == name or (name != "glmfb" and module.startswith(name + "."))]
+    return max(matches)[1] if matches else None
+
+
+def layer_violations(root: Path) -> list[str]:
+    """Each import that goes up the layer table (or into typer from below the CLI), and each
+    module the table does not place."""
     found = []
-    for path in paths:
-        for name in imports_of(path):
-            if any(name == f or name.startswith(f + ".") for f in forbidden):
-                found.append(f"{path.relative_to(GLMFB.parent)} imports {name}")
+    for module, imported in sorted(import_graph(root).items()):
+        here = layer_of(module)
+        if here is None:
+            found.append(f"{module} is in no layer of the table")
+            continue
+        for name in sorted(imported):
+            if name.split(".")[0] in CLI_ONLY and here < len(LAYERS) - 1:
+                found.append(f"{module} ({LAYERS[here][0]}) imports {name} (CLI only)")
+            there = layer_of(name) if name.split(".")[0] == "glmfb" else None
+            if there is not None and there > here:
+                found.append(f"{module} ({LAYERS[here][0]}) imports {name} ({LAYERS[there][0]})")
     return found
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_engines_import_nothing_from_the_suite_the_cli_or_the_reports(engine: str) -> None:
-    assert offending(modules(engine), CLI_LAYER + SUITE_LAYER + REPORT_LAYER) == []
+def import_cycles(root: Path) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    graph = import_graph(root)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph.get(node, ()):
+            if other not in graph:
+                continue
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                other = stack.pop()
+                group.append(other)
+                if other == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(groups)
 
 
-def test_the_probe_api_and_the_host_do_not_import_the_layers_above() -> None:
-    core = [GLMFB / name for name in ("probe.py", "host.py", "rules.py", "evidence.py", "options.py", "verdict.py",
-                                      "targets.py", "units.py", "clock.py", "errors.py", "env.py", "io.py",
-                                      "tables.py", "stats.py")]
-    assert offending(core, CLI_LAYER + SUITE_LAYER + REPORT_LAYER) == []
+def test_the_engines_come_from_the_registry() -> None:
+    assert len(ENGINES) == len(BUILTIN_PROBES)
+    assert all((GLMFB.parent / engine.replace(".", "/") / "__init__.py").is_file() for engine in ENGINES)
 
 
-def test_the_suite_and_the_gate_do_not_import_the_cli() -> None:
-    assert offending([GLMFB / "suite.py", GLMFB / "gate.py", *modules("report")], CLI_LAYER) == []
+def test_every_module_imports_only_its_layer_and_the_layers_below() -> None:
+    assert layer_violations(GLMFB.parent) == []
+
+
+def test_no_import_cycle() -> None:
+    assert import_cycles(GLMFB.parent) == []
+
+
+def test_the_checker_fails_on_planted_wrong_imports(tmp_path: Path) -> None:
+    shutil.copytree(GLMFB, tmp_path / "glmfb", ignore=shutil.ignore_patterns("__pycache__", "_site"))
+    engine = tmp_path / "glmfb" / "diff" / "engine.py"
+    engine.write_text(engine.read_text() + "\n\ndef _planted():\n    from glmfb.report.html import write_html\n")
+    verdict = tmp_path / "glmfb" / "verdict.py"
+    verdict.write_text(verdict.read_text() + "\n\ndef _planted():\n    from glmfb.probe import known_kinds\n")
+    assert layer_violations(tmp_path) == [
+        "glmfb.diff.engine (engines) imports glmfb.report.html (suite, reports, gate, agent server)",
+        "glmfb.verdict (contract) imports glmfb.probe (probe API)",
+    ]
+    assert any({"glmfb.probe", "glmfb.verdict"} <= set(group) for group in import_cycles(tmp_path))
+
+
+def test_an_import_for_the_type_checker_only_does_not_count(tmp_path: Path) -> None:
+    shutil.copytree(GLMFB, tmp_path / "glmfb", ignore=shutil.ignore_patterns("__pycache__", "_site"))
+    errors = tmp_path / "glmfb" / "errors.py"
+    errors.write_text(errors.read_text() + "\nif TYPE_CHECKING:\n    from glmfb.probe import Probe\n")
+    assert layer_violations(tmp_path) == []
+
+
+def test_reading_a_document_imports_only_the_contract() -> None:
+    """Importing the contract loads nothing above it; an untyped read (the gate) loads no probe."""
+    code = ("import sys, glmfb.verdict as v; v.load_document({'schema': 'glmfb.run/2', 'id': 'r', 'started': '', "
+            "'verdicts': []}, typed=False); print(sorted(m for m in sys.modules if m.startswith('glmfb')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = eval(result.stdout)
+    assert {layer_of(name) for name in loaded} == {0}, loaded
+
+
+def test_typer_and_the_mcp_sdk_stay_in_their_layers() -> None:
+    graph = import_graph(GLMFB.parent)
+    mcp_sdk = sorted(m for m, names in graph.items() if any(n.split(".")[0] == "mcp" for n in names))
+    assert all(m.startswith("glmfb.mcp.") for m in mcp_sdk), mcp_sdk
+    into_mcp = sorted(m for m, names in graph.items()
+                      if not m.startswith("glmfb.mcp") and any(n.startswith("glmfb.mcp") for n in names))
+    assert into_mcp == ["glmfb.commands.mcp"]
 
 
 def test_engines_do_not_print_or_exit() -> None:
     calls = []
-    for path in modules(*ENGINES):
+    for path in sorted(p for engine in ENGINES for p in (GLMFB.parent / engine.replace(".", "/")).rglob("*.py")):
         if "_site" in path.parts or (path.name == "runner.py" and path.parent.name == "gil"):
             continue  # code that runs inside the traced child process, not in glmfb
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):

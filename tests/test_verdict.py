@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from strategies import verdicts
 
+from glmfb.documents import json_schema
 from glmfb.verdict import (
     ExitCode,
     Expectation,
@@ -17,7 +18,6 @@ from glmfb.verdict import (
     SchemaError,
     Status,
     Verdict,
-    json_schema,
     load_document,
 )
 

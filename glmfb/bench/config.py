@@ -29,6 +29,11 @@ def is_saved_ref(ref: str) -> bool:
     return ref.partition("#")[0].endswith(".json")
 
 
+def kernel_name(ref: str) -> str:
+    """The attribute part of a target reference: ``a/b.py:gated_norm_tiled`` -> ``gated_norm_tiled``."""
+    return ref.rpartition(":")[2] or ref
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """An in-process comparison, a measurement of one target to save (no candidate), or a

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from glmfb.bench.config import BenchConfig
+from glmfb.bench.config import BenchConfig, kernel_name
 from glmfb.bench.decision import (
     LOOK_CONFIDENCE,
     STATISTIC,
@@ -41,7 +41,6 @@ from glmfb.bench.evidence import (
     ShapeChange,
     quantiles_of,
 )
-from glmfb.bench.probe import kernel_name
 from glmfb.bench.rules import RULES, BenchFindings, ShapeOutcome
 from glmfb.bench.runner import (
     Blocks,

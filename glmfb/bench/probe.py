@@ -11,18 +11,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
-from glmfb.bench.config import BenchConfig, is_saved_ref
+from glmfb.bench.config import BenchConfig, is_saved_ref, kernel_name
 from glmfb.bench.evidence import EVIDENCE_TYPES
 from glmfb.bench.rules import RULES
 from glmfb.errors import UsageError
 from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec
 from glmfb.targets import Target
 from glmfb.verdict import Layer, Verdict
-
-
-def kernel_name(ref: str) -> str:
-    """The attribute part of a target reference: ``a/b.py:gated_norm_tiled`` -> ``gated_norm_tiled``."""
-    return ref.rpartition(":")[2] or ref
 
 
 class BenchProbe(BaseProbe):

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from glmfb.bench.config import kernel_name
 from glmfb.bench.timers import Kernel, Loop, Timer, first_nonfinite
 from glmfb.errors import TargetFailed
 from glmfb.measure.runner import Arm, Comparison, Pair
@@ -45,11 +46,6 @@ class Side:
     flops_per_call: float | None = None
     bytes_per_call: float | None = None
     calls_checked: int = 0
-
-
-def kernel_name(ref: str) -> str:
-    """The attribute part of a target reference: ``a/b.py:gated_norm_tiled`` -> ``gated_norm_tiled``."""
-    return ref.rpartition(":")[2] or ref
 
 
 def _declared(kernel: Kernel, *names: str) -> float | None:

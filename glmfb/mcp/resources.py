@@ -75,8 +75,8 @@ def read(boundary: Boundary, uri: str) -> Contents:
     from glmfb.runs import RUN_FILE, latest_run
 
     if uri == SCHEMA_URI:
+        from glmfb.documents import json_schema
         from glmfb.io import dumps_json
-        from glmfb.verdict import json_schema
 
         return Contents(uri, "application/schema+json", text=dumps_json(json_schema()))
     if not uri.startswith(RUNS_PREFIX):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from glmfb.commandline import shell_line
+from glmfb.documents import load_document
 from glmfb.report.text import (
     expectation_text,
     expected_label,
@@ -26,7 +27,7 @@ from glmfb.report.text import (
     format_where,
     status_label,
 )
-from glmfb.verdict import Run, Verdict, load_document
+from glmfb.verdict import Run, Verdict
 
 if TYPE_CHECKING:
     from glmfb.report.plots import Drawn
