@@ -24,6 +24,7 @@ from glmfb.commands.common import (
     parse_timeout,
 )
 from glmfb.errors import GlmfbError, UsageError
+from glmfb.probe import TIMEOUT
 from glmfb.report.text import status_label
 from glmfb.verdict import ExitCode
 
@@ -149,8 +150,8 @@ def run_command(
     ] = None,
     timeout: Annotated[
         str | None,
-        typer.Option("--timeout", metavar="DURATION",
-                     help="Longest time one probe may take (default: a definition's timeout, else 15min)."),
+        typer.Option(TIMEOUT.flag, metavar=TIMEOUT.metavar,
+                     help=f"{TIMEOUT.help} [default: a definition's timeout, else {TIMEOUT.show_default()}]"),
     ] = None,
     verbose: Annotated[
         bool, typer.Option("-v", "--verbose", help="A panel for every verdict, not only those that need a look."),

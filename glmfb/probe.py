@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from glmfb.clock import SYSTEM_CLOCK, Clock
 from glmfb.errors import InputError
+from glmfb.options import SECONDS, OptionSpec, ValueType
+from glmfb.units import OptionValueError
 from glmfb.verdict import Layer, Verdict
 
 if TYPE_CHECKING:
@@ -55,6 +57,28 @@ BUILTIN_PROBES: tuple[tuple[str, str], ...] = (
     ("gil", "glmfb.gil.probe:PROBE"),
     ("gap", "glmfb.gap.probe:PROBE"),
 )
+
+
+def _show_duration(seconds: float) -> str:
+    return f"{seconds / 60:g}min" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g}s"
+
+
+TIMEOUT = OptionSpec(
+    attr="timeout_s", key="timeout", flag="--timeout", default=15 * 60.0,
+    type=ValueType("seconds", "DURATION", SECONDS.parse, _show_duration, SECONDS.schema),
+    help="Stop the probe, and every process it started, after this long.", cli=True, toml=True,
+)
+"""The one timeout of a probe run: ``--timeout`` on every command that runs probes,
+``timeout`` in a definition and in an agent's tool call; 15 minutes when none is given."""
+
+
+def parse_timeout(raw: Any, label: str) -> float:
+    """A timeout as a user wrote it (``30s``, ``10min``; a bare number is seconds) in seconds;
+    anything else, zero included, is an :class:`InputError` that starts with ``label``."""
+    try:
+        return float(TIMEOUT.parse(raw))
+    except OptionValueError as exc:
+        raise InputError(f"{label}: {exc.problem}", exc.hint or "write it as 30s or 10min") from None
 
 
 class ProbeForm(str, Enum):

@@ -36,6 +36,7 @@ class ProcessTree:
     """A process and its descendants, as far as they have been seen."""
 
     pid: int
+    leads_group: bool = False  # the root leads a process group: signal the group, also after the root exited
     seen: dict[int, float] = field(default_factory=dict)  # pid -> create time
 
     def __post_init__(self) -> None:
@@ -68,7 +69,17 @@ class ProcessTree:
                 continue
         return living
 
+    def add(self, pid: int) -> None:
+        """Remember a process the walk may miss (one that reported its pid in its own session)."""
+        import psutil
+
+        with contextlib.suppress(psutil.Error):
+            self.seen.setdefault(pid, psutil.Process(pid).create_time())
+
     def _signal(self, number: int) -> None:
+        if self.leads_group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, number)
         for pid in self.alive():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, number)
@@ -76,17 +87,17 @@ class ProcessTree:
                 if os.getpgid(pid) == pid:
                     os.killpg(pid, number)
 
-    def stop(self, grace_s: float = 3.0) -> list[int]:
-        """SIGTERM every remembered process (and the groups they lead), wait up to
-        ``grace_s``, SIGKILL what is left. Returns the pids that needed SIGKILL."""
+    def stop(self, grace_s: float = 3.0, first_signal: int = signal.SIGTERM) -> list[int]:
+        """SIGTERM (or ``first_signal``) every remembered process (and the groups they lead),
+        wait up to ``grace_s``, SIGKILL what is left. Returns the pids that needed SIGKILL."""
         self.refresh()
-        self._signal(signal.SIGTERM)
+        self._signal(first_signal)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and self.alive():
             self.refresh()  # a process may start children while it shuts down
             time.sleep(0.05)
         stubborn = self.alive()
-        if stubborn:
+        if stubborn or self.leads_group:  # the group may hold processes the walk never saw
             self._signal(signal.SIGKILL)
             deadline = time.monotonic() + 2.0
             while time.monotonic() < deadline and self.alive():

@@ -34,7 +34,15 @@ from typing import Any
 from glmfb.clock import SYSTEM_CLOCK, Clock, utc_now
 from glmfb.errors import InputError, UsageError
 from glmfb.options import parse_table
-from glmfb.probe import ProbeContext, ProbeSpec, get_probe, known_kinds, safe_component
+from glmfb.probe import (
+    TIMEOUT,
+    ProbeContext,
+    ProbeSpec,
+    get_probe,
+    known_kinds,
+    parse_timeout,
+    safe_component,
+)
 from glmfb.verdict import Expectation, Layer, Run, Status, Verdict
 
 if sys.version_info >= (3, 11):
@@ -44,7 +52,7 @@ else:  # pragma: no cover
 
 DEFINITION_KEYS = frozenset(
     {"name", "probe", "description", "baseline", "candidate", "target", "command", "args",
-     "baseline_args", "candidate_args", "options", "expect", "rules", "timeout"}
+     "baseline_args", "candidate_args", "options", "expect", "rules", TIMEOUT.key}
 )
 EXPECT_KEYS = frozenset({"status", "layer", "where"})
 
@@ -192,17 +200,9 @@ def load_table(path: Path, index: int, table: Mapping[str, Any]) -> ProbeDefinit
 
 
 def _timeout(table: Mapping[str, Any], label: str) -> float | None:
-    if "timeout" not in table:
+    if TIMEOUT.key not in table:
         return None
-    from glmfb.units import OptionValueError, parse_seconds
-
-    try:
-        value = parse_seconds(table["timeout"])
-    except OptionValueError as exc:
-        raise InputError(f"{label}: timeout: {exc.problem}", exc.hint or None) from None
-    if not value > 0:
-        raise InputError(f"{label}: timeout must be positive", 'write it as timeout = "30s"')
-    return value
+    return parse_timeout(table[TIMEOUT.key], f"{label}: {TIMEOUT.key}")
 
 
 def _expectation(table: Mapping[str, Any], label: str) -> Expectation | None:

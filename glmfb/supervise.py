@@ -40,13 +40,14 @@ from typing import Any
 
 from glmfb.errors import HarnessError, UsageError
 from glmfb.evidence import ProcessExit
+from glmfb.probe import TIMEOUT
 from glmfb.process import ProcessTree, describe_returncode
 from glmfb.verdict import ExitCode, Verdict
 
 RESULT_FD_ENV = "GLMFB_RESULT_FD"
 STDOUT_NAME = "probe-stdout.txt"
 STDERR_NAME = "probe-stderr.txt"
-DEFAULT_TIMEOUT_S = 900.0  # per probe, unless a definition or --timeout says otherwise
+DEFAULT_TIMEOUT_S: float = TIMEOUT.default  # per probe, unless a definition or --timeout says otherwise
 STOP_GRACE_S = 5.0  # SIGTERM -> SIGKILL: time for the child's own clean-up (gil, gap)
 POLL_S = 0.2
 

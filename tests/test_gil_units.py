@@ -13,10 +13,10 @@ from glmfb.errors import UsageError
 from glmfb.gil import GilConfig
 from glmfb.gil.engine import python_command, reproduce_command
 from glmfb.gil.heartbeat import Heartbeat, injection_env, read_heartbeat
-from glmfb.gil.process import describe_returncode
 from glmfb.gil.pyspy import explain_failure, parse_raw, profile_holders, sampled_cleanly
 from glmfb.gil.rules import Observations, decide
 from glmfb.gil.trace import overlap_blame
+from glmfb.process import describe_returncode
 from glmfb.targets import Target
 from glmfb.units import OptionValueError, parse_milliseconds
 from glmfb.verdict import Layer, Status, Verdict

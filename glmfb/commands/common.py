@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
-from glmfb.errors import UsageError
 from glmfb.verdict import Run, Verdict
 
 if TYPE_CHECKING:
@@ -85,15 +84,8 @@ def progress_messages(enabled: bool | None = None) -> Iterator[Callable[[str], N
 
 
 def parse_timeout(text: str | None) -> float | None:
-    """``--timeout 30s`` -> 30.0; None when not given."""
-    if text is None:
-        return None
-    from glmfb.units import OptionValueError, parse_seconds
+    """``--timeout 30s`` -> 30.0; None when not given (the default, :data:`glmfb.probe.TIMEOUT`)."""
+    from glmfb.probe import TIMEOUT
+    from glmfb.probe import parse_timeout as parse
 
-    try:
-        value = parse_seconds(text)
-    except OptionValueError as exc:
-        raise UsageError(f"--timeout: {exc.problem}", exc.hint) from None
-    if not value > 0:
-        raise UsageError(f"--timeout {text!r} must be positive", "write it as 30s or 10min")
-    return value
+    return None if text is None else parse(text, TIMEOUT.flag)

@@ -19,7 +19,7 @@ import typer
 from glmfb.commands.common import emit_verdict, parse_timeout, progress_messages
 from glmfb.errors import UsageError
 from glmfb.options import OptionSpec, options_of, parse_given
-from glmfb.probe import Probe, ProbeContext, ProbeForm, ProbeSpec, safe_component
+from glmfb.probe import TIMEOUT, Probe, ProbeContext, ProbeForm, ProbeSpec, safe_component
 
 
 def _option_parameter(spec: OptionSpec) -> inspect.Parameter:
@@ -90,8 +90,7 @@ def _common_parameters(probe: Probe) -> list[inspect.Parameter]:
     params.append(_param("rules", Annotated[list[Path] | None, typer.Option(
         "--rules", metavar="FILE", help="A Python file defining RULES, tried before the built-in rules. Repeatable.")]))
     params.append(_param("timeout", Annotated[str | None, typer.Option(
-        "--timeout", metavar="DURATION", help="Stop the probe (and everything it started) after this long. "
-        "[default: 15min]")]))
+        TIMEOUT.flag, metavar=TIMEOUT.metavar, help=f"{TIMEOUT.help} [default: {TIMEOUT.show_default()}]")]))
     params.append(_param("as_json", Annotated[bool, typer.Option(
         "--json", help="Print exactly one JSON document on stdout; human text goes to stderr.")], False))
     return params

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from glmfb.errors import HarnessError, InputError
 from glmfb.io import write_json_atomic
+from glmfb.process import ProcessTree
 
 if TYPE_CHECKING:
     import torch
@@ -417,7 +418,7 @@ def run_distributed_capture(config: DistributedCaptureConfig, progress: Progress
         process = subprocess.Popen(launch_command(config.python, config.nproc, spec), stdout=log,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment,
                                    start_new_session=True)
-    tree = _ProcessTree(process.pid)
+    tree = ProcessTree(process.pid)  # workers run in sessions of their own: followed, not orphaned
     try:
         code = _supervise(process, tree, status_dir, config.nproc, config.timeout_s, progress)
         if code != 0:
@@ -428,7 +429,9 @@ def run_distributed_capture(config: DistributedCaptureConfig, progress: Progress
             raise RankFailure(f"torchrun exited cleanly but rank {missing[0]} did not finish its capture",
                               reason="launcher", ranks=missing, hint=f"see {log_path}")
     finally:
-        tree.terminate()
+        tree.stop(TEARDOWN_WAIT_S)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(TEARDOWN_WAIT_S)  # reap the launcher
     if progress is not None:
         progress("checking the ranks agree, unsharding taps")
     return unshard_capture(out, base_dir=config.base_dir, backend=backend)
@@ -456,59 +459,7 @@ def _prepare_out(out: Path) -> Path:
     return out
 
 
-class _ProcessTree:
-    """The launcher and every process below it, remembered as they are seen (workers run in
-    sessions of their own and would be orphaned, not killed, with the launcher alone)."""
-
-    def __init__(self, pid: int) -> None:
-        import psutil
-
-        self.root = psutil.Process(pid)
-        self.known: dict[int, psutil.Process] = {pid: self.root}
-
-    def refresh(self) -> None:
-        import psutil
-
-        try:
-            for child in self.root.children(recursive=True):
-                self.known.setdefault(child.pid, child)
-        except psutil.Error:
-            pass
-
-    def add(self, pid: int) -> None:
-        import psutil
-
-        if pid not in self.known:
-            with contextlib.suppress(psutil.Error):
-                self.known[pid] = psutil.Process(pid)
-
-    def terminate(self) -> None:
-        """SIGTERM to all (workers first), SIGKILL to what is left after a grace period; reap."""
-        import psutil
-
-        self.refresh()
-        alive = [p for p in self.known.values() if _running(p)]
-        ordered = [p for p in alive if p.pid != self.root.pid] + [p for p in alive if p.pid == self.root.pid]
-        for proc in ordered:
-            with contextlib.suppress(psutil.Error):
-                proc.terminate()
-        _, remaining = psutil.wait_procs(ordered, timeout=TEARDOWN_WAIT_S)
-        for proc in remaining:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        psutil.wait_procs(remaining, timeout=TEARDOWN_WAIT_S)
-
-
-def _running(proc: Any) -> bool:
-    import psutil
-
-    try:
-        return bool(proc.is_running()) and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _supervise(process: subprocess.Popen[bytes], tree: _ProcessTree, status_dir: Path, world_size: int,
+def _supervise(process: subprocess.Popen[bytes], tree: ProcessTree, status_dir: Path, world_size: int,
                timeout_s: float, progress: Progress | None) -> int:
     """Wait for torchrun to exit, watching each rank's progress; returns its exit code or raises
     :class:`RankFailure` for a rank that stays without progress for ``timeout_s``."""
@@ -536,7 +487,7 @@ def _supervise(process: subprocess.Popen[bytes], tree: _ProcessTree, status_dir:
         if any((s or {}).get("state") == "raised" for s in statuses.values()):
             raised_at = raised_at or now
             if now - raised_at > TEARDOWN_WAIT_S:  # torchrun should have ended the others by now
-                tree.terminate()
+                tree.stop(TEARDOWN_WAIT_S)
                 return process.wait()
         stalled = [rank for rank in range(world_size)
                    if (statuses[rank] or {}).get("state") not in ("done", "raised") and now - last_change[rank] > timeout_s]

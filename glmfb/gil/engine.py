@@ -19,11 +19,12 @@ from glmfb.evidence import ProcessExit
 from glmfb.gil import heartbeat as hb
 from glmfb.gil import pyspy
 from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
-from glmfb.gil.process import Launched, describe_returncode, wait_until
+from glmfb.gil.process import Launched, wait_until
 from glmfb.gil.procwatch import GilWaitSampler, ThreadTime
 from glmfb.gil.rules import MIN_WAITING_SHARE, RULES, Observations, decide
 from glmfb.gil.runner import READY_ENV
 from glmfb.probe import ProbeContext
+from glmfb.process import describe_returncode
 from glmfb.verdict import Layer, Status, Verdict
 
 STARTUP_TIMEOUT_S = 10.0  # for the heartbeat to appear (interpreter start, imports)

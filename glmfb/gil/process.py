@@ -1,8 +1,8 @@
-"""Starting the traced program in its own process group, and leaving nothing behind."""
+"""Starting the traced program in its own process group, and leaving nothing behind (the
+stopping is :class:`glmfb.process.ProcessTree`'s, the one way glmfb stops a process tree)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -11,17 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-
-def describe_returncode(returncode: int) -> str:
-    """``exited with status 3`` or ``was killed by signal 11 (SIGSEGV)``."""
-    if returncode < 0:
-        number = -returncode
-        try:
-            name = signal.Signals(number).name
-        except ValueError:
-            name = "unknown signal"
-        return f"was killed by signal {number} ({name})"
-    return f"exited with status {returncode}"
+from glmfb.process import ProcessTree
 
 
 class Launched:
@@ -54,6 +44,7 @@ class Launched:
             self.close()
             raise
         self.pid = self.process.pid
+        self.tree = ProcessTree(self.pid, leads_group=True)
         self.stopped_by_glmfb = False
 
     def poll(self) -> int | None:
@@ -66,18 +57,12 @@ class Launched:
             return None
 
     def stop(self, grace_s: float = 5.0, first_signal: int = signal.SIGTERM) -> None:
-        """Signal the whole group, then SIGKILL whatever is left (also after the leader exited)."""
+        """Signal the program, its group and every process seen below it, then SIGKILL
+        whatever is left (also after the leader exited); the leader is reaped."""
         if self.process.poll() is None:
             self.stopped_by_glmfb = True
-            self._signal_group(first_signal)
-            if self.wait(grace_s) is None:
-                self._signal_group(signal.SIGKILL)
-                self.wait(5.0)
-        self._signal_group(signal.SIGKILL)  # grandchildren left in the group
-
-    def _signal_group(self, number: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, number)
+        self.tree.stop(grace_s, first_signal)
+        self.wait(5.0)
 
     def group_alive(self) -> bool:
         try:

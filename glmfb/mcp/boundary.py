@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from glmfb.errors import InputError
+from glmfb.probe import TIMEOUT, parse_timeout
 
-DEFAULT_MAX_CALL_S = 900.0  # the CLI's default probe timeout (15 min)
+DEFAULT_MAX_CALL_S: float = TIMEOUT.default  # the default probe timeout (15 min)
 ROOT_HINT = "give a path under the server's root (glmfb mcp --root DIR sets it)"
 
 
@@ -132,14 +133,7 @@ class Boundary:
         """The call's time budget in seconds, and a note when the cap shortened it."""
         if value is None:
             return self.max_call_s, None
-        from glmfb.units import OptionValueError, parse_seconds
-
-        try:
-            seconds = parse_seconds(value)
-        except OptionValueError as exc:
-            raise InputError(f"argument {argument!r}: {exc.problem}", exc.hint or "write it as 30s or 10min") from None
-        if not seconds > 0:
-            raise InputError(f"argument {argument!r}: {value!r} must be positive", "write it as 30s or 10min")
+        seconds = parse_timeout(value, f"argument {argument!r}")
         if seconds > self.max_call_s:
             return self.max_call_s, (f"timeout {seconds:g} s capped at the server's limit of {self.max_call_s:g} s "
                                      "(glmfb mcp --max-call-s)")
