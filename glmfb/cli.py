@@ -73,6 +73,28 @@ class _BoundaryGroup(TyperGroup):
             return None
         return _probe_command(name)
 
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        """The list of commands in ``glmfb --help``: a probe's line is its summary, read
+        without building its command (which imports its config, and so the whole probe)."""
+        from typer.core import TyperCommand
+
+        from glmfb.probe import get_probe, known_kinds
+
+        kinds = set(known_kinds())
+        listed = []
+        for name in self.list_commands(ctx):
+            command = super().get_command(ctx, name)  # the commands declared in this module
+            if command is None and name in kinds:
+                command = TyperCommand(name, help=get_probe(name).summary)
+            elif command is None:
+                command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                listed.append((name, command))
+        if listed:
+            limit = formatter.width - 6 - max(len(name) for name, _ in listed)
+            with formatter.section("Commands"):
+                formatter.write_dl([(name, command.get_short_help_str(limit)) for name, command in listed])
+
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)

@@ -266,10 +266,9 @@ def evaluate(run: Run, policy: Policy | None = None) -> GateResult:
 def _unknown_kind_warnings(run: Run) -> tuple[str, ...]:
     """A verdict of a probe kind this installation does not know is gated on its status like
     any other (an older gate never rejects a newer probe's verdict), with a warning."""
-    from glmfb.probe import known_kinds
+    from glmfb.probe import unknown_kinds
 
-    kinds = set(known_kinds())
-    unknown = sorted({v.probe for v in run.verdicts if v.probe not in kinds})
+    unknown = unknown_kinds({v.probe for v in run.verdicts})
     return tuple(f"probe kind {kind!r} is not installed here: its verdicts are gated on their status alone"
                  for kind in unknown)
 

@@ -30,7 +30,7 @@ import dataclasses
 import importlib
 import os
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
@@ -79,6 +79,30 @@ def parse_timeout(raw: Any, label: str) -> float:
         return float(TIMEOUT.parse(raw))
     except OptionValueError as exc:
         raise InputError(f"{label}: {exc.problem}", exc.hint or "write it as 30s or 10min") from None
+
+
+class _Imported:
+    """A class attribute imported from ``module:attr`` on first use, then kept on the class."""
+
+    def __init__(self, ref: str) -> None:
+        self.ref = ref
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: object, owner: type) -> Any:
+        module_name, _, attr = self.ref.partition(":")
+        value = getattr(importlib.import_module(module_name), attr)
+        setattr(owner, self.name, value)
+        return value
+
+
+def imported(ref: str) -> Any:
+    """``config_type = imported("my_probe.config:MyConfig")``: a probe attribute imported on
+    first use, so that listing the probes (``glmfb --help``) imports none of their configs,
+    evidence or rules."""
+    return _Imported(ref)
 
 
 class ProbeForm(str, Enum):
@@ -309,6 +333,14 @@ def probe_entries() -> tuple[ProbeEntry, ...]:
 def known_kinds() -> tuple[str, ...]:
     """Every probe kind this installation can run."""
     return tuple(entry.kind for entry in probe_entries())
+
+
+def unknown_kinds(kinds: Iterable[str]) -> list[str]:
+    """The kinds among ``kinds`` this installation does not know, sorted; the entry points
+    are read only for a kind that is not built in (the gate of built-in verdicts reads none)."""
+    builtin = {kind for kind, _ in BUILTIN_PROBES}
+    rest = set(kinds) - builtin
+    return sorted(rest - set(known_kinds())) if rest else []
 
 
 _LOADED: dict[str, Probe] = {}

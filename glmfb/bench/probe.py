@@ -9,15 +9,15 @@ pytest-benchmark, a ``#side`` suffix allowed), which are then compared across pr
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from glmfb.bench.config import BenchConfig, is_saved_ref, kernel_name
-from glmfb.bench.evidence import EVIDENCE_TYPES
-from glmfb.bench.rules import RULES
 from glmfb.errors import UsageError
-from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec
+from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec, imported
 from glmfb.targets import Target
 from glmfb.verdict import Layer, Verdict
+
+if TYPE_CHECKING:
+    from glmfb.bench.config import BenchConfig
 
 
 class BenchProbe(BaseProbe):
@@ -28,12 +28,14 @@ class BenchProbe(BaseProbe):
         "candidate is, with a confidence interval, and why (operator diff)."
     )
     form: ClassVar[ProbeForm] = ProbeForm.PAIR
-    config_type: ClassVar[type] = BenchConfig
-    evidence_types = EVIDENCE_TYPES
+    config_type: ClassVar[type] = imported("glmfb.bench.config:BenchConfig")  # imported on first use
+    evidence_types = imported("glmfb.bench.evidence:EVIDENCE_TYPES")
     candidate_optional: ClassVar[bool] = True  # with --save, one target is measured alone
-    builtin_rules = RULES
+    builtin_rules = imported("glmfb.bench.rules:RULES")
 
     def default_name(self, spec: ProbeSpec) -> str:
+        from glmfb.bench.config import is_saved_ref, kernel_name
+
         if spec.candidate is None:
             return kernel_name(spec.baseline or "bench")
         if is_saved_ref(spec.baseline or "") and is_saved_ref(spec.candidate):
@@ -41,6 +43,8 @@ class BenchProbe(BaseProbe):
         return f"{kernel_name(spec.candidate)}-vs-{kernel_name(spec.baseline or '')}"
 
     def build(self, spec: ProbeSpec) -> Any:
+        from glmfb.bench.config import BenchConfig, is_saved_ref
+
         if not spec.baseline:
             raise UsageError(f"{spec.label}: a bench probe needs a baseline")
         saved = [is_saved_ref(ref) for ref in (spec.baseline, spec.candidate) if ref]

@@ -8,14 +8,14 @@ Each side is a capture directory (``glmfb capture``) or a target: a factory retu
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from glmfb.diff.config import DiffConfig
-from glmfb.diff.evidence import EVIDENCE_TYPES
-from glmfb.diff.rules import RULES
 from glmfb.errors import UsageError
-from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec
+from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec, imported
 from glmfb.verdict import Layer, Verdict
+
+if TYPE_CHECKING:
+    from glmfb.diff.config import DiffConfig
 
 
 def _is_capture_dir(ref: str, spec: ProbeSpec) -> bool:
@@ -31,9 +31,9 @@ class DiffProbe(BaseProbe):
         "Compare two sides per request and tap; localize the error to a module, a position and a cause."
     )
     form: ClassVar[ProbeForm] = ProbeForm.PAIR
-    config_type: ClassVar[type] = DiffConfig
-    evidence_types = EVIDENCE_TYPES
-    builtin_rules = RULES
+    config_type: ClassVar[type] = imported("glmfb.diff.config:DiffConfig")  # imported on first use
+    evidence_types = imported("glmfb.diff.evidence:EVIDENCE_TYPES")
+    builtin_rules = imported("glmfb.diff.rules:RULES")
 
     def default_name(self, spec: ProbeSpec) -> str:
         return "diff"
@@ -60,6 +60,8 @@ class DiffProbe(BaseProbe):
             from glmfb.targets import Target
 
             Target(ref, {}, spec.base_dir).check()
+        from glmfb.diff.config import DiffConfig
+
         return DiffConfig(name=spec.name, baseline=refs[0], candidate=refs[1], baseline_args=baseline_args,
                           candidate_args=candidate_args, base_dir=spec.base_dir, **options)
 

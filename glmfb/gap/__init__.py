@@ -9,13 +9,20 @@ Public API::
 
 from __future__ import annotations
 
-from glmfb.gap.config import GapConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from glmfb.gap.config import GapConfig
 
 __all__ = ["GapConfig", "run_gap"]
 
 
 def __getattr__(name: str) -> object:
-    """The engine is imported on first use: the CLI's start-up loads only the probe's config."""
+    """The config and the engine are imported on first use: the CLI's start-up loads neither."""
+    if name == "GapConfig":
+        from glmfb.gap.config import GapConfig
+
+        return GapConfig
     if name == "run_gap":
         from glmfb.gap.engine import run_gap
 

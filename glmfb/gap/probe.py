@@ -8,13 +8,13 @@ iteration and may return a dict of phase timings in seconds.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from glmfb.gap.config import GapConfig
-from glmfb.gap.evidence import EVIDENCE_TYPES
-from glmfb.gap.rules import RULES
-from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec
+from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec, imported
 from glmfb.verdict import Layer, Verdict
+
+if TYPE_CHECKING:
+    from glmfb.gap.config import GapConfig
 
 
 class GapProbe(BaseProbe):
@@ -22,9 +22,9 @@ class GapProbe(BaseProbe):
     layer: ClassVar[Layer] = Layer.TRANSFER
     summary: ClassVar[str] = "Is the candidate more than THRESHOLD slower than the baseline? If so, what ate the time."
     form: ClassVar[ProbeForm] = ProbeForm.PAIR
-    config_type: ClassVar[type] = GapConfig
-    evidence_types = EVIDENCE_TYPES
-    builtin_rules = RULES
+    config_type: ClassVar[type] = imported("glmfb.gap.config:GapConfig")  # imported on first use
+    evidence_types = imported("glmfb.gap.evidence:EVIDENCE_TYPES")
+    builtin_rules = imported("glmfb.gap.rules:RULES")
 
     def default_name(self, spec: ProbeSpec) -> str:
         return "gap"

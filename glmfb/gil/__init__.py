@@ -10,13 +10,20 @@ Public API (used by ``glmfb gap``)::
 
 from __future__ import annotations
 
-from glmfb.gil.config import GilConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from glmfb.gil.config import GilConfig
 
 __all__ = ["GilConfig", "trace_gil"]
 
 
 def __getattr__(name: str) -> object:
-    """The engine is imported on first use: the CLI's start-up loads only the probe's config."""
+    """The config and the engine are imported on first use: the CLI's start-up loads neither."""
+    if name == "GilConfig":
+        from glmfb.gil.config import GilConfig
+
+        return GilConfig
     if name == "trace_gil":
         from glmfb.gil.engine import trace_gil
 

@@ -10,13 +10,13 @@ definition are resolved there), a Python target whose factory returns a zero-arg
 from __future__ import annotations
 
 import sys
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from glmfb.gil.config import GilConfig
-from glmfb.gil.evidence import EVIDENCE_TYPES
-from glmfb.gil.rules import RULES
-from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec
+from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec, imported
 from glmfb.verdict import Layer, Verdict
+
+if TYPE_CHECKING:
+    from glmfb.gil.config import GilConfig
 
 
 def resolve_command(spec: ProbeSpec) -> tuple[str, ...]:
@@ -41,10 +41,10 @@ class GilProbe(BaseProbe):
         "Trace GIL contention: name the thread that holds the GIL (and where), and the starved one."
     )
     form: ClassVar[ProbeForm] = ProbeForm.SINGLE
-    config_type: ClassVar[type] = GilConfig
-    evidence_types = EVIDENCE_TYPES
+    config_type: ClassVar[type] = imported("glmfb.gil.config:GilConfig")  # imported on first use
+    evidence_types = imported("glmfb.gil.evidence:EVIDENCE_TYPES")
     accepts_command: ClassVar[bool] = True
-    builtin_rules = RULES
+    builtin_rules = imported("glmfb.gil.rules:RULES")
 
     def build(self, spec: ProbeSpec) -> Any:
         config = super().build(spec)
