@@ -21,7 +21,6 @@ from pathlib import Path
 
 from glmfb.verdict import Layer, Metric, Run, Status, Verdict
 
-
 TARGETS = {"glmfb --help": 0.10, "glmfb gate (1,000 verdicts)": 0.15}  # median seconds
 
 
