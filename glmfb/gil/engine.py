@@ -21,8 +21,9 @@ from glmfb.gil import pyspy
 from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
 from glmfb.gil.process import Launched, describe_returncode, wait_until
 from glmfb.gil.procwatch import GilWaitSampler, ThreadTime
-from glmfb.gil.rules import MIN_WAITING_SHARE, RULES, Observations, decide
+from glmfb.gil.rules import RULES
 from glmfb.gil.runner import READY_ENV
+from glmfb.gil.verdict import MIN_WAITING_SHARE, Observations, decide
 from glmfb.probe import ProbeContext
 from glmfb.verdict import Layer, Status, Verdict
 
