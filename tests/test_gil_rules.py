@@ -237,7 +237,7 @@ def _site(tmp_path: Any, line_text: str) -> Any:
 def test_a_stale_library_frame_above_the_call_is_not_named(tmp_path: Any) -> None:
     from collections import Counter
 
-    from glmfb.gil.rules import c_function_of
+    from glmfb.gil.holders import c_function_of
 
     # Every snapshot's stack scan found a stale __clock_gettime above the usleep the line calls.
     votes = Counter({("__clock_gettime", "__clock_gettime"): 18, ("", ""): 2})
@@ -252,7 +252,7 @@ def test_a_stale_library_frame_above_the_call_is_not_named(tmp_path: Any) -> Non
 def test_a_python_named_c_function_is_kept_over_a_library_frame_the_line_names(tmp_path: Any) -> None:
     from collections import Counter
 
-    from glmfb.gil.rules import c_function_of
+    from glmfb.gil.holders import c_function_of
 
     votes = Counter({("zlib.compress", "zlib_compress"): 20})
     foreign = Counter({"compress": 20, "deflate": 20})

@@ -14,8 +14,8 @@ from glmfb.gil import GilConfig
 from glmfb.gil.engine import python_command, reproduce_command
 from glmfb.gil.heartbeat import Heartbeat, injection_env, read_heartbeat
 from glmfb.gil.pyspy import explain_failure, parse_raw, profile_holders, sampled_cleanly
-from glmfb.gil.rules import Observations, decide
 from glmfb.gil.trace import overlap_blame
+from glmfb.gil.verdict import Observations, decide
 from glmfb.process import describe_returncode
 from glmfb.targets import Target
 from glmfb.units import OptionValueError, parse_milliseconds
@@ -308,7 +308,7 @@ def test_read_heartbeat_drops_records_that_cannot_be_real(tmp_path: Path) -> Non
 
 
 def test_a_few_wake_ups_spread_over_seconds_are_usable_starvation_data() -> None:
-    from glmfb.gil.rules import heartbeat_is_usable
+    from glmfb.gil.verdict import heartbeat_is_usable
 
     # Five wake-ups, each ~90 ms late, spread over 1.6 s (the heartbeat also waited for the
     # GIL after its own writes): the rarity is the signal, not missing data.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -80,8 +80,10 @@ from glmfb.diff.requests import Request, read_requests, write_requests
 from glmfb.diff.rounding import BiasTest, bias_test, rounding_test
 from glmfb.diff.rounding import RoundingTest as RoundingFound
 from glmfb.diff.rules import RULES, DiffFindings
+from glmfb.diff.shape import ErrorShape as ErrorShapeFound
 from glmfb.diff.shape import (
     GrowthFit,
+    PositionShape,
     PrecisionSignature,
     classify,
     growth_fit,
@@ -96,7 +98,7 @@ from glmfb.env import differences, fingerprint, git_revision
 from glmfb.errors import UsageError
 from glmfb.evidence import EnvDifferences, Evidence
 from glmfb.probe import ProbeContext
-from glmfb.rules import diagnose
+from glmfb.rules import Diagnosis, diagnose
 from glmfb.targets import Target, portable_ref
 from glmfb.verdict import Layer, Metric, Verdict
 
@@ -331,20 +333,80 @@ def _module_label(tap: TapResult, request: RequestResult) -> str:
 def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candidate: CaptureReader,
              results: Sequence[RequestResult], tree: TreeDifferencesFound, live: _Live | None,
              comparer: PairComparer) -> Verdict:
+    """The verdict of a compared pair: each measurement in turn, its evidence added in that
+    order, then the findings, the first rule that applies, and where the verdict points."""
     config, ctx = run.config, run.ctx
-    progress = ctx.progress
     failed = any(r.failed for r in results)
     worst = _worst(results)
     first = worst.first_divergent
-    evidence: list[Evidence] = [_requests_table(results)]
-    artifacts: dict[str, str] = {}
+    evidence, artifacts = _tables(ctx, results, worst, tree)
+    location = _locate(config, live, worst, failed, comparer, ctx.progress)
+    evidence += location.evidence
+    along = _along_positions(baseline, candidate, results, worst, location.localized)
+    evidence += along.evidence
+    shape = _error_shape(results, along)
+    evidence.append(shape.evidence)
+    precision = _precision(location, baseline, candidate, worst, shape.nonfinite, ctx.progress) if failed else _Precision()
+    evidence += precision.evidence
+    tokens = _tokens(baseline, candidate, worst)
+    if tokens is not None:
+        evidence.append(Tokens(request=worst.id, tap=tokens[0], **tokens[1].to_row()))
+    knobs = _counterfactuals(run, baseline, results, comparer) if failed and config.counterfactuals else []
+    evidence.extend(_counterfactual_evidence(knob) for knob in knobs)
+    reproducer = (_minimal_reproducer(config, ctx, live, worst, comparer)
+                  if failed and live is not None and config.minimize else _Reproducer())
+    evidence += reproducer.evidence
+    artifacts.update(reproducer.artifacts)
+    rank_record = _rank_errors(baseline, candidate, worst, first) if failed and first is not None else None
+    if rank_record is not None:
+        evidence.append(rank_record)
+    evidence += _comparison_conditions(config, baseline, candidate)
+
+    findings = _findings(results, worst, tree, location, along, shape, precision, tokens, knobs, reproducer)
+    outcome = diagnose(ctx.rules("diff", RULES), findings)
+    evidence.append(outcome.record)
+    where = _where(outcome.diagnosis, failed, worst, location.module, along.first_failing, rank_record)
+    return Verdict(
+        probe="diff", name=config.name, status=outcome.diagnosis.status,
+        layer=Layer.NUMERICS, why=outcome.diagnosis.why, where=where,
+        metric=Metric("output_rel_l2", worst.output_error),  # ||c - b|| / ||b||, not a change
+        evidence=tuple(evidence), next=outcome.diagnosis.next, artifacts=artifacts, env=env,
+    )
+
+
+def _tables(ctx: ProbeContext, results: Sequence[RequestResult], worst: RequestResult,
+            tree: TreeDifferencesFound) -> tuple[list[Evidence], dict[str, str]]:
+    """The tables every diff shows: its requests, the worst request's taps (all of them in a
+    CSV artifact), and what the two module trees do not share."""
     csv_path = ctx.artifact("diff-modules.csv")
     _write_module_csv(csv_path, worst)
-    artifacts["modules_csv"] = str(csv_path)
-    evidence.append(_modules_table(worst, csv_path))
+    evidence: list[Evidence] = [_requests_table(results), _modules_table(worst, csv_path)]
     if tree.any:
         evidence.append(_tree_evidence(tree))
+    return evidence, {"modules_csv": str(csv_path)}
 
+
+@dataclass
+class _Location:
+    """Where the error starts in the worst request: the first module whose own error fails
+    (live modules, ``localize``), else the parent whose own forward makes it, else the first
+    divergent tap's module."""
+
+    localization: Localization | None
+    localized: LocalError | None
+    entry: ErrorEntryFound | None
+    module: str | None
+    evidence: list[Evidence]
+
+    @property
+    def local(self) -> bool | None:
+        return _local_flag(self.localization.errors if self.localization is not None else (), self.localized)
+
+
+def _locate(config: DiffConfig, live: _Live | None, worst: RequestResult, failed: bool, comparer: PairComparer,
+            progress: Progress | None) -> _Location:
+    first = worst.first_divergent
+    evidence: list[Evidence] = []
     localization: Localization | None = None
     localized: LocalError | None = None
     modules_live = live is not None and live.baseline.kind == "module" and live.candidate.kind == "module"
@@ -356,8 +418,6 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
                                    "inherited = the error at its inputs",
             rows=tuple(_local_row(entry, worst) for entry in localization.errors),
         ))
-    local = localization.errors if localization is not None else ()
-
     entry: ErrorEntryFound | None = None
     if (live is not None and localization is not None and localized is None and first is not None
             and not first.is_output):
@@ -366,36 +426,71 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
         entry = error_entry(live.baseline, live.candidate, live.requests[worst.id], first.tap.module, first.tap.call,
                             config.tolerances)
         evidence.append(_entry_evidence(worst.id, first.tap.module, entry))
+    return _Location(localization, localized, entry, _start_module(worst, localized, entry), evidence)
 
-    module: str | None = None
+
+def _start_module(worst: RequestResult, localized: LocalError | None, entry: ErrorEntryFound | None) -> str | None:
+    """The module the verdict names (``module#call`` when the request calls it more than once)."""
+    first = worst.first_divergent
     if localized is not None:
-        module = localized.module if _calls(worst, localized.module) == 1 else f"{localized.module}#{localized.call}"
-    elif entry is not None and entry.module:  # the top level has no path: the first module that shows it then
-        module = entry.module
-    elif first is not None and not first.is_output:
-        module = _module_label(first, worst)
+        return localized.module if _calls(worst, localized.module) == 1 else f"{localized.module}#{localized.call}"
+    if entry is not None and entry.module:  # the top level has no path: the first module that shows it then
+        return entry.module
+    if first is not None and not first.is_output:
+        return _module_label(first, worst)
+    return None
 
-    positions: PositionErrors | None = localized.positions if localized is not None else None
-    positions_tap = localized.tap if localized is not None else None
-    if positions is None and first is not None:
-        positions = _tap_positions(baseline, candidate, first, worst.length)
-        positions_tap = first.tap.name
-    position = positions.first_failing if positions is not None else None
-    profile = position_profile(list(positions.rel_l2), list(positions.outside)) if positions is not None else None
+
+@dataclass
+class _AlongPositions:
+    """The error along the worst request's positions where it starts (the localized module's
+    own error, else the first divergent tap's), its profile and, when it steps, the onset in
+    each failing request."""
+
+    errors: PositionErrors | None = None
+    tap: str | None = None
+    profile: PositionShape | None = None
     onsets: tuple[tuple[str, int, int], ...] = ()
-    if positions is not None:
-        evidence.append(_positions_evidence(worst, positions_tap, localized is not None, positions))
-        if profile is not None:
-            onsets = _onsets(baseline, candidate, results, worst, first, profile.onset) if profile.step else ()
-            evidence.append(PositionProfile(
-                request=worst.id, tap=positions_tap, onset=profile.onset, positions=profile.positions,
-                failing_after=profile.failing_after, before_max_rel_l2=profile.before_max,
-                after_median_rel_l2=profile.after_median, step=profile.step, growing=profile.growing,
-                predicted_before=profile.predicted_before, rise=profile.rise,
-                rank_correlation=profile.rank_correlation, growth_from=profile.start,
-                onsets=tuple(OnsetRow(request=r, length=n, onset=o) for r, n, o in onsets),
-            ))
+    evidence: list[Evidence] = field(default_factory=list)
 
+    @property
+    def first_failing(self) -> int | None:
+        return self.errors.first_failing if self.errors is not None else None
+
+
+def _along_positions(baseline: CaptureReader, candidate: CaptureReader, results: Sequence[RequestResult],
+                     worst: RequestResult, localized: LocalError | None) -> _AlongPositions:
+    first = worst.first_divergent
+    errors = localized.positions if localized is not None else None
+    tap = localized.tap if localized is not None else None
+    if errors is None and first is not None:
+        errors = _tap_positions(baseline, candidate, first, worst.length)
+        tap = first.tap.name
+    if errors is None:
+        return _AlongPositions(tap=tap)
+    profile = position_profile(list(errors.rel_l2), list(errors.outside))
+    evidence: list[Evidence] = [_positions_evidence(worst, tap, localized is not None, errors)]
+    onsets: tuple[tuple[str, int, int], ...] = ()
+    if profile is not None:
+        onsets = _onsets(baseline, candidate, results, worst, first, profile.onset) if profile.step else ()
+        evidence.append(_profile_evidence(worst.id, tap, profile, onsets))
+    return _AlongPositions(errors, tap, profile, onsets, evidence)
+
+
+@dataclass
+class _Shape:
+    """How the error grows: with the request length (``length_fit``), else along positions
+    (``fit``); its class; the first tap non-finite on one side only."""
+
+    shape: ErrorShapeFound
+    fit: GrowthFit | None
+    length_fit: GrowthFit | None
+    nonfinite: TapResult | None
+    evidence: ErrorShape
+
+
+def _error_shape(results: Sequence[RequestResult], along: _AlongPositions) -> _Shape:
+    positions, profile = along.errors, along.profile
     nonfinite = next((t for r in results for t in r.taps if t.metrics.nonfinite_mismatch), None)
     length_fit = growth_fit([r.length or 0 for r in results], [r.output_error for r in results], "requests")
     fit = length_fit
@@ -404,59 +499,73 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
     spike = positions is not None and is_spike(list(positions.rel_l2), int((positions.outside > 0).sum()))
     any_error = any(t.metrics.max_abs > 0 for r in results for t in r.taps)
     shape = classify(fit, nonfinite=nonfinite is not None, spike=spike, any_error=any_error)
-    evidence.append(ErrorShape(shape=shape.value, fit=_fit(fit), position_fit=_fit(profile.fit if profile else None),
-                               measure="relative L2 error of the final outputs per request"))
+    record = ErrorShape(shape=shape.value, fit=_fit(fit), position_fit=_fit(profile.fit if profile else None),
+                        measure="relative L2 error of the final outputs per request")
+    return _Shape(shape, fit, length_fit, nonfinite, record)
 
-    signature = _signature(localized, first, baseline, candidate, worst.length) if failed else None
-    if signature is not None:
-        evidence.append(PrecisionSignatureEvidence(**signature.to_dict()))
 
+@dataclass
+class _Precision:
+    """The precision tests of a failing diff, where its error starts: its signature (the typical
+    relative error), and, unless a side is non-finite, the rounding and bias tests."""
+
+    signature: PrecisionSignature | None = None
     rounding: RoundingFound | None = None
     bias: BiasTest | None = None
-    if failed and nonfinite is None:
-        if progress is not None:
-            progress("testing whether rounding the baseline reproduces the error")
-        rounding, bias = _precision_tests(localization, first, baseline, candidate, worst)
-        if rounding is not None:
-            evidence.append(_rounding_evidence(rounding))
-        if bias is not None:
-            evidence.append(Bias(subject=bias.subject, explained=bias.explained, mean_scale=bias.mean_scale,
-                                 mean_shift=bias.mean_shift, rows=bias.rows, row_width=bias.row_width,
-                                 systematic=bias.systematic))
+    evidence: list[Evidence] = field(default_factory=list)
 
-    tokens = _tokens(baseline, candidate, worst)
-    if tokens is not None:
-        row = tokens[1].to_row()
-        evidence.append(Tokens(request=worst.id, tap=tokens[0], **row))
 
-    knobs: list[KnobResult] = []
-    if failed and config.counterfactuals:
-        knobs = _counterfactuals(run, baseline, results, comparer)
-        evidence.extend(_counterfactual_evidence(knob) for knob in knobs)
+def _precision(location: _Location, baseline: CaptureReader, candidate: CaptureReader, worst: RequestResult,
+               nonfinite: TapResult | None, progress: Progress | None) -> _Precision:
+    first = worst.first_divergent
+    signature = _signature(location.localized, first, baseline, candidate, worst.length)
+    evidence: list[Evidence] = [PrecisionSignatureEvidence(**signature.to_dict())] if signature is not None else []
+    if nonfinite is not None:
+        return _Precision(signature, evidence=evidence)
+    if progress is not None:
+        progress("testing whether rounding the baseline reproduces the error")
+    rounding, bias = _precision_tests(location.localization, first, baseline, candidate, worst)
+    if rounding is not None:
+        evidence.append(_rounding_evidence(rounding))
+    if bias is not None:
+        evidence.append(_bias_evidence(bias))
+    return _Precision(signature, rounding, bias, evidence)
+
+
+@dataclass
+class _Reproducer:
+    """What the minimizer left: the shortest failing prefix as a requests file and the command
+    that reruns it, or the note saying why there is none."""
 
     rerun: str | None = None
-    minimize_note: str | None = None
-    if failed and live is not None and config.minimize:
-        minimized = _minimize(config, live, worst, comparer, progress)
-        minimal = minimized.prefix
-        if minimal is not None:
-            path = ctx.artifact(f"minimal-{_safe(worst.id)}.jsonl")
-            write_requests(path, [minimal.request])
-            artifacts["minimal_requests"] = str(path)
-            rerun = _rerun_command(config, path)
-            evidence.append(MinimalReproducer(
-                request=worst.id, length=minimal.length, original_length=minimal.original_length, file=str(path),
-                tried=tuple(Tried(length=n, failed=f) for n, f in minimal.tried), command=rerun,
-            ))
-        elif minimized.note is not None:
-            minimize_note = minimized.note
-            evidence.append(MinimizerNote(request=worst.id, note=minimized.note,
-                                          tried=tuple(Tried(length=n, failed=f) for n, f in minimized.tried)))
+    note: str | None = None
+    artifacts: dict[str, str] = field(default_factory=dict)
+    evidence: list[Evidence] = field(default_factory=list)
 
-    rank_record = _rank_errors(baseline, candidate, worst, first) if failed and first is not None else None
-    if rank_record is not None:
-        evidence.append(rank_record)
 
+def _minimal_reproducer(config: DiffConfig, ctx: ProbeContext, live: _Live, worst: RequestResult,
+                        comparer: PairComparer) -> _Reproducer:
+    minimized = _minimize(config, live, worst, comparer, ctx.progress)
+    minimal = minimized.prefix
+    if minimal is not None:
+        path = ctx.artifact(f"minimal-{_safe(worst.id)}.jsonl")
+        write_requests(path, [minimal.request])
+        rerun = _rerun_command(config, path)
+        return _Reproducer(rerun=rerun, artifacts={"minimal_requests": str(path)}, evidence=[MinimalReproducer(
+            request=worst.id, length=minimal.length, original_length=minimal.original_length, file=str(path),
+            tried=tuple(Tried(length=n, failed=f) for n, f in minimal.tried), command=rerun,
+        )])
+    if minimized.note is not None:
+        return _Reproducer(note=minimized.note, evidence=[MinimizerNote(
+            request=worst.id, note=minimized.note, tried=tuple(Tried(length=n, failed=f) for n, f in minimized.tried),
+        )])
+    return _Reproducer()
+
+
+def _comparison_conditions(config: DiffConfig, baseline: CaptureReader, candidate: CaptureReader) -> list[Evidence]:
+    """How the two captures were made and compared: their environments' differences (if
+    any) and the tolerances used."""
+    evidence: list[Evidence] = []
     env_diff = differences(baseline.manifest.env, candidate.manifest.env)
     if env_diff:
         evidence.append(EnvDifferences(note="the captures were made in different environments",
@@ -466,25 +575,40 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
         rtol=tolerances.rtol, atol=tolerances.atol,
         per_tap=tuple(TapTolerance(glob=g, rtol=r, atol=a) for g, r, a in tolerances.per_tap),
     ))
+    return evidence
 
-    findings = DiffFindings(
+
+def _findings(results: Sequence[RequestResult], worst: RequestResult, tree: TreeDifferencesFound,
+              location: _Location, along: _AlongPositions, shape: _Shape, precision: _Precision,
+              tokens: tuple[str, TokenMetrics] | None, knobs: Sequence[KnobResult],
+              reproducer: _Reproducer) -> DiffFindings:
+    """What the measurements established, in the terms the rules speak."""
+    failed = any(r.failed for r in results)
+    first, localized, length_fit = worst.first_divergent, location.localized, shape.length_fit
+    return DiffFindings(
         failed=failed, requests=len(results), failing_requests=sum(r.failed for r in results),
-        request=worst.id if failed else None, module=module,
-        tap=(localized.tap if localized else (first.tap.name if first else None)), position=position,
-        local=_local_flag(local, localized),
-        first_divergent=first.tap.name if first else None, shape=shape, fit=fit, signature=signature,
-        dtype=first.tap.dtype if first else None, tokens=tokens[1] if tokens else None,
-        nonfinite_tap=nonfinite.tap.name if nonfinite else None,
-        output_rel_l2=max(r.output_error for r in results), rerun=rerun,
+        request=worst.id if failed else None, module=location.module,
+        tap=(localized.tap if localized else (first.tap.name if first else None)), position=along.first_failing,
+        local=location.local, first_divergent=first.tap.name if first else None, shape=shape.shape, fit=shape.fit,
+        signature=precision.signature, dtype=first.tap.dtype if first else None,
+        tokens=tokens[1] if tokens else None, nonfinite_tap=shape.nonfinite.tap.name if shape.nonfinite else None,
+        output_rel_l2=max(r.output_error for r in results), rerun=reproducer.rerun,
         length_fit=length_fit if length_fit is not None and _spans(length_fit) else None,
-        profile=profile, profile_tap=positions_tap, onsets=tuple((n, o) for _, n, o in onsets),
-        rounding=rounding, bias=bias, tree=tree, entry=entry,
-        counterfactuals=tuple(knobs), minimize_note=minimize_note,
+        profile=along.profile, profile_tap=along.tap, onsets=tuple((n, o) for _, n, o in along.onsets),
+        rounding=precision.rounding, bias=precision.bias, tree=tree, entry=location.entry,
+        counterfactuals=tuple(knobs), minimize_note=reproducer.note,
     )
-    outcome = diagnose(ctx.rules("diff", RULES), findings)
-    evidence.append(outcome.record)
+
+
+def _where(diagnosis: Diagnosis, failed: bool, worst: RequestResult, module: str | None, position: int | None,
+           rank_record: RankErrors | None) -> dict[str, Any]:
+    """Where the verdict points: the rule's own place when it names one, else the worst failing
+    request, its module, position, the first divergent tap's shape and the first failing rank."""
+    if diagnosis.where is not None:
+        return dict(diagnosis.where)
     where: dict[str, Any] = {}
     if failed:
+        first = worst.first_divergent
         where["request"] = worst.id
         if module:
             where["module"] = module
@@ -494,14 +618,7 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
             where["shape"] = "x".join(str(d) for d in first.tap.shape)
         if rank_record is not None and rank_record.first_failing_rank is not None:
             where["rank"] = rank_record.first_failing_rank
-    if outcome.diagnosis.where is not None:
-        where = dict(outcome.diagnosis.where)
-    return Verdict(
-        probe="diff", name=config.name, status=outcome.diagnosis.status,
-        layer=Layer.NUMERICS, why=outcome.diagnosis.why, where=where,
-        metric=Metric("output_rel_l2", worst.output_error),  # ||c - b|| / ||b||, not a change
-        evidence=tuple(evidence), next=outcome.diagnosis.next, artifacts=artifacts, env=env,
-    )
+    return where
 
 
 def _rank_errors(baseline: CaptureReader, candidate: CaptureReader, request: RequestResult,
@@ -590,6 +707,18 @@ def _positions_evidence(worst: RequestResult, tap: str | None, local: bool, posi
         failing_positions=int((positions.outside > 0).sum()), positions=tuple(int(x) for x in xs),
         rel_l2=tuple(float(y) for y in ys), bin_edges=tuple([start for start, _ in bins] + ([count] if bins else [])),
         outside_fraction=tuple(outside), length=worst.length,
+    )
+
+
+def _profile_evidence(request: str, tap: str | None, profile: PositionShape,
+                      onsets: tuple[tuple[str, int, int], ...]) -> PositionProfile:
+    return PositionProfile(
+        request=request, tap=tap, onset=profile.onset, positions=profile.positions,
+        failing_after=profile.failing_after, before_max_rel_l2=profile.before_max,
+        after_median_rel_l2=profile.after_median, step=profile.step, growing=profile.growing,
+        predicted_before=profile.predicted_before, rise=profile.rise,
+        rank_correlation=profile.rank_correlation, growth_from=profile.start,
+        onsets=tuple(OnsetRow(request=r, length=n, onset=o) for r, n, o in onsets),
     )
 
 
@@ -745,6 +874,11 @@ def _rounding_evidence(test: RoundingFound) -> RoundingTestEvidence:
         reproduced_by=test.format, best_variant=test.best.variant if test.best is not None else None,
         equally=test.equally, dtype_evidence=test.dtype_evidence, live=test.live,
     )
+
+
+def _bias_evidence(bias: BiasTest) -> Bias:
+    return Bias(subject=bias.subject, explained=bias.explained, mean_scale=bias.mean_scale,
+                mean_shift=bias.mean_shift, rows=bias.rows, row_width=bias.row_width, systematic=bias.systematic)
 
 
 def _tree_evidence(tree: TreeDifferencesFound) -> TreeDifferences:

@@ -1,5 +1,6 @@
 """``trace_gil``: run (or attach to) a Python program, sample the GIL holder with py-spy, measure
-starvation with an injected heartbeat, watch GIL waiters in /proc, and decide a verdict."""
+starvation with an injected heartbeat and watch GIL waiters in /proc; what it observed goes to
+:func:`glmfb.gil.verdict.decide`, which assembles the verdict the rules decide."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +23,9 @@ from glmfb.gil import pyspy
 from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
 from glmfb.gil.process import Launched, wait_until
 from glmfb.gil.procwatch import GilWaitSampler, ThreadTime
-from glmfb.gil.rules import MIN_WAITING_SHARE, RULES, Observations, decide
+from glmfb.gil.rules import RULES
 from glmfb.gil.runner import READY_ENV
+from glmfb.gil.verdict import MIN_WAITING_SHARE, Observations, decide
 from glmfb.probe import ProbeContext
 from glmfb.process import describe_returncode
 from glmfb.verdict import Layer, Status, Verdict
@@ -47,8 +50,6 @@ def trace_gil(config: GilConfig, ctx: ProbeContext) -> Verdict:
     artifact_dir = Path(ctx.artifact_dir)
     artifact_dir.mkdir(parents=True, exist_ok=True)
     verdict = _Session(config, artifact_dir, ctx.progress, ctx).run()
-    from dataclasses import replace
-
     from glmfb.env import fingerprint
 
     return replace(verdict, duration_s=ctx.clock.monotonic() - started, env=fingerprint())
@@ -58,8 +59,6 @@ def _net_of_holder_cpu_waits(beat: hb.Heartbeat, sampler: GilWaitSampler, holder
     """The heartbeat with each late wake-up's CPU wait widened by the time the GIL holder
     itself waited for a CPU meanwhile: a holder descheduled while it holds the GIL makes
     others wait longer on a busy machine, and that part is the machine's, not the program's."""
-    from dataclasses import replace
-
     widened = []
     for wake, late, own in zip(beat.wake_s, beat.lateness_s, beat.cpu_wait_s, strict=True):
         if late <= beat.period_s:
@@ -114,23 +113,30 @@ def reproduce_command(config: GilConfig, *, trace: bool = False) -> str:
     return f"glmfb gil {options} -- {shlex.join(config.command)}"
 
 
-class _Session:
-    def __init__(
-        self, config: GilConfig, artifact_dir: Path, progress: Callable[[str], None], ctx: ProbeContext
-    ) -> None:
-        self.ctx = ctx
-        self.config = config
-        self.dir = artifact_dir
-        self.progress = progress
-        self.heartbeat_prefix = artifact_dir / "heartbeat"
-        self.pyspy_output = artifact_dir / "gil-samples.txt"
-        self.trace_output = artifact_dir / "gil-trace.json"
-        self.ready_file = artifact_dir / "target-ready"
-        self.ready_s: float | None = None  # when a target finished its set-up (monotonic)
-        self.missing: list[dict[str, str]] = []
-        self.native = config.native
-        self.main_recording: pyspy.Recording | None = None
-        self.native_recording: pyspy.Recording | None = None
+@dataclass(frozen=True)
+class _Files:
+    """Where one trace writes in its artifact folder (files a previous trace left are removed
+    first, so nothing stale is read as this trace's)."""
+
+    dir: Path
+
+    @property
+    def heartbeat_prefix(self) -> Path:
+        return self.dir / "heartbeat"
+
+    @property
+    def pyspy_output(self) -> Path:
+        return self.dir / "gil-samples.txt"
+
+    @property
+    def trace_output(self) -> Path:
+        return self.dir / "gil-trace.json"
+
+    @property
+    def ready_file(self) -> Path:
+        return self.dir / "target-ready"
+
+    def remove_stale(self) -> None:
         for stale in (
             self.pyspy_output,
             self.trace_output,
@@ -141,225 +147,166 @@ class _Session:
         ):
             stale.unlink(missing_ok=True)
 
-    # ---- running -----------------------------------------------------------------------
 
-    def run(self) -> Verdict:
-        config = self.config
-        launched: Launched | None = None
-        if config.pid is not None:
-            pid = config.pid
-            if not os.path.isdir(f"/proc/{pid}"):
-                raise UsageError(f"--pid {pid}: no such process")
-            self.missing.append(
-                {"signal": "heartbeat", "reason": "attached by --pid: no heartbeat can be injected"}
-            )
-        else:
-            started = self._launch()
-            if isinstance(started, Verdict):
-                return started
-            launched = started
-            pid = launched.pid
-        try:
-            return self._observe(pid, launched)
-        finally:
-            if launched is not None:
-                launched.stop(grace_s=0.5)
-                launched.close()
+# ---- launching ---------------------------------------------------------------------------
 
-    def _launch(self) -> Launched | Verdict:
-        config = self.config
-        argv = python_command(config)
-        if config.trace:
-            argv = self._under_viztracer(argv)
-        env = dict(os.environ)
-        env.update(dict(config.env))
-        if config.target is not None:  # the runner imports glmfb: make sure it can
-            root = str(Path(__file__).resolve().parents[2])
-            env["PYTHONPATH"] = root + (
-                os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
-            )
-            env[READY_ENV] = str(self.ready_file)
-        if config.heartbeat:
-            env = hb.injection_env(self.heartbeat_prefix, env)
-        self.progress(f"starting {shlex.join(argv)[:80]}")
-        try:
-            return Launched(
-                argv,
-                env=env,
-                cwd=config.cwd,
-                stdout_path=self.dir / "stdout.txt",
-                stderr_path=self.dir / "stderr.txt",
-            )
-        except FileNotFoundError:
-            return self._error(
-                f"command not found: {argv[0]!r}", ["check the command after --, and PATH"]
-            )
-        except PermissionError:
-            return self._error(f"command not executable: {argv[0]!r}", ["check its permissions"])
-        except OSError as exc:
-            return self._error(f"cannot start {argv[0]!r}: {exc}", [])
 
-    def _under_viztracer(self, argv: list[str]) -> list[str]:
-        """``python [-m mod | script] args`` -> the same under viztracer, writing the trace."""
-        if not argv or not Path(argv[0]).name.startswith("python") or len(argv) < 2:
-            raise UsageError(
-                "--trace needs a command of the form 'python script.py ...' or 'python -m module ...'",
-                "or give a Python target (--target file.py:factory)",
-            )
-        interpreter, rest = argv[0], argv[1:]
-        tracer = [
-            interpreter,
-            "-m",
-            "viztracer",
-            "--quiet",
-            "--output_file",
-            str(self.trace_output),
-        ]
-        if rest[0] == "-m":
-            return [*tracer, "-m", *rest[1:]]
-        if rest[0].startswith("-"):
-            raise UsageError(
-                f"--trace cannot pass the interpreter option {rest[0]!r} through viztracer"
-            )
-        return [*tracer, "--", *rest]
+def _launch(config: GilConfig, files: _Files, progress: Callable[[str], None]) -> Launched | Verdict:
+    """Start the program in its own process group, the heartbeat injected (and the runner told
+    where to mark a target's set-up done); a program that cannot start is an error verdict."""
+    argv = python_command(config)
+    if config.trace:
+        argv = _under_viztracer(argv, files.trace_output)
+    env = dict(os.environ)
+    env.update(dict(config.env))
+    if config.target is not None:  # the runner imports glmfb: make sure it can
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = root + (
+            os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+        )
+        env[READY_ENV] = str(files.ready_file)
+    if config.heartbeat:
+        env = hb.injection_env(files.heartbeat_prefix, env)
+    progress(f"starting {shlex.join(argv)[:80]}")
+    try:
+        return Launched(
+            argv,
+            env=env,
+            cwd=config.cwd,
+            stdout_path=files.dir / "stdout.txt",
+            stderr_path=files.dir / "stderr.txt",
+        )
+    except FileNotFoundError:
+        return _harness_error(
+            config, f"command not found: {argv[0]!r}", ["check the command after --, and PATH"]
+        )
+    except PermissionError:
+        return _harness_error(config, f"command not executable: {argv[0]!r}", ["check its permissions"])
+    except OSError as exc:
+        return _harness_error(config, f"cannot start {argv[0]!r}: {exc}", [])
 
-    def _error(
-        self, why: str, next_steps: list[str], evidence: list[ProcessExit] | None = None
-    ) -> Verdict:
-        return Verdict.harness_error("gil", self.config.name, why, next=next_steps, evidence=evidence or [])
 
-    def _observe(self, pid: int, launched: Launched | None) -> Verdict:
-        config = self.config
-        python_pid = pid
-        header: dict[str, Any] | None = None
-        if launched is not None and config.heartbeat:
-            self.progress("waiting for the heartbeat")
-            wait_until(
-                lambda: (
-                    hb.read_header(self.heartbeat_prefix) is not None or launched.poll() is not None
-                ),
-                min(STARTUP_TIMEOUT_S, max(2.0, config.duration_s)),  # not Python: do not wait long
-            )
-            header = hb.read_header(self.heartbeat_prefix)
-            if header is not None:
-                python_pid = int(header["pid"])
-        if launched is not None and launched.poll() is not None and header is None:
-            return self._early_exit(launched)
-        if launched is not None and config.target is not None:
-            # Sample the steady state: wait until the target is built and has run once.
-            self.progress("waiting for the target's set-up")
-            wait_until(
-                lambda: self.ready_file.exists() or launched.poll() is not None,
-                config.setup_timeout_s,
-                poll_s=0.02,
-            )
-            if launched.poll() is not None:
-                return self._early_exit(launched, during_setup=True)
-            try:
-                self.ready_s = float(self.ready_file.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                # Nothing ran: the factory or the first call never returned. Not a pass, and
-                # not a measurement either.
-                return self._error(
-                    f"the target's set-up (its factory and first call) did not finish within "
-                    f"{config.setup_timeout_s:g} s, so nothing was sampled",
-                    [f"run the factory alone; if it is only slow, raise --setup-timeout above "
-                     f"{config.setup_timeout_s:g}s"],
-                    [ProcessExit(stderr_tail=launched.stderr_tail() or None, stderr=str(launched.stderr_path))],
-                )
+def _under_viztracer(argv: list[str], trace_output: Path) -> list[str]:
+    """``python [-m mod | script] args`` -> the same under viztracer, writing the trace."""
+    if not argv or not Path(argv[0]).name.startswith("python") or len(argv) < 2:
+        raise UsageError(
+            "--trace needs a command of the form 'python script.py ...' or 'python -m module ...'",
+            "or give a Python target (--target file.py:factory)",
+        )
+    interpreter, rest = argv[0], argv[1:]
+    tracer = [
+        interpreter,
+        "-m",
+        "viztracer",
+        "--quiet",
+        "--output_file",
+        str(trace_output),
+    ]
+    if rest[0] == "-m":
+        return [*tracer, "-m", *rest[1:]]
+    if rest[0].startswith("-"):
+        raise UsageError(
+            f"--trace cannot pass the interpreter option {rest[0]!r} through viztracer"
+        )
+    return [*tracer, "--", *rest]
 
-        sampler = GilWaitSampler(python_pid, round(config.rate_hz), native=config.native)
-        if header is not None:
-            sampler.skip_native.add(int(header["heartbeat_tid"]))  # glmfb's own thread
-        sampler.start()
-        sampling_started = time.monotonic()
-        self._start_recordings(python_pid)
-        self.progress(f"sampling for {config.duration_s:g} s")
-        remaining_s = max(0.0, config.duration_s - (time.monotonic() - sampling_started))
-        if launched is not None:
-            # Not Popen.wait while the sampler may hold a thread under ptrace: waitpid on the
-            # program would take the stop meant for the sampler. Poll /proc instead.
-            wait_until(lambda: _exited(launched.pid), remaining_s, poll_s=0.02)
-            sampling_ended = time.monotonic()
-            sampler.stop()
+
+def _harness_error(
+    config: GilConfig, why: str, next_steps: list[str], evidence: list[ProcessExit] | None = None
+) -> Verdict:
+    return Verdict.harness_error("gil", config.name, why, next=next_steps, evidence=evidence or [])
+
+
+def _early_exit(config: GilConfig, launched: Launched, *, during_setup: bool = False) -> Verdict:
+    """The verdict of a program that ended before it could be sampled."""
+    code = launched.poll()
+    assert code is not None
+    if code != 0:
+        return _crashed(config, launched, code)
+    if during_setup or config.target is not None:
+        # The runner never exits 0 before its first call returned: the target itself exited.
+        return _harness_error(
+            config,
+            "the target's process exited with status 0 during its set-up (the factory or its first call "
+            "called sys.exit or os._exit), so nothing was sampled",
+            ["a target must return a callable, not exit; remove the exit from the code glmfb calls"],
+            [ProcessExit(returncode=code, description=describe_returncode(code),
+                         stderr_tail=launched.stderr_tail() or None, stderr=str(launched.stderr_path))],
+        )
+    return Verdict(
+        probe="gil",
+        name=config.name,
+        status=Status.INCONCLUSIVE,
+        layer=Layer.RUNTIME,
+        why=(
+            "The program exited (status 0) before glmfb could sample it: it ran too briefly, "
+            "or it is not a Python program that reads sitecustomize (python -S and -I skip it)."
+        ),
+        evidence=(ProcessExit(returncode=code, stderr_tail=launched.stderr_tail()),),
+        next=("give a program that runs at least as long as --duration",),
+    )
+
+
+def _crashed(config: GilConfig, launched: Launched, code: int) -> Verdict:
+    tail = launched.stderr_tail()
+    why = f"the traced program {describe_returncode(code)}"
+    if tail:
+        why += f": {tail.splitlines()[-1][:200]}"
+    return _harness_error(
+        config,
+        why,
+        [f"run it alone to see its output: {launched.stderr_path}"],
+        [
+            ProcessExit(
+                returncode=code,
+                description=describe_returncode(code),
+                stderr_tail=tail,
+                stderr=str(launched.stderr_path),
+            )
+        ],
+    )
+
+
+def _sample_until_exit(launched: Launched, sampler: GilWaitSampler, remaining_s: float, trace: bool) -> float:
+    """Sample until the program ends or the duration is up (then stop the program, patiently
+    under viztracer); the time sampling ended (monotonic)."""
+    # Not Popen.wait while the sampler may hold a thread under ptrace: waitpid on the
+    # program would take the stop meant for the sampler. Poll /proc instead.
+    wait_until(lambda: _exited(launched.pid), remaining_s, poll_s=0.02)
+    sampling_ended = time.monotonic()
+    sampler.stop()
+    returncode = launched.poll()
+    if returncode is None and _exited(launched.pid):
+        # It ended, but the exit may not be collectable yet while the sampler's ptrace
+        # stop is being undone: wait for the status rather than "stop" a dead program
+        # (which would lose its exit code and read as a clean end).
+        deadline = time.monotonic() + 2.0
+        while returncode is None and time.monotonic() < deadline:
+            time.sleep(0.02)
             returncode = launched.poll()
-            if returncode is None and _exited(launched.pid):
-                # It ended, but the exit may not be collectable yet while the sampler's ptrace
-                # stop is being undone: wait for the status rather than "stop" a dead program
-                # (which would lose its exit code and read as a clean end).
-                deadline = time.monotonic() + 2.0
-                while returncode is None and time.monotonic() < deadline:
-                    time.sleep(0.02)
-                    returncode = launched.poll()
-            if returncode is None:
-                grace = TRACE_STOP_GRACE_S if config.trace else STOP_GRACE_S
-                launched.stop(grace_s=grace, first_signal=signal.SIGTERM)
-        else:
-            wait_until(lambda: not os.path.isdir(f"/proc/{pid}"), remaining_s, poll_s=0.05)
-            sampling_ended = time.monotonic()
-        sampler.stop()
-        self._stop_recordings(target_running=launched is None and os.path.isdir(f"/proc/{pid}"),
-                              sampling_ended_s=sampling_ended)
+    if returncode is None:
+        grace = TRACE_STOP_GRACE_S if trace else STOP_GRACE_S
+        launched.stop(grace_s=grace, first_signal=signal.SIGTERM)
+    return sampling_ended
 
-        if launched is not None and not launched.stopped_by_glmfb:
-            code = launched.poll()
-            if code is not None and code != 0:
-                return self._crashed(launched, code)
-        return self._decide(python_pid, sampler, sampling_started, launched)
 
-    def _early_exit(self, launched: Launched, *, during_setup: bool = False) -> Verdict:
-        code = launched.poll()
-        assert code is not None
-        if code != 0:
-            return self._crashed(launched, code)
-        if during_setup or self.config.target is not None:
-            # The runner never exits 0 before its first call returned: the target itself exited.
-            return self._error(
-                "the target's process exited with status 0 during its set-up (the factory or its first call "
-                "called sys.exit or os._exit), so nothing was sampled",
-                ["a target must return a callable, not exit; remove the exit from the code glmfb calls"],
-                [ProcessExit(returncode=code, description=describe_returncode(code),
-                             stderr_tail=launched.stderr_tail() or None, stderr=str(launched.stderr_path))],
-            )
-        return Verdict(
-            probe="gil",
-            name=self.config.name,
-            status=Status.INCONCLUSIVE,
-            layer=Layer.RUNTIME,
-            why=(
-                "The program exited (status 0) before glmfb could sample it: it ran too briefly, "
-                "or it is not a Python program that reads sitecustomize (python -S and -I skip it)."
-            ),
-            evidence=(ProcessExit(returncode=code, stderr_tail=launched.stderr_tail()),),
-            next=("give a program that runs at least as long as --duration",),
-        )
+# ---- py-spy ------------------------------------------------------------------------------
 
-    def _crashed(self, launched: Launched, code: int) -> Verdict:
-        tail = launched.stderr_tail()
-        why = f"the traced program {describe_returncode(code)}"
-        if tail:
-            why += f": {tail.splitlines()[-1][:200]}"
-        return self._error(
-            why,
-            [f"run it alone to see its output: {launched.stderr_path}"],
-            [
-                ProcessExit(
-                    returncode=code,
-                    description=describe_returncode(code),
-                    stderr_tail=tail,
-                    stderr=str(launched.stderr_path),
-                )
-            ],
-        )
 
-    # ---- py-spy ------------------------------------------------------------------------
+class _Recordings:
+    """py-spy on the program: the holder sampler (``--nonblocking``: never pauses the program)
+    at ``rate_hz`` and, with ``native``, a slower ``--native`` sampler for the active/idle
+    split. What they could not give is appended to ``missing``."""
 
-    def _start_recordings(self, pid: int) -> None:
-        """The holder sampler (``--nonblocking``: never pauses the program) at ``rate_hz`` and,
-        with ``native``, a slower ``--native`` sampler for the active/idle split: native
-        unwinding pauses the program for each sample, so it runs at ``native_rate_hz``."""
-        config = self.config
-        if not config.use_pyspy:
+    def __init__(self, config: GilConfig, files: _Files, missing: list[dict[str, str]]) -> None:
+        self.config = config
+        self.files = files
+        self.missing = missing
+        self.main: pyspy.Recording | None = None
+        self.native: pyspy.Recording | None = None
+
+    def start(self, pid: int) -> None:
+        if not self.config.use_pyspy:
             self.missing.append(
                 {"signal": "holder sampling", "reason": "py-spy disabled (--no-pyspy)"}
             )
@@ -373,32 +320,36 @@ class _Session:
                 }
             )
             return
-        self.main_recording = pyspy.Recording(
+        self.main = pyspy.Recording(
             executable,
             pid,
-            self.pyspy_output,
-            self.dir / "py-spy.log",
-            rate_hz=round(config.rate_hz),
+            self.files.pyspy_output,
+            self.files.dir / "py-spy.log",
+            rate_hz=round(self.config.rate_hz),
             native=False,
             nonblocking=True,
         )
-        if not self.native:
-            return
-        self.native_recording = pyspy.Recording(
+        if self.config.native:
+            self._start_native(executable, pid, self.main)
+
+    def _start_native(self, executable: str, pid: int, main: pyspy.Recording) -> None:
+        """Native unwinding pauses the program for each sample, so it runs at ``native_rate_hz``;
+        a py-spy that cannot do it exits at once (said unless ptrace refused both)."""
+        native = pyspy.Recording(
             executable,
             pid,
-            self.dir / "gil-native-samples.txt",
-            self.dir / "py-spy-native.log",
-            rate_hz=round(config.native_rate_hz),
+            self.files.dir / "gil-native-samples.txt",
+            self.files.dir / "py-spy-native.log",
+            rate_hz=round(self.config.native_rate_hz),
             native=True,
             nonblocking=False,
         )
-        if self.native_recording.exited_early(NATIVE_CHECK_S) and os.path.isdir(f"/proc/{pid}"):
-            self.native_recording.stop(target_running=False)
-            reason = pyspy.explain_failure(self.native_recording.log_text())
-            self.native_recording = None
-            self.native = False
-            if not (self.main_recording.exited_early(0.0) and reason.startswith("ptrace refused")):
+        self.native = native
+        if native.exited_early(NATIVE_CHECK_S) and os.path.isdir(f"/proc/{pid}"):
+            native.stop(target_running=False)
+            reason = pyspy.explain_failure(native.log_text())
+            self.native = None
+            if not (main.exited_early(0.0) and reason.startswith("ptrace refused")):
                 self.missing.append(
                     {
                         "signal": "native frames",
@@ -406,31 +357,32 @@ class _Session:
                     }
                 )
 
-    def _stop_recordings(self, *, target_running: bool, sampling_ended_s: float | None = None) -> None:
-        for recording in (self.main_recording, self.native_recording):
+    def stop(self, *, target_running: bool, sampling_ended_s: float | None = None) -> None:
+        for recording in (self.main, self.native):
             if recording is not None:
                 recording.stop(target_running=target_running, sampling_ended_s=sampling_ended_s)
-        if self.main_recording is not None:
-            failure = self.main_recording.failure()
+        if self.main is not None:
+            failure = self.main.failure()
             if failure is not None:
                 self.missing.append({"signal": "holder sampling", "reason": failure})
-        native_failure = self.native_recording.failure() if self.native_recording else None
+        native_failure = self.native.failure() if self.native else None
         if native_failure is not None:
-            if self.main_recording is not None and self.main_recording.failure() is None:
+            if self.main is not None and self.main.failure() is None:
                 reason = f"py-spy --native: {native_failure}; the active/idle split is unknown"
                 self.missing.append({"signal": "native frames", "reason": reason})
-            self.native_recording = None
-            self.native = False
+            self.native = None
 
-    def _holder_profile(
-        self, names: dict[int, str], exclude: set[int]
-    ) -> pyspy.HolderProfile | None:
-        main = (
-            self.main_recording
-            if self.main_recording and self.main_recording.failure() is None
-            else None
-        )
-        split = self.native_recording
+    def thread_names(self, names: dict[int, str]) -> dict[int, str]:
+        """``names`` with the name py-spy saw for each thread it sampled that ``names`` lacks."""
+        for recording in (self.main, self.native):
+            for sample in recording.samples() if recording is not None else ():
+                if sample.thread_name:
+                    names.setdefault(sample.thread_id, sample.thread_name)
+        return names
+
+    def holder_profile(self, names: dict[int, str], exclude: set[int]) -> pyspy.HolderProfile | None:
+        main = self.main if self.main and self.main.failure() is None else None
+        split = self.native
         if main is None and split is None:
             return None
         split_profile = None
@@ -457,58 +409,142 @@ class _Session:
             else main_profile
         )
 
-    # ---- deciding ----------------------------------------------------------------------
+    def artifacts(self) -> dict[str, str]:
+        artifacts: dict[str, str] = {}
+        if self.files.pyspy_output.is_file():
+            artifacts["pyspy_raw"] = str(self.files.pyspy_output)
+        if self.native is not None and self.native.output.is_file():
+            artifacts["pyspy_native_raw"] = str(self.native.output)
+        return artifacts
 
-    def _stall(self, beat: hb.Heartbeat, sampler: GilWaitSampler, start_s: float, end_s: float) -> dict[str, Any]:
-        """The heartbeat's longest stretch without a wake-up in the window, and how much of it
-        it spent blocked on the GIL (/proc): the ticks that never came, explained."""
-        for begin, finish in hb.gaps(beat, start_s, end_s)[:5]:
-            account = sampler.thread_times(beat.thread_id, begin, finish).get(beat.thread_id)
-            share = account.gil_wait_share if account is not None and account.wall_s > 0 else None
-            if share is None:
-                continue
-            return {"stall_s": finish - begin, "start_s": begin - start_s, "gil_share": share}
-        gaps = hb.gaps(beat, start_s, end_s)
-        if gaps:
-            begin, finish = gaps[0]
-            return {"stall_s": finish - begin, "start_s": begin - start_s, "gil_share": None}
-        return {}
 
-    def _decide(
-        self, pid: int, sampler: GilWaitSampler, started_s: float, launched: Launched | None
-    ) -> Verdict:
+# ---- one trace ---------------------------------------------------------------------------
+
+
+class _Session:
+    """One trace: launch the program (or attach to ``pid``), wait for its heartbeat and a
+    target's set-up, sample it for the duration, stop it, and assemble the observations."""
+
+    def __init__(
+        self, config: GilConfig, artifact_dir: Path, progress: Callable[[str], None], ctx: ProbeContext
+    ) -> None:
+        self.ctx = ctx
+        self.config = config
+        self.files = _Files(artifact_dir)
+        self.progress = progress
+        self.missing: list[dict[str, str]] = []  # the signals this trace could not get, in order
+        self.recordings = _Recordings(config, self.files, self.missing)
+        self.files.remove_stale()
+
+    def run(self) -> Verdict:
         config = self.config
-        beat = (
-            hb.read_heartbeat(self.heartbeat_prefix)
-            if config.heartbeat and config.pid is None
-            else None
-        )
-        if beat is not None:  # the sampled window (a target's set-up is before it)
-            beat = hb.between(beat, started_s, sampler.stopped_s or time.monotonic())
-        if config.heartbeat and config.pid is None and beat is None:
+        launched: Launched | None = None
+        if config.pid is not None:
+            pid = config.pid
+            if not os.path.isdir(f"/proc/{pid}"):
+                raise UsageError(f"--pid {pid}: no such process")
             self.missing.append(
-                {
-                    "signal": "heartbeat",
-                    "reason": "the program never started the heartbeat (not Python, or run with -S/-I)",
-                }
+                {"signal": "heartbeat", "reason": "attached by --pid: no heartbeat can be injected"}
             )
-        names: dict[int, str] = dict(beat.thread_names) if beat else {}
-        for recording in (self.main_recording, self.native_recording):
-            for sample in recording.samples() if recording is not None else ():
-                if sample.thread_name:
-                    names.setdefault(sample.thread_id, sample.thread_name)
+        else:
+            started = _launch(config, self.files, self.progress)
+            if isinstance(started, Verdict):
+                return started
+            launched = started
+            pid = launched.pid
+        try:
+            return self._observe(pid, launched)
+        finally:
+            if launched is not None:
+                launched.stop(grace_s=0.5)
+                launched.close()
+
+    def _observe(self, pid: int, launched: Launched | None) -> Verdict:
+        header = self._wait_for_heartbeat(launched) if launched is not None and self.config.heartbeat else None
+        python_pid = int(header["pid"]) if header is not None else pid
+        if launched is not None:
+            not_ready = self._wait_for_setup(launched, header)
+            if not_ready is not None:
+                return not_ready
+        sampler, started_s, ended_s = self._sample(pid, python_pid, header, launched)
+        self.recordings.stop(target_running=launched is None and os.path.isdir(f"/proc/{pid}"),
+                             sampling_ended_s=ended_s)
+        if launched is not None and not launched.stopped_by_glmfb:
+            code = launched.poll()
+            if code is not None and code != 0:
+                return _crashed(self.config, launched, code)
+        return self._decide(sampler, started_s, launched)
+
+    def _wait_for_heartbeat(self, launched: Launched) -> dict[str, Any] | None:
+        """The heartbeat's header (the Python process's pid, the heartbeat's thread), or None
+        when the program ended or never started it (not Python: do not wait long)."""
+        prefix = self.files.heartbeat_prefix
+        self.progress("waiting for the heartbeat")
+        wait_until(
+            lambda: hb.read_header(prefix) is not None or launched.poll() is not None,
+            min(STARTUP_TIMEOUT_S, max(2.0, self.config.duration_s)),
+        )
+        return hb.read_header(prefix)
+
+    def _wait_for_setup(self, launched: Launched, header: dict[str, Any] | None) -> Verdict | None:
+        """None when the program runs and a target finished its set-up (its factory and first
+        call), so the steady state is sampled; else the verdict of why nothing can be."""
+        config = self.config
+        if launched.poll() is not None and header is None:
+            return _early_exit(config, launched)
+        if config.target is None:
+            return None
+        self.progress("waiting for the target's set-up")
+        ready_file = self.files.ready_file
+        wait_until(lambda: ready_file.exists() or launched.poll() is not None, config.setup_timeout_s, poll_s=0.02)
+        if launched.poll() is not None:
+            return _early_exit(config, launched, during_setup=True)
+        try:
+            float(ready_file.read_text(encoding="utf-8"))  # the runner writes when the set-up ended
+        except (OSError, ValueError):
+            # Nothing ran: the factory or the first call never returned. Not a pass, and
+            # not a measurement either.
+            return _harness_error(
+                config,
+                f"the target's set-up (its factory and first call) did not finish within "
+                f"{config.setup_timeout_s:g} s, so nothing was sampled",
+                [f"run the factory alone; if it is only slow, raise --setup-timeout above "
+                 f"{config.setup_timeout_s:g}s"],
+                [ProcessExit(stderr_tail=launched.stderr_tail() or None, stderr=str(launched.stderr_path))],
+            )
+        return None
+
+    def _sample(self, pid: int, python_pid: int, header: dict[str, Any] | None,
+                launched: Launched | None) -> tuple[GilWaitSampler, float, float]:
+        """/proc and py-spy over the program for the duration; the sampler and when sampling
+        started and ended (monotonic)."""
+        config = self.config
+        sampler = GilWaitSampler(python_pid, round(config.rate_hz), native=config.native)
+        if header is not None:
+            sampler.skip_native.add(int(header["heartbeat_tid"]))  # glmfb's own thread
+        sampler.start()
+        sampling_started = time.monotonic()
+        self.recordings.start(python_pid)
+        self.progress(f"sampling for {config.duration_s:g} s")
+        remaining_s = max(0.0, config.duration_s - (time.monotonic() - sampling_started))
+        if launched is not None:
+            sampling_ended = _sample_until_exit(launched, sampler, remaining_s, config.trace)
+        else:
+            wait_until(lambda: not os.path.isdir(f"/proc/{pid}"), remaining_s, poll_s=0.05)
+            sampling_ended = time.monotonic()
+        sampler.stop()
+        return sampler, sampling_started, sampling_ended
+
+    def _decide(self, sampler: GilWaitSampler, started_s: float, launched: Launched | None) -> Verdict:
+        config = self.config
+        end_s = sampler.stopped_s or time.monotonic()
+        beat = self._heartbeat(started_s, end_s)
+        names = self.recordings.thread_names(dict(beat.thread_names) if beat else {})
         exclude = (
             {beat.thread_id} if beat else {tid for tid, n in names.items() if n == HEARTBEAT_THREAD}
         )
-        holders = self._holder_profile(names, exclude)
-
-        waiting: list[dict[str, Any]] = []
-        windows: list[dict[str, Any]] = []
-        window_summary: dict[str, Any] = {}
-        top_holder = None
-        if holders is not None:
-            top_holder = next((t for t in holders.threads if not t["excluded"]), None)
-        end_s = sampler.stopped_s or time.monotonic()
+        holders = self.recordings.holder_profile(names, exclude)
+        top_holder = next((t for t in holders.threads if not t["excluded"]), None) if holders is not None else None
         own_p99_ms: float | None = None
         holder_cpu_wait_s = 0.0
         if beat is not None and top_holder is not None and sampler.error is None:
@@ -516,125 +552,184 @@ class _Session:
             widened = _net_of_holder_cpu_waits(beat, sampler, top_holder["tid"])
             holder_cpu_wait_s = sum(widened.cpu_wait_s) - sum(beat.cpu_wait_s)
             beat = widened
-        times: dict[int, ThreadTime] = {}
-        stall: dict[str, Any] = {}
-        timeline: dict[int, list[list[float | str]]] = {}
-        native_votes: dict[int, Counter[tuple[str, str]]] = {}
-        native_foreign: dict[int, Counter[str]] = {}
-        if beat is not None and sampler.error is None:
-            times = sampler.thread_times(beat.thread_id, started_s, end_s)
-            counts, ticks = sampler.waiting_counts(beat.thread_id)
-            for tid, account in sorted(times.items(), key=lambda item: -item[1].gil_wait_s):
-                if tid == beat.thread_id or (account.gil_wait_s <= 0 and not counts.get(tid)):
-                    continue
-                of_runnable = account.of_runnable_share
-                waiting.append({
-                    "thread": names.get(tid, f"thread {tid}"), "tid": tid,
-                    "waiting_share": round(account.gil_wait_share, 4),
-                    "waiting_ci": tuple(round(x, 4) for x in account.gil_wait_ci),
-                    "of_runnable_share": round(of_runnable, 4) if of_runnable is not None else None,
-                    "of_runnable_ci": tuple(round(x, 4) for x in account.of_runnable_ci)
-                    if of_runnable is not None else (),
-                    "seen_share": round(counts.get(tid, 0) / ticks, 4) if ticks else None,
-                })
-                if len(waiting) >= 8:
-                    break
-            all_windows = beat.windows(config.starvation_p99_ms / 1e3)
-            window_summary = {
-                "windows_total": len(all_windows),
-                "starved_ms_total": round(1e3 * sum(w.duration_s for w in all_windows), 1),
-            }
-            for window in sorted(all_windows, key=lambda w: -w.max_lateness_s)[:MAX_WINDOWS]:
-                seen = sampler.waiting_between(beat.thread_id, window.start_s, window.end_s)
-                entry: dict[str, Any] = {
-                    "start_s": round(window.start_s - started_s, 4),
-                    "duration_ms": round(1e3 * window.duration_s, 2),
-                    "max_lateness_ms": round(1e3 * window.max_lateness_s, 2),
-                    "waiting_threads": [
-                        names.get(t, f"thread {t}") for t, _ in seen.most_common(4)
-                    ],
-                }
-                beat_states = sampler.states_between(
-                    beat.thread_id, window.start_s, window.end_s, beat.thread_id
-                )
-                entry["heartbeat_states"] = dict(beat_states.most_common(3))
-                if top_holder is not None:  # what the main GIL holder did meanwhile, per /proc
-                    states = sampler.states_between(
-                        top_holder["tid"], window.start_s, window.end_s, beat.thread_id
-                    )
-                    entry["holder"] = top_holder["thread"]
-                    entry["holder_states"] = dict(states.most_common(3))
-                windows.append(entry)
-            stall = self._stall(beat, sampler, started_s, end_s)
-            if top_holder is not None and stall:
-                stall["holder"] = top_holder["thread"]
-            shown = [tid for tid, _ in sorted(times.items(), key=lambda item: -(item[1].cpu_s + item[1].gil_wait_s))]
-            timeline = sampler.timeline(beat.thread_id, top_holder["tid"] if top_holder else None,
-                                        started_s, end_s, shown[:MAX_TIMELINE_THREADS])
-            from glmfb.gil.native import below_python, c_call_symbol, foreign_calls
-
-            for _at, stack in sampler.native_stacks:
-                frames = below_python(stack)
-                call = c_call_symbol(frames)
-                native_votes.setdefault(stack.tid, Counter())[call or ("", "")] += 1
-                native_foreign.setdefault(stack.tid, Counter()).update(foreign_calls(frames))
-        elif sampler.error is not None:
+        seen = (_seen_in_proc(config, beat, sampler, started_s, end_s, names, top_holder)
+                if beat is not None and sampler.error is None else _SeenInProc())
+        if sampler.error is not None:
             self.missing.append({"signal": "GIL waiters", "reason": sampler.error})
         if sampler.native_error is not None and not sampler.native_stacks and config.native:
             self.missing.append({"signal": "native snapshots", "reason": sampler.native_error})
-
-        blame = None
-        artifacts: dict[str, str] = {}
-        if self.pyspy_output.is_file():
-            artifacts["pyspy_raw"] = str(self.pyspy_output)
-        if self.native_recording is not None and self.native_recording.output.is_file():
-            artifacts["pyspy_native_raw"] = str(self.native_recording.output)
-        if config.trace:
-            if self.trace_output.is_file():
-                from glmfb.gil.trace import overlap_blame
-
-                artifacts["trace"] = str(self.trace_output)
-                starved = {w["thread"] for w in waiting if w["waiting_share"] >= MIN_WAITING_SHARE}
-                heartbeat_windows = (
-                    [(w.start_s, w.end_s) for w in beat.windows(config.starvation_p99_ms / 1e3)]
-                    if beat is not None
-                    else []
-                )
-                blame = overlap_blame(
-                    self.trace_output,
-                    starved,
-                    config.starvation_p99_ms / 1e3,
-                    extra_windows_s=heartbeat_windows,
-                )
-            else:
-                self.missing.append({"signal": "trace", "reason": "viztracer wrote no trace"})
+        artifacts = self.recordings.artifacts()
+        blame = self._trace_blame(seen.waiting, beat, artifacts) if config.trace else None
         if launched is not None:
             artifacts["stderr"] = str(launched.stderr_path)
         return decide(
             Observations(
-                config=config,
-                heartbeat=beat,
-                holders=holders,
-                waiting=waiting,
-                windows=windows,
-                window_summary=window_summary,
-                blame=blame,
-                missing=self.missing,
-                artifacts=artifacts,
+                config=config, heartbeat=beat, holders=holders, waiting=seen.waiting, windows=seen.windows,
+                window_summary=seen.window_summary, blame=blame, missing=self.missing, artifacts=artifacts,
                 reproduce_trace=reproduce_command(config, trace=True) if config.pid is None else "",
-                observed_s=max(0.0, end_s - started_s),
-                window_start_s=started_s,
-                thread_times=times,
-                thread_names=names,
-                cpus=dict(sampler.cpus),
-                native_votes=native_votes,
-                native_foreign=native_foreign,
-                native_error=sampler.native_error,
-                native_snapshots=len(sampler.native_stacks),
-                stall=stall,
-                timeline=timeline,
-                own_p99_ms=own_p99_ms,
-                holder_cpu_wait_s=holder_cpu_wait_s,
+                observed_s=max(0.0, end_s - started_s), window_start_s=started_s, thread_times=seen.times,
+                thread_names=names, cpus=dict(sampler.cpus), native_votes=seen.native_votes,
+                native_foreign=seen.native_foreign, native_error=sampler.native_error,
+                native_snapshots=len(sampler.native_stacks), stall=seen.stall, timeline=seen.timeline,
+                own_p99_ms=own_p99_ms, holder_cpu_wait_s=holder_cpu_wait_s,
             ),
             self.ctx.rules("gil", RULES),
         )
+
+    def _heartbeat(self, started_s: float, end_s: float) -> hb.Heartbeat | None:
+        """The heartbeat of the sampled window (a target's set-up is before it), or None."""
+        config = self.config
+        if not config.heartbeat or config.pid is not None:
+            return None
+        beat = hb.read_heartbeat(self.files.heartbeat_prefix)
+        if beat is None:
+            self.missing.append(
+                {
+                    "signal": "heartbeat",
+                    "reason": "the program never started the heartbeat (not Python, or run with -S/-I)",
+                }
+            )
+            return None
+        return hb.between(beat, started_s, end_s)
+
+    def _trace_blame(self, waiting: list[dict[str, Any]], beat: hb.Heartbeat | None,
+                     artifacts: dict[str, str]) -> list[dict[str, Any]] | None:
+        """Trace mode: the functions viztracer saw overlapping the starved slices (the trace is
+        added to ``artifacts``), or None when it wrote no trace."""
+        config, trace = self.config, self.files.trace_output
+        if not trace.is_file():
+            self.missing.append({"signal": "trace", "reason": "viztracer wrote no trace"})
+            return None
+        from glmfb.gil.trace import overlap_blame
+
+        artifacts["trace"] = str(trace)
+        starved = {w["thread"] for w in waiting if w["waiting_share"] >= MIN_WAITING_SHARE}
+        heartbeat_windows = (
+            [(w.start_s, w.end_s) for w in beat.windows(config.starvation_p99_ms / 1e3)]
+            if beat is not None
+            else []
+        )
+        return overlap_blame(trace, starved, config.starvation_p99_ms / 1e3, extra_windows_s=heartbeat_windows)
+
+
+# ---- what /proc saw ----------------------------------------------------------------------
+
+
+@dataclass
+class _SeenInProc:
+    """What /proc showed of the sampled window: the threads that waited for the GIL, the
+    starved windows (the longest first), each thread's time account, the heartbeat's longest
+    stall, the timeline of the threads shown, and what the native snapshots saw per thread."""
+
+    waiting: list[dict[str, Any]] = field(default_factory=list)
+    windows: list[dict[str, Any]] = field(default_factory=list)
+    window_summary: dict[str, Any] = field(default_factory=dict)
+    times: dict[int, ThreadTime] = field(default_factory=dict)
+    stall: dict[str, Any] = field(default_factory=dict)
+    timeline: dict[int, list[list[float | str]]] = field(default_factory=dict)
+    native_votes: dict[int, Counter[tuple[str, str]]] = field(default_factory=dict)
+    native_foreign: dict[int, Counter[str]] = field(default_factory=dict)
+
+
+def _seen_in_proc(config: GilConfig, beat: hb.Heartbeat, sampler: GilWaitSampler, started_s: float, end_s: float,
+                  names: dict[int, str], top_holder: dict[str, Any] | None) -> _SeenInProc:
+    times = sampler.thread_times(beat.thread_id, started_s, end_s)
+    waiting = _gil_waiters(sampler, beat.thread_id, times, names)
+    windows, window_summary = _starved_windows(config, beat, sampler, started_s, names, top_holder)
+    stall = _stall(beat, sampler, started_s, end_s)
+    if top_holder is not None and stall:
+        stall["holder"] = top_holder["thread"]
+    shown = [tid for tid, _ in sorted(times.items(), key=lambda item: -(item[1].cpu_s + item[1].gil_wait_s))]
+    timeline = sampler.timeline(beat.thread_id, top_holder["tid"] if top_holder else None,
+                                started_s, end_s, shown[:MAX_TIMELINE_THREADS])
+    votes, foreign = _native_calls(sampler)
+    return _SeenInProc(waiting, windows, window_summary, times, stall, timeline, votes, foreign)
+
+
+def _gil_waiters(sampler: GilWaitSampler, heartbeat_tid: int, times: dict[int, ThreadTime],
+                 names: dict[int, str]) -> list[dict[str, Any]]:
+    """The threads that waited for the GIL (the heartbeat left out), the most waiting first."""
+    counts, ticks = sampler.waiting_counts(heartbeat_tid)
+    waiting: list[dict[str, Any]] = []
+    for tid, account in sorted(times.items(), key=lambda item: -item[1].gil_wait_s):
+        if tid == heartbeat_tid or (account.gil_wait_s <= 0 and not counts.get(tid)):
+            continue
+        of_runnable = account.of_runnable_share
+        waiting.append({
+            "thread": names.get(tid, f"thread {tid}"), "tid": tid,
+            "waiting_share": round(account.gil_wait_share, 4),
+            "waiting_ci": tuple(round(x, 4) for x in account.gil_wait_ci),
+            "of_runnable_share": round(of_runnable, 4) if of_runnable is not None else None,
+            "of_runnable_ci": tuple(round(x, 4) for x in account.of_runnable_ci)
+            if of_runnable is not None else (),
+            "seen_share": round(counts.get(tid, 0) / ticks, 4) if ticks else None,
+        })
+        if len(waiting) >= 8:
+            break
+    return waiting
+
+
+def _starved_windows(config: GilConfig, beat: hb.Heartbeat, sampler: GilWaitSampler, started_s: float,
+                     names: dict[int, str], top_holder: dict[str, Any] | None
+                     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The longest windows the heartbeat was late beyond the threshold (who waited, what the
+    heartbeat and the top holder were doing meanwhile, per /proc), and their count and total."""
+    all_windows = beat.windows(config.starvation_p99_ms / 1e3)
+    summary = {
+        "windows_total": len(all_windows),
+        "starved_ms_total": round(1e3 * sum(w.duration_s for w in all_windows), 1),
+    }
+    windows: list[dict[str, Any]] = []
+    for window in sorted(all_windows, key=lambda w: -w.max_lateness_s)[:MAX_WINDOWS]:
+        seen = sampler.waiting_between(beat.thread_id, window.start_s, window.end_s)
+        entry: dict[str, Any] = {
+            "start_s": round(window.start_s - started_s, 4),
+            "duration_ms": round(1e3 * window.duration_s, 2),
+            "max_lateness_ms": round(1e3 * window.max_lateness_s, 2),
+            "waiting_threads": [
+                names.get(t, f"thread {t}") for t, _ in seen.most_common(4)
+            ],
+        }
+        beat_states = sampler.states_between(
+            beat.thread_id, window.start_s, window.end_s, beat.thread_id
+        )
+        entry["heartbeat_states"] = dict(beat_states.most_common(3))
+        if top_holder is not None:  # what the main GIL holder did meanwhile, per /proc
+            states = sampler.states_between(
+                top_holder["tid"], window.start_s, window.end_s, beat.thread_id
+            )
+            entry["holder"] = top_holder["thread"]
+            entry["holder_states"] = dict(states.most_common(3))
+        windows.append(entry)
+    return windows, summary
+
+
+def _stall(beat: hb.Heartbeat, sampler: GilWaitSampler, start_s: float, end_s: float) -> dict[str, Any]:
+    """The heartbeat's longest stretch without a wake-up in the window, and how much of it
+    it spent blocked on the GIL (/proc): the ticks that never came, explained."""
+    for begin, finish in hb.gaps(beat, start_s, end_s)[:5]:
+        account = sampler.thread_times(beat.thread_id, begin, finish).get(beat.thread_id)
+        share = account.gil_wait_share if account is not None and account.wall_s > 0 else None
+        if share is None:
+            continue
+        return {"stall_s": finish - begin, "start_s": begin - start_s, "gil_share": share}
+    gaps = hb.gaps(beat, start_s, end_s)
+    if gaps:
+        begin, finish = gaps[0]
+        return {"stall_s": finish - begin, "start_s": begin - start_s, "gil_share": None}
+    return {}
+
+
+def _native_calls(sampler: GilWaitSampler) -> tuple[dict[int, Counter[tuple[str, str]]], dict[int, Counter[str]]]:
+    """Per thread, the C call each native snapshot shows it in (``(name, symbol)``), and the
+    library functions below Python in each snapshot."""
+    from glmfb.gil.native import below_python, c_call_symbol, foreign_calls
+
+    votes: dict[int, Counter[tuple[str, str]]] = {}
+    foreign: dict[int, Counter[str]] = {}
+    for _at, stack in sampler.native_stacks:
+        frames = below_python(stack)
+        call = c_call_symbol(frames)
+        votes.setdefault(stack.tid, Counter())[call or ("", "")] += 1
+        foreign.setdefault(stack.tid, Counter()).update(foreign_calls(frames))
+    return votes, foreign

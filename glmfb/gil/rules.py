@@ -1,7 +1,7 @@
-"""The rules of ``glmfb gil``: what one trace observed in, a diagnosis out.
+"""The rules of ``glmfb gil``: the findings of one trace in, a diagnosis out.
 
-:func:`decide` turns the :class:`Observations` of a trace into typed evidence and
-:class:`GilFindings`, and tries the rules in order (the first that applies wins):
+:mod:`glmfb.gil.verdict` turns the observations of a trace into typed evidence and
+:class:`GilFindings`; the rules here are tried in order (the first that applies wins):
 
 =======================  ======================================================================
 gil-hold-native          a thread starved beyond the p99 threshold (or the heartbeat could not
@@ -26,52 +26,20 @@ pass                     no thread starved
 
 from __future__ import annotations
 
-import linecache
-import re
-import sysconfig
-from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from glmfb.evidence import Evidence, MissingSignal
-from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
-from glmfb.gil.evidence import (
-    GilHolder,
-    GilSite,
-    GilThreads,
-    GilTimeline,
-    HeldSite,
-    HolderThread,
-    OverlapRow,
-    Starvation,
-    StarvedWindow,
-    ThreadTimeRow,
-    ThreadTimes,
-    TimelineThread,
-    TraceOverlap,
-    WaitingThread,
-)
-from glmfb.gil.heartbeat import Heartbeat, lateness_series
-from glmfb.gil.pyspy import CallSite, HolderProfile
-from glmfb.rules import Diagnosis, Rule, diagnose
-from glmfb.verdict import Layer, Metric, Status, Verdict
+from glmfb.evidence import MissingSignal
+from glmfb.gil.config import HEARTBEAT_THREAD
+from glmfb.gil.evidence import GilHolder, OverlapRow, WaitingThread
+from glmfb.gil.holders import glmfb_file
+from glmfb.rules import Diagnosis, Rule
+from glmfb.verdict import Status
 
 KIND = "gil"
 
-MIN_HEARTBEAT_TICKS = 50
-MIN_COVERED_S = 0.5
-_LIBRARY_PREFIXES = tuple(
-    {
-        sysconfig.get_paths()["stdlib"],
-        sysconfig.get_paths()["platstdlib"],
-        sysconfig.get_paths()["purelib"],
-    }
-)
 IDLE_MAJORITY = 0.5  # a holder blocked in this share of its samples holds the GIL while idle
 WARN_IDLE_SHARE = 0.2  # without starvation, still worth a warning
-MIN_WAITING_SHARE = 0.05  # a thread waiting for the GIL this share of wall time is starved
 # gil-wait-share: the share of a thread's time off the run queue spent waiting for the GIL.
 # A thread beside a busy one waits up to one switch interval per hand-over; the planted short
 # holds make it wait 40-60%, a clean loop under 3%. Both bounds must hold: the estimate at
@@ -79,206 +47,6 @@ MIN_WAITING_SHARE = 0.05  # a thread waiting for the GIL this share of wall time
 WAIT_SHARE_FAIL = 0.2
 WAIT_SHARE_LOW = 0.1
 MIN_WAIT_WALL_SHARE = 0.05  # and at least this share of wall time
-# A heartbeat too thin for a p99 (few wake-ups) still starved when it could not run for this
-# many thresholds in one stretch while it waited for the GIL in most of that stretch.
-STALL_THRESHOLDS = 10
-STALL_GIL_SHARE = 0.5
-CANARY_PREFIX = "glmfb-"  # glmfb's own threads in the program: never a starved thread we name
-MAX_THREAD_ROWS = 16
-
-
-@dataclass
-class Observations:
-    """Everything one trace produced, for the rules."""
-
-    config: GilConfig
-    heartbeat: Heartbeat | None = None
-    holders: HolderProfile | None = None
-    waiting: list[dict[str, Any]] = field(default_factory=list)  # target threads seen waiting
-    windows: list[dict[str, Any]] = field(default_factory=list)  # the longest, longest first
-    window_summary: dict[str, Any] = field(default_factory=dict)  # windows_total, starved_ms_total
-    blame: list[dict[str, Any]] | None = None  # trace mode: functions overlapping starved slices
-    missing: list[dict[str, str]] = field(default_factory=list)
-    artifacts: dict[str, str] = field(default_factory=dict)
-    env: dict[str, Any] = field(default_factory=dict)
-    reproduce_trace: str = ""
-    duration_s: float = 0.0
-    observed_s: float | None = None  # the sampled window's length
-    window_start_s: float | None = None
-    thread_times: dict[int, Any] = field(default_factory=dict)  # tid -> procwatch.ThreadTime
-    thread_names: dict[int, str] = field(default_factory=dict)
-    cpus: dict[int, str] = field(default_factory=dict)  # tid -> Cpus_allowed_list
-    native_votes: dict[int, Counter[tuple[str, str]]] = field(default_factory=dict)  # tid -> (name, symbol) seen
-    # tid -> library functions below Python, counted once per snapshot they appear in
-    native_foreign: dict[int, Counter[str]] = field(default_factory=dict)
-    native_error: str | None = None
-    native_snapshots: int = 0
-    stall: dict[str, Any] = field(default_factory=dict)  # the heartbeat's longest stretch without a wake-up
-    timeline: dict[int, list[list[Any]]] = field(default_factory=dict)
-    own_p99_ms: float | None = None  # p99 net of the heartbeat's own CPU waits only
-    holder_cpu_wait_s: float = 0.0  # the holder's CPU waits taken out of late wake-ups
-
-
-def heartbeat_is_usable(heartbeat: Heartbeat) -> bool:
-    """Enough ticks, or few ticks that cover a long time: a heavily starved heartbeat wakes
-    rarely, and that is the signal, not a lack of data."""
-    if not heartbeat.ticks:
-        return False
-    # The time the heartbeat saw: from its first wake-up (and the wait before it) to its
-    # last. Summing lateness alone misses the waits for the GIL after its own file writes,
-    # and under heavy starvation that undercounts a 2 s window as 0.5 s (found flaky in CI).
-    span_s = max(heartbeat.wake_s) - min(heartbeat.wake_s) if heartbeat.wake_s else 0.0
-    covered_s = max(
-        span_s + max(0.0, heartbeat.lateness_s[0]) + heartbeat.period_s,
-        heartbeat.ticks * heartbeat.period_s + sum(max(0.0, x) for x in heartbeat.lateness_s),
-    )
-    return heartbeat.ticks >= MIN_HEARTBEAT_TICKS or (
-        heartbeat.ticks >= 3 and covered_s >= MIN_COVERED_S
-    )
-
-
-def _is_library(file: str) -> bool:
-    return file.startswith(_LIBRARY_PREFIXES) or "site-packages" in file or file.startswith("<")
-
-
-def caller_frame(stack: tuple[str, ...]) -> str | None:
-    """The innermost frame outside the standard library and installed packages."""
-    for label in reversed(stack):
-        location = label.rpartition(" (")[2].rstrip(")")
-        if not _is_library(location.rpartition(":")[0]):
-            return label
-    return None
-
-
-def _glmfb_file(file: str) -> bool:
-    """A file of glmfb itself (its runner, its heartbeat): never the cause."""
-    import glmfb
-
-    package = Path(glmfb.__file__).resolve().parent
-    try:
-        return Path(file).resolve().is_relative_to(package)
-    except (OSError, ValueError):
-        return False
-
-
-def _names_callee(file: str, line: int, symbol: str) -> bool:
-    """Whether the source line calls the foreign function by (a variable of) its name:
-    ``usleep(wait_us)``, ``self._usleep(wait_us)``."""
-    text = linecache.getline(file, line) if file and line else ""
-    callees = re.findall(r"([A-Za-z_][\w]*)\s*\(", text)
-    wanted = symbol.lower().strip("_")
-    return bool(wanted) and any(wanted in callee.lower() for callee in callees)
-
-
-def c_function_of(site: CallSite, votes: Counter[tuple[str, str]] | None,
-                  foreign: Counter[str] | None = None) -> tuple[str | None, str | None, str | None]:
-    """``(python name, C symbol, source)`` of the C function the site held the GIL in: from
-    py-spy --native's frames below it, else from native snapshots of its thread while it ran
-    (py-spy leaves the interpreter's own functions out: ``sorted``, ``list.sort``). A foreign
-    function (a library's, through ctypes) whose call is written on the site's own line
-    (``usleep(...)`` in ``intranode_dispatch``) leaves the site's Python function as the name:
-    that function is the binding; through an indirection (``self.work()`` of a partial) the
-    foreign function is named.
-
-    A snapshot's frames come from scanning its stack for return addresses, so a stale one (a
-    ``clock_gettime`` an earlier call left in a slot the foreign call's frames did not
-    overwrite) can sit above the function really called. So a library function that the
-    site's own line calls and that is below Python in most snapshots (``foreign``) is taken
-    before the outermost library frame the votes name."""
-    from glmfb.gil.native import ENTRY_NAMES
-
-    found: tuple[str, str, str] | None = None
-    if site.c_calls:
-        (name, symbol), count = site.c_calls.most_common(1)[0]
-        if count >= 0.5 * max(1, site.split_samples):
-            found = (name, symbol, "py-spy --native")
-    if found is None and votes:
-        total = sum(votes.values())
-        (name, symbol), count = votes.most_common(1)[0]
-        if name and count >= 0.5 * total:
-            found = (name, symbol, "native snapshots")
-        if name == symbol and foreign and not _glmfb_file(site.file):  # the votes name a library function
-            for called, seen in foreign.most_common():
-                if seen >= 0.5 * total and _names_callee(site.file, site.line, called):
-                    return None, called, "native snapshots"
-    if found is None:
-        return None, None, None
-    name, symbol, source = found
-    library = name == symbol and symbol not in ENTRY_NAMES
-    if library and not _glmfb_file(site.file) and _names_callee(site.file, site.line, symbol):
-        return None, symbol, source
-    return name, symbol, source
-
-
-def holder_evidence(site: CallSite, total: int, cls: type[HeldSite] = GilHolder,
-                    votes: Counter[tuple[str, str]] | None = None, foreign: Counter[str] | None = None) -> HeldSite:
-    native = site.native_calls.most_common(1)
-    stack = site.stacks.most_common(1)[0][0] if site.stacks else ()
-    known = site.split_samples > 0
-    idle_share = site.idle / site.samples if site.samples and known else 0.0
-    c_function, c_symbol, c_source = c_function_of(site, votes, foreign)
-    return cls(
-        thread=site.thread_name, tid=site.thread_id, function=_short(site.function), qualname=site.function,
-        file=display_path(site.file), line=site.line, samples=site.samples,
-        share_of_time=round(site.samples / total, 4) if total else None,
-        active_share=round(1.0 - idle_share, 4) if known else None,
-        idle_share=round(idle_share, 4) if known else None,
-        native_frame=native[0][0] if native else None, native_samples=site.split_samples,
-        caller=caller_frame(stack), stack=tuple(stack[-8:]),
-        c_function=c_function, c_symbol=c_symbol, c_source=c_source,
-    )
-
-
-def display_path(file: str) -> str:
-    """A file as users read it: relative to the working directory when under it."""
-    path = Path(file)
-    if path.is_absolute():
-        try:
-            return str(path.relative_to(Path.cwd()))
-        except ValueError:
-            return file
-    return file
-
-
-def _short(function: str) -> str:
-    return function if function.startswith("<") else function.rsplit(".", 1)[-1]
-
-
-def holder_site(observations: Observations, exclude: frozenset[int] = frozenset()) -> CallSite | None:
-    """The thread that held the GIL most (heartbeat and ``exclude`` left out), and its top call
-    site; None when no thread held it in ``min_holder_share`` of the samples. A site in glmfb's
-    own code (the target runner's loop) is passed over unless it held the GIL inside a C call
-    it made for the target (then that call is the cause)."""
-    profile = observations.holders
-    if profile is None or not profile.sites or not profile.sample_instants:
-        return None
-    candidates = [t for t in profile.threads if not t["excluded"] and t["tid"] not in exclude]
-    for thread in candidates:  # ranked by samples
-        if thread["samples"] / profile.sample_instants < observations.config.min_holder_share:
-            return None
-        for site in (s for s in profile.sites if s.thread_id == thread["tid"]):
-            if not _glmfb_file(site.file):
-                return site
-            if c_function_of(site, observations.native_votes.get(site.thread_id),
-                             observations.native_foreign.get(site.thread_id))[0] is not None:
-                return site
-    return None
-
-
-def starved_threads(
-    observations: Observations, starved: bool, holder: CallSite | None
-) -> list[str]:
-    """Threads waiting for the GIL a real share of the time (never the holder itself), and the
-    heartbeat when it was late beyond the threshold."""
-    names = [
-        w["thread"]
-        for w in observations.waiting
-        if w["waiting_share"] >= MIN_WAITING_SHARE
-        and (holder is None or w["tid"] != holder.thread_id)
-    ]
-    if starved:
-        names.append(HEARTBEAT_THREAD)
-    return names
 
 
 @dataclass(frozen=True)
@@ -368,7 +136,7 @@ def _where_of(holder: GilHolder | None) -> dict[str, Any] | None:
     if holder is None:
         return None
     where: dict[str, Any] = {"thread": holder.thread, "function": holder.c_function or holder.function}
-    if not _glmfb_file(holder.file):  # glmfb's runner is never the place to look
+    if not glmfb_file(holder.file):  # glmfb's runner is never the place to look
         where.update(file=holder.file, line=holder.line)
     return where
 
@@ -382,12 +150,12 @@ def _named(holder: GilHolder) -> str:
     if holder.c_function is None:
         return holder.function
     symbol = f" (C {holder.c_symbol})" if holder.c_symbol and holder.c_symbol != holder.c_function else ""
-    caller = "glmfb's target runner" if _glmfb_file(holder.file) else f"{holder.qualname} ({holder.file}:{holder.line})"
+    caller = "glmfb's target runner" if glmfb_file(holder.file) else f"{holder.qualname} ({holder.file}:{holder.line})"
     return f"{holder.c_function}{symbol}, called from {caller},"
 
 
 def _fix_site(holder: GilHolder) -> str:
-    if _glmfb_file(holder.file):
+    if glmfb_file(holder.file):
         return holder.c_function or holder.function
     name = holder.c_function or holder.function
     return f"{name} ({holder.file}:{holder.line})"
@@ -551,165 +319,3 @@ RULES: tuple[Rule[GilFindings], ...] = (
     Rule("idle-holder", KIND, _idle_holder, "not starved, a holder idle in a native call: warn"),
     Rule("pass", KIND, _pass, "no thread starved"),
 )
-
-
-def _stall_p99_ms(stall_s: float, share: float, observed_s: float, period_s: float) -> float:
-    """The p99 lateness of the wake-ups a heartbeat held back for ``stall_s * share`` would
-    have made: each missed deadline counts, the k-th late by the stall less k periods, so 1%
-    of the window's deadlines lie beyond the stall less 1% of the window."""
-    blocked_s = stall_s * share
-    return 1e3 * max(0.0, blocked_s - 0.01 * observed_s)
-
-
-def _waiting_threads(observations: Observations) -> list[WaitingThread]:
-    return [WaitingThread(**w) for w in observations.waiting]
-
-
-def _top_waiter(waiting: list[WaitingThread]) -> WaitingThread | None:
-    program = [w for w in waiting if not w.thread.startswith(CANARY_PREFIX) and w.of_runnable_share is not None]
-    if not program:
-        return None
-    return max(program, key=lambda w: (w.of_runnable_ci[0] if w.of_runnable_ci else 0.0, w.of_runnable_share or 0.0))
-
-
-def _thread_times(observations: Observations) -> ThreadTimes | None:
-    if not observations.thread_times:
-        return None
-    rows = []
-    names = observations.thread_names
-    heartbeat_tid = observations.heartbeat.thread_id if observations.heartbeat is not None else None
-    for tid, account in sorted(observations.thread_times.items(), key=lambda item: -(item[1].cpu_s + item[1].gil_wait_s)):
-        if account.wall_s <= 0:
-            continue
-        votes = observations.native_votes.get(tid, Counter())
-        named = Counter({k[0]: v for k, v in votes.items() if k[0]})
-        top = named.most_common(1)[0] if named else None
-        runnable = account.wall_s - account.runqueue_s
-        name = names.get(tid, f"thread {tid}")
-        rows.append(ThreadTimeRow(
-            thread=name, tid=tid, cpu_share=round(account.cpu_share, 4),
-            runqueue_share=round(account.runqueue_share, 4), gil_wait_share=round(account.gil_wait_share, 4),
-            other_wait_share=round(account.other_wait_share, 4),
-            gil_wait_ci=tuple(round(x, 4) for x in account.gil_wait_ci),
-            gil_wait_of_runnable=round(account.gil_wait_s / runnable, 4) if runnable > 0 else None,
-            longest_gil_wait_ms=round(1e3 * account.longest_gil_wait_s, 1),
-            cpus=observations.cpus.get(tid), c_function=top[0] if top else None,
-            c_function_share=round(top[1] / sum(votes.values()), 4) if top else None,
-            native_snapshots=sum(votes.values()), glmfb=tid == heartbeat_tid or name.startswith(CANARY_PREFIX),
-        ))
-        if len(rows) >= MAX_THREAD_ROWS:
-            break
-    return ThreadTimes(observed_s=round(observations.observed_s or 0.0, 4), threads=tuple(rows),
-                       native_snapshots=observations.native_snapshots, native_error=observations.native_error)
-
-
-def _timeline(observations: Observations) -> GilTimeline | None:
-    if not observations.timeline:
-        return None
-    names = observations.thread_names
-    return GilTimeline(observed_s=round(observations.observed_s or 0.0, 4), threads=tuple(
-        TimelineThread(thread=names.get(tid, f"thread {tid}"), tid=tid, spans=tuple(spans))
-        for tid, spans in observations.timeline.items()))
-
-
-def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None) -> Verdict:
-    """The verdict of one trace: typed evidence, findings, the first rule that applies."""
-    config = observations.config
-    heartbeat = observations.heartbeat
-    threshold_ms = config.starvation_p99_ms
-    beat_ok = heartbeat is not None and heartbeat_is_usable(heartbeat)
-    p99_ms = heartbeat.percentile_ms(99) if beat_ok and heartbeat is not None else None
-    recorded_p99 = (observations.own_p99_ms if observations.own_p99_ms is not None
-                    else heartbeat.percentile_ms(99) if heartbeat is not None and heartbeat.ticks else None)
-    starved = p99_ms is not None and p99_ms > threshold_ms
-    stall = observations.stall
-    stall_s, stall_share = stall.get("stall_s"), stall.get("gil_share")
-    stalled = bool(
-        heartbeat is not None and heartbeat.ticks < MIN_HEARTBEAT_TICKS and stall_s is not None
-        and stall_share is not None and 1e3 * stall_s >= STALL_THRESHOLDS * threshold_ms
-        and stall_share >= STALL_GIL_SHARE
-    )
-    if stalled and heartbeat is not None and stall_s is not None and stall_share is not None:
-        beat_ok, starved = True, True
-        p99_ms = max(p99_ms or 0.0, _stall_p99_ms(stall_s, stall_share, observations.observed_s or stall_s,
-                                                  heartbeat.period_s))
-    site = holder_site(observations)
-    profile = observations.holders
-    total = profile.sample_instants if profile else 0
-    starved_names = starved_threads(observations, starved, site)
-    holder = (holder_evidence(site, total, votes=observations.native_votes.get(site.thread_id),
-                              foreign=observations.native_foreign.get(site.thread_id))
-              if site is not None else None)
-    assert holder is None or isinstance(holder, GilHolder)
-    waiting = _waiting_threads(observations)
-    waiter = _top_waiter([w for w in waiting if site is None or w.tid != site.thread_id] or waiting)
-    wait_holder: GilHolder | None = None
-    if waiter is not None:
-        other = holder_site(observations, exclude=frozenset({waiter.tid}))
-        if other is not None:
-            found = holder_evidence(other, total, votes=observations.native_votes.get(other.thread_id),
-                                    foreign=observations.native_foreign.get(other.thread_id))
-            assert isinstance(found, GilHolder)
-            wait_holder = found
-    missing = tuple(MissingSignal(signal=m["signal"], reason=m["reason"]) for m in observations.missing)
-
-    evidence: list[Evidence] = []
-    if heartbeat is not None:
-        summary = heartbeat.summary()
-        summary["p99_ms"] = round(p99_ms, 3) if p99_ms is not None else summary["p99_ms"]
-        start = observations.window_start_s
-        observed = observations.observed_s
-        evidence.append(Starvation(
-            threads=tuple(starved_names), canary=HEARTBEAT_THREAD, **summary, threshold_ms=threshold_ms,
-            starved=starved, waiting_for_gil=tuple(waiting),
-            **observations.window_summary, windows=tuple(StarvedWindow(**w) for w in observations.windows),
-            observed_s=round(observed, 4) if observed is not None else None,
-            expected_ticks=int(observed / heartbeat.period_s) if observed else None,
-            stall_ms=round(1e3 * stall_s, 1) if stall_s is not None else None,
-            stall_start_s=round(stall["start_s"], 4) if "start_s" in stall else None,
-            stall_gil_share=round(stall_share, 4) if stall_share is not None else None,
-            stall_holder=stall.get("holder"),
-            recorded_p99_ms=round(recorded_p99, 3) if recorded_p99 is not None else None,
-            holder_cpu_wait_ms=round(1e3 * observations.holder_cpu_wait_s, 1),
-            lateness_series=tuple(lateness_series(heartbeat, start, start + observed))
-            if start is not None and observed else (),
-        ))
-    if holder is not None:
-        evidence.append(holder)
-    if profile is not None:
-        evidence.append(GilThreads(
-            samples=profile.total_samples, sample_instants=profile.sample_instants, native=profile.native,
-            threads=tuple(HolderThread(**t) for t in profile.threads[:8]),
-            sites=tuple(holder_evidence(s, total, GilSite) for s in profile.sites[1:4]),  # type: ignore[misc]
-        ))
-    times = _thread_times(observations)
-    if times is not None:
-        evidence.append(times)
-    timeline = _timeline(observations)
-    if timeline is not None:
-        evidence.append(timeline)
-    overlaps = tuple(OverlapRow(**row) for row in observations.blame[:10]) if observations.blame is not None else None
-    if overlaps is not None:
-        evidence.append(TraceOverlap(functions=overlaps))
-    evidence.extend(missing)
-
-    findings = GilFindings(
-        threshold_ms=threshold_ms, min_holder_share=config.min_holder_share, starved=starved,
-        heartbeat_usable=beat_ok, p99_ms=p99_ms, ticks=heartbeat.ticks if heartbeat is not None else 0,
-        holder=holder, holder_sampled=profile is not None, sample_instants=total,
-        native_known=bool(profile is not None and profile.native and site is not None and site.split_samples > 0),
-        starved_threads=tuple(starved_names), missing=missing,
-        top_overlap=overlaps[0] if overlaps else None, traced=observations.blame is not None,
-        reproduce_trace=observations.reproduce_trace,
-        stall_ms=1e3 * stall_s if stall_s is not None else None, stall_gil_share=stall_share, stalled=stalled,
-        observed_s=observations.observed_s, waiter=waiter, wait_holder=wait_holder,
-    )
-    outcome = diagnose(list(rules) if rules is not None else list(RULES), findings)
-    evidence.append(outcome.record)
-    diagnosis = outcome.diagnosis
-    return Verdict(
-        probe="gil", name=config.name, status=diagnosis.status, layer=Layer.RUNTIME, why=diagnosis.why,
-        where=dict(diagnosis.where or {}), metric=Metric("starvation_p99", p99_ms, "ms", threshold_ms),
-        evidence=tuple(evidence), next=diagnosis.next, artifacts=observations.artifacts, env=observations.env,
-        duration_s=observations.duration_s,
-    )

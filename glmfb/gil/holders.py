@@ -1,0 +1,151 @@
+"""Who held the GIL: the call site a thread held it in most, the C function it held it in, and
+that site as typed evidence (:class:`~glmfb.gil.evidence.GilHolder`), from py-spy's profile and
+the native snapshots of each thread."""
+
+from __future__ import annotations
+
+import linecache
+import re
+import sysconfig
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+
+from glmfb.gil.evidence import GilHolder, HeldSite
+from glmfb.gil.pyspy import CallSite, HolderProfile
+
+_LIBRARY_PREFIXES = tuple(
+    {
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["platstdlib"],
+        sysconfig.get_paths()["purelib"],
+    }
+)
+
+
+def _is_library(file: str) -> bool:
+    return file.startswith(_LIBRARY_PREFIXES) or "site-packages" in file or file.startswith("<")
+
+
+def caller_frame(stack: tuple[str, ...]) -> str | None:
+    """The innermost frame outside the standard library and installed packages."""
+    for label in reversed(stack):
+        location = label.rpartition(" (")[2].rstrip(")")
+        if not _is_library(location.rpartition(":")[0]):
+            return label
+    return None
+
+
+def glmfb_file(file: str) -> bool:
+    """A file of glmfb itself (its runner, its heartbeat): never the cause."""
+    import glmfb
+
+    package = Path(glmfb.__file__).resolve().parent
+    try:
+        return Path(file).resolve().is_relative_to(package)
+    except (OSError, ValueError):
+        return False
+
+
+def _names_callee(file: str, line: int, symbol: str) -> bool:
+    """Whether the source line calls the foreign function by (a variable of) its name:
+    ``usleep(wait_us)``, ``self._usleep(wait_us)``."""
+    text = linecache.getline(file, line) if file and line else ""
+    callees = re.findall(r"([A-Za-z_][\w]*)\s*\(", text)
+    wanted = symbol.lower().strip("_")
+    return bool(wanted) and any(wanted in callee.lower() for callee in callees)
+
+
+def c_function_of(site: CallSite, votes: Counter[tuple[str, str]] | None,
+                  foreign: Counter[str] | None = None) -> tuple[str | None, str | None, str | None]:
+    """``(python name, C symbol, source)`` of the C function the site held the GIL in: from
+    py-spy --native's frames below it, else from native snapshots of its thread while it ran
+    (py-spy leaves the interpreter's own functions out: ``sorted``, ``list.sort``). A foreign
+    function (a library's, through ctypes) whose call is written on the site's own line
+    (``usleep(...)`` in ``intranode_dispatch``) leaves the site's Python function as the name:
+    that function is the binding; through an indirection (``self.work()`` of a partial) the
+    foreign function is named.
+
+    A snapshot's frames come from scanning its stack for return addresses, so a stale one (a
+    ``clock_gettime`` an earlier call left in a slot the foreign call's frames did not
+    overwrite) can sit above the function really called. So a library function that the
+    site's own line calls and that is below Python in most snapshots (``foreign``) is taken
+    before the outermost library frame the votes name."""
+    from glmfb.gil.native import ENTRY_NAMES
+
+    found: tuple[str, str, str] | None = None
+    if site.c_calls:
+        (name, symbol), count = site.c_calls.most_common(1)[0]
+        if count >= 0.5 * max(1, site.split_samples):
+            found = (name, symbol, "py-spy --native")
+    if found is None and votes:
+        total = sum(votes.values())
+        (name, symbol), count = votes.most_common(1)[0]
+        if name and count >= 0.5 * total:
+            found = (name, symbol, "native snapshots")
+        if name == symbol and foreign and not glmfb_file(site.file):  # the votes name a library function
+            for called, seen in foreign.most_common():
+                if seen >= 0.5 * total and _names_callee(site.file, site.line, called):
+                    return None, called, "native snapshots"
+    if found is None:
+        return None, None, None
+    name, symbol, source = found
+    library = name == symbol and symbol not in ENTRY_NAMES
+    if library and not glmfb_file(site.file) and _names_callee(site.file, site.line, symbol):
+        return None, symbol, source
+    return name, symbol, source
+
+
+def holder_evidence(site: CallSite, total: int, cls: type[HeldSite] = GilHolder,
+                    votes: Counter[tuple[str, str]] | None = None, foreign: Counter[str] | None = None) -> HeldSite:
+    native = site.native_calls.most_common(1)
+    stack = site.stacks.most_common(1)[0][0] if site.stacks else ()
+    known = site.split_samples > 0
+    idle_share = site.idle / site.samples if site.samples and known else 0.0
+    c_function, c_symbol, c_source = c_function_of(site, votes, foreign)
+    return cls(
+        thread=site.thread_name, tid=site.thread_id, function=_short(site.function), qualname=site.function,
+        file=display_path(site.file), line=site.line, samples=site.samples,
+        share_of_time=round(site.samples / total, 4) if total else None,
+        active_share=round(1.0 - idle_share, 4) if known else None,
+        idle_share=round(idle_share, 4) if known else None,
+        native_frame=native[0][0] if native else None, native_samples=site.split_samples,
+        caller=caller_frame(stack), stack=tuple(stack[-8:]),
+        c_function=c_function, c_symbol=c_symbol, c_source=c_source,
+    )
+
+
+def display_path(file: str) -> str:
+    """A file as users read it: relative to the working directory when under it."""
+    path = Path(file)
+    if path.is_absolute():
+        try:
+            return str(path.relative_to(Path.cwd()))
+        except ValueError:
+            return file
+    return file
+
+
+def _short(function: str) -> str:
+    return function if function.startswith("<") else function.rsplit(".", 1)[-1]
+
+
+def holder_site(profile: HolderProfile | None, min_holder_share: float,
+                native_votes: Mapping[int, Counter[tuple[str, str]]], native_foreign: Mapping[int, Counter[str]],
+                exclude: frozenset[int] = frozenset()) -> CallSite | None:
+    """The thread that held the GIL most (heartbeat and ``exclude`` left out), and its top call
+    site; None when no thread held it in ``min_holder_share`` of the samples. A site in glmfb's
+    own code (the target runner's loop) is passed over unless it held the GIL inside a C call
+    it made for the target (then that call is the cause)."""
+    if profile is None or not profile.sites or not profile.sample_instants:
+        return None
+    candidates = [t for t in profile.threads if not t["excluded"] and t["tid"] not in exclude]
+    for thread in candidates:  # ranked by samples
+        if thread["samples"] / profile.sample_instants < min_holder_share:
+            return None
+        for site in (s for s in profile.sites if s.thread_id == thread["tid"]):
+            if not glmfb_file(site.file):
+                return site
+            if c_function_of(site, native_votes.get(site.thread_id), native_foreign.get(site.thread_id))[0] is not None:
+                return site
+    return None

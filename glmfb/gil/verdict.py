@@ -1,0 +1,338 @@
+"""The verdict of one ``glmfb gil`` trace, assembled: the engine's :class:`Observations` in;
+the typed evidence, the :class:`~glmfb.gil.rules.GilFindings` the rules read, and the
+:class:`~glmfb.verdict.Verdict` out. The rules (:mod:`glmfb.gil.rules`) decide the status,
+the why and the next steps; this module only measures against the thresholds and assembles."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from glmfb.evidence import Evidence, MissingSignal
+from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
+from glmfb.gil.evidence import (
+    GilHolder,
+    GilSite,
+    GilThreads,
+    GilTimeline,
+    HolderThread,
+    OverlapRow,
+    Starvation,
+    StarvedWindow,
+    ThreadTimeRow,
+    ThreadTimes,
+    TimelineThread,
+    TraceOverlap,
+    WaitingThread,
+)
+from glmfb.gil.heartbeat import Heartbeat, lateness_series
+from glmfb.gil.holders import holder_evidence, holder_site
+from glmfb.gil.pyspy import CallSite, HolderProfile
+from glmfb.gil.rules import RULES, GilFindings
+from glmfb.rules import Rule, diagnose
+from glmfb.verdict import Layer, Metric, Verdict
+
+MIN_HEARTBEAT_TICKS = 50
+MIN_COVERED_S = 0.5
+MIN_WAITING_SHARE = 0.05  # a thread waiting for the GIL this share of wall time is starved
+# A heartbeat too thin for a p99 (few wake-ups) still starved when it could not run for this
+# many thresholds in one stretch while it waited for the GIL in most of that stretch.
+STALL_THRESHOLDS = 10
+STALL_GIL_SHARE = 0.5
+CANARY_PREFIX = "glmfb-"  # glmfb's own threads in the program: never a starved thread we name
+MAX_THREAD_ROWS = 16
+
+
+@dataclass
+class Observations:
+    """Everything one trace produced, for the rules."""
+
+    config: GilConfig
+    heartbeat: Heartbeat | None = None
+    holders: HolderProfile | None = None
+    waiting: list[dict[str, Any]] = field(default_factory=list)  # target threads seen waiting
+    windows: list[dict[str, Any]] = field(default_factory=list)  # the longest, longest first
+    window_summary: dict[str, Any] = field(default_factory=dict)  # windows_total, starved_ms_total
+    blame: list[dict[str, Any]] | None = None  # trace mode: functions overlapping starved slices
+    missing: list[dict[str, str]] = field(default_factory=list)
+    artifacts: dict[str, str] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
+    reproduce_trace: str = ""
+    duration_s: float = 0.0
+    observed_s: float | None = None  # the sampled window's length
+    window_start_s: float | None = None
+    thread_times: dict[int, Any] = field(default_factory=dict)  # tid -> procwatch.ThreadTime
+    thread_names: dict[int, str] = field(default_factory=dict)
+    cpus: dict[int, str] = field(default_factory=dict)  # tid -> Cpus_allowed_list
+    native_votes: dict[int, Counter[tuple[str, str]]] = field(default_factory=dict)  # tid -> (name, symbol) seen
+    # tid -> library functions below Python, counted once per snapshot they appear in
+    native_foreign: dict[int, Counter[str]] = field(default_factory=dict)
+    native_error: str | None = None
+    native_snapshots: int = 0
+    stall: dict[str, Any] = field(default_factory=dict)  # the heartbeat's longest stretch without a wake-up
+    timeline: dict[int, list[list[Any]]] = field(default_factory=dict)
+    own_p99_ms: float | None = None  # p99 net of the heartbeat's own CPU waits only
+    holder_cpu_wait_s: float = 0.0  # the holder's CPU waits taken out of late wake-ups
+
+
+def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None) -> Verdict:
+    """The verdict of one trace: typed evidence, findings, the first rule that applies."""
+    config = observations.config
+    starvation = _starvation(observations)
+    holders = _holders(observations)
+    starved_names = tuple(starved_threads(observations, starvation.starved, holders.site))
+    missing = tuple(MissingSignal(signal=m["signal"], reason=m["reason"]) for m in observations.missing)
+    overlaps = tuple(OverlapRow(**row) for row in observations.blame[:10]) if observations.blame is not None else None
+    evidence = _evidence(observations, starvation, holders, starved_names, missing, overlaps)
+    findings = _findings(observations, starvation, holders, starved_names, missing, overlaps)
+    outcome = diagnose(list(rules) if rules is not None else list(RULES), findings)
+    evidence.append(outcome.record)
+    diagnosis = outcome.diagnosis
+    return Verdict(
+        probe="gil", name=config.name, status=diagnosis.status, layer=Layer.RUNTIME, why=diagnosis.why,
+        where=dict(diagnosis.where or {}),
+        metric=Metric("starvation_p99", starvation.p99_ms, "ms", config.starvation_p99_ms),
+        evidence=tuple(evidence), next=diagnosis.next, artifacts=observations.artifacts, env=observations.env,
+        duration_s=observations.duration_s,
+    )
+
+
+@dataclass(frozen=True)
+class _Starvation:
+    """Whether the heartbeat starved: its p99 lateness against the threshold or, when it woke
+    too rarely for a p99, one long stretch blocked on the GIL (``stalled``)."""
+
+    heartbeat_usable: bool
+    p99_ms: float | None
+    starved: bool
+    stalled: bool
+    stall_s: float | None
+    stall_share: float | None
+
+
+def _starvation(observations: Observations) -> _Starvation:
+    heartbeat = observations.heartbeat
+    threshold_ms = observations.config.starvation_p99_ms
+    beat_ok = heartbeat is not None and heartbeat_is_usable(heartbeat)
+    p99_ms = heartbeat.percentile_ms(99) if beat_ok and heartbeat is not None else None
+    starved = p99_ms is not None and p99_ms > threshold_ms
+    stall = observations.stall
+    stall_s, stall_share = stall.get("stall_s"), stall.get("gil_share")
+    stalled = bool(
+        heartbeat is not None and heartbeat.ticks < MIN_HEARTBEAT_TICKS and stall_s is not None
+        and stall_share is not None and 1e3 * stall_s >= STALL_THRESHOLDS * threshold_ms
+        and stall_share >= STALL_GIL_SHARE
+    )
+    if stalled and heartbeat is not None and stall_s is not None and stall_share is not None:
+        beat_ok, starved = True, True
+        p99_ms = max(p99_ms or 0.0, _stall_p99_ms(stall_s, stall_share, observations.observed_s or stall_s,
+                                                  heartbeat.period_s))
+    return _Starvation(beat_ok, p99_ms, starved, stalled, stall_s, stall_share)
+
+
+@dataclass(frozen=True)
+class _Holders:
+    """Who held the GIL: the top holder's call site and its evidence, the program thread that
+    waited for the GIL most, and who held it meanwhile (not that thread itself)."""
+
+    site: CallSite | None
+    holder: GilHolder | None
+    sample_instants: int
+    waiting: tuple[WaitingThread, ...]
+    waiter: WaitingThread | None
+    wait_holder: GilHolder | None
+
+
+def _holders(observations: Observations) -> _Holders:
+    def top_site(exclude: frozenset[int] = frozenset()) -> CallSite | None:
+        return holder_site(observations.holders, observations.config.min_holder_share,
+                           observations.native_votes, observations.native_foreign, exclude)
+
+    profile = observations.holders
+    total = profile.sample_instants if profile else 0
+    site = top_site()
+    waiting = _waiting_threads(observations)
+    waiter = _top_waiter([w for w in waiting if site is None or w.tid != site.thread_id] or waiting)
+    wait_holder = _holder_evidence(observations, top_site(frozenset({waiter.tid})), total) if waiter is not None else None
+    return _Holders(site, _holder_evidence(observations, site, total), total, tuple(waiting), waiter, wait_holder)
+
+
+def _holder_evidence(observations: Observations, site: CallSite | None, total: int) -> GilHolder | None:
+    if site is None:
+        return None
+    found = holder_evidence(site, total, votes=observations.native_votes.get(site.thread_id),
+                            foreign=observations.native_foreign.get(site.thread_id))
+    assert isinstance(found, GilHolder)
+    return found
+
+
+def _evidence(observations: Observations, starvation: _Starvation, holders: _Holders, starved_names: tuple[str, ...],
+              missing: tuple[MissingSignal, ...], overlaps: tuple[OverlapRow, ...] | None) -> list[Evidence]:
+    """The typed evidence of the trace, in the order the verdict shows it (the diagnosis last)."""
+    evidence: list[Evidence] = []
+    if observations.heartbeat is not None:
+        evidence.append(_starvation_evidence(observations, observations.heartbeat, starvation, starved_names,
+                                             holders.waiting))
+    if holders.holder is not None:
+        evidence.append(holders.holder)
+    profile = observations.holders
+    if profile is not None:
+        evidence.append(GilThreads(
+            samples=profile.total_samples, sample_instants=profile.sample_instants, native=profile.native,
+            threads=tuple(HolderThread(**t) for t in profile.threads[:8]),
+            sites=tuple(holder_evidence(s, holders.sample_instants, GilSite)  # type: ignore[misc]
+                        for s in profile.sites[1:4]),
+        ))
+    times = _thread_times(observations)
+    if times is not None:
+        evidence.append(times)
+    timeline = _timeline(observations)
+    if timeline is not None:
+        evidence.append(timeline)
+    if overlaps is not None:
+        evidence.append(TraceOverlap(functions=overlaps))
+    evidence.extend(missing)
+    return evidence
+
+
+def _starvation_evidence(observations: Observations, heartbeat: Heartbeat, starvation: _Starvation,
+                         starved_names: tuple[str, ...], waiting: tuple[WaitingThread, ...]) -> Starvation:
+    """The heartbeat's lateness, the starved windows, the longest stall and who waited."""
+    p99_ms, stall_s, stall_share = starvation.p99_ms, starvation.stall_s, starvation.stall_share
+    stall = observations.stall
+    recorded_p99 = (observations.own_p99_ms if observations.own_p99_ms is not None
+                    else heartbeat.percentile_ms(99) if heartbeat.ticks else None)
+    summary = heartbeat.summary()
+    summary["p99_ms"] = round(p99_ms, 3) if p99_ms is not None else summary["p99_ms"]
+    start = observations.window_start_s
+    observed = observations.observed_s
+    return Starvation(
+        threads=starved_names, canary=HEARTBEAT_THREAD, **summary, threshold_ms=observations.config.starvation_p99_ms,
+        starved=starvation.starved, waiting_for_gil=waiting,
+        **observations.window_summary, windows=tuple(StarvedWindow(**w) for w in observations.windows),
+        observed_s=round(observed, 4) if observed is not None else None,
+        expected_ticks=int(observed / heartbeat.period_s) if observed else None,
+        stall_ms=round(1e3 * stall_s, 1) if stall_s is not None else None,
+        stall_start_s=round(stall["start_s"], 4) if "start_s" in stall else None,
+        stall_gil_share=round(stall_share, 4) if stall_share is not None else None,
+        stall_holder=stall.get("holder"),
+        recorded_p99_ms=round(recorded_p99, 3) if recorded_p99 is not None else None,
+        holder_cpu_wait_ms=round(1e3 * observations.holder_cpu_wait_s, 1),
+        lateness_series=tuple(lateness_series(heartbeat, start, start + observed))
+        if start is not None and observed else (),
+    )
+
+
+def _findings(observations: Observations, starvation: _Starvation, holders: _Holders, starved_names: tuple[str, ...],
+              missing: tuple[MissingSignal, ...], overlaps: tuple[OverlapRow, ...] | None) -> GilFindings:
+    """What the trace established, in the terms the rules speak."""
+    config, heartbeat, profile, site = observations.config, observations.heartbeat, observations.holders, holders.site
+    stall_s = starvation.stall_s
+    return GilFindings(
+        threshold_ms=config.starvation_p99_ms, min_holder_share=config.min_holder_share, starved=starvation.starved,
+        heartbeat_usable=starvation.heartbeat_usable, p99_ms=starvation.p99_ms,
+        ticks=heartbeat.ticks if heartbeat is not None else 0,
+        holder=holders.holder, holder_sampled=profile is not None, sample_instants=holders.sample_instants,
+        native_known=bool(profile is not None and profile.native and site is not None and site.split_samples > 0),
+        starved_threads=starved_names, missing=missing,
+        top_overlap=overlaps[0] if overlaps else None, traced=observations.blame is not None,
+        reproduce_trace=observations.reproduce_trace,
+        stall_ms=1e3 * stall_s if stall_s is not None else None, stall_gil_share=starvation.stall_share,
+        stalled=starvation.stalled, observed_s=observations.observed_s, waiter=holders.waiter,
+        wait_holder=holders.wait_holder,
+    )
+
+
+def heartbeat_is_usable(heartbeat: Heartbeat) -> bool:
+    """Enough ticks, or few ticks that cover a long time: a heavily starved heartbeat wakes
+    rarely, and that is the signal, not a lack of data."""
+    if not heartbeat.ticks:
+        return False
+    # The time the heartbeat saw: from its first wake-up (and the wait before it) to its
+    # last. Summing lateness alone misses the waits for the GIL after its own file writes,
+    # and under heavy starvation that undercounts a 2 s window as 0.5 s (found flaky in CI).
+    span_s = max(heartbeat.wake_s) - min(heartbeat.wake_s) if heartbeat.wake_s else 0.0
+    covered_s = max(
+        span_s + max(0.0, heartbeat.lateness_s[0]) + heartbeat.period_s,
+        heartbeat.ticks * heartbeat.period_s + sum(max(0.0, x) for x in heartbeat.lateness_s),
+    )
+    return heartbeat.ticks >= MIN_HEARTBEAT_TICKS or (
+        heartbeat.ticks >= 3 and covered_s >= MIN_COVERED_S
+    )
+
+
+def starved_threads(
+    observations: Observations, starved: bool, holder: CallSite | None
+) -> list[str]:
+    """Threads waiting for the GIL a real share of the time (never the holder itself), and the
+    heartbeat when it was late beyond the threshold."""
+    names = [
+        w["thread"]
+        for w in observations.waiting
+        if w["waiting_share"] >= MIN_WAITING_SHARE
+        and (holder is None or w["tid"] != holder.thread_id)
+    ]
+    if starved:
+        names.append(HEARTBEAT_THREAD)
+    return names
+
+
+def _stall_p99_ms(stall_s: float, share: float, observed_s: float, period_s: float) -> float:
+    """The p99 lateness of the wake-ups a heartbeat held back for ``stall_s * share`` would
+    have made: each missed deadline counts, the k-th late by the stall less k periods, so 1%
+    of the window's deadlines lie beyond the stall less 1% of the window."""
+    blocked_s = stall_s * share
+    return 1e3 * max(0.0, blocked_s - 0.01 * observed_s)
+
+
+def _waiting_threads(observations: Observations) -> list[WaitingThread]:
+    return [WaitingThread(**w) for w in observations.waiting]
+
+
+def _top_waiter(waiting: list[WaitingThread]) -> WaitingThread | None:
+    program = [w for w in waiting if not w.thread.startswith(CANARY_PREFIX) and w.of_runnable_share is not None]
+    if not program:
+        return None
+    return max(program, key=lambda w: (w.of_runnable_ci[0] if w.of_runnable_ci else 0.0, w.of_runnable_share or 0.0))
+
+
+def _thread_times(observations: Observations) -> ThreadTimes | None:
+    if not observations.thread_times:
+        return None
+    rows = []
+    names = observations.thread_names
+    heartbeat_tid = observations.heartbeat.thread_id if observations.heartbeat is not None else None
+    for tid, account in sorted(observations.thread_times.items(), key=lambda item: -(item[1].cpu_s + item[1].gil_wait_s)):
+        if account.wall_s <= 0:
+            continue
+        votes = observations.native_votes.get(tid, Counter())
+        named = Counter({k[0]: v for k, v in votes.items() if k[0]})
+        top = named.most_common(1)[0] if named else None
+        runnable = account.wall_s - account.runqueue_s
+        name = names.get(tid, f"thread {tid}")
+        rows.append(ThreadTimeRow(
+            thread=name, tid=tid, cpu_share=round(account.cpu_share, 4),
+            runqueue_share=round(account.runqueue_share, 4), gil_wait_share=round(account.gil_wait_share, 4),
+            other_wait_share=round(account.other_wait_share, 4),
+            gil_wait_ci=tuple(round(x, 4) for x in account.gil_wait_ci),
+            gil_wait_of_runnable=round(account.gil_wait_s / runnable, 4) if runnable > 0 else None,
+            longest_gil_wait_ms=round(1e3 * account.longest_gil_wait_s, 1),
+            cpus=observations.cpus.get(tid), c_function=top[0] if top else None,
+            c_function_share=round(top[1] / sum(votes.values()), 4) if top else None,
+            native_snapshots=sum(votes.values()), glmfb=tid == heartbeat_tid or name.startswith(CANARY_PREFIX),
+        ))
+        if len(rows) >= MAX_THREAD_ROWS:
+            break
+    return ThreadTimes(observed_s=round(observations.observed_s or 0.0, 4), threads=tuple(rows),
+                       native_snapshots=observations.native_snapshots, native_error=observations.native_error)
+
+
+def _timeline(observations: Observations) -> GilTimeline | None:
+    if not observations.timeline:
+        return None
+    names = observations.thread_names
+    return GilTimeline(observed_s=round(observations.observed_s or 0.0, 4), threads=tuple(
+        TimelineThread(thread=names.get(tid, f"thread {tid}"), tid=tid, spans=tuple(spans))
+        for tid, spans in observations.timeline.items()))
