@@ -15,7 +15,7 @@ from glmfb.bench.config import BenchConfig, is_saved_ref
 from glmfb.bench.evidence import EVIDENCE_TYPES
 from glmfb.bench.rules import RULES
 from glmfb.errors import UsageError
-from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec
+from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec, ReportSection
 from glmfb.targets import Target
 from glmfb.verdict import Layer, Verdict
 
@@ -37,6 +37,14 @@ class BenchProbe(BaseProbe):
     evidence_types = EVIDENCE_TYPES
     candidate_optional: ClassVar[bool] = True  # with --save, one target is measured alone
     builtin_rules = RULES
+    report: ClassVar[ReportSection] = ReportSection(
+        order=20, question="kernels: which shape got slower, by how much, and why?",
+        plots="glmfb.bench.plots:PLOTS",
+    )
+    agent_hint: ClassVar[str] = (
+        "a kernel or op may have got slower: times baseline and candidate per shape, says which shape "
+        "regressed, by how much (with an interval), and which ops account for it"
+    )
 
     def default_name(self, spec: ProbeSpec) -> str:
         if spec.candidate is None:

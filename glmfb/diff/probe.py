@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from glmfb.diff.config import DiffConfig
+from glmfb.diff.config import CaptureConfig, DiffConfig
 from glmfb.diff.evidence import EVIDENCE_TYPES
 from glmfb.diff.rules import RULES
 from glmfb.errors import UsageError
-from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec
+from glmfb.probe import BaseProbe, ProbeCommand, ProbeContext, ProbeForm, ProbeSpec, ReportSection
 from glmfb.verdict import Layer, Verdict
 
 
@@ -22,6 +22,29 @@ def _is_capture_dir(ref: str, spec: ProbeSpec) -> bool:
     """A capture directory (existing, or named without ``:attr``, so that reading it says what
     is missing) rather than a target reference."""
     return spec.resolve_path(ref).is_dir() or ":" not in ref or ref.endswith("manifest.json")
+
+
+CAPTURE = ProbeCommand(
+    "capture",
+    "Run a target over a request set; store every tapped module output (safetensors) and a manifest, for a "
+    "later diff (give the capture directory as a diff side).",
+    CaptureConfig,
+    "glmfb.diff.engine:capture_job",
+    positional=("target",),
+    flags={"out": "--out"},
+    kwargs={"args": "--arg"},
+    help={"target": "Diff target: package.module:attr or path/file.py:attr (a torch.nn.Module factory or a "
+                    "callable on the request).",
+          "out": "Capture directory to write.",
+          "args": "Keyword arguments for the target factory."},
+    targets=("target",),
+    paths=("out",),
+    inputs=("requests",),
+    required=("out", "requests"),
+    result={"requests": {"type": "integer", "description": "requests captured"},
+            "tensors": {"type": "integer", "description": "tensors stored"}},
+    done="captured {requests} requests, {tensors} tensors into {out}; give it as a side of glmfb diff",
+)
 
 
 class DiffProbe(BaseProbe):
@@ -34,9 +57,15 @@ class DiffProbe(BaseProbe):
     config_type: ClassVar[type] = DiffConfig
     evidence_types = EVIDENCE_TYPES
     builtin_rules = RULES
-
-    def default_name(self, spec: ProbeSpec) -> str:
-        return "diff"
+    report: ClassVar[ReportSection] = ReportSection(
+        order=10, question="numerics: where does the error start, and how does it grow?",
+        plots="glmfb.diff.plots:PLOTS",
+    )
+    agent_hint: ClassVar[str] = (
+        "outputs differ between two versions (a patch, a dtype, a kernel, a parallel layout): finds the first"
+        " module and token position where the error starts, and its cause"
+    )
+    commands: ClassVar[tuple[ProbeCommand, ...]] = (CAPTURE,)
 
     def build(self, spec: ProbeSpec) -> Any:
         if not spec.baseline or not spec.candidate:

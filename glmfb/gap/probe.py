@@ -13,7 +13,7 @@ from typing import ClassVar
 from glmfb.gap.config import GapConfig
 from glmfb.gap.evidence import EVIDENCE_TYPES
 from glmfb.gap.rules import RULES
-from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec
+from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec, ReportSection
 from glmfb.verdict import Layer, Verdict
 
 
@@ -25,6 +25,14 @@ class GapProbe(BaseProbe):
     config_type: ClassVar[type] = GapConfig
     evidence_types = EVIDENCE_TYPES
     builtin_rules = RULES
+    report: ClassVar[ReportSection] = ReportSection(
+        order=40, question="transfer: what does the KV transfer cost on top of prefill, and why?",
+        plots="glmfb.gap.plots:PLOTS",
+    )
+    agent_hint: ClassVar[str] = (
+        "prefill plus KV transfer is slower than prefill alone: measures the gap against a threshold and what"
+        " ate the time (GIL, CPU, bandwidth)"
+    )
 
     def default_name(self, spec: ProbeSpec) -> str:
         return "gap"

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from glmfb.gil.config import GilConfig
 from glmfb.gil.evidence import EVIDENCE_TYPES
 from glmfb.gil.rules import RULES
-from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec
+from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec, ReportSection
 from glmfb.verdict import Layer, Verdict
 
 
@@ -45,6 +45,14 @@ class GilProbe(BaseProbe):
     evidence_types = EVIDENCE_TYPES
     accepts_command: ClassVar[bool] = True
     builtin_rules = RULES
+    report: ClassVar[ReportSection] = ReportSection(
+        order=30, question="runtime: who holds the GIL, and who starves?",
+        plots="glmfb.gil.plots:PLOTS",
+    )
+    agent_hint: ClassVar[str] = (
+        "a Python process (a server, a data loader) stalls or has latency spikes: finds which threads starve "
+        "for the GIL and which code holds it"
+    )
 
     def build(self, spec: ProbeSpec) -> Any:
         config = super().build(spec)
