@@ -1,6 +1,6 @@
 """glmfb as an MCP server (``glmfb mcp``): every probe, every command a probe brings
-(``capture``), ``run``, ``gate``, ``list_probes`` and ``explain`` as tools whose results are typed verdicts, the runs as
-resources.
+(``capture``), ``run``, ``gate``, ``list_probes`` and ``explain`` as tools whose results are
+typed verdicts, the runs as resources.
 
 - :mod:`glmfb.mcp.boundary`: what a call may touch (paths and targets under the root,
   command lines only with ``--allow-commands``, a time budget with a cap);
