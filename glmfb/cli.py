@@ -55,23 +55,30 @@ class _BoundaryGroup(TyperGroup):
     probe, and a probe installed by another package gets its command)."""
 
     def list_commands(self, ctx: Any) -> list[str]:
-        from glmfb.probe import known_kinds
+        from glmfb.probe import known_kinds, probe_commands
 
-        names = [*super().list_commands(ctx), "capture", "mcp"]
-        return names + [kind for kind in known_kinds() if kind not in names]
+        names = [*super().list_commands(ctx), "mcp"]
+        names += [kind for kind in known_kinds() if kind not in names]
+        return names + [name for name in probe_commands() if name not in names]
 
     def get_command(self, ctx: Any, name: str) -> Any:
         command = super().get_command(ctx, name)
         if command is not None:
             return command
-        if name in ("capture", "mcp"):  # glmfb.commands.capture / glmfb.commands.mcp
-            module = __import__(f"glmfb.commands.{name}", fromlist=["register"])
-            return _built(module.register, name)
-        from glmfb.probe import known_kinds
+        if name == "mcp":  # glmfb.commands.mcp
+            from glmfb.commands.mcp import register
 
-        if name not in known_kinds():
+            return _built(register, name)
+        from glmfb.probe import known_kinds, probe_commands
+
+        if name in known_kinds():
+            return _probe_command(name)
+        extra = probe_commands().get(name)  # a command a probe brings (diff's capture)
+        if extra is None:
             return None
-        return _probe_command(name)
+        from glmfb.commands.extra import register_command
+
+        return _built(lambda holder: register_command(holder, extra), name)
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         """The list of commands in ``glmfb --help``: a probe's line is its summary, read

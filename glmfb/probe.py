@@ -212,12 +212,20 @@ class ReportSection:
 
 @dataclass(frozen=True)
 class ProbeCommand:
-    """A command a probe brings besides its own (diff brings ``capture``). It runs ``job``
-    (``"module:function"``, called as ``job(config, progress) -> dict`` in a supervised child)
-    and answers with that result, not a verdict. Its options are declared on ``config_type``
-    (:func:`glmfb.options.option`); its fixed arguments are the config fields named in
-    ``positional`` (written without a flag, in order), ``flags`` (argument -> flag) and
-    ``kwargs`` (an object argument written ``KEY=VALUE``, argument -> flag)."""
+    """A command a probe brings besides its own (diff brings ``capture``): ``glmfb <name>`` and
+    an agent tool of that name are generated from this declaration, as a probe's are from the
+    probe. It runs ``job`` (``"module:function"``, called as ``job(config, progress) -> dict``
+    in a supervised child) and answers with that result, not a verdict.
+
+    Its options are declared on ``config_type`` (:func:`glmfb.options.option`); its fixed
+    arguments are the config fields named in ``positional`` (written without a flag, in
+    order), ``flags`` (argument -> flag) and ``kwargs`` (an object argument written
+    ``KEY=VALUE``, argument -> flag). About them: ``help`` (argument -> its help line),
+    ``targets`` (those that are a target, ``file.py:factory``), ``paths`` (those that are a
+    file or folder), ``inputs`` (fixed arguments or option keys naming a file that must exist)
+    and ``required`` (flags and option keys that must be given; positional ones always are).
+    ``result`` is the JSON Schema of each field of the job's result, and ``done`` the line said
+    when it finished (``str.format`` over the result and the fixed arguments)."""
 
     name: str
     summary: str
@@ -226,6 +234,18 @@ class ProbeCommand:
     positional: tuple[str, ...] = ()
     flags: Mapping[str, str] = field(default_factory=dict)
     kwargs: Mapping[str, str] = field(default_factory=dict)
+    help: Mapping[str, str] = field(default_factory=dict)
+    targets: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()
+    required: tuple[str, ...] = ()
+    result: Mapping[str, Any] = field(default_factory=dict)
+    done: str = ""
+
+    @property
+    def fixed(self) -> tuple[str, ...]:
+        """Every fixed argument (not an option), in the order the command line writes them."""
+        return (*self.positional, *self.flags, *self.kwargs)
 
 
 @runtime_checkable
@@ -354,11 +374,8 @@ def get_probe(kind: str) -> Probe:
     entry = next((e for e in probe_entries() if e.kind == kind), None)
     if entry is None:
         raise InputError(f"unknown probe kind {kind!r}", f"use one of {', '.join(known_kinds())}")
-    module_name, _, attr = entry.ref.partition(":")
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+        obj = import_ref(entry.ref)
     except Exception as exc:
         raise InputError(f"probe {kind!r} ({entry.ref}, {entry.source}) does not load: "
                          f"{type(exc).__name__}: {exc}", "fix or uninstall the package that provides it") from exc
@@ -376,6 +393,59 @@ def get_probe(kind: str) -> Probe:
 
 def all_probes() -> list[Probe]:
     return [get_probe(kind) for kind in known_kinds()]
+
+
+def probe_commands() -> dict[str, ProbeCommand]:
+    """The commands the probes bring (diff's ``capture``), by name: every loadable probe's, in
+    registry order; a name taken already (by another probe's command or a probe kind) is
+    skipped with a warning."""
+    found: dict[str, ProbeCommand] = {}
+    for kind in known_kinds():
+        try:
+            probe = get_probe(kind)
+        except InputError:
+            continue  # said where the probe itself is used
+        for command in probe.commands:
+            if command.name in found or command.name in known_kinds():
+                warnings.warn(f"glmfb: the command {command.name!r} of probe {kind!r} is ignored: that name is "
+                              "taken", stacklevel=2)
+                continue
+            found[command.name] = command
+    return found
+
+
+def import_ref(ref: str) -> Any:
+    """The object a ``"module:attr"`` reference names (``attr`` may be dotted), imported now."""
+    module_name, _, attr = ref.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split(".") if attr else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+def report_section(kind: str) -> ReportSection | None:
+    """How report.html shows a kind's verdicts; None for a kind this installation does not
+    know or cannot load (its verdicts still get a section, after the known ones)."""
+    if kind not in known_kinds():
+        return None
+    try:
+        return get_probe(kind).report
+    except InputError:
+        return None
+
+
+def report_order(kinds: Iterable[str]) -> list[str]:
+    """Probe kinds in the order of their report sections: the known ones by their section's
+    ``order`` (then as registered), then the others by name."""
+    registered = known_kinds()
+
+    def key(kind: str) -> tuple[int, int, int, str]:
+        section = report_section(kind)
+        if section is None:
+            return (1, 0, 0, kind)
+        return (0, section.order, registered.index(kind), kind)
+
+    return sorted(set(kinds), key=key)
 
 
 _EVIDENCE_LOADED = False

@@ -90,7 +90,8 @@ def test_an_installed_probe_gets_a_tool_too(root: Path, toy: Path) -> None:
 def test_the_output_schema_of_a_probe_tool_accepts_what_glmfb_schema_accepts(root: Path) -> None:
     import jsonschema
 
-    from glmfb.verdict import Verdict, json_schema
+    from glmfb.documents import json_schema
+    from glmfb.verdict import Verdict
 
     verdict = Verdict.harness_error("bench", "x", "why").to_dict()
     jsonschema.validate(verdict, json_schema())
@@ -276,8 +277,8 @@ def test_in_memory_the_server_answers_bad_calls_with_tool_errors_and_runs_an_ins
     import jsonschema
     from mcp import Client
 
+    from glmfb.documents import json_schema
     from glmfb.mcp.server import GlmfbServer
-    from glmfb.verdict import json_schema
 
     monkeypatch.chdir(root)
     server = GlmfbServer(Boundary(root))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from glmfb.report import plots
+from glmfb.gap import plots as gap_plots
 from glmfb.report.html import render_html, write_html
 from glmfb.report.plots import PlotSpec
 from glmfb.verdict import load_document
@@ -97,7 +97,7 @@ def test_one_broken_plot_does_not_break_the_page(tmp_path: Path, monkeypatch: py
         raise RuntimeError("boom")
 
     broken = PlotSpec("gap-broken", "a broken plot", ("gap",), explode)
-    monkeypatch.setitem(plots.PLOTS, "gap", (*plots.PLOTS["gap"], broken))
+    monkeypatch.setattr(gap_plots, "PLOTS", (*gap_plots.PLOTS, broken))  # the plots gap's report section names
     run_dir = tmp_path / RUN_ID
     page = render_html(run_document(run_dir), run_dir)
     assert re.search(r'data-plot="gap-broken" data-state="error">The plot a broken plot could not be drawn '

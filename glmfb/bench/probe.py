@@ -12,7 +12,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from glmfb.errors import UsageError
-from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec, imported
+from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec, ReportSection, imported
 from glmfb.targets import Target
 from glmfb.verdict import Layer, Verdict
 
@@ -32,6 +32,14 @@ class BenchProbe(BaseProbe):
     evidence_types = imported("glmfb.bench.evidence:EVIDENCE_TYPES")
     candidate_optional: ClassVar[bool] = True  # with --save, one target is measured alone
     builtin_rules = imported("glmfb.bench.rules:RULES")
+    report: ClassVar[ReportSection] = ReportSection(
+        order=20, question="kernels: which shape got slower, by how much, and why?",
+        plots="glmfb.bench.plots:PLOTS",
+    )
+    agent_hint: ClassVar[str] = (
+        "a kernel or op may have got slower: times baseline and candidate per shape, says which shape "
+        "regressed, by how much (with an interval), and which ops account for it"
+    )
 
     def default_name(self, spec: ProbeSpec) -> str:
         from glmfb.bench.config import is_saved_ref, kernel_name

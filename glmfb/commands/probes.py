@@ -114,13 +114,8 @@ def spec_from_command_line(probe: Probe, values: dict[str, Any]) -> ProbeSpec:
         candidate_args=parse_args(values.get("candidate_arg") or []),
         options=given_options(probe.config_type, values),
     )
-    name = values.get("name") or _default_name(probe, spec)
+    name = values.get("name") or probe.default_name(spec)
     return ProbeSpec(**{**spec.__dict__, "name": name})
-
-
-def _default_name(probe: Probe, spec: ProbeSpec) -> str:
-    default_name = getattr(probe, "default_name", None)
-    return str(default_name(spec)) if callable(default_name) else probe.kind
 
 
 def register_probe(app: typer.Typer, probe: Probe) -> None:

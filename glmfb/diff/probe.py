@@ -10,8 +10,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from glmfb.diff.config import CaptureConfig
 from glmfb.errors import UsageError
-from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec, imported
+from glmfb.probe import (
+    BaseProbe,
+    ProbeCommand,
+    ProbeContext,
+    ProbeForm,
+    ProbeSpec,
+    ReportSection,
+    imported,
+)
 from glmfb.verdict import Layer, Verdict
 
 if TYPE_CHECKING:
@@ -24,6 +33,29 @@ def _is_capture_dir(ref: str, spec: ProbeSpec) -> bool:
     return spec.resolve_path(ref).is_dir() or ":" not in ref or ref.endswith("manifest.json")
 
 
+CAPTURE = ProbeCommand(
+    "capture",
+    "Run a target over a request set; store every tapped module output (safetensors) and a manifest, for a "
+    "later diff (give the capture directory as a diff side).",
+    CaptureConfig,
+    "glmfb.diff.engine:capture_job",
+    positional=("target",),
+    flags={"out": "--out"},
+    kwargs={"args": "--arg"},
+    help={"target": "Diff target: package.module:attr or path/file.py:attr (a torch.nn.Module factory or a "
+                    "callable on the request).",
+          "out": "Capture directory to write.",
+          "args": "Keyword arguments for the target factory."},
+    targets=("target",),
+    paths=("out",),
+    inputs=("requests",),
+    required=("out", "requests"),
+    result={"requests": {"type": "integer", "description": "requests captured"},
+            "tensors": {"type": "integer", "description": "tensors stored"}},
+    done="captured {requests} requests, {tensors} tensors into {out}; give it as a side of glmfb diff",
+)
+
+
 class DiffProbe(BaseProbe):
     kind: ClassVar[str] = "diff"
     layer: ClassVar[Layer] = Layer.NUMERICS
@@ -34,9 +66,15 @@ class DiffProbe(BaseProbe):
     config_type: ClassVar[type] = imported("glmfb.diff.config:DiffConfig")  # imported on first use
     evidence_types = imported("glmfb.diff.evidence:EVIDENCE_TYPES")
     builtin_rules = imported("glmfb.diff.rules:RULES")
-
-    def default_name(self, spec: ProbeSpec) -> str:
-        return "diff"
+    report: ClassVar[ReportSection] = ReportSection(
+        order=10, question="numerics: where does the error start, and how does it grow?",
+        plots="glmfb.diff.plots:PLOTS",
+    )
+    agent_hint: ClassVar[str] = (
+        "outputs differ between two versions (a patch, a dtype, a kernel, a parallel layout): finds the first"
+        " module and token position where the error starts, and its cause"
+    )
+    commands: ClassVar[tuple[ProbeCommand, ...]] = (CAPTURE,)
 
     def build(self, spec: ProbeSpec) -> Any:
         if not spec.baseline or not spec.candidate:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec, imported
+from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec, ReportSection, imported
 from glmfb.verdict import Layer, Verdict
 
 if TYPE_CHECKING:
@@ -25,6 +25,14 @@ class GapProbe(BaseProbe):
     config_type: ClassVar[type] = imported("glmfb.gap.config:GapConfig")  # imported on first use
     evidence_types = imported("glmfb.gap.evidence:EVIDENCE_TYPES")
     builtin_rules = imported("glmfb.gap.rules:RULES")
+    report: ClassVar[ReportSection] = ReportSection(
+        order=40, question="transfer: what does the KV transfer cost on top of prefill, and why?",
+        plots="glmfb.gap.plots:PLOTS",
+    )
+    agent_hint: ClassVar[str] = (
+        "prefill plus KV transfer is slower than prefill alone: measures the gap against a threshold and what"
+        " ate the time (GIL, CPU, bandwidth)"
+    )
 
     def default_name(self, spec: ProbeSpec) -> str:
         return "gap"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec, imported
+from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec, ReportSection, imported
 from glmfb.verdict import Layer, Verdict
 
 if TYPE_CHECKING:
@@ -45,6 +45,14 @@ class GilProbe(BaseProbe):
     evidence_types = imported("glmfb.gil.evidence:EVIDENCE_TYPES")
     accepts_command: ClassVar[bool] = True
     builtin_rules = imported("glmfb.gil.rules:RULES")
+    report: ClassVar[ReportSection] = ReportSection(
+        order=30, question="runtime: who holds the GIL, and who starves?",
+        plots="glmfb.gil.plots:PLOTS",
+    )
+    agent_hint: ClassVar[str] = (
+        "a Python process (a server, a data loader) stalls or has latency spikes: finds which threads starve "
+        "for the GIL and which code holds it"
+    )
 
     def build(self, spec: ProbeSpec) -> Any:
         config = super().build(spec)

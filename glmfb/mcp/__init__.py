@@ -1,11 +1,12 @@
-"""glmfb as an MCP server (``glmfb mcp``): every probe, ``capture``, ``run``, ``gate``,
-``list_probes`` and ``explain`` as tools whose results are typed verdicts, the runs as
-resources.
+"""glmfb as an MCP server (``glmfb mcp``): every probe, every command a probe brings
+(``capture``), ``run``, ``gate``, ``list_probes`` and ``explain`` as tools whose results are
+typed verdicts, the runs as resources.
 
 - :mod:`glmfb.mcp.boundary`: what a call may touch (paths and targets under the root,
   command lines only with ``--allow-commands``, a time budget with a cap);
-- :mod:`glmfb.mcp.tools`: the tools, their input schemas (from the probes' declared options),
-  their output schemas (the verdict contract) and the blocking work each does;
+- :mod:`glmfb.mcp.tools`: the tools (one module per family), their input schemas (from the
+  probes' and their commands' declarations), their output schemas (the verdict contract) and
+  the blocking work each does;
 - a verdict's ``next`` steps that are commands become tool calls (``Toolbox.next_calls``);
 - :mod:`glmfb.mcp.resources`: the runs under ``<root>/reports`` as resources;
 - :mod:`glmfb.mcp.server`: the MCP SDK wiring (stdio, streamable HTTP), progress and

@@ -29,6 +29,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,16 +46,30 @@ from glmfb.errors import GlmfbError, UsageError
 from glmfb.mcp import resources
 from glmfb.mcp.boundary import DEFAULT_MAX_CALL_S, Boundary
 from glmfb.mcp.tools import ARTIFACT_URI, RUN_URI, Answer, CallContext, Prepared, Toolbox
+from glmfb.probe import Probe
 
 RESOURCE_NOT_FOUND = -32002
 STOP_WAIT_S = 15.0  # on SIGTERM: longest wait for cancelled probes to stop their processes
 INSTRUCTIONS = (
-    "glmfb runs probes (diff: numerics, bench: kernel timing, gil: GIL contention, gap: prefill vs prefill + KV "
-    "transfer) and answers with a typed verdict: status, layer, where, why, metric, evidence, next. Follow a "
-    "verdict's next_calls (a tool and its arguments) to take the next step. list_probes shows the probe "
+    "glmfb runs probes and answers with a typed verdict: status, layer, where, why, metric, evidence, next. "
+    "Follow a verdict's next_calls (a tool and its arguments) to take the next step. list_probes shows the probe "
     "definitions of this project; run runs them; gate turns a run into the CI decision; explain reads a saved run. "
     "Paths and targets are relative to the server's root."
 )
+
+
+def instructions(probes: Sequence[Probe]) -> str:
+    """The server's instructions: what glmfb does, then one line per probe of the registry
+    (its kind, its layer, its hint: when to reach for it), then the commands the probes bring."""
+    lines = [INSTRUCTIONS, "", "The probes (each a tool of that name):"]
+    for probe in probes:
+        hint = probe.agent_hint or probe.summary
+        lines.append(f"- {probe.kind} ({probe.layer.value}): {hint}")
+    commands = [command for probe in probes for command in probe.commands]
+    if commands:
+        lines += ["", "Commands the probes bring (each a tool of that name):"]
+        lines += [f"- {command.name}: {command.summary}" for command in commands]
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -86,7 +101,7 @@ class GlmfbServer:
         self._uvicorn: Any = None  # the HTTP server, while one serves
         self.server: Server[Any] = Server(
             "glmfb", version=__version__, title="glmfb: dense feedback for inference stacks",
-            instructions=INSTRUCTIONS, get_tool_input_schema=self.toolbox.input_schema,
+            instructions=instructions(list(self.toolbox.probes.values())), get_tool_input_schema=self.toolbox.input_schema,
             on_list_tools=self._list_tools, on_call_tool=self._call_tool,
             on_list_resources=self._list_resources, on_list_resource_templates=self._list_resource_templates,
             on_read_resource=self._read_resource,

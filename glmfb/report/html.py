@@ -3,7 +3,9 @@
 The summary table, then per probe each verdict as a card (why, where, metric, next steps,
 artifacts), the plots that answer the probe's question (matplotlib, inlined as SVG with its
 glyphs as paths: no script, no font, no external asset), and the evidence not plotted in a
-collapsed block. Artifact links are relative to the page, which sits in the run folder.
+collapsed block. Where each probe's section goes, the question under its title and its plots
+come from the probe's :class:`~glmfb.probe.ReportSection`; a verdict of a kind this
+installation does not know still gets a section, after the known ones, without plots. Artifact links are relative to the page, which sits in the run folder.
 
 The page is built from the run's JSON (a ``glmfb.run/1`` document), so it reads a saved run
 exactly as it reads a fresh one.
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from glmfb.commandline import shell_line
 from glmfb.documents import load_document
+from glmfb.probe import report_order, report_section
 from glmfb.report.text import (
     expectation_text,
     expected_label,
@@ -33,14 +36,6 @@ if TYPE_CHECKING:
     from glmfb.report.plots import Drawn
 
 REPORT_NAME = "report.html"
-PROBE_ORDER = ("diff", "bench", "gil", "gap")
-PROBE_QUESTIONS = {
-    "diff": "numerics: where does the error start, and how does it grow?",
-    "bench": "kernels: which shape got slower, by how much, and why?",
-    "gil": "runtime: who holds the GIL, and who starves?",
-    "gap": "transfer: what does the KV transfer cost on top of prefill, and why?",
-}
-
 _CSS = """
 :root{--fail:#b00020;--pass:#17702a;--warn:#9a6a00;--inc:#7a2ea0;--line:#d8d8d8;--soft:#f6f6f6}
 *{box-sizing:border-box}
@@ -103,7 +98,7 @@ class _Links:
         self.run_id = run_id
 
     def artifact(self, name: str, raw: str) -> str:
-        from glmfb.report.plots._base import relative_href, resolve_artifact
+        from glmfb.plotting import relative_href, resolve_artifact
 
         found = resolve_artifact(raw, self.run_dir, self.run_id)
         if found is None:
@@ -112,7 +107,7 @@ class _Links:
         return f'<a href="{escape(href)}" data-artifact="{escape(name)}">{escape(href)}</a>'
 
     def beside(self, file_name: str) -> str | None:
-        from glmfb.report.plots._base import relative_href
+        from glmfb.plotting import relative_href
 
         if self.run_dir is None or not (self.run_dir / file_name).is_file():
             return None
@@ -231,8 +226,7 @@ def render_html(
         for v in run_obj.verdicts
     )
     pairs = list(zip(run_obj.verdicts, document["verdicts"], strict=True))
-    probes = [p for p in PROBE_ORDER if any(v.probe == p for v, _ in pairs)]
-    probes += sorted({v.probe for v, _ in pairs} - set(probes))
+    probes = report_order(v.probe for v, _ in pairs)
     groups = []
     index = 0
     for probe in probes:
@@ -241,7 +235,8 @@ def render_html(
             if verdict.probe == probe:
                 sections.append(_section(index, verdict, data, links))
                 index += 1
-        question = PROBE_QUESTIONS.get(probe, "")
+        section = report_section(probe)
+        question = section.question if section is not None else ""
         groups.append(
             f'<h2 class="probe" id="probe-{escape(probe)}">{escape(probe)}</h2>'
             + (f'<p class="question">{escape(question)}</p>' if question else "")

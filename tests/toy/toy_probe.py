@@ -2,8 +2,11 @@
 
 The tests put this folder on the path (it holds a ``*.dist-info`` with the entry point) and
 check that ``glmfb run`` runs a toy definition, ``glmfb gate`` gates it, ``glmfb schema``
-lists it and ``glmfb toy --help`` exists, with no file of glmfb edited. Its reading is
-scripted by its options, so it also serves as a stand-in probe for suite tests.
+lists it and ``glmfb toy --help`` exists, with no file of glmfb edited; and that every surface
+takes what it needs from the probe: report.html its section (its order, its question, its plot,
+:mod:`toy_plots`), ``glmfb mcp`` its tool, its hint in the instructions and its next steps as
+calls. Its reading is scripted by its options, so it also serves as a stand-in probe for
+suite tests.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from typing import Any, ClassVar
 from glmfb.errors import TargetFailed
 from glmfb.evidence import Evidence, evidence_kind
 from glmfb.options import FRACTION, STR, choice, option
-from glmfb.probe import BaseProbe, ProbeContext, ProbeForm
+from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ReportSection
 from glmfb.rules import Diagnosis, Rule, diagnose
+from glmfb.step import Step
 from glmfb.targets import Target
 from glmfb.verdict import Layer, Metric, Status, Verdict
 
@@ -51,7 +55,12 @@ class ToyFindings:
 
 
 def _scripted(f: ToyFindings) -> Diagnosis | None:
-    return Diagnosis(Status(f.outcome), f"the toy read {f.value:g} and was told to say {f.outcome}")
+    why = f"the toy read {f.value:g} and was told to say {f.outcome}"
+    if f.outcome != "fail":
+        return Diagnosis(Status(f.outcome), why)
+    again = Step("run the toy again, told to pass", command="toy",
+                 arguments={"outcome": "pass", "name": "toy-again", **({"kernel": f.kernel} if f.kernel else {})})
+    return Diagnosis(Status.FAIL, why, (again,))
 
 
 class ToyProbe(BaseProbe):
@@ -62,6 +71,9 @@ class ToyProbe(BaseProbe):
     config_type: ClassVar[type] = ToyConfig
     evidence_types = (ToyReading,)
     builtin_rules = (Rule("scripted", "toy", _scripted, "says what it was told"),)
+    report: ClassVar[ReportSection] = ReportSection(
+        order=5, question="toy: what did the toy read, against its threshold?", plots="toy_plots:PLOTS")
+    agent_hint: ClassVar[str] = "a stand-in probe for glmfb's own tests: it says what its outcome option tells it"
 
     def run(self, config: ToyConfig, ctx: ProbeContext) -> Verdict:
         if config.outcome == "raise":

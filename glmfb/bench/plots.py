@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from glmfb.report.plots._base import (
+from glmfb.plotting import (
     BAND_COLOR,
     BASELINE_COLOR,
     CANDIDATE_COLOR,

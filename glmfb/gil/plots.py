@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from glmfb.report.plots._base import (
+from glmfb.plotting import (
     BAND_COLOR,
     BASELINE_COLOR,
     CANDIDATE_COLOR,

@@ -1,7 +1,13 @@
-"""What every plot builder shares: the verdict view it reads, the result it returns, the
-figure style, and the SVG export (matplotlib's SVG backend, glyphs as paths, no fonts needed).
+"""Plots of a probe's verdicts, for report.html: what every plot builder shares (the verdict
+view it reads, the result it returns, the figure style, the palette) and the SVG export
+(matplotlib's SVG backend, glyphs as paths, no fonts needed).
 
-Builders read evidence as the JSON dicts of a ``glmfb.verdict/1`` document, so they keep
+A probe lists its plots as a sequence of :class:`PlotSpec` (``glmfb.bench.plots:PLOTS``) and
+names it in its :class:`~glmfb.probe.ReportSection`; the report imports it only when it draws
+a page. Part of the probe API, below the engines: a probe's package uses it without importing
+the report layer. matplotlib is imported only when a figure is drawn.
+
+Builders read evidence as the JSON dicts of a ``glmfb.verdict/2`` document, so they keep
 working whatever model the verdict has in memory.
 """
 

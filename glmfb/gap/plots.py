@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from itertools import combinations
 
-from glmfb.report.plots._base import (
+from glmfb.plotting import (
     BAND_COLOR,
     BASELINE_COLOR,
     CANDIDATE_COLOR,
@@ -239,12 +239,12 @@ def bandwidth(view: VerdictView) -> Plot:
 
 def gil_timeline(view: VerdictView) -> Plot:
     """The GIL timeline of the attribution run a failing gap makes (its saved gil verdict)."""
-    from glmfb.report.plots.gil import timeline
+    from glmfb.gil.plots import timeline
 
     path = view.artifact("gil_verdict")
     if path is None:
         raise NoData("no gil_verdict artifact (the GIL is attributed only when the gap fails)")
-    from glmfb.report.plots.gil import thread_timeline
+    from glmfb.gil.plots import thread_timeline
 
     nested = VerdictView(json.loads(path.read_text(encoding="utf-8")), run_dir=view.run_dir, run_id=view.run_id)
     plot = thread_timeline(nested) if nested.first("gil_timeline") else timeline(nested)
