@@ -43,6 +43,7 @@ from typing import Any
 from glmfb.bench.evidence import InputRow, OpDiff, OpRow
 from glmfb.bench.opdiff import REPEATED, SAME_CALLS, call_ratio, repeated_input
 from glmfb.rules import Diagnosis, Rule
+from glmfb.step import Step
 from glmfb.verdict import Status
 
 KIND = "bench"
@@ -85,8 +86,8 @@ class BenchFindings:
     focus: str | None = None  # the shape the verdict speaks about
     op_diff: OpDiff | None = None
     device: str = "cpu"
-    reproduce: str | None = None  # the command that reruns the comparison on the worst shape
-    more_evidence: str | None = None  # the command with the budget that would decide it
+    reproduce: Step | None = None  # the step that reruns the comparison on the worst shape
+    more_evidence: Step | None = None  # the step with the budget that would decide it
     saved: bool = False  # compared from saved files, not measured now
     saved_in_process: bool = False  # both saved sides come from one in-process run (one file)
     saved_runs_note: str = ""  # what a saved comparison's interval carries between processes
@@ -378,11 +379,11 @@ def _why(headline: str, clause: str, f: BenchFindings) -> str:
     return headline + (f": {clause}." if clause else ".") + _notes(f)
 
 
-def _reproduce(f: BenchFindings) -> tuple[str, ...]:
+def _reproduce(f: BenchFindings) -> tuple[Step, ...]:
     return (f.reproduce,) if f.reproduce else ()
 
 
-def _more(f: BenchFindings) -> tuple[str, ...]:
+def _more(f: BenchFindings) -> tuple[Step, ...]:
     return (f.more_evidence,) if f.more_evidence else ()
 
 

@@ -8,7 +8,6 @@ mode then measures local error (``localize``) and bisects the shortest failing p
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -16,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from glmfb.commandline import command_line, rerun_step
 from glmfb.diff.capture import OUTPUT, LoadedSide, load_side, run_requests
 from glmfb.diff.compare import RequestResult, TapResult, compare_and_match
 from glmfb.diff.compare import TreeDifferences as TreeDifferencesFound
@@ -97,7 +97,8 @@ from glmfb.errors import UsageError
 from glmfb.evidence import EnvDifferences, Evidence
 from glmfb.probe import ProbeContext
 from glmfb.rules import diagnose
-from glmfb.targets import Target, portable_ref
+from glmfb.step import Step
+from glmfb.targets import Target
 from glmfb.verdict import Layer, Metric, Verdict
 
 Progress = Callable[[str], None]
@@ -434,7 +435,7 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
         knobs = _counterfactuals(run, baseline, results, comparer)
         evidence.extend(_counterfactual_evidence(knob) for knob in knobs)
 
-    rerun: str | None = None
+    rerun: Step | None = None
     minimize_note: str | None = None
     if failed and live is not None and config.minimize:
         minimized = _minimize(config, live, worst, comparer, progress)
@@ -443,10 +444,10 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
             path = ctx.artifact(f"minimal-{_safe(worst.id)}.jsonl")
             write_requests(path, [minimal.request])
             artifacts["minimal_requests"] = str(path)
-            rerun = _rerun_command(config, path)
+            rerun = _rerun_step(config, path)
             evidence.append(MinimalReproducer(
                 request=worst.id, length=minimal.length, original_length=minimal.original_length, file=str(path),
-                tried=tuple(Tried(length=n, failed=f) for n, f in minimal.tried), command=rerun,
+                tried=tuple(Tried(length=n, failed=f) for n, f in minimal.tried), command=command_line(rerun),
             ))
         elif minimized.note is not None:
             minimize_note = minimized.note
@@ -845,24 +846,10 @@ def _safe(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
-def _rerun_command(config: DiffConfig, requests: Path) -> str:
-    parts = ["glmfb", "diff", portable_ref(config.baseline, config.base_dir),
-             portable_ref(config.candidate, config.base_dir), "--requests", str(requests)]
-    for flag, args in (("--baseline-arg", config.baseline_args), ("--candidate-arg", config.candidate_args)):
-        for key, value in args.items():
-            import json
-
-            parts += [flag, f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
-    tolerances = config.tolerances
-    if tolerances.rtol is not None:
-        parts += ["--rtol", repr(tolerances.rtol)]
-    if tolerances.atol is not None:
-        parts += ["--atol", repr(tolerances.atol)]
-    for glob, rtol, atol in tolerances.per_tap:
-        parts += ["--tol", f"{glob}={'' if rtol is None else rtol},{'' if atol is None else atol}"]
-    for glob in config.taps:
-        parts += ["--tap", glob]
-    return shlex.join(parts)
+def _rerun_step(config: DiffConfig, requests: Path) -> Step:
+    """The step that reruns this diff on the minimal reproducer (``requests``), with the
+    same options but the counterfactuals (already read)."""
+    return rerun_step("diff", config, "rerun the minimal reproducer", requests=str(requests), counterfactuals=None)
 
 
 __all__ = ["OUTPUT", "CaptureConfig", "DiffConfig", "GrowthFit", "run_capture", "run_diff"]

@@ -56,6 +56,7 @@ from glmfb.gil.evidence import (
 from glmfb.gil.heartbeat import Heartbeat, lateness_series
 from glmfb.gil.pyspy import CallSite, HolderProfile
 from glmfb.rules import Diagnosis, Rule, diagnose
+from glmfb.step import Step
 from glmfb.verdict import Layer, Metric, Status, Verdict
 
 KIND = "gil"
@@ -101,7 +102,7 @@ class Observations:
     missing: list[dict[str, str]] = field(default_factory=list)
     artifacts: dict[str, str] = field(default_factory=dict)
     env: dict[str, Any] = field(default_factory=dict)
-    reproduce_trace: str = ""
+    reproduce_trace: Step | None = None  # the step that reruns the probe in trace mode
     duration_s: float = 0.0
     observed_s: float | None = None  # the sampled window's length
     window_start_s: float | None = None
@@ -299,7 +300,7 @@ class GilFindings:
     missing: tuple[MissingSignal, ...] = ()
     top_overlap: OverlapRow | None = None  # trace mode: what overlapped the starved slices most
     traced: bool = False
-    reproduce_trace: str = ""
+    reproduce_trace: Step | None = None  # the step that reruns the probe in trace mode
     stall_ms: float | None = None  # the heartbeat's longest stretch without a wake-up
     stall_gil_share: float | None = None  # ... and the share of it blocked on the GIL
     stalled: bool = False  # starved by that stretch (the heartbeat too thin for a p99)
@@ -393,9 +394,9 @@ def _fix_site(holder: GilHolder) -> str:
     return f"{name} ({holder.file}:{holder.line})"
 
 
-def _trace_step(f: GilFindings) -> tuple[str, ...]:
-    if not f.traced and f.reproduce_trace:
-        return (f"{f.reproduce_trace}  # ranks what overlaps the starved slices",)
+def _trace_step(f: GilFindings) -> tuple[Step, ...]:
+    if not f.traced and f.reproduce_trace is not None:
+        return (f.reproduce_trace,)
     return ()
 
 
@@ -506,7 +507,7 @@ def _not_measured(f: GilFindings) -> Diagnosis | None:
                 + (f", blocked in {100 * f.idle_share:.0f}% of them." if f.native_known else "."))
     why = f"Starvation was not measured ({reason}; {f.missing_text or 'the program may not be Python'}).{held}"
     return Diagnosis(Status.INCONCLUSIVE, why,
-                     ("start the program under glmfb (glmfb gil -- python prog.py) so the heartbeat is injected",),
+                     ("start the program under glmfb gil (its command line after --, not --pid) so the heartbeat is injected",),
                      _holder_where(f))
 
 

@@ -32,7 +32,7 @@ from glmfb.errors import GlmfbError, InputError, UsageError
 from glmfb.mcp.boundary import Boundary, strings
 from glmfb.options import options_of, options_schema, parse_table
 from glmfb.probe import Probe, ProbeForm, ProbeSpec, all_probes, safe_component
-from glmfb.commandline import shell_line
+from glmfb.commandline import run_step, shell_line
 from glmfb.step import STEP_SCHEMA, Step
 from glmfb.verdict import Run, Verdict
 
@@ -584,7 +584,7 @@ class Toolbox:
                     verdicts.append(verdict)
                     continue
             verdict = Verdict.harness_error(definition.probe, definition.name, f"not run: {refused}",
-                                            next=[f"glmfb run -k {definition.name}"])
+                                            next=[run_step([definition.name])])
             if definition.expect is not None:  # a probe that did not run never meets its expectation
                 verdict = dataclasses.replace(verdict, expect=definition.expect, expect_met=False)
             verdicts.append(verdict)
