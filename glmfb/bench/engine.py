@@ -275,10 +275,7 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
         geomean_low=geomean.low if geomean is not None else None,
         geomean_high=geomean.high if geomean is not None else None,
         focus=focus.shape if focus is not None else None, op_diff=op_diff, device=timer.device,
-        reproduce=(rerun_step("bench", config, "reproduce on the worst shape", shapes=[focus.shape], save=None)
-                   if focus is not None else None),
-        more_evidence=rerun_step("bench", config, "more evidence: a budget that would decide it",
-                                 budget=_suggest_budget(config, results), save=None),
+        **next_steps(config, focus.shape if focus is not None else None, _suggest_budget(config, results)),
     )
     outcome = diagnose(ctx.rules("bench", RULES), findings)
     diagnosis = outcome.diagnosis
@@ -318,6 +315,18 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
         why=diagnosis.why, metric=metric, evidence=tuple(evidence), next=diagnosis.next, artifacts=artifacts,
         env=env,
     )
+
+
+def next_steps(config: BenchConfig, focus: str | None, budget_s: float) -> dict[str, Step | None]:
+    """The steps the rules may suggest (:class:`~glmfb.bench.rules.BenchFindings` fields): the
+    comparison rerun on the ``focus`` shape, and on every shape with ``budget_s``; neither
+    writes ``--save`` again."""
+    return {
+        "reproduce": (rerun_step("bench", config, "reproduce on the worst shape", shapes=[focus], save=None)
+                      if focus is not None else None),
+        "more_evidence": rerun_step("bench", config, "more evidence: a budget that would decide it",
+                                    budget=budget_s, save=None),
+    }
 
 
 def _focus(results: Sequence[ShapeResult]) -> ShapeResult | None:
@@ -626,4 +635,4 @@ def _runs_note(a_runs: int, b_runs: int, saved: Sequence[Any], floor_used: Seque
     return ""
 
 
-__all__ = ["compare_saved", "run_bench"]
+__all__ = ["compare_saved", "next_steps", "run_bench"]

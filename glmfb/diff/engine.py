@@ -444,7 +444,7 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
             path = ctx.artifact(f"minimal-{_safe(worst.id)}.jsonl")
             write_requests(path, [minimal.request])
             artifacts["minimal_requests"] = str(path)
-            rerun = _rerun_step(config, path)
+            rerun = reproducer_step(config, path)
             evidence.append(MinimalReproducer(
                 request=worst.id, length=minimal.length, original_length=minimal.original_length, file=str(path),
                 tried=tuple(Tried(length=n, failed=f) for n, f in minimal.tried), command=command_line(rerun),
@@ -846,10 +846,10 @@ def _safe(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
-def _rerun_step(config: DiffConfig, requests: Path) -> Step:
+def reproducer_step(config: DiffConfig, requests: Path) -> Step:
     """The step that reruns this diff on the minimal reproducer (``requests``), with the
     same options but the counterfactuals (already read)."""
     return rerun_step("diff", config, "rerun the minimal reproducer", requests=str(requests), counterfactuals=None)
 
 
-__all__ = ["OUTPUT", "CaptureConfig", "DiffConfig", "GrowthFit", "run_capture", "run_diff"]
+__all__ = ["OUTPUT", "CaptureConfig", "DiffConfig", "GrowthFit", "reproducer_step", "run_capture", "run_diff"]

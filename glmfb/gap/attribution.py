@@ -405,9 +405,9 @@ def finding_from_verdict(verdict: Verdict, baseline: Verdict | None = None) -> G
     )
 
 
-def _gil_config(probe: Any, config: GapConfig, side: str, **overrides: Any) -> Any:
+def _gil_config(config_type: type, config: GapConfig, side: str, **overrides: Any) -> Any:
     """The gil probe's config for one side's target, as the attribution runs it."""
-    return probe.config_type(**{
+    return config_type(**{
         "name": f"{config.name}/gil" + ("" if side == "candidate" else f"-{side}"),
         "target": config.candidate if side == "candidate" else config.baseline,
         # The gil probe samples once the target is built and has run once (steady state).
@@ -418,14 +418,12 @@ def _gil_config(probe: Any, config: GapConfig, side: str, **overrides: Any) -> A
     })
 
 
-def gil_rerun_step(config: GapConfig, duration_s: float = 15.0) -> Step | None:
+def gil_rerun_step(config: GapConfig, duration_s: float = 15.0) -> Step:
     """The step that runs the gil probe on the candidate as the attribution does, sampling
-    ``duration_s``; None when the gil probe is not installed."""
-    try:
-        probe = get_probe("gil")
-    except InputError:
-        return None
-    gil_config = _gil_config(probe, config, "candidate", duration_s=max(duration_s, config.gil_duration_s))
+    ``duration_s`` (at least as long as the attribution did)."""
+    from glmfb.gil.config import GilConfig
+
+    gil_config = _gil_config(GilConfig, config, "candidate", duration_s=max(duration_s, config.gil_duration_s))
     return rerun_step("gil", gil_config, "sample the candidate's GIL holder for longer")
 
 
@@ -438,7 +436,7 @@ def _trace(config: GapConfig, ctx: ProbeContext, side: str) -> Verdict | str:
     except InputError as exc:
         return f"the gil probe is not installed ({exc})"
     try:
-        verdict: Verdict = run_probe(probe, _gil_config(probe, config, side), ctx)
+        verdict: Verdict = run_probe(probe, _gil_config(probe.config_type, config, side), ctx)
     except Exception as exc:
         return f"the gil probe broke: {type(exc).__name__}: {exc}"
     with contextlib.suppress(OSError):
