@@ -232,7 +232,7 @@ def _targets_of(config: Any) -> dict[str, Any]:
             refs[which] = portable_ref(side, getattr(config, "base_dir", None))
             side_args[which] = dict(getattr(config, f"{which}_args", None) or {})
     arguments: dict[str, Any] = dict(refs)
-    if "target" in side_args and side_args["target"]:
+    if side_args.get("target"):
         arguments["args"] = side_args["target"]
     pair = [side_args.get("baseline", {}), side_args.get("candidate", {})]
     if pair[0] and pair[0] == pair[1]:

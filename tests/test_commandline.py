@@ -17,7 +17,15 @@ import typer
 import glmfb.cli
 from glmfb.bench.config import BenchConfig
 from glmfb.bench.engine import next_steps as bench_steps
-from glmfb.commandline import Signature, argv, command_line, rerun_step, run_step, shell_line, signature
+from glmfb.commandline import (
+    Signature,
+    argv,
+    command_line,
+    rerun_step,
+    run_step,
+    shell_line,
+    signature,
+)
 from glmfb.commands.probes import spec_from_command_line
 from glmfb.diff.config import DiffConfig
 from glmfb.diff.engine import reproducer_step

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
+from glmfb.commandline import shell_line
 from glmfb.diff.compare import TreeDifferences
 from glmfb.diff.counterfactual import KnobResult, KnobRun
 from glmfb.diff.localize import EntryStep, ErrorEntry, InputDifference
 from glmfb.diff.rounding import BiasTest, RoundingTest, Trial
 from glmfb.diff.rules import RULES, DiffFindings
 from glmfb.diff.shape import ErrorShape, growth_fit, position_profile, precision_signature
-from glmfb.commandline import shell_line
 from glmfb.rules import diagnose
 from glmfb.step import Step
 from glmfb.verdict import Status

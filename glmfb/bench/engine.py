@@ -268,6 +268,7 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
         focus_shape = config.shapes[[format_shape(s) for s in config.shapes].index(focus.shape)]
         op_diff = _profile(config, timer, focus_shape, focus, slower)
 
+    steps = next_steps(config, focus.shape if focus is not None else None, _suggest_budget(config, results))
     findings = BenchFindings(
         baseline=baseline_name, candidate=candidate_name, threshold=config.threshold, budget_s=config.budget_s,
         shapes=outcomes,
@@ -275,7 +276,7 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
         geomean_low=geomean.low if geomean is not None else None,
         geomean_high=geomean.high if geomean is not None else None,
         focus=focus.shape if focus is not None else None, op_diff=op_diff, device=timer.device,
-        **next_steps(config, focus.shape if focus is not None else None, _suggest_budget(config, results)),
+        reproduce=steps["reproduce"], more_evidence=steps["more_evidence"],
     )
     outcome = diagnose(ctx.rules("bench", RULES), findings)
     diagnosis = outcome.diagnosis

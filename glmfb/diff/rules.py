@@ -36,7 +36,7 @@ from glmfb.diff.metrics import TokenMetrics
 from glmfb.diff.rounding import FORMAT_NAMES, BiasTest, RoundingTest
 from glmfb.diff.shape import ErrorShape, GrowthFit, PositionShape, PrecisionSignature
 from glmfb.rules import Diagnosis, Rule
-from glmfb.step import Step
+from glmfb.step import Step, as_step
 from glmfb.verdict import Status
 
 KIND = "diff"
@@ -475,7 +475,7 @@ def _rule(name: str, applies: Callable[[DiffFindings], bool], explain: Callable[
         if not applies(f):
             return None
         why, steps = explain(f)
-        return Diagnosis(status, why, tuple(steps))
+        return Diagnosis(status, why, tuple(map(as_step, steps)))
 
     return Rule(name, KIND, check, doc)
 

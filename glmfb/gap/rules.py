@@ -177,8 +177,9 @@ def _cpu_contention(f: GapFindings) -> Diagnosis | None:
     where: dict[str, Any] = {"thread": gil.cpu_victim}
     if gil.competitor_function:
         where["function"] = gil.competitor_function
-    steps = (f"give {gil.competitor_thread} its own CPU, or move its work ({gil.competitor_function or 'its loop'}) "
-             f"off the CPUs {gil.cpu_victim} runs on (check the CPU mask and torch.get_num_threads())", *_after_fix(f))
+    steps = (Step(f"give {gil.competitor_thread} its own CPU, or move its work ({gil.competitor_function or 'its loop'}) "
+                  f"off the CPUs {gil.cpu_victim} runs on (check the CPU mask and torch.get_num_threads())"),
+             *_after_fix(f))
     return Diagnosis(Status.FAIL, " ".join(_failure_sentences(f, cpu=True)), steps, where)
 
 
@@ -186,7 +187,8 @@ def _bandwidth_bound(f: GapFindings) -> Diagnosis | None:
     if not (f.over and f.bandwidth is not None and f.bandwidth.bandwidth_bound):
         return None
     return Diagnosis(Status.FAIL, " ".join(_failure_sentences(f)), (
-        *_gil_next(f), "cut the bytes moved (KV precision, fewer layers sent) or add bandwidth", *_after_fix(f)), {})
+        *_gil_next(f), Step("cut the bytes moved (KV precision, fewer layers sent) or add bandwidth"), *_after_fix(f)),
+        {})
 
 
 def _over(f: GapFindings) -> Diagnosis | None:

@@ -327,7 +327,7 @@ class _Session:
                 "or it is not a Python program that reads sitecustomize (python -S and -I skip it)."
             ),
             evidence=(ProcessExit(returncode=code, stderr_tail=launched.stderr_tail()),),
-            next=("give a program that runs at least as long as --duration",),
+            next=(Step("give a program that runs at least as long as --duration"),),
         )
 
     def _crashed(self, launched: Launched, code: int) -> Verdict:

@@ -28,11 +28,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from glmfb.commandline import run_step, shell_line
 from glmfb.errors import GlmfbError, InputError, UsageError
 from glmfb.mcp.boundary import Boundary, strings
 from glmfb.options import options_of, options_schema, parse_table
 from glmfb.probe import Probe, ProbeForm, ProbeSpec, all_probes, safe_component
-from glmfb.commandline import run_step, shell_line
 from glmfb.step import STEP_SCHEMA, Step
 from glmfb.verdict import Run, Verdict
 
