@@ -113,8 +113,14 @@ def _value(value: Any) -> str:
     return str(value)
 
 
+_NON_FINITE = ("NaN", "Infinity", "-Infinity")  # how a step holds a non-finite number (JSON has none)
+
+
 def _kwarg(key: str, value: Any) -> str:
-    """``KEY=VALUE`` as ``--arg`` reads it back: JSON where the text would parse as JSON."""
+    """``KEY=VALUE`` as ``--arg`` reads it back: JSON where the text would parse as JSON (a
+    non-finite number, held as its text, is written bare so that it reads back a number)."""
+    if value in _NON_FINITE:
+        return f"{key}={value}"
     if isinstance(value, str):
         try:
             json.loads(value)

@@ -309,3 +309,15 @@ def test_a_failing_verdicts_steps_are_tool_calls_the_toolbox_accepts(root: Path)
     assert [s for s in gil.next if not s.is_call]  # the advice stays text
     assert any(call["arguments"].get("trace") is True for call in box.next_calls(gil.next))
     json.dumps(Run(id="r", started="now", verdicts=(gil,)).to_dict())  # steps are plain JSON
+
+
+def test_a_non_finite_argument_stays_json_and_reads_back_a_number_on_the_cli() -> None:
+    import math
+
+    config = DiffConfig("diff", str(REPO / FUSED), str(REPO / TILED), candidate_args={"scale": math.nan})
+    step = reproducer_step(config, Path("minimal.jsonl"))
+    assert step.arguments["candidate_args"] == {"scale": "NaN"}
+    json.dumps(step.to_dict(), allow_nan=False)  # a verdict stays strict JSON
+    assert "scale=NaN" in argv(step)
+    spec = _cli_spec(get_probe("diff"), step)
+    assert math.isnan(spec.candidate_args["scale"])
