@@ -7,13 +7,18 @@ a command a probe brings (``capture``) from its :class:`~glmfb.probe.ProbeComman
 ``run`` and ``gate`` are declared here (``tests/test_commandline.py`` checks each against
 the CLI's own parameters, so the two cannot drift). Nothing parses a command line back:
 agents get ``step.command`` and ``step.arguments`` as a tool call.
+
+Engines build their steps here too: :func:`rerun_step` writes the arguments that rerun a
+probe from its config (generically, from the declared options), :func:`run_step` those of
+``glmfb run -k NAME``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,8 +113,14 @@ def _value(value: Any) -> str:
     return str(value)
 
 
+_NON_FINITE = ("NaN", "Infinity", "-Infinity")  # how a step holds a non-finite number (JSON has none)
+
+
 def _kwarg(key: str, value: Any) -> str:
-    """``KEY=VALUE`` as ``--arg`` reads it back: JSON where the text would parse as JSON."""
+    """``KEY=VALUE`` as ``--arg`` reads it back: JSON where the text would parse as JSON (a
+    non-finite number, held as its text, is written bare so that it reads back a number)."""
+    if value in _NON_FINITE:
+        return f"{key}={value}"
     if isinstance(value, str):
         try:
             json.loads(value)
@@ -148,10 +159,95 @@ def argv(step: Step) -> list[str]:
     return words
 
 
+def command_line(step: Step) -> str:
+    """A step's command as one shell line, without why (raises ValueError for a plain step)."""
+    return shlex.join(argv(step))
+
+
 def shell_line(step: Step) -> str:
     """A step for people: the command line to paste, with why after ``#``; a plain step is
     its text."""
     if step.command is None:
         return step.why
-    line = shlex.join(argv(step))
+    line = command_line(step)
     return f"{line}  # {step.why}" if step.why else line
+
+
+# --------------------------------------------------------------------------------------------
+# Building steps (the engines' side)
+# --------------------------------------------------------------------------------------------
+
+
+def rerun_step(kind: str, config: Any, why: str, **overrides: Any) -> Step:
+    """A step that runs probe ``kind`` as ``config`` (its config dataclass) describes it: the
+    targets (as one types them here, with their keyword arguments), the command line, and
+    every declared option whose value differs from its default, written as a user writes it
+    in a probe definition (``"5%"``, ``"2s"``, ``["8x4096"]``, ints, booleans).
+
+    ``overrides`` are keyed as the arguments are: an option's key (``shapes``, ``budget``)
+    takes any form the option parses (``["8x4096"]`` or ``((8, 4096),)``, ``"12s"`` or
+    ``12.0``) and is written the same way; a fixed argument (``target``, ``args`` ...) is taken
+    as given; None leaves the argument out (``save=None``: a rerun must not overwrite a file)."""
+    from glmfb.options import options_of
+
+    specs = {spec.key: spec for spec in options_of(type(config))}
+    arguments = {**_targets_of(config), **_changed_options(config)}
+    for key, value in overrides.items():
+        if value is None:
+            arguments.pop(key, None)
+        elif key in specs:
+            arguments[key] = specs[key].write(specs[key].parse(value))
+        else:
+            arguments[key] = value
+    return Step(why, command=kind, arguments=arguments)
+
+
+def run_step(names: Sequence[str], why: str = "run it again") -> Step:
+    """A step that runs the named probe definitions with ``glmfb run -k``."""
+    return Step(why, command="run", arguments={"select": list(names)})
+
+
+def _changed_options(config: Any) -> dict[str, Any]:
+    """The declared options of ``config`` that differ from their defaults, as written."""
+    from glmfb.options import options_of
+
+    changed: dict[str, Any] = {}
+    for spec in options_of(type(config)):
+        value = getattr(config, spec.attr)
+        if value != spec.default:
+            changed[spec.key] = spec.write(value)
+    return changed
+
+
+def _targets_of(config: Any) -> dict[str, Any]:
+    """What a config runs against, as arguments: ``baseline`` and ``candidate`` (with ``args``
+    when both sides take the same keyword arguments, else ``baseline_args`` and
+    ``candidate_args``), or ``target`` with ``args``, or ``command``. A side is a
+    :class:`~glmfb.targets.Target` or a reference (with ``<side>_args`` and ``base_dir``
+    beside it on the config, as diff's)."""
+    from glmfb.targets import Target, portable_ref
+
+    names = {f.name for f in dataclasses.fields(config)}
+    refs: dict[str, str] = {}
+    side_args: dict[str, dict[str, Any]] = {}
+    for which in ("baseline", "candidate", "target"):
+        side = getattr(config, which) if which in names else None
+        if isinstance(side, Target):
+            refs[which], side_args[which] = side.portable_ref, dict(side.args)
+        elif isinstance(side, str) and side:
+            refs[which] = portable_ref(side, getattr(config, "base_dir", None))
+            side_args[which] = dict(getattr(config, f"{which}_args", None) or {})
+    arguments: dict[str, Any] = dict(refs)
+    if side_args.get("target"):
+        arguments["args"] = side_args["target"]
+    pair = [side_args.get("baseline", {}), side_args.get("candidate", {})]
+    if pair[0] and pair[0] == pair[1]:
+        arguments["args"] = pair[0]
+    else:
+        for which, given in zip(("baseline_args", "candidate_args"), pair, strict=True):
+            if given:
+                arguments[which] = given
+    command = getattr(config, "command", ()) if "command" in names else ()
+    if command:
+        arguments["command"] = list(command)
+    return arguments

@@ -65,6 +65,7 @@ class ValueType:
     is_flag: bool = False  # CLI: --x / --no-x
     parse_all: Callable[[Any], Any] | None = None  # a repeatable option parsed as a whole
     check: Callable[[Any], Any] | None = None  # for a value already typed (Python API); default: parse
+    write: Callable[[Any], Any] | None = None  # the value as a user writes it (TOML, a next step); default: as JSON
 
     def parse_many(self, raw: Any) -> Any:
         """A repeatable option's value: from a TOML value or the CLI's repeated strings."""
@@ -78,6 +79,17 @@ class ValueType:
 # --------------------------------------------------------------------------------------------
 # Value types
 # --------------------------------------------------------------------------------------------
+
+
+def _number(value: float) -> str:
+    """A number as short as it reads back exactly: ``12``, ``0.5``, ``1.2345678e-07``."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(float(value))
+
+
+def _number_value(value: Any) -> Any:
+    """A number for JSON: an int where it is whole (``100`` Hz, not ``100.0``)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _show_seconds(value: Any) -> str:
@@ -113,15 +125,19 @@ def _check_fraction(value: Any) -> float:
 
 
 FRACTION = ValueType("fraction", "FRACTION", parse_fraction, _show_fraction,
-                     {"type": ["string", "number"], "description": "5% or 0.05"}, check=_check_fraction)
+                     {"type": ["string", "number"], "description": "5% or 0.05"}, check=_check_fraction,
+                     write=lambda v: f"{_number(round(v * 100, 12))}%")
 SECONDS = ValueType("seconds", "SECONDS", _at_least(parse_seconds, 0.0, strict=True), _show_seconds,
-                    {"type": ["string", "number"], "description": "a duration: 2s, 500ms (a bare number is seconds)"})
+                    {"type": ["string", "number"], "description": "a duration: 2s, 500ms (a bare number is seconds)"},
+                    write=lambda v: f"{_number(v)}s")
 SECONDS_OR_ZERO = ValueType("seconds", "SECONDS", parse_seconds, _show_seconds,
-                            {"type": ["string", "number"], "description": "a duration: 2s, 500ms (a bare number is seconds)"})
+                            {"type": ["string", "number"], "description": "a duration: 2s, 500ms (a bare number is seconds)"},
+                            write=lambda v: f"{_number(v)}s")
 MILLISECONDS = ValueType("milliseconds", "MS", _at_least(parse_milliseconds, 0.0, strict=True), _show_ms,
-                         {"type": ["string", "number"], "description": "a duration: 10ms, 0.01s (a bare number is milliseconds)"})
+                         {"type": ["string", "number"], "description": "a duration: 10ms, 0.01s (a bare number is milliseconds)"},
+                         write=lambda v: f"{_number(v)}ms")
 HERTZ = ValueType("hertz", "HZ", _at_least(parse_hertz, 0.0, strict=True), lambda v: f"{v:g}",
-                  {"type": ["string", "number"], "description": "a rate in Hz"})
+                  {"type": ["string", "number"], "description": "a rate in Hz"}, write=_number_value)
 BOOL = ValueType("bool", "BOOL", parse_bool, lambda v: "true" if v else "false",
                  {"type": "boolean"}, is_flag=True)
 INT = ValueType("int", "N", parse_int, str, {"type": "integer"})
@@ -131,14 +147,15 @@ NONNEGATIVE_INT = ValueType("int", "N", _at_least(parse_int, 0), str, {"type": "
 STR = ValueType("str", "TEXT", parse_str, str, {"type": "string"})
 SHAPES = ValueType("shape", "SHAPE", parse_shape, lambda v: " ".join(format_shape(s) for s in v) or "none",
                    {"type": "array", "items": {"type": ["string", "array"]}, "description": "shapes such as 8x4096"},
-                   repeatable=True)
+                   repeatable=True, write=lambda v: [format_shape(s) for s in v])
 GLOBS = ValueType("glob", "GLOB", parse_str, lambda v: " ".join(v) or "none",
                   {"type": "array", "items": {"type": "string"}}, repeatable=True)
 
 
 def nonnegative_float(name: str = "number") -> ValueType:
     return ValueType(name, "X", _at_least(parse_number, 0.0),
-                     lambda v: "none" if v is None else f"{v:g}", {"type": "number", "minimum": 0})
+                     lambda v: "none" if v is None else f"{v:g}", {"type": "number", "minimum": 0},
+                     write=_number_value)
 
 
 def choice(*choices: str) -> ValueType:
@@ -202,6 +219,13 @@ class OptionSpec:
     def parse(self, raw: Any) -> Any:
         """The value from what a user wrote (raises :class:`OptionValueError`)."""
         return self.type.parse_many(raw) if self.type.repeatable else self.type.parse(raw)
+
+    def write(self, value: Any) -> Any:
+        """``value`` (as the config holds it) written as a user writes it in a probe definition
+        and as a next step's arguments carry it: ``"5%"``, ``"2s"``, ``["8x4096"]``, ``true``."""
+        if value is None or self.type.write is None:
+            return value
+        return self.type.write(value)
 
     def show_default(self) -> str:
         return self.type.show(self.default)

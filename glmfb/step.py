@@ -19,6 +19,8 @@ plain step.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,11 +79,14 @@ def as_step(item: Step | str) -> Step:
 
 
 def _plain(value: Any) -> Any:
-    """Arguments as plain JSON data (tuples become lists, paths strings)."""
+    """Arguments as plain JSON data (tuples become lists, paths strings, a NaN or infinity
+    its JSON-like text)."""
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(value)  # JSON has no NaN: the text Python's JSON reads back ("NaN", "-Infinity")
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from glmfb.clock import SYSTEM_CLOCK, Clock, utc_now
+from glmfb.commandline import run_step
 from glmfb.errors import InputError, UsageError
 from glmfb.options import parse_table
 from glmfb.probe import (
@@ -331,7 +332,7 @@ def run_suite(
 
 def _interrupted_verdict(definition: ProbeDefinition, why: str) -> Verdict:
     verdict = Verdict.harness_error(definition.probe, definition.name, why,
-                                    next=[f"glmfb run -k {definition.name}"])
+                                    next=[run_step([definition.name])])
     if definition.expect is not None:  # an interrupted probe never meets its expectation
         verdict = replace(verdict, expect=definition.expect, expect_met=False)
     return verdict

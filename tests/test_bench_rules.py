@@ -12,10 +12,13 @@ from typing import Any
 
 import pytest
 
+from glmfb.bench.config import BenchConfig
 from glmfb.bench.evidence import OpDiff
 from glmfb.bench.opdiff import InputStats, OpStats, TensorMeta, build_op_diff, copy_facts
 from glmfb.bench.rules import RULES, BenchFindings, ShapeOutcome
+from glmfb.commandline import rerun_step, shell_line
 from glmfb.rules import diagnose
+from glmfb.targets import Target
 from glmfb.verdict import Status
 
 SIZES = {"float32": 4, "bfloat16": 2, "float64": 8, "bool": 1}
@@ -57,6 +60,11 @@ def diff(base: dict[str, OpStats], cand: dict[str, OpStats], slower: bool = True
     return build_op_diff(base, cand, shape="8x8", profiled_calls=10, slower=slower)
 
 
+CONFIG = BenchConfig("b", Target("kernels.py:fused"), Target("kernels.py:tiled"), shapes=((1, 8), (2, 8)))
+REPRODUCE = rerun_step("bench", CONFIG, "reproduce on the worst shape", shapes=["1x8"])
+MORE = rerun_step("bench", CONFIG, "more evidence", budget="40s")
+
+
 def findings(*decisions: str, change: float = 0.5, op: OpDiff | None = None, **kwargs: Any) -> BenchFindings:
     shapes = tuple(
         ShapeOutcome(shape=f"{i + 1}x8", decision=d, change=None if d == "too-few-blocks" else change,
@@ -66,8 +74,7 @@ def findings(*decisions: str, change: float = 0.5, op: OpDiff | None = None, **k
     )
     defaults: dict[str, Any] = dict(baseline="fused", candidate="tiled", threshold=0.05, budget_s=10.0, shapes=shapes,
                                     geomean=change, geomean_low=change - 0.02, geomean_high=change + 0.02,
-                                    focus=shapes[0].shape, op_diff=op, reproduce="glmfb bench ... --json",
-                                    more_evidence="glmfb bench ... --budget 40")
+                                    focus=shapes[0].shape, op_diff=op, reproduce=REPRODUCE, more_evidence=MORE)
     defaults.update(kwargs)
     return BenchFindings(**defaults)
 
@@ -196,7 +203,7 @@ def test_rule_table(case: BenchFindings, rule: str, status: Status, phrases: lis
     for phrase in phrases:
         assert phrase in outcome.diagnosis.why, outcome.diagnosis.why
     if never is not None:
-        for text in (outcome.diagnosis.why, *outcome.diagnosis.next):
+        for text in (outcome.diagnosis.why, *map(shell_line, outcome.diagnosis.next)):
             assert not re.search(never, text, re.IGNORECASE), text
     assert outcome.record.rule == rule and outcome.record.saw["shapes"] == len(case.shapes)
 
@@ -229,19 +236,22 @@ def test_gpu_advice_only_for_a_cuda_kernel() -> None:
     op = diff(STATS_ONCE, STATS_PER_TILE)
     cpu = diagnose(RULES, findings("regression", op=op, device="cpu")).diagnosis
     cuda = diagnose(RULES, findings("regression", op=op, device="cuda")).diagnosis
-    assert not any("warp" in step for step in cpu.next)
-    assert any("warp-level reduction" in step for step in cuda.next)
+    assert not any("warp" in shell_line(step) for step in cpu.next)
+    assert any("warp-level reduction" in step.why for step in cuda.next)
     for case in (diff(LAYER_NORM, WRITTEN_OUT), diff(BROADCAST, MATERIALIZED)):
         cpu = diagnose(RULES, findings("regression", op=case, device="cpu")).diagnosis
-        assert not any(re.search("warp|shared memory|registers", text) for text in (cpu.why, *cpu.next))
+        assert not any(re.search("warp|shared memory|registers", text)
+                       for text in (cpu.why, *map(shell_line, cpu.next)))
 
 
 def test_failing_rules_give_the_reproduce_command_and_inconclusive_the_budget() -> None:
-    assert "glmfb bench ... --json" in diagnose(RULES, findings("regression")).diagnosis.next
-    assert "glmfb bench ... --json" in diagnose(
-        RULES, findings("regression", op=diff(BROADCAST, MATERIALIZED))).diagnosis.next
-    assert diagnose(RULES, findings("undecided")).diagnosis.next == ("glmfb bench ... --budget 40",)
+    assert REPRODUCE in diagnose(RULES, findings("regression")).diagnosis.next
+    assert diagnose(RULES, findings("regression", op=diff(BROADCAST, MATERIALIZED))).diagnosis.next[-1] == REPRODUCE
+    assert diagnose(RULES, findings("undecided")).diagnosis.next == (MORE,)
     assert diagnose(RULES, findings("equivalent", change=0.0)).diagnosis.next == ()
+    assert REPRODUCE.arguments == {"baseline": "kernels.py:fused", "candidate": "kernels.py:tiled", "shapes": ["1x8"]}
+    assert shell_line(MORE) == ("glmfb bench kernels.py:fused kernels.py:tiled --shape 1x8 --shape 2x8 --budget 40s"
+                                "  # more evidence")
 
 
 def test_rule_names_are_the_corpus_classes() -> None:
@@ -264,4 +274,4 @@ def test_a_layout_change_is_named_without_advice_the_profile_does_not_back() -> 
     diagnosis = diagnose(RULES, findings("regression", op=op)).diagnosis
     assert "on inputs with other strides (float32[1024, 1024], against float32[1024, 1024] strides (1, 1024)" \
         in diagnosis.why
-    assert "only the strides differ" in diagnosis.next[0] and "contiguous input" not in diagnosis.next[0]
+    assert "only the strides differ" in diagnosis.next[0].why and "contiguous input" not in diagnosis.next[0].why

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from glmfb.cli import app
+from glmfb.step import Step
 from glmfb.verdict import Layer, Run, Status, Verdict
 
 runner = CliRunner()
@@ -133,7 +134,7 @@ def test_run_writes_run_json_and_json_stdout(tmp_path: Path, toy: Path) -> None:
     result = runner.invoke(app, ["run", str(probes), "--json", "--out", str(out)])
     assert result.exit_code == 1  # one unmet expectation
     document = json.loads(result.stdout)
-    assert document["schema"] == "glmfb.run/1"
+    assert document["schema"] == "glmfb.run/2"
     files = list(out.glob("*/run.json"))
     assert len(files) == 1
     assert json.loads(files[0].read_text()) == document
@@ -253,7 +254,7 @@ def test_a_user_rule_file_changes_the_why(tmp_path: Path, toy: Path) -> None:
 
     [definition] = load_definitions([tmp_path / "p.toml"])
     verdict = run_definition(definition, SuiteContext("r", tmp_path / "reports"))
-    assert verdict.why == "our team knows this one: value 0.5" and verdict.next == ("ask #kernels",)
+    assert verdict.why == "our team knows this one: value 0.5" and verdict.next == (Step("ask #kernels"),)
     fired = verdict.find(RuleFired)
     assert fired is not None and fired.rule == "team-known-bug" and fired.source == f"file {rules.resolve()}"
     assert fired.saw == {"outcome": "fail", "value": 0.5}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from glmfb.cli import app
+from glmfb.commandline import argv, command_line
 from glmfb.diff.config import DiffConfig
 from glmfb.diff.requests import read_requests
 from glmfb.verdict import Verdict
@@ -93,10 +93,11 @@ def test_tf32_scan_grows_with_length_and_minimizes(tmp_path: Path, scan_requests
     assert 1 <= minimal["length"] < minimal["original_length"] == 256
     reproducer = read_requests(minimal["file"])
     assert len(reproducer) == 1 and reproducer[0].length == minimal["length"]
-    command = verdict.next[-1]
-    assert command == minimal["command"] and shlex.split(command)[:2] == ["glmfb", "diff"]
+    step = verdict.next[-1]
+    command = command_line(step)
+    assert command == minimal["command"] and step.command == "diff" and step.arguments["requests"] == minimal["file"]
     # the command in `next` reruns the reproducer, and it still fails
-    rerun = runner.invoke(app, ["diff", *shlex.split(command)[2:], "--no-minimize", "--out", str(tmp_path), "--json"])
+    rerun = runner.invoke(app, ["diff", *argv(step)[2:], "--no-minimize", "--out", str(tmp_path), "--json"])
     assert rerun.exit_code == 1, rerun.stderr
     # at the threshold length, either layer's scan may be the first to cross the tolerance
     assert json.loads(rerun.stdout)["where"]["module"] in ("layers.0.scan", "layers.1.scan")

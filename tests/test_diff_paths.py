@@ -16,6 +16,7 @@ from torch import nn
 from glmfb.diff.config import DiffConfig
 from glmfb.diff.counterfactual import parse_counterfactuals
 from glmfb.diff.requests import NotShrinkable, draw_ids, parse_request, read_requests
+from glmfb.step import Step
 from glmfb.units import OptionValueError
 from glmfb.verdict import Verdict
 
@@ -315,7 +316,7 @@ def test_a_counterfactual_names_the_value_that_closes_the_gap(tmp_path: Path) ->
     assert precision["results"] == [{"value": "ieee", "rel_l2": 0.0, "failed": False, "lengths": [16, 32],
                                      "errors": [0.0, 0.0], "tried": True, "note": None}]
     assert "rerun with precision=ieee the diff passes" in verdict.why
-    assert verdict.next[0] == "set precision=ieee in the candidate: the diff passes with it"
+    assert verdict.next[0] == Step("set precision=ieee in the candidate: the diff passes with it")
     if not torch.cuda.is_available():
         assert switch["results"][0]["tried"] is False and switch["closes"] is None
         assert "torch.backends.cuda.matmul.allow_tf32 was not tried (no CUDA device here" in verdict.why

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from glmfb.commandline import shell_line
 from glmfb.diff.config import DiffConfig
 from glmfb.diff.rounding import bias_test, round_to, rounding_mode, rounding_test
 from glmfb.verdict import Verdict
@@ -192,7 +193,7 @@ def test_a_changed_epsilon_is_systematic_not_rounding(tmp_path: Path, requests_f
     assert verdict.status.value == "fail" and verdict.where["module"] == "norm"
     assert diagnosis(verdict) == "systematic-bias"
     assert "systematic, not rounding" in verdict.why
-    for text in (verdict.why, *verdict.next):
+    for text in (verdict.why, *map(shell_line, verdict.next)):
         assert not any(word in text.lower() for word in ("bf16", "bfloat16", "fp16", "float16", "tf32"))
     found = evidence(verdict)
     assert found["bias"]["systematic"] and found["rounding_test"]["reproduced_by"] is None

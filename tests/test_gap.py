@@ -378,4 +378,5 @@ def test_failure_without_the_gil_probe_names_the_missing_signal(
     gil = next(e for e in (x.to_dict() for x in verdict.evidence) if e["kind"] == "gil_attribution")
     assert gil["available"] is False
     assert verdict.where == {}
-    assert any(step.startswith("glmfb gil --target") for step in verdict.next)
+    assert any(step.command == "gil" and step.arguments["target"] == f"{THIS}:spin"
+               and step.arguments["args"] == {"extra_units": 60_000} for step in verdict.next)

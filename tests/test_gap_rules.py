@@ -7,11 +7,15 @@ from typing import Any
 
 import pytest
 
+from glmfb.commandline import shell_line
 from glmfb.gap.attribution import GilFinding
 from glmfb.gap.bandwidth import BandwidthCheck
+from glmfb.gap.config import GapConfig
+from glmfb.gap.engine import next_steps
 from glmfb.gap.phases import PhaseChange
 from glmfb.gap.rules import RULES, GapFindings
 from glmfb.rules import diagnose
+from glmfb.targets import Target
 from glmfb.verdict import Status
 
 GREW = (PhaseChange("kv_wait_s", None, 0.169),)
@@ -35,10 +39,14 @@ COMPRESSING = GilFinding(available=True, status="pass", holder_thread="prefill",
                          competitor_cpu_share=0.16, competitor_cpu_fraction=0.52, shared_cpus="0")
 
 
+CONFIG = GapConfig(name="gap", baseline=Target("a.py:prefill"), candidate=Target("a.py:transfer"), repeats=30,
+                   budget_s=30.0)
+
+
 def findings(gap: float, low: float, high: float, **kwargs: Any) -> GapFindings:
     values: dict[str, Any] = dict(gap=gap, low=low, high=high, threshold=0.05, iterations=20, stopped_by="decided",
-                                  budget_s=30.0, repeats=30, grown=GREW, baseline_ref="a.py:prefill",
-                                  candidate_ref="a.py:transfer")
+                                  budget_s=30.0, repeats=30, grown=GREW,
+                                  **next_steps(CONFIG, attributed="gil" in kwargs))
     values.update(kwargs)
     return GapFindings(**values)
 
@@ -82,7 +90,18 @@ def test_a_missing_release_names_the_starved_thread_and_the_holder() -> None:
     diagnosis = diagnose(RULES, findings(0.4, 0.3, 0.5, gil=HOLDER_IDLE)).diagnosis
     assert diagnosis.where == {"thread": "kv-transfer", "function": "intranode_dispatch",
                                "file": "scenarios/kv_transfer/dispatch.py", "line": 39}
-    assert diagnosis.next[-1].startswith("glmfb gap a.py:prefill a.py:transfer --threshold 5%")
+    after = diagnosis.next[-1]
+    assert (after.command, after.why) == ("gap", "after the fix")
+    assert after.arguments == {"baseline": "a.py:prefill", "candidate": "a.py:transfer", "repeats": 30,
+                               "budget": "30s"}
+    assert shell_line(after) == "glmfb gap a.py:prefill a.py:transfer --repeats 30 --budget 30s  # after the fix"
+
+
+def test_undecided_asks_for_twice_the_repeats_and_budget() -> None:
+    (step,) = diagnose(RULES, findings(0.04, 0.01, 0.08, stopped_by="budget")).diagnosis.next
+    assert step.command == "gap" and step.arguments == {
+        "baseline": "a.py:prefill", "candidate": "a.py:transfer", "repeats": 60, "budget": "60s"}
+    assert step.why == "more evidence, on a quieter machine"
 
 
 def test_cpu_contention_names_the_competitors_function_never_glmfb() -> None:
@@ -99,7 +118,8 @@ def test_the_starved_prefill_thread_and_the_holders_c_function_are_where() -> No
 
 def test_without_the_gil_probe_the_next_step_runs_it() -> None:
     diagnosis = diagnose(RULES, findings(0.4, 0.3, 0.5, gil=GilFinding(available=False, reason="x"))).diagnosis
-    assert any(step.startswith("glmfb gil --target a.py:transfer") for step in diagnosis.next)
+    gil = [step for step in diagnosis.next if step.command == "gil"]
+    assert [step.arguments for step in gil] == [{"target": "a.py:transfer", "duration": "15s", "rate": 200}]
     assert diagnosis.where == {}
 
 

@@ -40,7 +40,7 @@ def test_cli_json_holding_dispatch_fails_with_exit_1(tmp_path: Path) -> None:
     )
     assert result.exit_code == ExitCode.REGRESSION, result.output
     data = json.loads(result.stdout)
-    assert data["schema"] == "glmfb.verdict/1" and data["probe"] == "gil"
+    assert data["schema"] == "glmfb.verdict/2" and data["probe"] == "gil"
     assert data["status"] == "fail"
     assert data["where"]["function"] == "intranode_dispatch"
     assert Path(data["artifacts"]["pyspy_raw"]).parent.parent.parent == tmp_path

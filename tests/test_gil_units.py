@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from glmfb.commandline import command_line, shell_line
 from glmfb.errors import UsageError
 from glmfb.gil import GilConfig
-from glmfb.gil.engine import python_command, reproduce_command
+from glmfb.gil.engine import python_command, trace_step
 from glmfb.gil.heartbeat import Heartbeat, injection_env, read_heartbeat
 from glmfb.gil.pyspy import explain_failure, parse_raw, profile_holders, sampled_cleanly
 from glmfb.gil.trace import overlap_blame
@@ -252,12 +253,15 @@ def test_command_lines() -> None:
     assert argv[1:3] == ["-m", "glmfb.gil.runner"] and json.loads(
         argv[argv.index("--args") + 1]
     ) == {"mode": "hold"}
-    assert (
-        reproduce_command(config, trace=True)
-        == 'glmfb gil --rate 100 --duration 2 --trace --target a.py:make --arg mode="hold"'
-    )
-    command = GilConfig(name="x", command=("python", "p y.py"))
-    assert reproduce_command(command).endswith("-- python 'p y.py'")
+    step = trace_step(config)
+    assert step is not None and step.command == "gil"
+    assert step.arguments == {"target": "a.py:make", "args": {"mode": "hold"}, "duration": "2s", "trace": True}
+    assert shell_line(step) == ("glmfb gil --target a.py:make --arg mode=hold --duration 2s --trace  "
+                                "# ranks what overlaps the starved slices")
+    command = trace_step(GilConfig(name="x", command=("python", "p y.py"), rate_hz=200))
+    assert command is not None and command.arguments == {"command": ["python", "p y.py"], "rate": 200, "trace": True}
+    assert command_line(command) == "glmfb gil --rate 200 --trace -- python 'p y.py'"
+    assert trace_step(GilConfig(name="x", pid=1234)) is None  # a rerun needs a program glmfb starts
 
 
 def test_describe_returncode_and_milliseconds() -> None:

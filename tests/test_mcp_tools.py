@@ -169,34 +169,46 @@ def test_every_call_has_a_time_budget_capped_by_the_server(root: Path) -> None:
 
 
 def test_next_steps_that_are_glmfb_commands_become_tool_calls_that_are_accepted(root: Path) -> None:
+    from glmfb.bench.config import BenchConfig
+    from glmfb.commandline import rerun_step, run_step, shell_line
+    from glmfb.gap.config import GapConfig
+    from glmfb.gil.config import GilConfig
+    from glmfb.step import Step
+    from glmfb.targets import Target
+
     box = toolbox(root)
+    bench = BenchConfig("b", Target(FUSED), Target(TILED), shapes=((8, 4096), (32, 2048)), profile=False)
+    gap = GapConfig("gap", Target(FUSED), Target(TILED), repeats=40)
     steps = [
-        "compute each reduction once per row and reuse the result",
-        f"glmfb bench {FUSED} {TILED} --shape 8x4096 --json  # reproduce on the worst shape",
-        f"glmfb bench {FUSED} {TILED} --shape 8x4096 --shape 32x2048 --budget 12 --no-profile",
-        f"glmfb gap {FUSED} {TILED} --threshold 5% --repeats 80 --budget 80  # more evidence",
-        "glmfb gil --rate 100 --duration 15 --target scenarios/decode_norm/kernels.py:gated_norm_fused "
-        '--arg shape=[8,64]',
-        "glmfb run -k tiled-vs-fused",
-        "glmfb gate --policy ci.toml --junit junit.xml",
-        "glmfb bench OLD.json saved.json  # compare with another saved run",
-        "glmfb gil --rate 100 --duration 3 -- python prog.py",
-        "glmfb report reports/x/run.json",
+        Step("compute each reduction once per row and reuse the result"),
+        rerun_step("bench", bench, "reproduce on the worst shape", shapes=["8x4096"]),
+        rerun_step("bench", bench, "more evidence", budget="12s"),
+        rerun_step("gap", gap, "more evidence", repeats=80, budget="80s"),
+        rerun_step("gil", GilConfig(target=Target(FUSED, {"shape": [8, 64]}), duration_s=15.0), "longer"),
+        run_step(["tiled-vs-fused"]),
+        Step("gate it", command="gate", arguments={"source": "reports", "policy": "ci.toml"}),
+        Step("compare with another saved run", command="bench", arguments={"baseline": "OLD.json",
+                                                                            "candidate": "saved.json"}),
+        rerun_step("gil", GilConfig(command=("python", "prog.py"), duration_s=3.0), "the program"),
+        Step("show it", command="report", arguments={"source": "reports/x/run.json"}),
     ]
     calls = {call["index"]: call for call in box.next_calls(steps)}
     assert 0 not in calls  # prose stays text only
     assert calls[1]["tool"] == "bench" and calls[1]["arguments"] == {
-        "baseline": FUSED, "candidate": TILED, "shapes": ["8x4096"]}
+        "baseline": FUSED, "candidate": TILED, "shapes": ["8x4096"], "profile": False}
+    assert calls[1]["text"] == (f"glmfb bench {FUSED} {TILED} --shape 8x4096 --no-profile  "
+                                "# reproduce on the worst shape")
     assert calls[2]["arguments"]["shapes"] == ["8x4096", "32x2048"] and calls[2]["arguments"]["profile"] is False
-    assert calls[2]["arguments"]["budget"] == "12"
-    assert calls[3]["tool"] == "gap" and calls[3]["arguments"]["repeats"] == 80
-    assert calls[3]["arguments"]["threshold"] == "5%"
-    assert calls[4]["arguments"] == {"rate": "100", "duration": "15", "target": FUSED, "args": {"shape": [8, 64]}}
-    assert calls[5] == {"index": 5, "text": steps[5], "tool": "run", "arguments": {"select": ["tiled-vs-fused"]}}
+    assert calls[2]["arguments"]["budget"] == "12s"
+    assert calls[3]["tool"] == "gap" and calls[3]["arguments"] == {
+        "baseline": FUSED, "candidate": TILED, "repeats": 80, "budget": "80s"}
+    assert calls[4]["arguments"] == {"target": FUSED, "args": {"shape": [8, 64]}, "duration": "15s"}
+    assert calls[5] == {"index": 5, "text": shell_line(steps[5]), "why": "run it again", "tool": "run",
+                        "arguments": {"select": ["tiled-vs-fused"]}}
     assert "argument 'policy'" in calls[6]["error"] and "arguments" not in calls[6]  # ci.toml does not exist
     assert "OLD.json" in calls[7]["error"] and "arguments" not in calls[7]
     assert "--allow-commands" in calls[8]["error"]
-    assert "has no tool" in calls[9]["error"]
+    assert "unknown tool" in calls[9]["error"]
     for call in calls.values():
         if "arguments" in call:
             box.prepare(call["tool"], call["arguments"])  # passed straight back, accepted

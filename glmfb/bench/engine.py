@@ -51,12 +51,14 @@ from glmfb.bench.runner import (
     prepare_pairs,
     warm_up,
 )
+from glmfb.commandline import rerun_step
 from glmfb.env import differences, fingerprint
 from glmfb.errors import InputError, UsageError
 from glmfb.evidence import EnvDifferences, Evidence
 from glmfb.probe import ProbeContext
 from glmfb.rules import diagnose
 from glmfb.stats import Decision
+from glmfb.step import Step
 from glmfb.units import format_shape
 from glmfb.verdict import Layer, Metric, Status, Verdict
 
@@ -265,8 +267,7 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
         focus_shape = config.shapes[[format_shape(s) for s in config.shapes].index(focus.shape)]
         op_diff = _profile(config, timer, focus_shape, focus, slower)
 
-    shapes_args = " ".join(f"--shape {format_shape(s)}" for s in config.shapes)
-    refs = f"{config.baseline.describe()} {config.candidate.describe()}"
+    steps = next_steps(config, focus.shape if focus is not None else None, _suggest_budget(config, results))
     findings = BenchFindings(
         baseline=baseline_name, candidate=candidate_name, threshold=config.threshold, budget_s=config.budget_s,
         shapes=outcomes,
@@ -274,9 +275,7 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
         geomean_low=geomean.low if geomean is not None else None,
         geomean_high=geomean.high if geomean is not None else None,
         focus=focus.shape if focus is not None else None, op_diff=op_diff, device=timer.device,
-        reproduce=(f"glmfb bench {refs} --shape {focus.shape} --json  # reproduce on the worst shape"
-                   if focus is not None else None),
-        more_evidence=f"glmfb bench {refs} {shapes_args} --budget {_suggest_budget(config, results):g}",
+        reproduce=steps["reproduce"], more_evidence=steps["more_evidence"],
     )
     outcome = diagnose(ctx.rules("bench", RULES), findings)
     diagnosis = outcome.diagnosis
@@ -316,6 +315,18 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
         why=diagnosis.why, metric=metric, evidence=tuple(evidence), next=diagnosis.next, artifacts=artifacts,
         env=env,
     )
+
+
+def next_steps(config: BenchConfig, focus: str | None, budget_s: float) -> dict[str, Step | None]:
+    """The steps the rules may suggest (:class:`~glmfb.bench.rules.BenchFindings` fields): the
+    comparison rerun on the ``focus`` shape, and on every shape with ``budget_s``; neither
+    writes ``--save`` again."""
+    return {
+        "reproduce": (rerun_step("bench", config, "reproduce on the worst shape", shapes=[focus], save=None)
+                      if focus is not None else None),
+        "more_evidence": rerun_step("bench", config, "more evidence: a budget that would decide it",
+                                    budget=budget_s, save=None),
+    }
 
 
 def _focus(results: Sequence[ShapeResult]) -> ShapeResult | None:
@@ -463,7 +474,8 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
         metric=Metric("median_time", results[0].baseline_median_s, "s"),
         evidence=tuple(Measurement(shape=r.shape, samples=len(r.blocks.raw), calls_per_sample=r.calls_per_sample,
                                    median_s=r.baseline_median_s) for r in results),
-        next=(f"glmfb bench OLD.json {saved}  # compare with another saved run",),
+        next=(Step("compare with another saved run", command="bench",
+                   arguments={"baseline": "OLD.json", "candidate": saved}),),
         artifacts=artifacts, env=env,
     )
 
@@ -549,10 +561,8 @@ def compare_saved(config: BenchConfig, ctx: ProbeContext) -> Verdict:
         unit="benchmark" if pytest_format else "shape",
         env_differences=tuple(f"{k}: {a} vs {b}" for k, (a, b) in env_diff.items()),
         approximate=len(approximate),
-        more_evidence="rerun both kernels in one process for a paired measurement: glmfb bench BASELINE "
-                      "CANDIDATE --shape ...",
-        reproduce="rerun both kernels in one process for a paired measurement: glmfb bench BASELINE "
-                  "CANDIDATE --shape ...",
+        more_evidence=_PAIRED,
+        reproduce=_PAIRED,
     )
     outcome = diagnose(ctx.rules("bench", RULES), findings)
     evidence: list[Evidence] = [SavedComparison(
@@ -590,6 +600,11 @@ def compare_saved(config: BenchConfig, ctx: ProbeContext) -> Verdict:
     )
 
 
+# What a saved comparison suggests: its files name no targets to rerun, so a plain step.
+_PAIRED = Step("rerun both kernels in one process for a paired measurement: bench the two kernel targets "
+               "(BASELINE CANDIDATE) on the saved shapes")
+
+
 def _saved_statistic(saved: Sequence[Any]) -> str:
     methods = {c.method for c in saved}
     texts = {
@@ -620,4 +635,4 @@ def _runs_note(a_runs: int, b_runs: int, saved: Sequence[Any], floor_used: Seque
     return ""
 
 
-__all__ = ["compare_saved", "run_bench"]
+__all__ = ["compare_saved", "next_steps", "run_bench"]

@@ -43,6 +43,7 @@ from typing import Any
 from glmfb.bench.evidence import InputRow, OpDiff, OpRow
 from glmfb.bench.opdiff import REPEATED, SAME_CALLS, call_ratio, repeated_input
 from glmfb.rules import Diagnosis, Rule
+from glmfb.step import Step
 from glmfb.verdict import Status
 
 KIND = "bench"
@@ -85,8 +86,8 @@ class BenchFindings:
     focus: str | None = None  # the shape the verdict speaks about
     op_diff: OpDiff | None = None
     device: str = "cpu"
-    reproduce: str | None = None  # the command that reruns the comparison on the worst shape
-    more_evidence: str | None = None  # the command with the budget that would decide it
+    reproduce: Step | None = None  # the step that reruns the comparison on the worst shape
+    more_evidence: Step | None = None  # the step with the budget that would decide it
     saved: bool = False  # compared from saved files, not measured now
     saved_in_process: bool = False  # both saved sides come from one in-process run (one file)
     saved_runs_note: str = ""  # what a saved comparison's interval carries between processes
@@ -378,11 +379,11 @@ def _why(headline: str, clause: str, f: BenchFindings) -> str:
     return headline + (f": {clause}." if clause else ".") + _notes(f)
 
 
-def _reproduce(f: BenchFindings) -> tuple[str, ...]:
+def _reproduce(f: BenchFindings) -> tuple[Step, ...]:
     return (f.reproduce,) if f.reproduce else ()
 
 
-def _more(f: BenchFindings) -> tuple[str, ...]:
+def _more(f: BenchFindings) -> tuple[Step, ...]:
     return (f.more_evidence,) if f.more_evidence else ()
 
 
@@ -425,7 +426,7 @@ def _recomputation(f: BenchFindings) -> Diagnosis | None:
     if f.device == "cuda" and reductions:
         advice += ("; on the GPU: one block per row, the statistics kept in registers, a warp-level reduction instead "
                    "of recomputing them per tile")
-    return Diagnosis(Status.FAIL, _why(_slower_headline(f), clause, f), (advice, *_reproduce(f)))
+    return Diagnosis(Status.FAIL, _why(_slower_headline(f), clause, f), (Step(advice), *_reproduce(f)))
 
 
 def _lost_fusion(f: BenchFindings) -> Diagnosis | None:
@@ -458,7 +459,7 @@ def _lost_fusion(f: BenchFindings) -> Diagnosis | None:
               "operators, or let torch.compile fuse them")
     if f.device == "cuda":
         advice += "; each separate operator is a kernel launch of its own that writes its intermediate to device memory"
-    return Diagnosis(Status.FAIL, _why(_slower_headline(f), clause, f), (advice, *_reproduce(f)))
+    return Diagnosis(Status.FAIL, _why(_slower_headline(f), clause, f), (Step(advice), *_reproduce(f)))
 
 
 _SOURCES = {
@@ -506,7 +507,7 @@ def _memory_traffic(f: BenchFindings) -> Diagnosis | None:
                    f"{_first(op.baseline_input_shapes)}), {op.share:+.0%} of the added time")
     clause += (": a materialized intermediate, written and read again (more memory traffic)" if readers else
                ": a materialized intermediate (more memory traffic)")
-    return Diagnosis(Status.FAIL, _why(_slower_headline(f), clause, f), (advice, *_reproduce(f)))
+    return Diagnosis(Status.FAIL, _why(_slower_headline(f), clause, f), (Step(advice), *_reproduce(f)))
 
 
 def _slower_op(f: BenchFindings) -> Diagnosis | None:
@@ -520,7 +521,7 @@ def _slower_op(f: BenchFindings) -> Diagnosis | None:
         clause = (f"{describe_op(added[0], True)} ({_first(added[0].input_shapes)}); {lost} runs only in the baseline: "
                   "one operator of the baseline replaced by another that takes longer")
         return Diagnosis(Status.FAIL, _why(_slower_headline(f), clause, f),
-                         (f"compare {added[0].op} with the baseline's {_tops[0].op} on these inputs", *_reproduce(f)))
+                         (Step(f"compare {added[0].op} with the baseline's {_tops[0].op} on these inputs"), *_reproduce(f)))
     same = [op for op in diff.ops if op.added_us > 0 and _same_calls(op) and not op.view]
     if not _decides(_share_of(same), diff):
         return None
@@ -530,7 +531,7 @@ def _slower_op(f: BenchFindings) -> Diagnosis | None:
         parts.append(f"{describe_op(op, True)}, {detail}")
         steps.append(step)
     clause = "; ".join(parts) + ": the same operators, called as often, take longer per call"
-    return Diagnosis(Status.FAIL, _why(_slower_headline(f), clause, f), (*steps[:1], *_reproduce(f)))
+    return Diagnosis(Status.FAIL, _why(_slower_headline(f), clause, f), (*map(Step, steps[:1]), *_reproduce(f)))
 
 
 def _extra_ops(f: BenchFindings) -> Diagnosis | None:
@@ -544,8 +545,8 @@ def _extra_ops(f: BenchFindings) -> Diagnosis | None:
               f"{'; '.join(describe_op(op, True) for op in added[:3])}; the profile shows that they were added, not "
               "whether the result needs them (extra operators)")
     return Diagnosis(Status.FAIL, _why(_slower_headline(f), clause, f),
-                     (f"check whether {', '.join(op.op for op in added[:3])} are needed: the baseline gets its "
-                      "result without them", *_reproduce(f)))
+                     (Step(f"check whether {', '.join(op.op for op in added[:3])} are needed: the baseline gets "
+                           "its result without them"), *_reproduce(f)))
 
 
 def _more_calls(f: BenchFindings) -> Diagnosis | None:
@@ -572,7 +573,7 @@ def _more_calls(f: BenchFindings) -> Diagnosis | None:
                     "more calls on more data (more calls)")
     clause = "; ".join(parts) + "; " + tail
     return Diagnosis(Status.FAIL, _why(_slower_headline(f), clause, f),
-                     ("issue fewer, larger calls: one call on the whole tensor instead of one per piece",
+                     (Step("issue fewer, larger calls: one call on the whole tensor instead of one per piece"),
                       *_reproduce(f)))
 
 
@@ -617,7 +618,7 @@ def _environment_differs(f: BenchFindings) -> Diagnosis | None:
         return None
     headline = _faster_headline(f) if f.of("improvement") else _equivalent_headline(f)
     return Diagnosis(Status.WARN, _why(headline, "", f),
-                     ("measure both sides in the same environment to trust a pass",))
+                     (Step("measure both sides in the same environment to trust a pass"),))
 
 
 def _recomputation_removed(f: BenchFindings) -> Diagnosis | None:

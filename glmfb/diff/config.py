@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,17 @@ def parse_per_tap(raw: Any) -> PerTap:
     return tuple(parsed)
 
 
+def _tolerance_text(glob: str, rtol: float | None, atol: float | None) -> str:
+    """One per-tap tolerance as ``--tol`` and a definition's list take it: ``GLOB=RTOL,ATOL``."""
+    return f"{glob}={'' if rtol is None else repr(rtol)},{'' if atol is None else repr(atol)}"
+
+
+def _knob_text(knob: str, values: tuple[Any, ...]) -> str:
+    """One counterfactual as ``--counterfactual`` takes it: ``KNOB=V1,V2`` (values as JSON
+    where they are not strings)."""
+    return f"{knob}=" + ",".join(v if isinstance(v, str) else json.dumps(v) for v in values)
+
+
 def _parse_knobs(raw: Any) -> Any:
     from glmfb.diff.counterfactual import parse_counterfactuals
 
@@ -69,10 +81,10 @@ COUNTERFACTUALS = ValueType(
     {"type": ["object", "array"],
      "description": "knob -> [values] (an argument of the candidate's factory, or torch.float32_matmul_precision, "
                     "torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32), or 'KNOB=V1,V2' strings"},
-    repeatable=True, parse_all=_parse_knobs, check=_parse_knobs)
+    repeatable=True, parse_all=_parse_knobs, check=_parse_knobs, write=lambda v: [_knob_text(k, vs) for k, vs in v])
 PER_TAP = ValueType("tolerance", "GLOB=RTOL,ATOL", str, lambda v: "none" if not v else str(len(v)),
                     {"type": ["object", "array"], "description": "glob -> {rtol, atol}, or 'GLOB=RTOL,ATOL' strings"},
-                    repeatable=True, parse_all=parse_per_tap)
+                    repeatable=True, parse_all=parse_per_tap, write=lambda v: [_tolerance_text(*entry) for entry in v])
 TOLERANCE = nonnegative_float("tolerance")
 
 

@@ -8,7 +8,6 @@ mode then measures local error (``localize``) and bisects the shortest failing p
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
@@ -16,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from glmfb.commandline import command_line, rerun_step
 from glmfb.diff.capture import OUTPUT, LoadedSide, load_side, run_requests
 from glmfb.diff.compare import RequestResult, TapResult, compare_and_match
 from glmfb.diff.compare import TreeDifferences as TreeDifferencesFound
@@ -99,7 +99,8 @@ from glmfb.errors import UsageError
 from glmfb.evidence import EnvDifferences, Evidence
 from glmfb.probe import ProbeContext
 from glmfb.rules import Diagnosis, diagnose
-from glmfb.targets import Target, portable_ref
+from glmfb.step import Step
+from glmfb.targets import Target
 from glmfb.verdict import Layer, Metric, Verdict
 
 Progress = Callable[[str], None]
@@ -537,7 +538,7 @@ class _Reproducer:
     """What the minimizer left: the shortest failing prefix as a requests file and the command
     that reruns it, or the note saying why there is none."""
 
-    rerun: str | None = None
+    rerun: Step | None = None
     note: str | None = None
     artifacts: dict[str, str] = field(default_factory=dict)
     evidence: list[Evidence] = field(default_factory=list)
@@ -550,10 +551,10 @@ def _minimal_reproducer(config: DiffConfig, ctx: ProbeContext, live: _Live, wors
     if minimal is not None:
         path = ctx.artifact(f"minimal-{_safe(worst.id)}.jsonl")
         write_requests(path, [minimal.request])
-        rerun = _rerun_command(config, path)
+        rerun = reproducer_step(config, path)
         return _Reproducer(rerun=rerun, artifacts={"minimal_requests": str(path)}, evidence=[MinimalReproducer(
             request=worst.id, length=minimal.length, original_length=minimal.original_length, file=str(path),
-            tried=tuple(Tried(length=n, failed=f) for n, f in minimal.tried), command=rerun,
+            tried=tuple(Tried(length=n, failed=f) for n, f in minimal.tried), command=command_line(rerun),
         )])
     if minimized.note is not None:
         return _Reproducer(note=minimized.note, evidence=[MinimizerNote(
@@ -979,24 +980,10 @@ def _safe(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
-def _rerun_command(config: DiffConfig, requests: Path) -> str:
-    parts = ["glmfb", "diff", portable_ref(config.baseline, config.base_dir),
-             portable_ref(config.candidate, config.base_dir), "--requests", str(requests)]
-    for flag, args in (("--baseline-arg", config.baseline_args), ("--candidate-arg", config.candidate_args)):
-        for key, value in args.items():
-            import json
-
-            parts += [flag, f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
-    tolerances = config.tolerances
-    if tolerances.rtol is not None:
-        parts += ["--rtol", repr(tolerances.rtol)]
-    if tolerances.atol is not None:
-        parts += ["--atol", repr(tolerances.atol)]
-    for glob, rtol, atol in tolerances.per_tap:
-        parts += ["--tol", f"{glob}={'' if rtol is None else rtol},{'' if atol is None else atol}"]
-    for glob in config.taps:
-        parts += ["--tap", glob]
-    return shlex.join(parts)
+def reproducer_step(config: DiffConfig, requests: Path) -> Step:
+    """The step that reruns this diff on the minimal reproducer (``requests``), with the
+    same options but the counterfactuals (already read)."""
+    return rerun_step("diff", config, "rerun the minimal reproducer", requests=str(requests), counterfactuals=None)
 
 
-__all__ = ["OUTPUT", "CaptureConfig", "DiffConfig", "GrowthFit", "run_capture", "run_diff"]
+__all__ = ["OUTPUT", "CaptureConfig", "DiffConfig", "GrowthFit", "reproducer_step", "run_capture", "run_diff"]

@@ -36,6 +36,7 @@ from glmfb.diff.metrics import TokenMetrics
 from glmfb.diff.rounding import FORMAT_NAMES, BiasTest, RoundingTest
 from glmfb.diff.shape import ErrorShape, GrowthFit, PositionShape, PrecisionSignature
 from glmfb.rules import Diagnosis, Rule
+from glmfb.step import Step, as_step
 from glmfb.verdict import Status
 
 KIND = "diff"
@@ -61,7 +62,7 @@ class DiffFindings:
     tokens: TokenMetrics | None = None
     nonfinite_tap: str | None = None
     output_rel_l2: float = 0.0
-    rerun: str | None = None  # command that reruns the minimal reproducer
+    rerun: Step | None = None  # the step that reruns the minimal reproducer
     length_fit: GrowthFit | None = None  # output error against request length (three lengths or more)
     profile: PositionShape | None = None  # error along the worst request's positions where it starts
     profile_tap: str | None = None
@@ -169,8 +170,8 @@ def _rounding_clause(f: DiffFindings) -> str:
     return f"; {r.describe()}"
 
 
-def _rerun(f: DiffFindings) -> list[str]:
-    return [f.rerun] if f.rerun else []
+def _rerun(f: DiffFindings) -> list[Step]:
+    return [f.rerun] if f.rerun is not None else []
 
 
 def _tree_phrase(f: DiffFindings) -> str:
@@ -218,7 +219,7 @@ def _suffix(f: DiffFindings, tree: bool = True) -> str:
 # The rules' explanations
 # --------------------------------------------------------------------------------------------
 
-Explained = tuple[str, list[str]]
+Explained = tuple[str, list[Step | str]]  # why, and the next steps (a string is a plain step)
 
 
 def _passed(f: DiffFindings) -> Explained:
@@ -296,7 +297,7 @@ def _tf32_claimed(f: DiffFindings) -> bool:
     return f.rounding is not None and f.rounding.format == "tf32"
 
 
-def _growth_steps(f: DiffFindings, what: str) -> list[str]:
+def _growth_steps(f: DiffFindings, what: str) -> list[Step | str]:
     steps = _counterfactual_steps(f)
     if _tf32_claimed(f):
         steps.append(f"compute the products in {f.module or f.tap} in full fp32 (Triton tl.dot input_precision="
@@ -474,7 +475,7 @@ def _rule(name: str, applies: Callable[[DiffFindings], bool], explain: Callable[
         if not applies(f):
             return None
         why, steps = explain(f)
-        return Diagnosis(status, why, tuple(steps))
+        return Diagnosis(status, why, tuple(map(as_step, steps)))
 
     return Rule(name, KIND, check, doc)
 

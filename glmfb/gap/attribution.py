@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from glmfb.commandline import rerun_step
 from glmfb.errors import InputError
 from glmfb.gap.config import GapConfig
 from glmfb.gil.evidence import (
@@ -27,6 +28,7 @@ from glmfb.gil.evidence import (
 )
 from glmfb.io import write_json_atomic
 from glmfb.probe import ProbeContext, get_probe
+from glmfb.step import Step
 from glmfb.verdict import Verdict
 
 IDLE_MAJORITY = 0.5  # a holder blocked in this share of its samples holds the GIL while idle
@@ -85,7 +87,7 @@ class GilFinding:
     canary_max_ms: float | None = None
     holder_source: str | None = None  # which gil evidence the holder comes from
     gil_why: str | None = None
-    next: tuple[str, ...] = ()
+    next: tuple[Step, ...] = ()  # the gil verdict's next steps
     artifacts: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -403,6 +405,28 @@ def finding_from_verdict(verdict: Verdict, baseline: Verdict | None = None) -> G
     )
 
 
+def _gil_config(config_type: type, config: GapConfig, side: str, **overrides: Any) -> Any:
+    """The gil probe's config for one side's target, as the attribution runs it."""
+    return config_type(**{
+        "name": f"{config.name}/gil" + ("" if side == "candidate" else f"-{side}"),
+        "target": config.candidate if side == "candidate" else config.baseline,
+        # The gil probe samples once the target is built and has run once (steady state).
+        "duration_s": config.gil_duration_s,
+        "setup_timeout_s": max(config.gil_startup_s, 1.0),
+        "rate_hz": config.gil_rate_hz,
+        **overrides,
+    })
+
+
+def gil_rerun_step(config: GapConfig, duration_s: float = 15.0) -> Step:
+    """The step that runs the gil probe on the candidate as the attribution does, sampling
+    ``duration_s`` (at least as long as the attribution did)."""
+    from glmfb.gil.config import GilConfig
+
+    gil_config = _gil_config(GilConfig, config, "candidate", duration_s=max(duration_s, config.gil_duration_s))
+    return rerun_step("gil", gil_config, "sample the candidate's GIL holder for longer")
+
+
 def _trace(config: GapConfig, ctx: ProbeContext, side: str) -> Verdict | str:
     """The gil probe's verdict on one side's target, or why there is none."""
     from glmfb.host import run_probe
@@ -412,15 +436,7 @@ def _trace(config: GapConfig, ctx: ProbeContext, side: str) -> Verdict | str:
     except InputError as exc:
         return f"the gil probe is not installed ({exc})"
     try:
-        gil_config = probe.config_type(
-            name=f"{config.name}/gil" + ("" if side == "candidate" else f"-{side}"),
-            target=config.candidate if side == "candidate" else config.baseline,
-            # The gil probe samples once the target is built and has run once (steady state).
-            duration_s=config.gil_duration_s,
-            setup_timeout_s=max(config.gil_startup_s, 1.0),
-            rate_hz=config.gil_rate_hz,
-        )
-        verdict: Verdict = run_probe(probe, gil_config, ctx)
+        verdict: Verdict = run_probe(probe, _gil_config(probe.config_type, config, side), ctx)
     except Exception as exc:
         return f"the gil probe broke: {type(exc).__name__}: {exc}"
     with contextlib.suppress(OSError):

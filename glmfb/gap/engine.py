@@ -14,9 +14,10 @@ import statistics
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from glmfb.commandline import rerun_step
 from glmfb.errors import TargetFailed
 from glmfb.evidence import Evidence
-from glmfb.gap.attribution import GilFinding, trace_candidate_gil
+from glmfb.gap.attribution import GilFinding, gil_rerun_step, trace_candidate_gil
 from glmfb.gap.bandwidth import BandwidthCheck, check_bandwidth
 from glmfb.gap.config import GapConfig
 from glmfb.gap.evidence import Bandwidth, GapMeasurement, GilAttribution, Phase, TransferInfo
@@ -25,6 +26,7 @@ from glmfb.gap.rules import RULES, GapFindings
 from glmfb.gap.runner import Measurement, measure
 from glmfb.probe import ProbeContext
 from glmfb.rules import diagnose
+from glmfb.step import Step
 from glmfb.targets import Target
 from glmfb.verdict import Layer, Metric, Verdict
 
@@ -65,6 +67,18 @@ def _alone(config: GapConfig, side: str) -> str:
     target = config.baseline if side == "baseline" else config.candidate
     return (f"run the {side} alone: python -c \"from glmfb.targets import Target; "
             f"f = Target({target.portable_ref!r}).load()(**{dict(target.args)!r}); f(); f()\"")
+
+
+def next_steps(config: GapConfig, attributed: bool) -> dict[str, Step | None]:
+    """The steps the rules may suggest (:class:`~glmfb.gap.rules.GapFindings` fields): the
+    same gap after a fix, the gap with twice the repeats and budget, and (when the gil probe
+    ran) the gil probe on the candidate, sampled longer."""
+    return {
+        "rerun": rerun_step("gap", config, "after the fix"),
+        "more_evidence": rerun_step("gap", config, "more evidence, on a quieter machine",
+                                    repeats=config.repeats * 2, budget=config.budget_s * 2),
+        "gil_rerun": gil_rerun_step(config) if attributed else None,
+    }
 
 
 def _transfers(sides: list[Any]) -> list[TransferInfo]:
@@ -166,7 +180,7 @@ def _judge(config: GapConfig, measurement: Measurement, candidate: Any, ctx: Pro
         gap=estimate.value, low=estimate.low, high=estimate.high, threshold=threshold, iterations=n,
         stopped_by=measurement.stopped_by, budget_s=config.budget_s, repeats=config.repeats,
         grown=tuple(grown_phases(phases, threshold)), bandwidth=bandwidth, gil=gil, attribute=config.attribute,
-        baseline_ref=config.baseline.portable_ref, candidate_ref=config.candidate.portable_ref,
+        **next_steps(config, attributed=gil is not None),
     )
     outcome = diagnose(ctx.rules("gap", RULES), findings)
     evidence.append(outcome.record)

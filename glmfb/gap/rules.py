@@ -26,6 +26,7 @@ from glmfb.gap.attribution import GilFinding
 from glmfb.gap.bandwidth import BandwidthCheck
 from glmfb.gap.phases import PhaseChange
 from glmfb.rules import Diagnosis, Rule
+from glmfb.step import Step
 from glmfb.verdict import Status
 
 KIND = "gap"
@@ -47,8 +48,9 @@ class GapFindings:
     bandwidth: BandwidthCheck | None = None
     gil: GilFinding | None = None
     attribute: bool = True
-    baseline_ref: str = "BASELINE"
-    candidate_ref: str = "CANDIDATE"
+    rerun: Step | None = None  # the same gap, to run after a fix
+    more_evidence: Step | None = None  # the gap with more repeats and budget
+    gil_rerun: Step | None = None  # the gil probe on the candidate, sampled longer
 
     @property
     def gap_text(self) -> str:
@@ -115,16 +117,16 @@ def _failure_sentences(f: GapFindings, cpu: bool = False) -> list[str]:
     return sentences
 
 
-def _after_fix(f: GapFindings) -> str:
-    return f"glmfb gap {f.baseline_ref} {f.candidate_ref} --threshold {f.threshold:.0%}  # after the fix"
+def _after_fix(f: GapFindings) -> tuple[Step, ...]:
+    return (f.rerun,) if f.rerun is not None else ()
 
 
-def _gil_next(f: GapFindings) -> list[str]:
-    steps: list[str] = []
+def _gil_next(f: GapFindings) -> list[Step]:
+    steps: list[Step] = []
     if f.gil is not None:
         steps.extend(f.gil.next)
-        if not f.gil.available or not f.gil.holder_known:
-            steps.append(f"glmfb gil --target {f.candidate_ref} --duration 15")
+        if (not f.gil.available or not f.gil.holder_known) and f.gil_rerun is not None:
+            steps.append(f.gil_rerun)
     return steps
 
 
@@ -145,9 +147,7 @@ def _undecided(f: GapFindings) -> Diagnosis | None:
     ran_out = {"budget": f"the {f.budget_s:g} s budget", "repeats": f"{f.repeats} repeats"}
     why = (f"Not decided: {f.gap_text}; the interval straddles the threshold and "
            f"{ran_out.get(f.stopped_by, 'the limits')} ran out.")
-    return Diagnosis(Status.INCONCLUSIVE, why, (
-        f"glmfb gap {f.baseline_ref} {f.candidate_ref} --threshold {f.threshold:.0%} --repeats {f.repeats * 2} "
-        f"--budget {f.budget_s * 2:g}  # more evidence, on a quieter machine",))
+    return Diagnosis(Status.INCONCLUSIVE, why, (f.more_evidence,) if f.more_evidence is not None else ())
 
 
 def _within(f: GapFindings) -> Diagnosis | None:
@@ -167,7 +167,7 @@ def _gil_starved_sender(f: GapFindings) -> Diagnosis | None:
     if gil.idle_in_native:
         sentences.append(f"A missing GIL release in {gil.holder_function}: release the GIL around its native call "
                          "and rerun this gap.")
-    return Diagnosis(Status.FAIL, " ".join(sentences), (*_gil_next(f), _after_fix(f)), _gil_where(f))
+    return Diagnosis(Status.FAIL, " ".join(sentences), (*_gil_next(f), *_after_fix(f)), _gil_where(f))
 
 
 def _cpu_contention(f: GapFindings) -> Diagnosis | None:
@@ -177,8 +177,9 @@ def _cpu_contention(f: GapFindings) -> Diagnosis | None:
     where: dict[str, Any] = {"thread": gil.cpu_victim}
     if gil.competitor_function:
         where["function"] = gil.competitor_function
-    steps = (f"give {gil.competitor_thread} its own CPU, or move its work ({gil.competitor_function or 'its loop'}) "
-             f"off the CPUs {gil.cpu_victim} runs on (check the CPU mask and torch.get_num_threads())", _after_fix(f))
+    steps = (Step(f"give {gil.competitor_thread} its own CPU, or move its work ({gil.competitor_function or 'its loop'}) "
+                  f"off the CPUs {gil.cpu_victim} runs on (check the CPU mask and torch.get_num_threads())"),
+             *_after_fix(f))
     return Diagnosis(Status.FAIL, " ".join(_failure_sentences(f, cpu=True)), steps, where)
 
 
@@ -186,11 +187,12 @@ def _bandwidth_bound(f: GapFindings) -> Diagnosis | None:
     if not (f.over and f.bandwidth is not None and f.bandwidth.bandwidth_bound):
         return None
     return Diagnosis(Status.FAIL, " ".join(_failure_sentences(f)), (
-        *_gil_next(f), "cut the bytes moved (KV precision, fewer layers sent) or add bandwidth", _after_fix(f)), {})
+        *_gil_next(f), Step("cut the bytes moved (KV precision, fewer layers sent) or add bandwidth"), *_after_fix(f)),
+        {})
 
 
 def _over(f: GapFindings) -> Diagnosis | None:
-    return Diagnosis(Status.FAIL, " ".join(_failure_sentences(f)), (*_gil_next(f), _after_fix(f)), {})
+    return Diagnosis(Status.FAIL, " ".join(_failure_sentences(f)), (*_gil_next(f), *_after_fix(f)), {})
 
 
 RULES: tuple[Rule[GapFindings], ...] = (

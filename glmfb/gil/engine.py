@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from glmfb.commandline import rerun_step
 from glmfb.errors import UsageError
 from glmfb.evidence import ProcessExit
 from glmfb.gil import heartbeat as hb
@@ -28,6 +29,7 @@ from glmfb.gil.runner import READY_ENV
 from glmfb.gil.verdict import MIN_WAITING_SHARE, Observations, decide
 from glmfb.probe import ProbeContext
 from glmfb.process import describe_returncode
+from glmfb.step import Step
 from glmfb.verdict import Layer, Status, Verdict
 
 STARTUP_TIMEOUT_S = 10.0  # for the heartbeat to appear (interpreter start, imports)
@@ -100,17 +102,12 @@ def python_command(config: GilConfig) -> list[str]:
     return argv
 
 
-def reproduce_command(config: GilConfig, *, trace: bool = False) -> str:
-    """The ``glmfb gil`` command line that reruns this probe (in trace mode with ``trace``)."""
-    options = f"--rate {config.rate_hz:g} --duration {config.duration_s:g}"
-    if trace:
-        options += " --trace"
+def trace_step(config: GilConfig) -> Step | None:
+    """The step that reruns this probe in trace mode (ranks what overlaps the starved
+    slices); None when it attached to a pid (a rerun needs a program glmfb starts)."""
     if config.pid is not None:
-        return f"glmfb gil {options} --pid {config.pid}"
-    if config.target is not None:
-        args = " ".join(f"--arg {k}={json.dumps(v)}" for k, v in config.target.args.items())
-        return f"glmfb gil {options} --target {config.target.portable_ref} {args}".rstrip()
-    return f"glmfb gil {options} -- {shlex.join(config.command)}"
+        return None
+    return rerun_step("gil", config, "ranks what overlaps the starved slices", trace=True)
 
 
 @dataclass(frozen=True)
@@ -243,7 +240,7 @@ def _early_exit(config: GilConfig, launched: Launched, *, during_setup: bool = F
             "or it is not a Python program that reads sitecustomize (python -S and -I skip it)."
         ),
         evidence=(ProcessExit(returncode=code, stderr_tail=launched.stderr_tail()),),
-        next=("give a program that runs at least as long as --duration",),
+        next=(Step("give a program that runs at least as long as --duration"),),
     )
 
 
@@ -566,7 +563,7 @@ class _Session:
             Observations(
                 config=config, heartbeat=beat, holders=holders, waiting=seen.waiting, windows=seen.windows,
                 window_summary=seen.window_summary, blame=blame, missing=self.missing, artifacts=artifacts,
-                reproduce_trace=reproduce_command(config, trace=True) if config.pid is None else "",
+                reproduce_trace=trace_step(config),
                 observed_s=max(0.0, end_s - started_s), window_start_s=started_s, thread_times=seen.times,
                 thread_names=names, cpus=dict(sampler.cpus), native_votes=seen.native_votes,
                 native_foreign=seen.native_foreign, native_error=sampler.native_error,

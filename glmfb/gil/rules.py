@@ -34,6 +34,7 @@ from glmfb.gil.config import HEARTBEAT_THREAD
 from glmfb.gil.evidence import GilHolder, OverlapRow, WaitingThread
 from glmfb.gil.holders import glmfb_file
 from glmfb.rules import Diagnosis, Rule
+from glmfb.step import Step
 from glmfb.verdict import Status
 
 KIND = "gil"
@@ -67,7 +68,7 @@ class GilFindings:
     missing: tuple[MissingSignal, ...] = ()
     top_overlap: OverlapRow | None = None  # trace mode: what overlapped the starved slices most
     traced: bool = False
-    reproduce_trace: str = ""
+    reproduce_trace: Step | None = None  # the step that reruns the probe in trace mode
     stall_ms: float | None = None  # the heartbeat's longest stretch without a wake-up
     stall_gil_share: float | None = None  # ... and the share of it blocked on the GIL
     stalled: bool = False  # starved by that stretch (the heartbeat too thin for a p99)
@@ -161,9 +162,9 @@ def _fix_site(holder: GilHolder) -> str:
     return f"{name} ({holder.file}:{holder.line})"
 
 
-def _trace_step(f: GilFindings) -> tuple[str, ...]:
-    if not f.traced and f.reproduce_trace:
-        return (f"{f.reproduce_trace}  # ranks what overlaps the starved slices",)
+def _trace_step(f: GilFindings) -> tuple[Step, ...]:
+    if not f.traced and f.reproduce_trace is not None:
+        return (f.reproduce_trace,)
     return ()
 
 
@@ -175,8 +176,8 @@ def _hold_native(f: GilFindings) -> Diagnosis | None:
     why = (f"{_named(holder)} holds the GIL inside a native call{inside}; release it around the call "
            f"(py::gil_scoped_release, Py_BEGIN_ALLOW_THREADS). {f.late()} while thread "
            f"{holder.thread} held the GIL blocked in {100 * f.idle_share:.0f}% of its samples.")
-    steps = (f"wrap the native call under {_fix_site(holder)} in "
-             "py::gil_scoped_release / Py_BEGIN_ALLOW_THREADS, then rerun this probe", *_trace_step(f))
+    steps = (Step(f"wrap the native call under {_fix_site(holder)} in "
+                  "py::gil_scoped_release / Py_BEGIN_ALLOW_THREADS, then rerun this probe"), *_trace_step(f))
     return Diagnosis(Status.FAIL, why, steps, _holder_where(f))
 
 
@@ -196,8 +197,8 @@ def _hold_compute(f: GilFindings) -> Diagnosis | None:
     why = (f"{_named(holder)} on thread {holder.thread} hogs the interpreter: it held the GIL in "
            f"{100 * f.holder_share:.0f}% of sample instants, active (computing) in "
            f"{100 * (1 - f.idle_share):.0f}% of its samples{inside}; {f.late()}. Hot frames: {_hot_frames(holder)}.")
-    steps = (f"move the work in {_fix_site(holder)} off the GIL (a native call that "
-             "releases it, a process pool) or cut it into shorter pieces", *_trace_step(f))
+    steps = (Step(f"move the work in {_fix_site(holder)} off the GIL (a native call that "
+                  "releases it, a process pool) or cut it into shorter pieces"), *_trace_step(f))
     return Diagnosis(Status.FAIL, why, steps, _holder_where(f))
 
 
@@ -208,8 +209,8 @@ def _hold_unknown_split(f: GilFindings) -> Diagnosis | None:
     why = (f"{_named(holder)} on thread {holder.thread} held the GIL in {100 * f.holder_share:.0f}% of sample "
            f"instants; {f.late()}. Whether it computes or blocks inside a native call while holding it is unknown "
            f"without py-spy --native (active/idle split unknown). Hot frames: {_hot_frames(holder)}.")
-    steps = (f"py-spy dump --native --pid <pid>  # is {holder.function} blocked in a native call "
-             "(release the GIL around it) or computing?", *_trace_step(f))
+    steps = (Step(f"py-spy dump --native --pid <pid>  # is {holder.function} blocked in a native call "
+                  "(release the GIL around it) or computing?"), *_trace_step(f))
     return Diagnosis(Status.FAIL, why, steps, _holder_where(f))
 
 
@@ -231,8 +232,8 @@ def _wait_share(f: GilFindings) -> Diagnosis | None:
            f"waiting for a CPU ({_pct(waiter.waiting_share)} of wall time), while {_named(holder)} on thread "
            f"{holder.thread} held the GIL in {held}: many short holds that add up ({calm}, so no single hold "
            f"starves a thread).")
-    steps = (f"move the work in {_fix_site(holder)} off the GIL (a native call that releases it, "
-             "a process pool), or hold it less often (batch the calls)", *_trace_step(f))
+    steps = (Step(f"move the work in {_fix_site(holder)} off the GIL (a native call that releases it, "
+                  "a process pool), or hold it less often (batch the calls)"), *_trace_step(f))
     return Diagnosis(Status.FAIL, why, steps, _where_of(holder))
 
 
@@ -248,7 +249,7 @@ def _holder_unknown(f: GilFindings) -> Diagnosis | None:
     what = f.late() if f.starved else (f"thread {f.waiter.thread} waited for the GIL "
                                        f"{_pct(f.waiter.waiting_share)} of wall time" if f.waiter else "")
     return Diagnosis(Status.INCONCLUSIVE, f"{what}, but {cause}.{_overlap_note(f)}",
-                     ("install py-spy (pip install py-spy) and run as root or with CAP_SYS_PTRACE",))
+                     (Step("install py-spy (pip install py-spy) and run as root or with CAP_SYS_PTRACE"),))
 
 
 def _cpu_not_gil(f: GilFindings) -> Diagnosis | None:
@@ -257,7 +258,7 @@ def _cpu_not_gil(f: GilFindings) -> Diagnosis | None:
     cause = (f"no thread held the GIL in {100 * f.min_holder_share:.0f}% or more of {f.sample_instants} sample "
              "instants: the CPU (other processes), not the GIL, may be the cause")
     return Diagnosis(Status.INCONCLUSIVE, f"{f.late()}, but {cause}.{_overlap_note(f)}",
-                     ("rerun on a quiet machine; check the load with top/pidstat",))
+                     (Step("rerun on a quiet machine; check the load with top/pidstat"),))
 
 
 def _not_measured(f: GilFindings) -> Diagnosis | None:
@@ -274,7 +275,8 @@ def _not_measured(f: GilFindings) -> Diagnosis | None:
                 + (f", blocked in {100 * f.idle_share:.0f}% of them." if f.native_known else "."))
     why = f"Starvation was not measured ({reason}; {f.missing_text or 'the program may not be Python'}).{held}"
     return Diagnosis(Status.INCONCLUSIVE, why,
-                     ("start the program under glmfb (glmfb gil -- python prog.py) so the heartbeat is injected",),
+                     (Step("start the program under glmfb gil (its command line after --, not --pid) so the "
+                           "heartbeat is injected"),),
                      _holder_where(f))
 
 

@@ -32,6 +32,7 @@ from glmfb.gil.holders import holder_evidence, holder_site
 from glmfb.gil.pyspy import CallSite, HolderProfile
 from glmfb.gil.rules import RULES, GilFindings
 from glmfb.rules import Rule, diagnose
+from glmfb.step import Step
 from glmfb.verdict import Layer, Metric, Verdict
 
 MIN_HEARTBEAT_TICKS = 50
@@ -59,7 +60,7 @@ class Observations:
     missing: list[dict[str, str]] = field(default_factory=list)
     artifacts: dict[str, str] = field(default_factory=dict)
     env: dict[str, Any] = field(default_factory=dict)
-    reproduce_trace: str = ""
+    reproduce_trace: Step | None = None  # the step that reruns the probe in trace mode
     duration_s: float = 0.0
     observed_s: float | None = None  # the sampled window's length
     window_start_s: float | None = None

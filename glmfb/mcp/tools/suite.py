@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from glmfb.commandline import run_step
 from glmfb.errors import InputError, UsageError
 from glmfb.mcp.boundary import Boundary, strings
 from glmfb.mcp.tools.answers import run_ref, summarize_run
@@ -119,7 +120,7 @@ class RunTool:
             finally:
                 ctx.slot.release()
         verdict = Verdict.harness_error(definition.probe, definition.name, f"not run: {refused}",
-                                        next=[f"glmfb run -k {definition.name}"])
+                                        next=[run_step([definition.name])])
         if definition.expect is not None:  # a probe that did not run never meets its expectation
             verdict = dataclasses.replace(verdict, expect=definition.expect, expect_met=False)
         return verdict
