@@ -5,6 +5,7 @@ raises). The real scenario (Mooncake, receiver process, GIL) is in test_gap_scen
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -308,6 +309,16 @@ def test_gil_finding_keeps_a_real_top_holder() -> None:
     finding = finding_from_verdict(_gil_verdict("scenarios/x.py", "hog"))
     assert finding.holder_function == "hog" and finding.holder_source == "gil_holder"
     assert not finding.idle_in_native and "computing" in finding.sentence()
+
+
+def test_a_gil_verdict_without_a_holder_says_so_in_words() -> None:
+    """No thread held the GIL in the gil probe's window: the sentence says it, and no internal
+    name (an evidence kind such as gil_holder) reaches the prose."""
+    verdict = Verdict(probe="gil", name="g", status=Status.PASS, layer=Layer.RUNTIME, why="calm",
+                      evidence=(_starvation(p99_ms=0.3, max_ms=1.0),))
+    sentence = finding_from_verdict(verdict).sentence()
+    assert "named no GIL holder: it sampled no thread holding the GIL" in sentence
+    assert not re.search(r"\b[a-z]+_[a-z_]+\b", sentence), sentence
 
 
 def test_gil_error_verdict_means_the_signal_is_missing() -> None:
