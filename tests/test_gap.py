@@ -5,6 +5,7 @@ raises). The real scenario (Mooncake, receiver process, GIL) is in test_gap_scen
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 from glmfb.errors import InputError, TargetError, UsageError
 from glmfb.gap import GapConfig
 from glmfb.gap.attribution import GilFinding, finding_from_verdict
-from glmfb.gap.bandwidth import check_bandwidth
+from glmfb.gap.bandwidth import achieved_bytes_per_s, check_bandwidth, paired_times
 from glmfb.gap.phases import compare_phases, grown_phases, median_bytes
 from glmfb.gap.runner import phase_dict
 from glmfb.gil.evidence import GilHolder, GilSite, GilThreads, Starvation, WaitingThread
@@ -244,6 +245,27 @@ def test_bandwidth_against_ceiling_and_page_rate() -> None:
     assert check_bandwidth(lambda: None, [{"compute_s": 1.0}]) is None
 
 
+def test_a_synchronous_phase_pairs_with_its_bytes_by_name() -> None:
+    """A target that prefills, then sends and waits for the acknowledgement, reports send_s
+    and send_bytes (no *_busy_s): the bytes pair with send_s, and a send at the link's
+    ceiling is bandwidth-bound, as a background transfer would be."""
+    samples = [{"prefill_s": 0.5, "send_s": 0.64, "send_bytes": 64e6}] * 5  # 100 MB/s while sending
+    check = check_bandwidth(_Transfers(ceiling=101e6, page_rate=101e6), samples)
+    assert check is not None and check.achieved_bytes_per_s == pytest.approx(100e6)
+    assert check.timed_by == ("send_s",) and check.synchronous and check.bandwidth_bound
+    assert "during send_s, on the critical path" in check.summary()
+    held_back = check_bandwidth(_Transfers(ceiling=1e9, page_rate=1e9), samples)
+    assert held_back is not None and not held_back.bandwidth_bound
+
+
+def test_bytes_pair_with_their_own_busy_time_before_an_unclaimed_one() -> None:
+    sample = {"kv_bytes": 10.0, "transfer_busy_s": 1.0, "meta_bytes": 2.0, "meta_s": 0.5, "prefill_s": 3.0}
+    assert paired_times(sample) == {"kv_bytes": ("transfer_busy_s",), "meta_bytes": ("meta_s",)}
+    assert achieved_bytes_per_s([sample]) == (12.0, pytest.approx(12.0 / 1.5))
+    assert paired_times({"kv_bytes": 1.0, "prefill_s": 1.0}) == {"kv_bytes": ()}  # no time: no rate
+    assert achieved_bytes_per_s([{"kv_bytes": 1.0, "prefill_s": 1.0}])[1] is None
+
+
 def _starvation(p99_ms: float = 61.0, max_ms: float = 300.0) -> Starvation:
     return Starvation(
         threads=("kv-transfer", "glmfb-heartbeat"), canary="glmfb-heartbeat", threshold_ms=10.0, starved=True,
@@ -287,6 +309,16 @@ def test_gil_finding_keeps_a_real_top_holder() -> None:
     finding = finding_from_verdict(_gil_verdict("scenarios/x.py", "hog"))
     assert finding.holder_function == "hog" and finding.holder_source == "gil_holder"
     assert not finding.idle_in_native and "computing" in finding.sentence()
+
+
+def test_a_gil_verdict_without_a_holder_says_so_in_words() -> None:
+    """No thread held the GIL in the gil probe's window: the sentence says it, and no internal
+    name (an evidence kind such as gil_holder) reaches the prose."""
+    verdict = Verdict(probe="gil", name="g", status=Status.PASS, layer=Layer.RUNTIME, why="calm",
+                      evidence=(_starvation(p99_ms=0.3, max_ms=1.0),))
+    sentence = finding_from_verdict(verdict).sentence()
+    assert "named no GIL holder: it sampled no thread holding the GIL" in sentence
+    assert not re.search(r"\b[a-z]+_[a-z_]+\b", sentence), sentence
 
 
 def test_gil_error_verdict_means_the_signal_is_missing() -> None:

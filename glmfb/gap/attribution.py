@@ -343,7 +343,9 @@ def _steady_state_holder(verdict: Verdict) -> tuple[HeldSite | None, str]:
     child's own import machinery (its window starts when the child starts, so imports and the
     target's setup fall inside it); then the most sampled site that is not."""
     top = verdict.find(GilHolder)
-    if top is None or not (_startup_frame(top) or _glmfb_frame(top)):
+    if top is None:
+        return None, "it sampled no thread holding the GIL"
+    if not (_startup_frame(top) or _glmfb_frame(top)):
         return top, "gil_holder"
     threads = verdict.find(GilThreads)
     why = "import machinery of the child's startup" if _startup_frame(top) else "glmfb's own runner"
@@ -380,7 +382,7 @@ def finding_from_verdict(verdict: Verdict, baseline: Verdict | None = None) -> G
     return GilFinding(
         available=True,
         status=status,
-        reason=None if holder else f"no steady-state GIL holder: {holder_source}",
+        reason=None if holder else holder_source,
         holder_source=holder_source,
         holder_thread=holder_thread,
         holder_function=(c_function or holder.function) if holder else None,

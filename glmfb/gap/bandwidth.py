@@ -2,9 +2,14 @@
 
 A target may offer (docs/gap.md): ``measure_ceiling() -> bytes/s`` (one big write, nothing
 else running: the engine's own ceiling), ``measure_page_rate() -> bytes/s`` (the same bytes in
-the iteration's page-sized writes, alone), and ``transfer_path`` (which path ran). The
-achieved bandwidth is the iteration's ``*_bytes`` over its ``*_busy_s`` (time the transfer
-thread spent sending, stalls included).
+the iteration's page-sized writes, alone), and ``transfer_path`` (which path ran).
+
+The achieved bandwidth is the bytes an iteration moved over the time it took to move them. A
+count of bytes pairs with a time by name: ``X_bytes`` with ``X_busy_s`` (a background
+transfer thread's busy time, stalls included), else with ``X_s`` (a synchronous phase on the
+critical path: send, then wait for the acknowledgement). Bytes whose name pairs with no time
+go with the busy times no name claimed (``kv_bytes`` beside ``transfer_busy_s``). A transfer
+is bandwidth-bound by the same test whether it ran beside the prefill or after it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,12 @@ class BandwidthCheck:
     page_rate_bytes_per_s: float | None
     fallback_reason: str | None = None
     error: str | None = None
+    timed_by: tuple[str, ...] = ()  # the phases whose time the bytes were divided by
+
+    @property
+    def synchronous(self) -> bool:
+        """Whether the bytes moved in a phase on the critical path (``X_s``), not beside it."""
+        return bool(self.timed_by) and not any(key.endswith(BUSY_SUFFIX) for key in self.timed_by)
 
     @property
     def ceiling_share(self) -> float | None:
@@ -56,7 +67,11 @@ class BandwidthCheck:
         """One phrase: achieved against the ceilings."""
         if self.achieved_bytes_per_s is None:
             return "no transfer bandwidth reported"
-        parts = [f"the transfer moved {_rate(self.achieved_bytes_per_s)} while busy"]
+        if self.synchronous:
+            while_ = f"during {' and '.join(self.timed_by)}, on the critical path"
+        else:
+            while_ = "while busy"
+        parts = [f"the transfer moved {_rate(self.achieved_bytes_per_s)} {while_}"]
         if self.ceiling_share is not None and self.ceiling_bytes_per_s is not None:
             parts.append(f"{self.ceiling_share:.0%} of the {self.transfer_path or 'engine'} ceiling "
                          f"of {_rate(self.ceiling_bytes_per_s)} on this host")
@@ -78,6 +93,7 @@ class BandwidthCheck:
             "page_rate_share": self.page_rate_share,
             "bandwidth_bound": self.bandwidth_bound,
             "error": self.error,
+            "timed_by": list(self.timed_by),
         }
 
 
@@ -85,17 +101,43 @@ def _rate(bytes_per_s: float) -> str:
     return f"{bytes_per_s / 1e6:.0f} MB/s" if bytes_per_s < 1e9 else f"{bytes_per_s / 1e9:.2f} GB/s"
 
 
+def paired_times(sample: Mapping[str, float]) -> dict[str, tuple[str, ...]]:
+    """Each ``*_bytes`` key of an iteration and the time keys its bytes moved in (see the
+    module docstring); a key with no time has none."""
+    claimed: set[str] = set()
+    pairs: dict[str, tuple[str, ...]] = {}
+    for key in sample:
+        if not key.endswith(BYTES_SUFFIX):
+            continue
+        stem = key.removesuffix(BYTES_SUFFIX)
+        timed = next((t for t in (stem + BUSY_SUFFIX, stem + "_s") if t in sample), None)
+        pairs[key] = (timed,) if timed is not None else ()
+        claimed.update(pairs[key])
+    unclaimed = tuple(k for k in sample if k.endswith(BUSY_SUFFIX) and k not in claimed)
+    return {key: timed or unclaimed for key, timed in pairs.items()}
+
+
 def achieved_bytes_per_s(samples: Sequence[Mapping[str, float]]) -> tuple[float, float | None]:
-    """Median bytes per iteration, and the median of bytes / busy seconds (None without both)."""
+    """Median bytes per iteration, and the median of bytes / the seconds they moved in (None
+    when no iteration has both)."""
     moved: list[float] = []
     rates: list[float] = []
     for sample in samples:
         count = sum(v for k, v in sample.items() if k.endswith(BYTES_SUFFIX))
-        busy = sum(v for k, v in sample.items() if k.endswith(BUSY_SUFFIX))
+        timed = {t for keys in paired_times(sample).values() for t in keys}
+        seconds = sum(sample[t] for t in timed)
         moved.append(count)
-        if count > 0 and busy > 0:
-            rates.append(count / busy)
+        if count > 0 and seconds > 0:
+            rates.append(count / seconds)
     return (statistics.median(moved) if moved else 0.0), (statistics.median(rates) if rates else None)
+
+
+def _timed_by(samples: Sequence[Mapping[str, float]]) -> tuple[str, ...]:
+    keys: list[str] = []
+    for sample in samples:
+        for timed in paired_times(sample).values():
+            keys.extend(t for t in timed if t not in keys)
+    return tuple(keys)
 
 
 def _optional_rate(target: object, method: str) -> float | None:
@@ -119,5 +161,7 @@ def check_bandwidth(target: Callable[[], Any], samples: Sequence[Mapping[str, fl
         page_rate = _optional_rate(target, "measure_page_rate")
     except Exception as exc:  # the attribution degrades; the gap itself stands
         return BandwidthCheck(path, bytes_per_iteration, achieved, None, None, fallback,
-                              error=f"measuring the ceiling failed: {type(exc).__name__}: {exc}")
-    return BandwidthCheck(path, bytes_per_iteration, achieved, ceiling, page_rate, fallback)
+                              error=f"measuring the ceiling failed: {type(exc).__name__}: {exc}",
+                              timed_by=_timed_by(samples))
+    return BandwidthCheck(path, bytes_per_iteration, achieved, ceiling, page_rate, fallback,
+                          timed_by=_timed_by(samples))

@@ -90,6 +90,7 @@ class Bandwidth(Evidence):
     page_rate_bytes_per_s: float | None = None
     page_rate_share: float | None = None
     error: str | None = None
+    timed_by: tuple[str, ...] = ()  # the phases the bytes moved in (X_busy_s beside, X_s on the critical path)
 
 
 @evidence_kind

@@ -2,7 +2,8 @@
 
 An iteration may return a dict of numbers. By convention (docs/gap.md):
 
-- ``*_bytes``: a count of bytes moved in the iteration (used for bandwidth, not compared);
+- ``*_bytes``: a count of bytes moved in the iteration (used for bandwidth, not compared; it
+  pairs by name with the time it moved in, see :mod:`glmfb.gap.bandwidth`);
 - ``*_busy_s``: busy time of a background activity that overlaps the others (a transfer
   thread): compared, but not on the critical path, so never ranked as a phase that grew;
 - anything else: a wall-clock phase in seconds.

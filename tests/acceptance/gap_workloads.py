@@ -17,6 +17,9 @@ prepares a layer is the case:
   cpuset does) it competes with the prefill for the core, not for the GIL;
 - ``"bulk"``: after the prefill, one write of ``bulk_mib`` MiB with nothing overlapping it:
   the transfer runs as fast as the engine moves bytes on this host (bandwidth bound);
+- ``"sync"``: the same write as ``"bulk"``, reported as a synchronous phase of its own
+  (``{"prefill_s", "send_s", "send_bytes"}``, no busy time): prefill, then send the KV and
+  wait for the acknowledgement, on the critical path;
 - ``"sleep"``: a 60 ms wait per layer before the write (an acknowledgement round trip): the
   prefill waits for its KV, and neither the GIL nor a CPU is the cause.
 
@@ -44,7 +47,8 @@ from typing import Any
 import torch
 
 SLEEP_PER_LAYER_S = 0.06  # the "sleep" sender waits this long per layer before it writes
-SENDERS = ("none", "plain", "pickle", "zlib", "bulk", "sleep")
+SENDERS = ("none", "plain", "pickle", "zlib", "bulk", "sync", "sleep")
+ONE_WRITE = ("bulk", "sync")  # senders that write one buffer after the prefill
 PREFILL_THREAD = "prefill"
 SENDER_THREAD = "kv-sender"
 CALL_TIMEOUT_S = 60.0
@@ -187,7 +191,7 @@ class PrefillKV:
         kv_width = int(config.num_key_value_heads) * (hidden // int(config.num_attention_heads))
         self.pool = torch.zeros(self.settings["layers"], 2, tokens, kv_width)
         self.layer_bytes = 2 * tokens * kv_width * 4
-        self.bulk = torch.zeros(self.settings["bulk_mib"] * 1024 * 1024 // 4) if self.sender == "bulk" else None
+        self.bulk = torch.zeros(self.settings["bulk_mib"] * 1024 * 1024 // 4) if self.sender in ONE_WRITE else None
         if self.sender != "none":
             self.link = MooncakeLink(self.bulk if self.bulk is not None else self.pool)
         if self.sender in ("plain", "pickle", "zlib", "sleep"):
@@ -214,6 +218,11 @@ class PrefillKV:
         prefill_done = time.perf_counter()
         phases = {"prefill_s": prefill_done - started}
         if self.link is None:
+            return phases
+        if self.sender == "sync":
+            self.link.write(0, self.link.nbytes)  # transfer_sync_write returns once the bytes arrived
+            phases["send_s"] = time.perf_counter() - prefill_done
+            phases["send_bytes"] = float(self.link.nbytes)
             return phases
         busy_s = 0.0
         if self.bulk is not None:
