@@ -271,7 +271,7 @@ def test_a_failing_verdicts_steps_are_tool_calls_the_toolbox_accepts(root: Path)
     from glmfb.bench.rules import BenchFindings, ShapeOutcome
     from glmfb.gil.heartbeat import Heartbeat
     from glmfb.gil.pyspy import parse_raw, profile_holders
-    from glmfb.gil.rules import Observations, decide
+    from glmfb.gil.verdict import Observations, decide
     from glmfb.mcp.boundary import Boundary
     from glmfb.mcp.tools import Toolbox
     from glmfb.rules import diagnose
