@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum, IntEnum
 from typing import Any, TypeVar
@@ -695,69 +695,103 @@ def _format_path(segments: list[str | int]) -> str:
 def validate(data: Any, schema: Mapping[str, Any]) -> None:
     """Check ``data`` against the subset of JSON Schema used here; raise :class:`SchemaError`
     naming the first offending field (paths are only built on failure: reading a large run
-    stays fast)."""
+    stays fast). A schema is compiled into nested checks once, on its first use."""
     try:
-        _check(data, schema)
+        _compiled(schema)(data)
     except _Invalid as exc:
         raise SchemaError(_format_path(exc.segments), exc.problem) from None
 
 
-def _check(data: Any, schema: Mapping[str, Any]) -> None:
-    if "const" in schema and data != schema["const"]:
-        raise _Invalid(f"expected {schema['const']!r}, got {data!r}")
-    if "enum" in schema and data not in schema["enum"]:
-        raise _Invalid(f"expected one of {', '.join(schema['enum'])}, got {data!r}")
-    types = schema.get("type")
-    if types is not None:
-        if isinstance(types, str):
-            types = (types,)
-        for name in types:
-            if _JSON_TYPES[name](data):
-                break
-        else:
-            raise _Invalid(f"expected {' or '.join(types)}, got {_json_type(data)} {data!r:.60}")
-    kind = type(data)
-    if kind is dict or (kind is not list and isinstance(data, Mapping)):
-        for key in schema.get("required", ()):
+_Checker = Callable[[Any], None]
+_COMPILED: dict[int, tuple[Mapping[str, Any], _Checker]] = {}
+# The Python types that are each JSON type without a closer look (a Mapping that is not a
+# dict, or a subclass, takes the slower isinstance test).
+_EXACT_TYPES: dict[str, frozenset[type]] = {
+    "object": frozenset({dict}), "array": frozenset({list}), "string": frozenset({str}),
+    "integer": frozenset({int}), "number": frozenset({int, float}), "boolean": frozenset({bool}),
+    "null": frozenset({type(None)}),
+}
+
+
+def _compiled(schema: Mapping[str, Any]) -> _Checker:
+    entry = _COMPILED.get(id(schema))
+    if entry is None or entry[0] is not schema:
+        entry = (schema, _compile(schema))
+        _COMPILED[id(schema)] = entry
+    return entry[1]
+
+
+def _compile(schema: Mapping[str, Any]) -> _Checker:
+    """One schema node as a function that raises :class:`_Invalid` (each level on the way up
+    adds its path segment)."""
+    has_const, const = "const" in schema, schema.get("const")
+    enum = schema.get("enum")
+    declared = schema.get("type")
+    names: tuple[str, ...] = (declared,) if isinstance(declared, str) else tuple(declared or ())
+    exact = frozenset().union(*(_EXACT_TYPES[n] for n in names))
+    tests = tuple(_JSON_TYPES[n] for n in names) if declared is not None else None
+    required = tuple(schema.get("required", ()))
+    properties = {key: _compile(sub) for key, sub in schema.get("properties", _EMPTY).items()}
+    additional = schema.get("additionalProperties", True)
+    other = _compile(additional) if isinstance(additional, Mapping) else None
+    items = _compile(schema["items"]) if "items" in schema else None
+    min_items, max_items = schema.get("minItems", 0), schema.get("maxItems")
+    minimum, min_length = schema.get("minimum"), schema.get("minLength", 0)
+
+    def check(data: Any) -> None:
+        if has_const and data != const:
+            raise _Invalid(f"expected {const!r}, got {data!r}")
+        if enum is not None and data not in enum:
+            raise _Invalid(f"expected one of {', '.join(enum)}, got {data!r}")
+        kind = type(data)
+        if tests is not None and kind not in exact and not any(test(data) for test in tests):
+            raise _Invalid(f"expected {' or '.join(names)}, got {_json_type(data)} {data!r:.60}")
+        if kind is dict or (kind is not list and isinstance(data, Mapping)):
+            _check_object(data)
+        elif kind is list:
+            _check_array(data)
+        elif kind is float or kind is int:
+            if kind is float and not math.isfinite(data):
+                raise _Invalid(f"expected a finite number, got {data!r}")
+            if minimum is not None and data < minimum:
+                raise _Invalid(f"expected at least {minimum}, got {data!r}")
+        elif kind is str and len(data) < min_length:
+            raise _Invalid("expected a non-empty string")
+
+    def _check_object(data: Mapping[str, Any]) -> None:
+        for key in required:
             if key not in data:
                 invalid = _Invalid("required field is missing")
                 invalid.segments.append(key)
                 raise invalid
-        properties = schema.get("properties", _EMPTY)
-        additional = schema.get("additionalProperties", True)
         for key, value in data.items():
             sub = properties.get(key)
             if sub is None:
                 if additional is True:
                     continue
-                if additional is False:
+                if other is None:
                     invalid = _Invalid("unknown field")
                     invalid.segments.append(key)
                     raise invalid
-                sub = additional
+                sub = other
             try:
-                _check(value, sub)
+                sub(value)
             except _Invalid as exc:
                 exc.segments.append(key)
                 raise
-    elif kind is list:
-        if len(data) < schema.get("minItems", 0) or len(data) > schema.get("maxItems", len(data)):
+
+    def _check_array(data: list[Any]) -> None:
+        if len(data) < min_items or (max_items is not None and len(data) > max_items):
             raise _Invalid(f"expected {schema.get('minItems')} items, got {len(data)}")
-        items = schema.get("items")
         if items is not None:
             for index, item in enumerate(data):
                 try:
-                    _check(item, items)
+                    items(item)
                 except _Invalid as exc:
                     exc.segments.append(index)
                     raise
-    elif kind is float or kind is int:
-        if kind is float and not math.isfinite(data):
-            raise _Invalid(f"expected a finite number, got {data!r}")
-        if "minimum" in schema and data < schema["minimum"]:
-            raise _Invalid(f"expected at least {schema['minimum']}, got {data!r}")
-    elif kind is str and len(data) < schema.get("minLength", 0):
-        raise _Invalid("expected a non-empty string")
+
+    return check
 
 
 _EMPTY: Mapping[str, Any] = {}
