@@ -85,14 +85,17 @@ class _BoundaryGroup(TyperGroup):
         without building its command (which imports its config, and so the whole probe)."""
         from typer.core import TyperCommand
 
-        from glmfb.probe import get_probe, known_kinds
+        from glmfb.probe import get_probe, known_kinds, probe_commands
 
         kinds = set(known_kinds())
+        extras = probe_commands()
         listed = []
         for name in self.list_commands(ctx):
             command = super().get_command(ctx, name)  # the commands declared in this module
             if command is None and name in kinds:
                 command = TyperCommand(name, help=get_probe(name).summary)
+            elif command is None and name in extras:
+                command = TyperCommand(name, help=extras[name].summary)
             elif command is None:
                 command = self.get_command(ctx, name)
             if command is not None and not command.hidden:

@@ -217,7 +217,9 @@ class ProbeCommand:
     probe. It runs ``job`` (``"module:function"``, called as ``job(config, progress) -> dict``
     in a supervised child) and answers with that result, not a verdict.
 
-    Its options are declared on ``config_type`` (:func:`glmfb.options.option`); its fixed
+    Its options are declared on its config type, given as ``config`` (the class, or a
+    ``"module:attr"`` reference imported on first use, so that listing the commands imports
+    no config) and read as ``config_type`` (:func:`glmfb.options.option`); its fixed
     arguments are the config fields named in ``positional`` (written without a flag, in
     order), ``flags`` (argument -> flag) and ``kwargs`` (an object argument written
     ``KEY=VALUE``, argument -> flag). About them: ``help`` (argument -> its help line),
@@ -229,7 +231,7 @@ class ProbeCommand:
 
     name: str
     summary: str
-    config_type: type
+    config: type | str
     job: str
     positional: tuple[str, ...] = ()
     flags: Mapping[str, str] = field(default_factory=dict)
@@ -241,6 +243,14 @@ class ProbeCommand:
     required: tuple[str, ...] = ()
     result: Mapping[str, Any] = field(default_factory=dict)
     done: str = ""
+
+    @property
+    def config_type(self) -> type:
+        """The config class (imported now when ``config`` names it)."""
+        if isinstance(self.config, str):
+            resolved: type = import_ref(self.config)
+            return resolved
+        return self.config
 
     @property
     def fixed(self) -> tuple[str, ...]:
@@ -381,7 +391,7 @@ def get_probe(kind: str) -> Probe:
                          f"{type(exc).__name__}: {exc}", "fix or uninstall the package that provides it") from exc
     if isinstance(obj, type):
         obj = obj()
-    missing = [name for name in ("kind", "layer", "form", "config_type", "build", "run") if not hasattr(obj, name)]
+    missing = [name for name in ("kind", "layer", "form", "config_type", "build", "run") if not _declares(obj, name)]
     if missing:
         raise InputError(f"probe {kind!r} ({entry.ref}) is not a glmfb probe: it lacks {', '.join(missing)}",
                          "subclass glmfb.probe.BaseProbe")
@@ -412,6 +422,11 @@ def probe_commands() -> dict[str, ProbeCommand]:
                 continue
             found[command.name] = command
     return found
+
+
+def _declares(obj: Any, name: str) -> bool:
+    """Whether ``obj`` has the attribute, without reading it (a lazy attribute stays unimported)."""
+    return name in getattr(obj, "__dict__", {}) or any(name in vars(k) for k in type(obj).__mro__)
 
 
 def import_ref(ref: str) -> Any:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from glmfb.diff.config import CaptureConfig
 from glmfb.errors import UsageError
 from glmfb.probe import (
     BaseProbe,
@@ -37,7 +36,7 @@ CAPTURE = ProbeCommand(
     "capture",
     "Run a target over a request set; store every tapped module output (safetensors) and a manifest, for a "
     "later diff (give the capture directory as a diff side).",
-    CaptureConfig,
+    "glmfb.diff.config:CaptureConfig",
     "glmfb.diff.engine:capture_job",
     positional=("target",),
     flags={"out": "--out"},
