@@ -16,6 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from glmfb.commands.common import (
+    Command,
     console,
     dump_json,
     emit_run,
@@ -164,7 +165,7 @@ def _root(
     """Dense-feedback benchmarking and diagnostics: which layer regressed, where, and why."""
 
 
-@app.command("run")
+@app.command("run", cls=Command)
 def run_command(
     paths: Annotated[
         list[str] | None,
@@ -250,7 +251,7 @@ def _write_run_reports(run: Any, report_dir: Path) -> None:
     write_text_atomic(report_dir / "junit.xml", render_junit(evaluate(run)))
 
 
-@app.command("gate")
+@app.command("gate", cls=Command)
 def gate_command(
     source: Annotated[
         str | None,
@@ -309,7 +310,7 @@ def gate_command(
     raise typer.Exit(int(result.exit_code))
 
 
-@app.command("report")
+@app.command("report", cls=Command)
 def report_command(
     source: Annotated[str, typer.Argument(metavar="RUN_JSON", help="A saved run.json (or a verdict).")],
     out: Annotated[
@@ -336,7 +337,7 @@ def report_command(
     console(stderr=True).print(f"report written to {written}")
 
 
-@app.command("schema")
+@app.command("schema", cls=Command)
 def schema_command() -> None:
     """Print the JSON Schema (draft 2020-12) of verdict and run documents."""
     from glmfb.documents import json_schema

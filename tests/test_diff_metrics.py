@@ -73,6 +73,7 @@ def test_identical_tensors_have_zero_error(tmp_path: Path) -> None:
     with PairComparer(chunk_elements=1000) as comparer:
         got = comparer.compare_files(stored(tmp_path, "b", base), stored(tmp_path, "c", base.clone()), Tolerance(0.0, 0.0))
     assert (got.max_abs, got.rmse, got.rel_l2, got.outside, got.max_rel) == (0.0, 0.0, 0.0, 0, 0.0)
+    assert math.copysign(1.0, got.max_abs) == 1.0  # 0.0, not -0.0 (a JSON "max_abs": -0.0 reads as a bug)
     assert got.cosine == pytest.approx(1.0)
     assert not got.failed
 

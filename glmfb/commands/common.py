@@ -6,14 +6,24 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
+from typer.core import TyperCommand
 
 from glmfb.verdict import Run, Verdict
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+
+class Command(TyperCommand):
+    """A typer command whose usage line writes a required argument as click does, ``NAME``
+    (typer writes ``{NAME}``, which reads as a set of choices)."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = super().collect_usage_pieces(ctx)
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in pieces]
 
 
 def console(stderr: bool = False) -> Console:

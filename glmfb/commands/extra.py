@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from glmfb.commands.common import console, parse_timeout, progress_messages
+from glmfb.commands.common import Command, console, parse_timeout, progress_messages
 from glmfb.commands.probes import given_options, option_parameters
 from glmfb.errors import UsageError
 from glmfb.options import options_of
@@ -91,4 +91,4 @@ def register_command(app: typer.Typer, command: ProbeCommand) -> None:
     run_command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     run_command.__doc__ = command.summary
     run_command.__name__ = f"{command.name}_command"
-    app.command(command.name, help=command.summary)(run_command)
+    app.command(command.name, help=command.summary, cls=Command)(run_command)

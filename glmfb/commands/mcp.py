@@ -11,11 +11,13 @@ from typing import Annotated
 
 import typer
 
+from glmfb.commands.common import Command
+
 
 def register(app: typer.Typer) -> None:
     """Add ``glmfb mcp``."""
 
-    @app.command("mcp")
+    @app.command("mcp", cls=Command)
     def mcp_command(
         root: Annotated[Path, typer.Option(
             "--root", metavar="DIR", help="Project folder: targets and files resolve only under it; runs go to "

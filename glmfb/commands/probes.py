@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from glmfb.commands.common import emit_verdict, parse_timeout, progress_messages
+from glmfb.commands.common import Command, console, emit_verdict, parse_timeout, progress_messages
 from glmfb.errors import UsageError
 from glmfb.options import OptionSpec, options_of, parse_given
 from glmfb.probe import TIMEOUT, Probe, ProbeContext, ProbeForm, ProbeSpec, safe_component
@@ -83,8 +83,8 @@ def _common_parameters(probe: Probe) -> list[inspect.Parameter]:
     params.append(_param("name", Annotated[str | None, typer.Option(
         "--name", metavar="NAME", help="Name of the verdict (also its artifact folder).")]))
     params.append(_param("out", Annotated[Path | None, typer.Option(
-        "--out", metavar="DIR", help="Report folder: artifacts go to DIR/<run-id>/<name>/, with run.json and, "
-        "when --out is given, report.html. [default: reports]")], None))
+        "--out", metavar="DIR", help="Report folder: run.json, report.html and the artifacts go to "
+        "DIR/<run-id>/ (the artifacts in <name>/). [default: reports]")], None))
     params.append(_param("csv", Annotated[Path | None, typer.Option(
         "--csv", metavar="DIR", help="Also write the verdict's tables as CSV files into DIR.")]))
     params.append(_param("rules", Annotated[list[Path] | None, typer.Option(
@@ -155,10 +155,10 @@ def register_probe(app: typer.Typer, probe: Probe) -> None:
                     f"interrupted ({getattr(exc, 'signal_name', 'SIGINT')}) while running; its processes were stopped")
         run = Run(id=run_id, started=started, finished=utc_now(), verdicts=(verdict,), interrupted=interrupted)
         write_json_atomic(report_dir / "run.json", run.to_dict())
-        if values.get("out") is not None:
-            from glmfb.report.html import write_html
+        from glmfb.report.html import write_html
 
-            write_html(run, report_dir)
+        write_html(run, report_dir)
+        console(stderr=True).print(f"verdict written to {report_dir / 'run.json'} (report.html beside it)")
         if values.get("csv") is not None:
             from glmfb.tables import write_csv
 
@@ -170,4 +170,4 @@ def register_probe(app: typer.Typer, probe: Probe) -> None:
     command.__doc__ = probe.summary
     command.__name__ = f"{probe.kind}_command"
     settings = {"allow_interspersed_args": False} if probe.accepts_command else {}
-    app.command(probe.kind, context_settings=settings, help=probe.summary)(command)
+    app.command(probe.kind, context_settings=settings, help=probe.summary, cls=Command)(command)

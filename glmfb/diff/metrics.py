@@ -248,7 +248,7 @@ class PairComparer:
         d = c.sub_(b)
         acc.dd += float(torch.dot(d, d))
         low, high = (float(x) for x in torch.aminmax(d))
-        largest = max(-low, high)
+        largest = max(-low, high) + 0.0  # + 0.0: no error reads 0.0, never -0.0
         if largest > acc.max_abs:
             index = int(torch.argmin(d)) if -low > high else int(torch.argmax(d))  # when the maximum moves
             acc.max_abs, acc.worst = largest, start + index
@@ -320,7 +320,7 @@ def _finish(acc: _Accumulator, numel: int, shape: Sequence[int], tolerance: Tole
     rel_l2 = math.sqrt(acc.dd / acc.aa) if acc.aa > 0 else 0.0 if acc.dd == 0 else math.inf
     return TensorMetrics(
         numel=numel,
-        max_abs=max(acc.max_abs, 0.0),
+        max_abs=max(acc.max_abs, 0.0) + 0.0,
         max_rel=acc.max_rel,
         rmse=math.sqrt(acc.dd / numel) if numel else 0.0,
         cosine=cosine,

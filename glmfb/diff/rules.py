@@ -259,12 +259,17 @@ def _onsets_phrase(f: DiffFindings) -> str:
     return f" Its onset differs between requests ({listing} positions)."
 
 
+def _failing_share(share: float, positions: int) -> str:
+    """``80% of the 20 positions``; ``the one position`` when there is one."""
+    return "the one position" if positions == 1 else f"{100 * share:.0f}% of the {positions} positions"
+
+
 def _onset(f: DiffFindings) -> Explained:
     p = f.profile
     assert p is not None
     after = p.positions - p.onset
     why = (f"Zero error up to position {p.onset - 1}, large from position {p.onset} on: "
-           f"{100 * p.failing_after:.0f}% of the {after} positions from there fail (median relative error "
+           f"{_failing_share(p.failing_after, after)} from there fail{'s' if after == 1 else ''} (median relative error "
            f"{p.after_median:.2g}, at most {p.before_max:.2g} before), a step at position {p.onset} rather than "
            f"a growth; {_location(f)}.")
     why += _onsets_phrase(f)
