@@ -551,3 +551,35 @@ def test_glmfb_capture_on_ranks_then_diff_names_the_rank(tmp_path: Path) -> None
     assert verdict["where"]["rank"] == 2, verdict["where"]
     slices = next(e for e in verdict["evidence"] if e["kind"] == "rank_errors")["slices"]
     assert [s["failed"] for s in slices] == [False, False, True]
+
+
+@pytest.mark.slow
+def test_a_pass_on_ranks_says_it_ran_on_ranks(tmp_path: Path) -> None:
+    """A passing diff whose candidate ran on 3 gloo ranks records it (evidence ``side``, env
+    ``distributed``) and says it in the why: a pass on ranks never looks like a single-process
+    pass to a gate or an agent."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from glmfb.cli import app
+
+    requests = write_requests(tmp_path)
+    runner = CliRunner()
+    for target, out, extra in (("toy_single", "single", []), ("toy_sharded", "ranks", ["--nproc", "3"])):
+        made = runner.invoke(app, ["capture", f"{HERE}:{target}", "--requests", str(requests), "--out",
+                                   str(tmp_path / out), *extra])
+        assert made.exit_code == 0, made.stderr
+    result = runner.invoke(app, ["diff", str(tmp_path / "single"), str(tmp_path / "ranks"), "--json",
+                                 "--out", str(tmp_path / "reports")])
+    assert result.exit_code == 0, result.stderr
+    verdict = json.loads(result.stdout)
+    sides = {e["side"]: e for e in verdict["evidence"] if e["kind"] == "side"}
+    assert (sides["baseline"]["world_size"], sides["candidate"]["world_size"]) == (1, 3)
+    assert sides["candidate"]["backend"] == "gloo" and sides["candidate"]["layouts"]
+    assert verdict["env"]["distributed"] == {"candidate": {"world_size": 3, "backend": "gloo"}}
+    assert "The candidate ran on 3 torch.distributed ranks (gloo), the baseline in one process." in verdict["why"]
+    single = runner.invoke(app, ["diff", str(tmp_path / "single"), str(tmp_path / "single"), "--json",
+                                 "--out", str(tmp_path / "reports")])
+    plain = json.loads(single.stdout)
+    assert "distributed" not in plain["env"] and "ranks" not in plain["why"]

@@ -55,6 +55,7 @@ from glmfb.diff.evidence import (
     Requests,
     RoundingTrial,
     ShapeDifference,
+    SideRun,
     TapTolerance,
     Tokens,
     TolerancesUsed,
@@ -362,8 +363,14 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
     if rank_record is not None:
         evidence.append(rank_record)
     evidence += _comparison_conditions(config, baseline, candidate)
+    sides = _side_runs(baseline, candidate)
+    evidence += sides
+    distributed = {s.side: {"world_size": s.world_size, "backend": s.backend} for s in sides if s.world_size > 1}
+    if distributed:  # a pass on ranks must not look like a single-process pass
+        env = {**env, "distributed": distributed}
 
-    findings = _findings(results, worst, tree, location, along, shape, precision, tokens, knobs, reproducer)
+    findings = replace(_findings(results, worst, tree, location, along, shape, precision, tokens, knobs, reproducer),
+                       distributed=tuple((s.side, s.world_size, s.backend) for s in sides if s.world_size > 1))
     outcome = diagnose(ctx.rules("diff", RULES), findings)
     evidence.append(outcome.record)
     where = _where(outcome.diagnosis, failed, worst, location.module, along.first_failing, rank_record)
@@ -577,6 +584,18 @@ def _comparison_conditions(config: DiffConfig, baseline: CaptureReader, candidat
         per_tap=tuple(TapTolerance(glob=g, rtol=r, atol=a) for g, r, a in tolerances.per_tap),
     ))
     return evidence
+
+
+def _side_runs(baseline: CaptureReader, candidate: CaptureReader) -> list[SideRun]:
+    """Each side as it ran: one process, or torch.distributed ranks (from its manifest)."""
+    runs = []
+    for side, reader in (("baseline", baseline), ("candidate", candidate)):
+        distributed = reader.manifest.distributed or {}
+        layouts = {str(glob): layout for glob, layout in distributed.get("layouts") or ()}
+        runs.append(SideRun(side=side, target=reader.manifest.target,
+                            world_size=int(distributed.get("world_size") or 1), backend=distributed.get("backend"),
+                            layouts=layouts or None))
+    return runs
 
 
 def _findings(results: Sequence[RequestResult], worst: RequestResult, tree: TreeDifferencesFound,

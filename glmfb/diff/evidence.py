@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -451,9 +452,23 @@ class RankErrors(Evidence):
         return {"rank_errors": [{"request": self.request, "tap": self.tap, **row.to_dict()} for row in self.slices]}
 
 
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class SideRun(Evidence):
+    """How one side made its taps: in one process (``world_size`` 1), or on torch.distributed
+    ranks, with the backend and the layouts its taps were unsharded with (tap glob -> layout)."""
+
+    kind: ClassVar[str] = "side"
+    side: str  # baseline | candidate
+    target: str
+    world_size: int = 1
+    backend: str | None = None
+    layouts: Mapping[str, Any] | None = None
+
+
 EVIDENCE_TYPES: tuple[type[Evidence], ...] = (
     RankErrors,
     Requests, Modules, LocalErrors, ErrorByPosition, ErrorShape, PositionProfile, PrecisionSignatureEvidence,
     RoundingTest, Bias, TreeDifferences, ErrorEntry, Counterfactual, Tokens, MinimalReproducer, MinimizerNote,
-    TolerancesUsed,
+    TolerancesUsed, SideRun,
 )

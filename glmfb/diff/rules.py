@@ -73,6 +73,7 @@ class DiffFindings:
     entry: ErrorEntry | None = None
     counterfactuals: tuple[KnobResult, ...] = ()
     minimize_note: str | None = None
+    distributed: tuple[tuple[str, int, str | None], ...] = ()  # (side, world size, backend) of sides on ranks
 
     def saw(self) -> dict[str, Any]:
         seen: dict[str, Any] = {
@@ -106,6 +107,8 @@ class DiffFindings:
             seen["entry"] = self.entry.module
         if self.counterfactuals:
             seen["counterfactual_closes"] = {k.knob: k.closes for k in self.counterfactuals}
+        if self.distributed:
+            seen["distributed"] = [list(entry) for entry in self.distributed]
         return seen
 
 
@@ -231,7 +234,19 @@ def _passed(f: DiffFindings) -> Explained:
     why = f"All {f.requests} requests {exact} {what}"
     if f.output_rel_l2 > 0:
         why += f" (worst output relative L2 error {f.output_rel_l2:.2g})"
-    return why + "." + tree, []
+    return why + "." + _ranks_phrase(f) + tree, []
+
+
+def _ranks_phrase(f: DiffFindings) -> str:
+    """`` The candidate ran on 2 torch.distributed ranks (gloo), the baseline in one process.``"""
+    if not f.distributed:
+        return ""
+    on_ranks = {side: (size, backend) for side, size, backend in f.distributed}
+    parts = [f"the {side} ran on {size} torch.distributed ranks" + (f" ({backend})" if backend else "")
+             for side, (size, backend) in on_ranks.items()]
+    parts += [f"the {side} in one process" for side in ("baseline", "candidate") if side not in on_ranks]
+    sentence = ", ".join(parts)
+    return f" {sentence[0].upper()}{sentence[1:]}."
 
 
 def _nonfinite(f: DiffFindings) -> Explained:
