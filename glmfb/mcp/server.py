@@ -234,7 +234,7 @@ class GlmfbServer:
                                        ) -> types.ListResourceTemplatesResult:
         return types.ListResourceTemplatesResult(resource_templates=[
             types.ResourceTemplate(uri_template=RUN_URI, name="run", mime_type="application/json",
-                                   description="run.json of a run in reports/ (glmfb.run/1)"),
+                                   description="run.json of a run in reports/ (glmfb.run/2)"),
             types.ResourceTemplate(uri_template=ARTIFACT_URI.replace("{path}", "{+path}"), name="run artifact",
                                    description="a file in a run's folder: artifacts, report.html, junit.xml, the "
                                                "probe's stdout and stderr"),

@@ -7,7 +7,7 @@ collapsed block. Where each probe's section goes, the question under its title a
 come from the probe's :class:`~glmfb.probe.ReportSection`; a verdict of a kind this
 installation does not know still gets a section, after the known ones, without plots. Artifact links are relative to the page, which sits in the run folder.
 
-The page is built from the run's JSON (a ``glmfb.run/1`` document), so it reads a saved run
+The page is built from the run's JSON (a ``glmfb.run/2`` document), so it reads a saved run
 exactly as it reads a fresh one.
 """
 
@@ -200,7 +200,7 @@ def render_html(
     page_path: Path | None = None,
 ) -> str:
     """The page for a run: a :class:`Run`, one :class:`Verdict` (a probe given ``--out``), or
-    their ``glmfb.run/1`` / ``glmfb.verdict/1`` JSON.
+    their ``glmfb.run/2`` / ``glmfb.verdict/2`` JSON.
 
     ``report_dir`` is the run's folder, where its artifacts are looked up; ``page_path`` is where
     the page will be written (default ``report_dir/report.html``): links are relative to it.
