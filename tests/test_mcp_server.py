@@ -28,6 +28,9 @@ import psutil
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
+from glmfb.commandline import shell_line
+from glmfb.step import Step
+
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = "scenarios/decode_norm/kernels.py"
 FUSED = f"{KERNELS}:gated_norm_fused"
@@ -149,7 +152,7 @@ def bench_and_next_step(root: Path, glmfb_schema: dict[str, Any]) -> Callable[[C
 
         # the first machine-readable next step, passed straight back
         call = next(c for c in first["next_calls"] if "arguments" in c)
-        assert call["tool"] == "bench" and verdict["next"][call["index"]] == call["text"]
+        assert call["tool"] == "bench" and shell_line(Step.from_json(verdict["next"][call["index"]])) == call["text"]
         followed = structured(await client.call_tool(call["tool"], call["arguments"]))
         jsonschema.validate(followed["verdict"], glmfb_schema)
         assert followed["verdict"]["probe"] == "bench" and followed["verdict"]["status"] == "fail"
