@@ -78,7 +78,14 @@ from glmfb.diff.metrics import (
 )
 from glmfb.diff.minimize import Minimized, shortest_failing_prefix
 from glmfb.diff.requests import Request, read_requests, write_requests
-from glmfb.diff.rounding import BiasTest, RoundingSize, bias_test, passing_atol, rounding_size, rounding_test
+from glmfb.diff.rounding import (
+    BiasTest,
+    RoundingSize,
+    bias_test,
+    passing_atol,
+    rounding_size,
+    rounding_test,
+)
 from glmfb.diff.rounding import RoundingTest as RoundingFound
 from glmfb.diff.rules import RULES, DiffFindings
 from glmfb.diff.shape import ErrorShape as ErrorShapeFound

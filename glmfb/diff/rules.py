@@ -34,7 +34,13 @@ from glmfb.diff.compare import TreeDifferences
 from glmfb.diff.counterfactual import KnobResult
 from glmfb.diff.localize import ErrorEntry
 from glmfb.diff.metrics import TokenMetrics
-from glmfb.diff.rounding import FORMAT_NAMES, ROUNDING_SIZE_UNITS, BiasTest, RoundingSize, RoundingTest
+from glmfb.diff.rounding import (
+    FORMAT_NAMES,
+    ROUNDING_SIZE_UNITS,
+    BiasTest,
+    RoundingSize,
+    RoundingTest,
+)
 from glmfb.diff.shape import ErrorShape, GrowthFit, PositionShape, PrecisionSignature
 from glmfb.rules import Diagnosis, Rule
 from glmfb.step import Step, as_step

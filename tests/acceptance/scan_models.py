@@ -16,8 +16,6 @@ or in another dtype.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -125,4 +123,4 @@ def chunked_attention(intra: str = "float32", seed: int = 0) -> nn.Module:
     return AttentionBlock(32, intra, seed).eval()
 
 
-__all__: list[Any] = ["cp_scan", "chunked_attention"]
+__all__ = ["chunked_attention", "cp_scan"]
