@@ -43,7 +43,7 @@ CORPUS = Path(__file__).resolve().parent.parent / "tests" / "acceptance"
 # The rules a case may expect, per probe kind (the classes of bug of issue 15).
 RULES: dict[str, tuple[str, ...]] = {
     "diff": ("precision-rounding", "systematic-bias", "growing-with-length", "position-onset",
-             "growing-along-sequence", "non-finite", "module-tree-differs", "pass"),
+             "growing-along-sequence", "non-finite", "module-tree-differs", "rounding-size", "pass"),
     "gil": ("gil-hold-native", "gil-hold-compute", "gil-wait-share", "pass"),
     "gap": ("gil-starved-sender", "cpu-contention", "bandwidth-bound", "over-threshold", "pass"),
     "bench": ("redundant-recomputation", "lost-fusion", "slower-op", "memory-traffic", "more-calls", "equivalent"),

@@ -130,7 +130,9 @@ def test_the_rounding_test_reproduces_a_real_cast_and_names_it() -> None:
             assert wrong and not any(t.reproduces for t in wrong)  # 8x apart in size
 
 
-def test_fp16_and_tf32_tie_on_a_float32_module_and_tf32_is_named_with_the_caveat() -> None:
+def test_fp16_and_tf32_tie_on_a_float32_module_and_both_are_named() -> None:
+    """A 10-bit mantissa whose values lie inside fp16's range: the trials cannot tell fp16 from
+    TF32, so neither is named alone; the dtypes the module's operations take decide."""
     torch.manual_seed(1)
     lin = nn.Linear(32, 32)
     x = torch.randn(1, 16, 32)
@@ -142,9 +144,125 @@ def test_fp16_and_tf32_tie_on_a_float32_module_and_tf32_is_named_with_the_caveat
     with torch.no_grad():
         base = lin(x)
         candidate = rerun("tf32", "matmul")  # what TF32 tensor cores compute
-    test = rounding_test(base, candidate, "own error", rerun, ["float32"])
-    assert test is not None and test.format == "tf32" and "fp16" in test.equally
-    assert "would round these values alike" in test.describe()
+    test = rounding_test(base, candidate, "own error", rerun, ["float32"], candidate_ops=[("aten.addmm", "float32")])
+    assert test is not None and test.ten_bit and {test.format, *test.equally} >= {"fp16", "tf32"}
+    assert test.same_rounding and test.name == "a 10-bit-mantissa format (float16 or TF32)"
+    described = test.describe()
+    assert "float16 or TF32" in described and "round these values alike" in described
+    assert "no float16 tensor in the candidate module's operations (float32 only)" in described
+    # the same error from a module whose product takes float16 operands (a .half() inside it)
+    half = rounding_test(base, candidate, "own error", rerun, ["float32"],
+                         candidate_ops=[("aten._to_copy", "float32"), ("aten.mm", "float16")])
+    assert half is not None and half.format == "fp16" and not half.ten_bit
+    assert "computes with float16 operands (aten.mm)" in half.describe() and "TF32" not in half.describe()
+
+
+def test_operand_dtypes_see_a_half_inside_a_float32_module() -> None:
+    from glmfb.diff.localize import operand_dtypes
+
+    class Halved(nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+            return torch.matmul(q.half(), k.half().transpose(-1, -2)).float()
+
+    seen = operand_dtypes(Halved(), (torch.randn(1, 4, 8), torch.randn(1, 4, 8)), {})
+    assert any(dtype == "float16" and "mm" in op for op, dtype in seen), seen
+    assert not any(op == "aten._to_copy" for op, _ in seen)  # a cast is not a computation
+
+
+def test_the_rounding_test_runs_inside_a_submodule_the_candidate_does_not_run() -> None:
+    """An MLP whose candidate calls F.linear on ``down``'s weight in float16: rounding the whole
+    MLP's operands does not reproduce it (``up`` ran in float32 on both sides); rounding inside
+    ``down`` only does."""
+    from glmfb.diff.localize import LocalCall
+
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(3)
+            self.up, self.down = nn.Linear(32, 128), nn.Linear(128, 32)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.down(torch.relu(self.up(x)))
+
+    mlp = MLP().eval()
+    x = torch.randn(1, 16, 32)
+    with torch.no_grad():
+        base = mlp(x)
+        hidden = torch.relu(mlp.up(x))
+        cand = torch.nn.functional.linear(hidden.half(), mlp.down.weight.half(), mlp.down.bias.half()).float()
+    call = LocalCall("mlp", 0, "mlp", "mlp", mlp, (x,), {}, base, cand, 1, ("float32",))
+    test = rounding_test(base, cand, "own error of mlp", call.rerun, ["float32"], scopes=["down"],
+                         candidate_ops=[("aten.addmm", "float16")])
+    assert test is not None and test.format == "fp16" and test.best is not None and test.best.scope == "down"
+    assert test.best.size_ratio == pytest.approx(1.0, abs=0.2) and test.best.correlation > 0.9
+    assert "of its down (a submodule the candidate's forward does not run as a module)" in test.describe()
+    assert not any(t.reproduces for t in test.trials if not t.scope and t.variant != "output" and t.format == "fp16")
+
+
+def _block_cumsum(h: torch.Tensor, blocks: int, off_by_one: bool = False) -> torch.Tensor:
+    parts = list(h.chunk(blocks, dim=1))
+    carry, out = torch.zeros_like(h[:, :1]), []
+    for part in parts:
+        local = torch.cumsum(part, dim=1)
+        out.append(local + carry)
+        carry = carry + (local[:, -1:] - part[:, -1:] if off_by_one else local[:, -1:])
+    return torch.cat(out, dim=1)
+
+
+def test_a_reordered_float32_sum_is_rounding_size_and_an_off_by_one_is_not() -> None:
+    from glmfb.diff.rounding import passing_atol, rounding_size
+
+    h = 4.0 * torch.randn(1, 1024, 16, generator=torch.Generator().manual_seed(0))
+    whole = torch.cumsum(h, dim=1)
+    blocks = _block_cumsum(h, 4)
+    size = rounding_size(whole, blocks, "float32", "error of scan", 1e-7, 1.3e-6, 1e-5)
+    assert size is not None and size.applies and 0 < size.units < 8, size
+    assert size.max_units < 16 and size.to_dict()["rounding_size"] is True
+    atol = passing_atol([(whole, blocks, 1.3e-6)])
+    assert bool(((blocks - whole).abs() <= atol + 1.3e-6 * whole.abs()).all()) and atol < 1e-3
+    wrong = rounding_size(whole, _block_cumsum(h, 4, off_by_one=True), "float32", "error of scan", 1e-2, 1.3e-6, 1e-5)
+    assert wrong is not None and not wrong.applies and wrong.units > 1e4
+    assert rounding_size(whole.bfloat16(), blocks.bfloat16(), "bfloat16", "s", 1e-3, 1.6e-2, 1e-5) is None
+
+
+class BlockScan(nn.Module):
+    """proj -> a prefix sum in the forward (whole, or in 4 blocks) -> out."""
+
+    def __init__(self, blocks: int = 1) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj, self.out = nn.Linear(16, 16), nn.Linear(16, 16)
+        with torch.no_grad():
+            self.proj.weight.mul_(16.0)
+        self.blocks = blocks
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        return self.out(torch.cumsum(h, dim=1) if self.blocks == 1 else _block_cumsum(h, self.blocks))
+
+
+def block_scan(blocks: int = 1) -> nn.Module:
+    return BlockScan(blocks)
+
+
+def test_a_block_scan_is_rounding_size_and_enters_between_modules(tmp_path: Path) -> None:
+    requests = tmp_path / "scan.jsonl"
+    requests.write_text("".join(f'{{"id": "x{n}", "tensors": {{"x": {{"shape": [1, {n}, 16], "seed": {n}}}}}, '
+                                f'"sequence_axis": 1}}\n' for n in (256, 512)))
+    config = DiffConfig("scan", f"{HERE}:block_scan", f"{HERE}:block_scan", candidate_args={"blocks": 4},
+                        requests=requests, minimize=False)
+    verdict = run_diff(config, tmp_path / "out")
+    found = evidence(verdict)
+    assert verdict.status.value == "fail" and diagnosis(verdict) == "rounding-size", verdict.why
+    assert found["rounding_size"]["rounding_size"] and found["rounding_size"]["units"] < 8
+    assert found["error_entry"]["module"] == "" and found["error_entry"]["steps"][0]["note"].startswith(
+        "its inputs differ below tolerance")
+    assert "enters between modules" in verdict.why and "out's own forward" not in verdict.why
+    assert "tighter than float32 allows" in verdict.why
+    atol = found["rounding_size"]["passing_atol"]
+    passing = run_diff(DiffConfig("scan", f"{HERE}:block_scan", f"{HERE}:block_scan", candidate_args={"blocks": 4},
+                                  requests=requests, minimize=False, atol=atol), tmp_path / "again")
+    assert passing.status.value == "pass", passing.why  # the tolerance the why names does pass
 
 
 def test_a_changed_scale_is_systematic_and_no_rounding_reproduces_it() -> None:

@@ -15,7 +15,7 @@ from glmfb.commandline import shell_line
 from glmfb.diff.compare import TreeDifferences
 from glmfb.diff.counterfactual import KnobResult, KnobRun
 from glmfb.diff.localize import EntryStep, ErrorEntry, InputDifference
-from glmfb.diff.rounding import BiasTest, RoundingTest, Trial
+from glmfb.diff.rounding import BiasTest, RoundingSize, RoundingTest, Trial
 from glmfb.diff.rules import RULES, DiffFindings
 from glmfb.diff.shape import ErrorShape, growth_fit, position_profile, precision_signature
 from glmfb.rules import diagnose
@@ -57,6 +57,16 @@ ENTRY = ErrorEntry("model", (
     EntryStep("model.layers.0", (InputDifference("attention_mask", "None in the baseline, a bool tensor"),), 4),
     EntryStep("model", (), 2),
 ))
+
+
+# a reordered float32 sum: 1.4 units of roundoff where it is first seen and at the outputs
+REORDERED = RoundingSize("error of tap out", "float32", 2.0 ** -24, 8.4e-8, 8.4e-8, 5.0e-5, 287.0, 20, 8192, 12.6,
+                         1.3e-6, 1e-5, passing_atol=3.5e-5)
+OFF_BY_ONE = replace(REORDERED, rel_l2=0.08, output_rel_l2=0.08, max_abs=9.0)
+SCAN_ENTRY = ErrorEntry("", (EntryStep("out", (), 1, "its inputs differ below tolerance (relative L2 7e-08)"),
+                             EntryStep("", (), 1)), "CPScan")
+SCAN_STEP = position_profile([0.0] * 128 + [8e-8] * 384, [0] * 128 + [0, 1, 0, 0] * 96)
+SCOPED = Trial("fp16", "matmul operands and output", 3.4e-4, 1.0, 1.0, 1.0, True, scope="down_proj")
 
 
 def failing(**changes: Any) -> DiffFindings:
@@ -101,7 +111,8 @@ CASES: list[tuple[str, DiffFindings, str, Status, list[str], str | None]] = [
      "growing-along-sequence", Status.FAIL, ["along the sequence", "position 1", "model.rotary_emb"], FORMATS),
     ("growth along one request, TF32 reproduced", failing(module="layers.0.scan", profile=ROTARY, request="s256",
                                                           rounding=rounding("tf32", equally=("fp16",))),
-     "growing-along-sequence", Status.FAIL, ["along the sequence", "TF32 operands", "accumulates"], None),
+     "growing-along-sequence", Status.FAIL, ["along the sequence", "(float16 or TF32) operands", "accumulates"],
+     r"take TF32|take float16"),
     ("bf16 reproduced", failing(module="m.o_proj", rounding=rounding("bf16")), "precision-rounding", Status.FAIL,
      ["bfloat16", "reproduces", "m.o_proj"], r"fp16|(?<!b)float16|tf32"),
     ("fp16 and TF32 tie, the module holds float16", failing(
@@ -110,11 +121,43 @@ CASES: list[tuple[str, DiffFindings, str, Status, list[str], str | None]] = [
      "precision-rounding", Status.FAIL, ["float16", "m.down_proj"], r"bf16|bfloat16"),
     ("a forward that no longer runs its submodules", failing(module="m.mlp", tree=TREE_MLP), "module-tree-differs",
      Status.FAIL, ["m.mlp", "gate_proj", "up_proj", "down_proj", "baseline only"], None),
+    ("a reordered float32 sum entering between modules", failing(
+        module="out", local=False, entry=SCAN_ENTRY, first_divergent="out", size=REORDERED, profile=SCAN_STEP,
+        rounding=rounding(None, best=trial("fp16", "output", size=2510.0, corr=0.02)), fit=CONSTANT),
+     "rounding-size", Status.FAIL,
+     ["size of float32's own rounding", "1.4 units of float32 roundoff", "exactly zero before position 128",
+      "enters between modules, in the top-level module (CPScan)'s own forward", "out is only the first module",
+      "tighter than float32 allows", "20 of 8192 elements", "atol of 3.5e-05", "2510x"],
+     FORMATS + "|out's own forward"),
+    ("a reordered sum between captures", failing(module="out", local=None, first_divergent="out", size=REORDERED,
+                                                 rounding=rounding(None)),
+     "rounding-size", Status.FAIL, ["first seen at out", "is not tested"], FORMATS),
+    ("an off-by-one at the block boundary is no rounding", failing(
+        module="out", local=False, entry=SCAN_ENTRY, size=OFF_BY_ONE, profile=WINDOW, rounding=rounding(None)),
+     "position-onset", Status.FAIL, ["a step at position 16"], r"roundoff|own rounding"),
+    ("rounding-size but a scale explains it", failing(module="m.norm", size=REORDERED, bias=SYSTEMATIC,
+                                                      rounding=rounding(None)),
+     "systematic-bias", Status.FAIL, ["systematic"], r"roundoff"),
+    ("fp16 and TF32 tie with nothing to tell them apart", failing(
+        module="attn.scores", rounding=rounding("tf32", equally=("fp16",))),
+     "precision-rounding", Status.FAIL, ["a 10-bit-mantissa format (float16 or TF32)", "float16 or TF32"],
+     r"take TF32|TF32 operands|take float16|float16 operands|bf16|bfloat16"),
+    ("float16 inside the shared module, in place of a submodule", failing(
+        module="m.mlp", tree=TREE_MLP, rounding=rounding("fp16", equally=("tf32",), best=SCOPED,
+                                                         dtype_evidence="the candidate's module computes with float16 "
+                                                                        "operands (aten.mm)")),
+     "precision-rounding", Status.FAIL, ["matmul operands and output of its down_proj", "in place of its down_proj",
+                                         "float16 operands (aten.mm)"], r"tf32|bf16|bfloat16|cannot look inside"),
     ("a changed epsilon", failing(module="m.input_layernorm", bias=SYSTEMATIC, rounding=rounding(None)),
      "systematic-bias", Status.FAIL, ["systematic, not rounding", "99.9%", "0.988"], FORMATS),
     ("an error at a bf16-like size that no rounding reproduces", failing(
         signature=precision_signature(1.5e-3, "test"), rounding=rounding(None)), "generic", Status.FAIL,
      ["No rounding of the baseline"], FORMATS),
+    ("a difference below tolerance upstream", failing(
+        module="m.layers.2.norm", local=False, first_divergent="m.layers.2.norm",
+        entry=ErrorEntry(None, (EntryStep("m.layers.2.norm", (), 1, "its inputs differ below tolerance"),),
+                         upstream=("m.layers.1.mlp", 4e-5))),
+     "parent-forward", Status.FAIL, ["already there at m.layers.1.mlp", "below tolerance"], r"own forward"),
     ("no module adds it", failing(module="model.layers.0", local=False, entry=replace(ENTRY, module="model.layers.0",
                                                                                       steps=ENTRY.steps[:3])),
      "parent-forward", Status.FAIL, ["model.layers.0's own forward"], None),

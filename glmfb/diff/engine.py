@@ -62,6 +62,7 @@ from glmfb.diff.evidence import (
     TreeDifferences,
     Tried,
 )
+from glmfb.diff.evidence import RoundingSize as RoundingSizeEvidence
 from glmfb.diff.evidence import RoundingTest as RoundingTestEvidence
 from glmfb.diff.localize import ErrorEntry as ErrorEntryFound
 from glmfb.diff.localize import LocalError, Localization, error_entry, local_errors
@@ -78,7 +79,14 @@ from glmfb.diff.metrics import (
 )
 from glmfb.diff.minimize import Minimized, shortest_failing_prefix
 from glmfb.diff.requests import Request, read_requests, write_requests
-from glmfb.diff.rounding import BiasTest, bias_test, rounding_test
+from glmfb.diff.rounding import (
+    BiasTest,
+    RoundingSize,
+    bias_test,
+    passing_atol,
+    rounding_size,
+    rounding_test,
+)
 from glmfb.diff.rounding import RoundingTest as RoundingFound
 from glmfb.diff.rules import RULES, DiffFindings
 from glmfb.diff.shape import ErrorShape as ErrorShapeFound
@@ -348,7 +356,8 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
     evidence += along.evidence
     shape = _error_shape(results, along)
     evidence.append(shape.evidence)
-    precision = _precision(location, baseline, candidate, worst, shape.nonfinite, ctx.progress) if failed else _Precision()
+    precision = (_precision(location, baseline, candidate, results, worst, tree, shape.nonfinite, ctx.progress)
+                 if failed else _Precision())
     evidence += precision.evidence
     tokens = _tokens(baseline, candidate, worst)
     if tokens is not None:
@@ -432,9 +441,21 @@ def _locate(config: DiffConfig, live: _Live | None, worst: RequestResult, failed
         if progress is not None:
             progress(f"looking for the parent whose forward makes the difference at {first.tap.module}")
         entry = error_entry(live.baseline, live.candidate, live.requests[worst.id], first.tap.module, first.tap.call,
-                            config.tolerances)
+                            config.tolerances, _upstream_error(worst))
         evidence.append(_entry_evidence(worst.id, first.tap.module, entry))
     return _Location(localization, localized, entry, _start_module(worst, localized, entry), evidence)
+
+
+def _upstream_error(worst: RequestResult) -> tuple[str, float] | None:
+    """The first tap (execution order) with any error, when it comes before the first tap
+    outside tolerance: the difference exists there already, within tolerance."""
+    first = worst.first_divergent
+    for tap in worst.taps:
+        if tap is first:
+            return None
+        if tap.metrics.max_abs > 0 and not tap.is_output:
+            return tap.tap.name, tap.metrics.rel_l2
+    return None
 
 
 def _start_module(worst: RequestResult, localized: LocalError | None, entry: ErrorEntryFound | None) -> str | None:
@@ -520,11 +541,13 @@ class _Precision:
     signature: PrecisionSignature | None = None
     rounding: RoundingFound | None = None
     bias: BiasTest | None = None
+    size: RoundingSize | None = None
     evidence: list[Evidence] = field(default_factory=list)
 
 
-def _precision(location: _Location, baseline: CaptureReader, candidate: CaptureReader, worst: RequestResult,
-               nonfinite: TapResult | None, progress: Progress | None) -> _Precision:
+def _precision(location: _Location, baseline: CaptureReader, candidate: CaptureReader, results: Sequence[RequestResult],
+               worst: RequestResult, tree: TreeDifferencesFound, nonfinite: TapResult | None,
+               progress: Progress | None) -> _Precision:
     first = worst.first_divergent
     signature = _signature(location.localized, first, baseline, candidate, worst.length)
     evidence: list[Evidence] = [PrecisionSignatureEvidence(**signature.to_dict())] if signature is not None else []
@@ -532,12 +555,42 @@ def _precision(location: _Location, baseline: CaptureReader, candidate: CaptureR
         return _Precision(signature, evidence=evidence)
     if progress is not None:
         progress("testing whether rounding the baseline reproduces the error")
-    rounding, bias = _precision_tests(location.localization, first, baseline, candidate, worst)
+    rounding, bias = _precision_tests(location.localization, first, baseline, candidate, worst, tree)
     if rounding is not None:
         evidence.append(_rounding_evidence(rounding))
     if bias is not None:
         evidence.append(_bias_evidence(bias))
-    return _Precision(signature, rounding, bias, evidence)
+    size = _rounding_size(location.localization, first, baseline, candidate, results)
+    if size is not None:
+        evidence.append(RoundingSizeEvidence(**size.to_dict()))
+    return _Precision(signature, rounding, bias, size, evidence)
+
+
+def _rounding_size(localization: Localization | None, first: TapResult | None, baseline: CaptureReader,
+                   candidate: CaptureReader, results: Sequence[RequestResult]) -> RoundingSize | None:
+    """The error where it starts (the culprit's own error, else the first divergent tap's)
+    against its dtype's unit roundoff; when it is of that size, the absolute tolerance at which
+    every failing tap of every request passes."""
+    culprit = localization.culprit if localization is not None else None
+    output_error = max((r.output_error for r in results), default=0.0)
+    if culprit is not None:
+        base, cand = culprit.baseline, culprit.candidate
+        subject = f"own error of {culprit.tap} (the candidate's module on the baseline's inputs)"
+        tap = next((t for r in results for t in r.taps if t.tap.name == culprit.tap), first)
+    elif first is not None:
+        base, cand = baseline.load(first.tap), candidate.load(first.other)
+        subject, tap = f"error of tap {first.tap.name}", first
+    else:
+        return None
+    if tap is None:
+        return None
+    dtype = str(base.dtype).removeprefix("torch.")
+    size = rounding_size(base, cand, dtype, subject, output_error, tap.metrics.rtol, tap.metrics.atol)
+    if size is None or not size.applies:
+        return size
+    pairs = [(baseline.load(t.tap), candidate.load(t.other), t.metrics.rtol)
+             for r in results if r.failed for t in r.failing_taps]
+    return replace(size, passing_atol=passing_atol(pairs)) if pairs else size
 
 
 @dataclass
@@ -616,6 +669,7 @@ def _findings(results: Sequence[RequestResult], worst: RequestResult, tree: Tree
         length_fit=length_fit if length_fit is not None and _spans(length_fit) else None,
         profile=along.profile, profile_tap=along.tap, onsets=tuple((n, o) for _, n, o in along.onsets),
         rounding=precision.rounding, bias=precision.bias, tree=tree, entry=location.entry,
+        size=precision.size,
         counterfactuals=tuple(knobs), minimize_note=reproducer.note,
     )
 
@@ -782,13 +836,21 @@ def _signature(localized: LocalError | None, first: TapResult | None, baseline: 
 
 
 def _precision_tests(localization: Localization | None, first: TapResult | None, baseline: CaptureReader,
-                     candidate: CaptureReader, worst: RequestResult) -> tuple[RoundingFound | None, BiasTest | None]:
+                     candidate: CaptureReader, worst: RequestResult,
+                     tree: TreeDifferencesFound | None = None) -> tuple[RoundingFound | None, BiasTest | None]:
     """The rounding and bias tests on the error where it starts: the culprit module's own error
-    (rerunning it under each format), else the first divergent tap's error (its output only)."""
+    (rerunning it under each format, and inside each of its submodules the candidate does not
+    run: the deepest module both sides share is the culprit, the part it replaced is those),
+    else the first divergent tap's error (its output only)."""
     culprit = localization.culprit if localization is not None else None
     if culprit is not None:
         subject = f"own error of {culprit.tap} (the candidate's module on the baseline's inputs)"
-        rounding = rounding_test(culprit.baseline, culprit.candidate, subject, culprit.rerun, culprit.candidate_dtypes)
+        scopes: list[str] = []
+        if tree is not None and tree.any:
+            only_baseline, _ = tree.modules_below(culprit.module)
+            scopes = [m[len(culprit.module) + 1:] for m in only_baseline if m.startswith(culprit.module + ".")]
+        rounding = rounding_test(culprit.baseline, culprit.candidate, subject, culprit.rerun, culprit.candidate_dtypes,
+                                 scopes=scopes[:4], candidate_ops=culprit.candidate_ops)
         return rounding, bias_test(culprit.baseline, culprit.candidate, culprit.dim, subject)
     if first is None or not first.tap.dtype.startswith(("float", "bfloat")):
         return None, None
@@ -891,8 +953,10 @@ def _rounding_evidence(test: RoundingFound) -> RoundingTestEvidence:
     return RoundingTestEvidence(
         subject=test.subject, observed_rel_l2=test.observed_rel_l2, elements=test.elements,
         trials=tuple(RoundingTrial(**trial.to_dict()) for trial in test.trials),
-        reproduced_by=test.format, best_variant=test.best.variant if test.best is not None else None,
-        equally=test.equally, dtype_evidence=test.dtype_evidence, live=test.live,
+        reproduced_by=test.format, best_variant=test.best.what if test.best is not None else None,
+        equally=test.equally, dtype_evidence=test.dtype_evidence, live=test.live, computes_in=test.computes_in,
+        candidate_operands=tuple(f"{op}: {dtype}" for op, dtype in test.operands),
+        same_rounding=test.same_rounding, named=test.name or None,
     )
 
 
@@ -915,9 +979,11 @@ def _tree_evidence(tree: TreeDifferencesFound) -> TreeDifferences:
 def _entry_evidence(request: str, start: str, entry: ErrorEntryFound) -> ErrorEntry:
     return ErrorEntry(
         request=request, start=start, module=entry.module, root_class=entry.root_class or None,
-        steps=tuple(EntryStepRow(module=step.module, compared=step.compared,
+        steps=tuple(EntryStepRow(module=step.module, compared=step.compared, note=step.note or None,
                                  differing=tuple(InputDifferenceRow(name=d.name, detail=d.detail) for d in step.differing))
                     for step in entry.steps),
+        upstream=entry.upstream[0] if entry.upstream else None,
+        upstream_rel_l2=entry.upstream[1] if entry.upstream else None,
     )
 
 

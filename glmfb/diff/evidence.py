@@ -244,6 +244,7 @@ class RoundingTrial(Record):
     sign_agreement: float
     reproduces: bool
     note: str | None = None
+    scope: str | None = None  # the submodule the format was imposed inside (none: the whole module)
 
 
 @evidence_kind
@@ -264,7 +265,40 @@ class RoundingTest(Evidence):
     equally: tuple[str, ...] = ()
     dtype_evidence: str | None = None
     live: bool = True
+    computes_in: tuple[str, ...] = ()  # floating dtypes of the candidate module's operands, when recorded
+    candidate_operands: tuple[str, ...] = ()  # "operation: dtype" of them
+    same_rounding: bool = False  # fp16 and TF32 gave the same errors in every way tried
+    named: str | None = None  # the format the why names ("a 10-bit-mantissa format (float16 or TF32)" on a tie)
     criteria: str = "reproduces: size ratio within [0.5, 2] and correlation >= 0.5"
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class RoundingSize(Evidence):
+    """The error where it starts and at the final outputs, in units of the unit roundoff of the
+    dtype it is computed in (float32: 2^-24); within ``limit_units`` of it, the error is the size
+    the same operations in another order give. The elements outside tolerance there, the largest
+    value among them, and the absolute tolerance at which every failing tap passes (rtol kept)."""
+
+    kind: ClassVar[str] = "rounding_size"
+    subject: str
+    dtype: str
+    unit_roundoff: float
+    rel_l2: float
+    units: float
+    output_rel_l2: float
+    output_units: float
+    max_abs: float
+    largest: float
+    max_units: float
+    failing: int
+    elements: int
+    failing_largest: float
+    rtol: float
+    atol: float
+    limit_units: float
+    rounding_size: bool
+    passing_atol: float | None = None
 
 
 @evidence_kind
@@ -328,6 +362,7 @@ class EntryStepRow(Record):
     module: str
     compared: int
     differing: tuple[InputDifferenceRow, ...] = ()
+    note: str | None = None
 
 
 @evidence_kind
@@ -343,6 +378,8 @@ class ErrorEntry(Evidence):
     steps: tuple[EntryStepRow, ...]
     module: str | None = None
     root_class: str | None = None
+    upstream: str | None = None  # the first tap with any error (within tolerance), where the climb stopped
+    upstream_rel_l2: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -75,16 +75,43 @@ class LocalCall:
     candidate: Any  # torch.Tensor: the candidate module's output part on the baseline's inputs
     dim: int | None  # the position dimension of that output
     candidate_dtypes: tuple[str, ...]  # dtypes of the candidate module's parameters, inputs and outputs
+    candidate_ops: tuple[tuple[str, str], ...] | None = None  # (operation, dtype) of its floating operands
 
-    def rerun(self, fmt: str, ops: str) -> torch.Tensor:
+    def rerun(self, fmt: str, ops: str, scope: str = "") -> torch.Tensor:
         """The baseline module on its recorded inputs with ``fmt`` imposed on ``ops``
-        (:func:`glmfb.diff.rounding.rounding_mode`); the same output part."""
+        (:func:`glmfb.diff.rounding.rounding_mode`); the same output part. With ``scope`` (a
+        submodule, relative to this one), only inside that submodule, whose output is rounded
+        to ``fmt`` too."""
         import torch
 
-        from glmfb.diff.rounding import rounding_mode
+        from glmfb.diff.rounding import round_to, rounding_mode
 
-        with torch.no_grad(), rounding_mode(fmt, ops):
-            output = self.baseline_module(*_clone_tree(self.args), **_clone_tree(self.kwargs))
+        if not scope:
+            with torch.no_grad(), rounding_mode(fmt, ops):
+                output = self.baseline_module(*_clone_tree(self.args), **_clone_tree(self.kwargs))
+        else:
+            inner = self.baseline_module.get_submodule(scope)
+            active: list[Any] = []
+
+            def enter(*_: Any) -> None:
+                active.append(rounding_mode(fmt, ops))
+                active[-1].__enter__()
+
+            def leave(_: Any, __: Any, result: Any) -> Any:
+                active.pop().__exit__(None, None, None)
+                if isinstance(result, torch.Tensor) and result.is_floating_point():
+                    return round_to(result, fmt)
+                return result
+
+            handles = [inner.register_forward_pre_hook(enter), inner.register_forward_hook(leave)]
+            try:
+                with torch.no_grad():
+                    output = self.baseline_module(*_clone_tree(self.args), **_clone_tree(self.kwargs))
+            finally:
+                for handle in handles:
+                    handle.remove()
+                while active:
+                    active.pop().__exit__(None, None, None)
         parts = dict(flatten(output, self.module)[0])
         if self.part not in parts:
             raise ValueError(f"the rerun returned no {self.part}")
@@ -181,6 +208,38 @@ def _tensor_dtypes(value: Any) -> list[str]:
     return found
 
 
+# Operations that move or cast values without computing with them (a ``.half()`` is a
+# ``_to_copy`` of float32 values: the float16 operands of what follows are the evidence).
+_MOVES = frozenset({"_to_copy", "copy_", "copy", "detach", "clone", "view", "_unsafe_view", "t", "transpose",
+                    "expand", "slice", "select", "unsqueeze", "squeeze", "permute", "contiguous", "alias",
+                    "as_strided", "split", "split_with_sizes", "chunk", "unbind", "lift_fresh"})
+
+
+def operand_dtypes(module: Any, args: Any, kwargs: Any) -> tuple[tuple[str, str], ...]:
+    """``(operation, dtype)`` of every floating operand the module's operations take when
+    called on ``args``/``kwargs`` (recorded at the aten level: a ``.half()`` inside its forward
+    shows as float16 operands of the product after it)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    seen: dict[tuple[str, str], None] = {}
+
+    class Recording(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            name = str(func.overloadpacket.__name__)
+            if name not in _MOVES:
+                for leaf in tree_leaves((args, kwargs)):
+                    if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+                        seen[(f"aten.{name}", str(leaf.dtype).removeprefix("torch."))] = None
+            return func(*args, **kwargs)
+
+    with torch.no_grad(), Recording():
+        module(*_clone_tree(args), **_clone_tree(kwargs))
+    return tuple(seen)
+
+
 def _module_dtypes(module: Any) -> list[str]:
     return [str(t.dtype).removeprefix("torch.") for t in (*module.parameters(), *module.buffers())]
 
@@ -266,8 +325,12 @@ def local_errors(baseline: LoadedSide, candidate: LoadedSide, request: Request,
         if culprit is None and entry.failed:
             dtypes = tuple(dict.fromkeys([*_module_dtypes(module), *_tensor_dtypes(call_args),
                                           *_tensor_dtypes(call_kwargs), *_tensor_dtypes(cand_output)]))
+            try:
+                computed: tuple[tuple[str, str], ...] | None = operand_dtypes(module, call_args, call_kwargs)
+            except Exception:  # a forward that cannot run under a dispatch mode: not recorded
+                computed = None
             culprit = LocalCall(module_name, call, part_tap, part, baseline.submodule(module_name), args, kwargs,
-                                base_tensor, cand_tensor, dim, dtypes)
+                                base_tensor, cand_tensor, dim, dtypes, computed)
     return Localization(tuple(results), culprit)
 
 
@@ -302,6 +365,7 @@ class ErrorEntry:
     module: str | None  # None: not found (every step's inputs differ, or none could be recorded)
     steps: tuple[EntryStep, ...]
     root_class: str = ""  # the top-level module's class, when the entry is the top level
+    upstream: tuple[str, float] | None = None  # the first tap with any error, when the climb stopped there
 
     @property
     def handed(self) -> tuple[str, tuple[InputDifference, ...]] | None:
@@ -379,9 +443,16 @@ def _forward_hooked(side: LoadedSide, request: Request, names: Any, make_hooks: 
 
 
 def error_entry(baseline: LoadedSide, candidate: LoadedSide, request: Request, module: str, call: int,
-                tolerances: Tolerances) -> ErrorEntry:
+                tolerances: Tolerances, upstream: tuple[str, float] | None = None) -> ErrorEntry:
     """Climb from ``module`` (call ``call``, whose output diverged though no module's own error
-    exceeds tolerance) to the first module whose inputs agree on both sides."""
+    exceeds tolerance) to the first module whose inputs agree on both sides.
+
+    Inputs that differ only below tolerance do not agree: the module passes on (and may
+    amplify) a difference made before it. When a tap before ``module`` already shows an error
+    (``upstream``: its name and relative L2 error, within tolerance), that is where the
+    difference comes from and the climb stops there (no entry); else the difference is made
+    between taps, in an ancestor's forward, and the climb goes on to the first ancestor whose
+    inputs are the same on both sides."""
     recorded_b = _record_enclosing(baseline, request, module, call)
     recorded_c = _record_enclosing(candidate, request, module, call)
     steps: list[EntryStep] = []
@@ -390,10 +461,14 @@ def error_entry(baseline: LoadedSide, candidate: LoadedSide, request: Request, m
             continue  # never called (a container such as a ModuleList)
         target = baseline.submodule(name) if name else baseline.module
         differing, compared = compare_inputs(target, recorded_b[name], recorded_c[name], tolerances)
-        steps.append(EntryStep(name, differing, compared))
-        if not differing:
+        below = None if differing else _input_error(recorded_b[name], recorded_c[name])
+        note = f"its inputs differ below tolerance (relative L2 {below:.2g})" if below else ""
+        steps.append(EntryStep(name, differing, compared, note))
+        if not differing and not below:
             root = type(baseline.module).__name__ if name == "" else ""
             return ErrorEntry(name, tuple(steps), root)
+        if below and upstream is not None:
+            return ErrorEntry(None, tuple(steps), upstream=upstream)
     return ErrorEntry(None, tuple(steps))
 
 

@@ -20,8 +20,14 @@ A variant *reproduces* the error when its size is within a factor of 2 of the ob
 and the correlation is at least 0.5; an independent rounding of the same size correlates at
 about 0, and formats 8x apart in unit roundoff (bf16 against fp16 / TF32) are 8x apart in size.
 fp16 and TF32 share a 10-bit mantissa and round values inside fp16's range identically; when
-both reproduce, the dtypes the candidate's module really holds decide (float16 weights: fp16),
-and otherwise TF32 (a float32 module) is named with the caveat.
+both reproduce, the dtypes the candidate's module really holds, sees or computes with decide
+(float16 weights, or float16 operands in its operations: fp16), and otherwise neither is named
+alone: "a 10-bit-mantissa format (float16 or TF32)".
+
+When the two module trees differ below the module tested (its forward calls ``F.linear`` on a
+submodule's weight instead of the submodule), the format is also imposed inside only the
+submodules the candidate does not run (:data:`SCOPED_VARIANTS`): the shared part of the module
+computed alike on both sides, so the part the candidate replaced is what to test.
 
 The bias test says whether an error is *systematic*: the share of its energy that a
 per-position scale and shift of the baseline output explains (``c ≈ a b + d`` fitted row by
@@ -51,6 +57,13 @@ VARIANTS: tuple[tuple[str, str, bool], ...] = (
     ("matmul operands", "matmul", False),
     ("matmul operands and output", "matmul", True),
     ("product operands", "products", False),
+    ("every operation", "all", True),
+)
+# Imposed inside one submodule of the module only (the part the candidate does not run as a
+# module); the submodule's output is rounded in each.
+SCOPED_VARIANTS: tuple[tuple[str, str, bool], ...] = (
+    ("output", "none", True),
+    ("matmul operands and output", "matmul", True),
     ("every operation", "all", True),
 )
 SIZE_FACTOR = 2.0  # a reproduction's error is within this factor of the observed one
@@ -168,6 +181,7 @@ class Trial:
     sign_agreement: float  # share of elements where s and e are both nonzero with the same sign
     reproduces: bool
     note: str = ""
+    scope: str = ""  # the submodule the format was imposed inside ("": the whole module)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -176,7 +190,15 @@ class Trial:
         }
         if self.note:
             data["note"] = self.note
+        if self.scope:
+            data["scope"] = self.scope
         return data
+
+    @property
+    def what(self) -> str:
+        """What was rounded, for a why: ``matmul operands`` or ``matmul operands and output of
+        its down_proj``."""
+        return f"{self.variant} of its {self.scope}" if self.scope else self.variant
 
 
 @dataclass(frozen=True)
@@ -192,24 +214,46 @@ class RoundingTest:
     equally: tuple[str, ...] = ()  # other formats that reproduce it as well (fp16 and TF32)
     dtype_evidence: str | None = None  # what the candidate's dtypes say, when they decided
     live: bool = True  # the module could be rerun (else only its output could be rounded)
+    computes_in: tuple[str, ...] = ()  # floating dtypes of the candidate module's operands (when recorded)
+    same_rounding: bool = False  # fp16 and TF32 gave the same errors (size and correlation) here
+    operands: tuple[tuple[str, str], ...] = ()  # (operation, dtype) the candidate's module computed with
 
     @property
     def reproduced(self) -> bool:
         return self.format is not None
 
+    @property
+    def ten_bit(self) -> bool:
+        """fp16 and TF32 both reproduce it and nothing measured tells them apart."""
+        return (self.format in ("fp16", "tf32") and {"fp16", "tf32"} <= {self.format, *self.equally}
+                and self.dtype_evidence is None)
+
+    @property
+    def name(self) -> str:
+        """The format named in a why."""
+        if self.format is None:
+            return ""
+        return "a 10-bit-mantissa format (float16 or TF32)" if self.ten_bit else FORMAT_NAMES[self.format]
+
     def describe(self) -> str:
-        """The claim and its numbers, for a why (names only the claimed format)."""
+        """The claim and its numbers, for a why (names only what the trials tell apart)."""
         if self.best is None or self.format is None:
             return ""
         best = self.best
-        name = FORMAT_NAMES[self.format]
         details = [f"size {best.size_ratio:.2f}x the observed error", f"correlation {best.correlation:.2f}",
                    f"same sign in {100 * best.sign_agreement:.0f}% of elements"]
         if self.dtype_evidence:
             details.append(self.dtype_evidence)
-        elif self.format == "tf32" and "fp16" in self.equally:
-            details.append("fp16, with the same 10-bit mantissa, would round these values alike")
-        return f"rounding the baseline's {best.variant} to {name} reproduces it ({'; '.join(details)})"
+        elif self.ten_bit:
+            details.append("float16 and TF32 " + ("round these values alike (the same error size and correlation)"
+                                                  if self.same_rounding else "reproduce it equally well"))
+            if self.computes_in:
+                details.append("no float16 tensor in the candidate module's operations "
+                               f"({', '.join(self.computes_in)} only), so not a float16 cast in torch code")
+        target = f"the baseline's {best.what}"
+        if best.scope:
+            target += " (a submodule the candidate's forward does not run as a module)"
+        return f"rounding {target} to {self.name} reproduces it ({'; '.join(details)})"
 
 
 def _pattern(base: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
@@ -248,13 +292,17 @@ def _reproduces(size_ratio: float, correlation: float) -> bool:
 
 
 def rounding_test(baseline: torch.Tensor, candidate: torch.Tensor, subject: str,
-                  rerun: Callable[[str, str], torch.Tensor] | None = None,
-                  candidate_dtypes: Sequence[str] = ()) -> RoundingTest | None:
+                  rerun: Callable[..., torch.Tensor] | None = None,
+                  candidate_dtypes: Sequence[str] = (), scopes: Sequence[str] = (),
+                  candidate_ops: Sequence[tuple[str, str]] | None = None) -> RoundingTest | None:
     """Test each format against the error ``candidate - baseline``. ``rerun(fmt, ops)`` runs
     the baseline module on its recorded inputs inside :func:`rounding_mode` and returns the
-    output being tested (None: only the output can be rounded). ``candidate_dtypes``: the
-    dtypes the candidate's module holds and sees (its parameters, inputs and outputs). None
-    when there is no finite error to test."""
+    output being tested (None: only the output can be rounded); ``rerun(fmt, ops, scope=S)``
+    imposes the format inside the submodule ``S`` only, its output rounded (each of
+    ``scopes``: the submodules the candidate does not run). ``candidate_dtypes``: the dtypes the
+    candidate's module holds and sees (its parameters, inputs and outputs); ``candidate_ops``:
+    ``(operation, dtype)`` of the floating operands its operations took (None: not recorded).
+    None when there is no finite error to test."""
     import torch
 
     if baseline.shape != candidate.shape or not baseline.is_floating_point():
@@ -267,30 +315,38 @@ def rounding_test(baseline: torch.Tensor, candidate: torch.Tensor, subject: str,
     base_norm = float(base_flat[finite].norm())
     observed_rel = float(observed[finite].norm()) / base_norm if base_norm > 0 else math.inf
     trials: list[Trial] = []
-    for fmt in FORMATS:
-        for variant, ops, round_output in VARIANTS:
-            if ops != "none" and rerun is None:
-                continue
-            note = ""
-            try:
-                if ops == "none":
-                    simulated_out = baseline
-                else:
-                    assert rerun is not None
-                    simulated_out = rerun(fmt, ops)
-                if simulated_out.shape != baseline.shape:
-                    raise ValueError(f"shape {tuple(simulated_out.shape)}, expected {tuple(baseline.shape)}")
-                if round_output:
-                    simulated_out = round_to(simulated_out, fmt)
-                simulated = _pattern(baseline, simulated_out)
-                rel, size, correlation, agree = compare_errors(observed, simulated, base_norm)
-            except Exception as exc:  # a module that cannot run under the mode: that variant is not tested
-                detail = str(exc).strip().splitlines()
-                note = f"could not run: {type(exc).__name__}" + (f": {detail[0][:120]}" if detail else "")
-                rel, size, correlation, agree = math.nan, math.nan, math.nan, math.nan
-            trials.append(Trial(fmt, variant, rel, size, correlation, agree,
-                                not note and _reproduces(size, correlation), note))
-    return _decide(subject, observed_rel, int(observed.numel()), trials, candidate_dtypes, rerun is not None)
+    plan = [(fmt, variant, ops, round_output, "") for fmt in FORMATS for variant, ops, round_output in VARIANTS]
+    if rerun is not None:
+        plan += [(fmt, variant, ops, True, scope) for scope in scopes for fmt in FORMATS
+                 for variant, ops, _ in SCOPED_VARIANTS]
+    for fmt, variant, ops, round_output, scope in plan:
+        if (ops != "none" or scope) and rerun is None:
+            continue
+        note = ""
+        try:
+            if scope:
+                assert rerun is not None
+                simulated_out = rerun(fmt, ops, scope=scope)
+                round_output = False  # the submodule's output was rounded inside
+            elif ops == "none":
+                simulated_out = baseline
+            else:
+                assert rerun is not None
+                simulated_out = rerun(fmt, ops)
+            if simulated_out.shape != baseline.shape:
+                raise ValueError(f"shape {tuple(simulated_out.shape)}, expected {tuple(baseline.shape)}")
+            if round_output:
+                simulated_out = round_to(simulated_out, fmt)
+            simulated = _pattern(baseline, simulated_out)
+            rel, size, correlation, agree = compare_errors(observed, simulated, base_norm)
+        except Exception as exc:  # a module that cannot run under the mode: that variant is not tested
+            detail = str(exc).strip().splitlines()
+            note = f"could not run: {type(exc).__name__}" + (f": {detail[0][:120]}" if detail else "")
+            rel, size, correlation, agree = math.nan, math.nan, math.nan, math.nan
+        trials.append(Trial(fmt, variant, rel, size, correlation, agree,
+                            not note and _reproduces(size, correlation), note, scope))
+    return _decide(subject, observed_rel, int(observed.numel()), trials, candidate_dtypes, rerun is not None,
+                   candidate_ops)
 
 
 def _best(trials: Sequence[Trial]) -> Trial | None:
@@ -300,26 +356,46 @@ def _best(trials: Sequence[Trial]) -> Trial | None:
     return max(usable, key=lambda t: (t.reproduces, t.correlation, -abs(math.log(max(t.size_ratio, 1e-300)))))
 
 
+def _same_rounding(trials: Sequence[Trial]) -> bool:
+    """Whether fp16 and TF32 gave the same error in every way tried (values inside fp16's
+    range round alike in both)."""
+    pairs = {(t.variant, t.scope): t for t in trials if t.format == "fp16" and not t.note}
+    matched = [(pairs[(t.variant, t.scope)], t) for t in trials
+               if t.format == "tf32" and not t.note and (t.variant, t.scope) in pairs]
+    return bool(matched) and all(math.isclose(a.rel_l2, b.rel_l2, rel_tol=1e-6) and
+                                 math.isclose(a.correlation, b.correlation, rel_tol=1e-6, abs_tol=1e-9)
+                                 for a, b in matched)
+
+
 def _decide(subject: str, observed_rel: float, elements: int, trials: Sequence[Trial],
-            candidate_dtypes: Sequence[str], live: bool) -> RoundingTest:
+            candidate_dtypes: Sequence[str], live: bool,
+            candidate_ops: Sequence[tuple[str, str]] | None = None) -> RoundingTest:
     best_by_format = {fmt: _best([t for t in trials if t.format == fmt]) for fmt in FORMATS}
     reproducing = {fmt: t for fmt, t in best_by_format.items() if t is not None and t.reproduces}
+    computes_in = tuple(dict.fromkeys(d for _, d in candidate_ops or ()))
     if not reproducing:
         closest = _best(trials)
-        return RoundingTest(subject, observed_rel, elements, tuple(trials), None, closest, live=live)
+        return RoundingTest(subject, observed_rel, elements, tuple(trials), None, closest, live=live,
+                            computes_in=computes_in, operands=tuple(candidate_ops or ()))
     top = max(t.correlation for t in reproducing.values())
     equal = sorted((fmt for fmt, t in reproducing.items() if t.correlation >= top - TIE_CORRELATION),
                    key=lambda fmt: -reproducing[fmt].correlation)
     chosen, evidence = equal[0], None
     held = {"bfloat16": "bf16", "float16": "fp16"}
     hinted = [held[d] for d in candidate_dtypes if d in held and held[d] in equal]
+    computed = [(op, held[d]) for op, d in candidate_ops or () if d in held and held[d] in equal]
     if len(equal) > 1 and hinted:
         chosen = hinted[0]
         evidence = f"the candidate's module holds or sees {FORMAT_NAMES[chosen]} tensors"
+    elif len(equal) > 1 and computed:
+        chosen = computed[0][1]
+        ops = ", ".join(dict.fromkeys(op for op, fmt in computed if fmt == chosen))
+        evidence = f"the candidate's module computes with {FORMAT_NAMES[chosen]} operands ({ops})"
     elif len(equal) > 1 and "tf32" in equal and "fp16" in equal:
-        chosen = "tf32"  # a float32 module: a 10-bit mantissa with float32's range is TF32
+        chosen = "tf32"  # nothing tells them apart: RoundingTest.ten_bit names both
     return RoundingTest(subject, observed_rel, elements, tuple(trials), chosen, reproducing[chosen],
-                        tuple(f for f in equal if f != chosen), evidence, live)
+                        tuple(f for f in equal if f != chosen), evidence, live, computes_in,
+                        _same_rounding(trials), tuple(candidate_ops or ()))
 
 
 # --------------------------------------------------------------------------------------------
@@ -386,3 +462,100 @@ def bias_test(baseline: torch.Tensor, candidate: torch.Tensor, dim: int | None, 
     rms = float(b.pow(2).mean().sqrt())
     return BiasTest(subject, max(0.0, 1.0 - residual / error), float(scale.mean()),
                     float(shift.mean()) / rms if rms > 0 else 0.0, int(b.shape[0]), int(b.shape[1]))
+
+
+# --------------------------------------------------------------------------------------------
+# The size of the dtype's own rounding
+# --------------------------------------------------------------------------------------------
+
+# Unit roundoff of the dtypes whose own rounding is measured (2^-(mantissa bits + 1)). Narrower
+# dtypes are left to the rounding test: a few units of bf16 are the size of real bugs too.
+DTYPE_UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "float64": 2.0 ** -53}
+ROUNDING_SIZE_UNITS = 32.0  # at most this many units of roundoff, where it starts and at the outputs
+
+
+@dataclass(frozen=True)
+class RoundingSize:
+    """An error measured against the unit roundoff of the dtype it is computed in: where it
+    starts (``rel_l2``: ||c - b|| / ||b||) and at the final outputs. A few units is what the
+    same float32 operations in another order give (a reordered sum, another kernel's blocking):
+    each addition rounds to within one unit of its result."""
+
+    subject: str
+    dtype: str
+    unit: float
+    rel_l2: float
+    output_rel_l2: float
+    max_abs: float
+    largest: float  # the largest |b| there
+    failing: int  # elements outside tolerance there
+    elements: int
+    failing_largest: float  # the largest |b| among them
+    rtol: float
+    atol: float
+    passing_atol: float | None = None  # with the rtol kept, the atol at which every failing tap passes
+
+    @property
+    def units(self) -> float:
+        return self.rel_l2 / self.unit
+
+    @property
+    def output_units(self) -> float:
+        return self.output_rel_l2 / self.unit
+
+    @property
+    def max_units(self) -> float:
+        """The largest element error in units of roundoff of the largest value there."""
+        return self.max_abs / (self.unit * self.largest) if self.largest > 0 else math.inf
+
+    @property
+    def applies(self) -> bool:
+        return (math.isfinite(self.units) and self.units <= ROUNDING_SIZE_UNITS
+                and self.output_units <= ROUNDING_SIZE_UNITS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"subject": self.subject, "dtype": self.dtype, "unit_roundoff": self.unit, "rel_l2": self.rel_l2,
+                "units": self.units, "output_rel_l2": self.output_rel_l2, "output_units": self.output_units,
+                "max_abs": self.max_abs, "largest": self.largest, "max_units": self.max_units,
+                "failing": self.failing, "elements": self.elements, "failing_largest": self.failing_largest,
+                "rtol": self.rtol, "atol": self.atol, "passing_atol": self.passing_atol,
+                "limit_units": ROUNDING_SIZE_UNITS, "rounding_size": self.applies}
+
+
+def rounding_size(baseline: torch.Tensor, candidate: torch.Tensor, dtype: str, subject: str,
+                  output_rel_l2: float, rtol: float, atol: float) -> RoundingSize | None:
+    """The error ``candidate - baseline`` against ``dtype``'s unit roundoff (None: a dtype not
+    measured, or no finite error)."""
+    import torch
+
+    unit = DTYPE_UNIT_ROUNDOFF.get(dtype)
+    if unit is None or baseline.shape != candidate.shape or baseline.numel() == 0:
+        return None
+    b = baseline.detach().reshape(-1).to(torch.float64)
+    d = candidate.detach().reshape(-1).to(torch.float64) - b
+    if not bool(torch.isfinite(d).all()) or not bool(torch.isfinite(b).all()):
+        return None
+    norm_b = float(b.norm())
+    if norm_b == 0.0 or float(d.abs().max()) == 0.0:
+        return None
+    outside = d.abs() > atol + rtol * b.abs()
+    failing = int(outside.sum())
+    return RoundingSize(subject, dtype, unit, float(d.norm()) / norm_b, output_rel_l2, float(d.abs().max()),
+                        float(b.abs().max()), failing, int(b.numel()),
+                        float(b.abs()[outside].max()) if failing else 0.0, rtol, atol)
+
+
+def passing_atol(pairs: Sequence[tuple[torch.Tensor, torch.Tensor, float]]) -> float:
+    """The smallest absolute tolerance (two significant digits, rounded up) at which every
+    ``(baseline, candidate, rtol)`` pair is within ``atol + rtol |b|``."""
+    import torch
+
+    need = 0.0
+    for base, cand, rtol in pairs:
+        b = base.detach().reshape(-1).to(torch.float64)
+        d = (cand.detach().reshape(-1).to(torch.float64) - b).abs()
+        need = max(need, float((d - rtol * b.abs()).max()))
+    if need <= 0:
+        return 0.0
+    scale = 10.0 ** (math.floor(math.log10(need)) - 1)
+    return math.ceil(need / scale * (1 + 1e-9)) * scale

@@ -12,6 +12,7 @@ shift of the baseline explain it (``bias``), a position only where the error sta
 |---|---|
 | ``pass`` | every request is within tolerance on every tap both sides share |
 | ``non-finite`` | NaN or Inf in the candidate where the baseline is finite |
+| ``rounding-size`` | the error is a few units of its float32/float64 dtype's own roundoff |
 | ``position-onset`` | within one request, zero error up to a position and a step there |
 | ``growing-with-length`` | the output error grows with the request length across requests |
 | ``growing-along-sequence`` | within one request, the error grows with the position |
@@ -33,7 +34,13 @@ from glmfb.diff.compare import TreeDifferences
 from glmfb.diff.counterfactual import KnobResult
 from glmfb.diff.localize import ErrorEntry
 from glmfb.diff.metrics import TokenMetrics
-from glmfb.diff.rounding import FORMAT_NAMES, BiasTest, RoundingTest
+from glmfb.diff.rounding import (
+    FORMAT_NAMES,
+    ROUNDING_SIZE_UNITS,
+    BiasTest,
+    RoundingSize,
+    RoundingTest,
+)
 from glmfb.diff.shape import ErrorShape, GrowthFit, PositionShape, PrecisionSignature
 from glmfb.rules import Diagnosis, Rule
 from glmfb.step import Step, as_step
@@ -74,6 +81,7 @@ class DiffFindings:
     counterfactuals: tuple[KnobResult, ...] = ()
     minimize_note: str | None = None
     distributed: tuple[tuple[str, int, str | None], ...] = ()  # (side, world size, backend) of sides on ranks
+    size: RoundingSize | None = None  # the error against its dtype's own unit roundoff
 
     def saw(self) -> dict[str, Any]:
         seen: dict[str, Any] = {
@@ -100,6 +108,9 @@ class DiffFindings:
                             rounding_correlation=self.rounding.best.correlation)
         if self.bias is not None:
             seen.update(bias_explained=self.bias.explained, systematic=self.bias.systematic)
+        if self.size is not None:
+            seen.update(roundoff_units=self.size.units, output_roundoff_units=self.size.output_units,
+                        rounding_size=self.size.applies)
         if self.tree is not None and self.tree.any:
             seen.update(baseline_only_taps=len(self.tree.baseline_only), candidate_only_taps=len(self.tree.candidate_only),
                         dtype_differences=len(self.tree.dtypes))
@@ -147,6 +158,17 @@ def _entry_phrase(f: DiffFindings) -> str:
     return text
 
 
+def _upstream_phrase(f: DiffFindings) -> str:
+    """'it grows from a difference below tolerance that starts at X' when the climb stopped there."""
+    entry = f.entry
+    if entry is None or entry.upstream is None:
+        return ""
+    tap, rel = entry.upstream
+    return (f"no module's own error exceeds tolerance on the baseline's inputs: the error grows from a difference "
+            f"below tolerance that is already there at {tap} (relative L2 {rel:.2g}, the first tap with any error), "
+            f"and {f.first_divergent} only carries it past the tolerance")
+
+
 def _location(f: DiffFindings) -> str:
     entry = _entry_phrase(f)
     return entry if entry else f"it starts in {_where(f)}"
@@ -161,9 +183,20 @@ VARIANT_MEANING = {
 }
 
 
+SCOPED_MEANING = {
+    "output": "what it computes in place of its {scope} is rounded to {name}",
+    "matmul operands and output": "what it computes in place of its {scope} takes {name} operands and returns {name}",
+    "every operation": "it computes what replaced its {scope} in {name}",
+}
+
+
 def _meaning(r: RoundingTest) -> str:
     assert r.format is not None and r.best is not None
-    return VARIANT_MEANING.get(r.best.variant, "it rounds to {name}").format(name=FORMAT_NAMES[r.format])
+    name = "10-bit-mantissa (float16 or TF32)" if r.ten_bit else r.name
+    if r.best.scope:
+        return SCOPED_MEANING.get(r.best.variant, "it rounds what replaced its {scope} to {name}").format(
+            name=name, scope=r.best.scope)
+    return VARIANT_MEANING.get(r.best.variant, "it rounds to {name}").format(name=name)
 
 
 def _rounding_clause(f: DiffFindings) -> str:
@@ -258,6 +291,64 @@ def _nonfinite(f: DiffFindings) -> Explained:
     ]
 
 
+def _dtype_rounding(f: DiffFindings) -> bool:
+    """The error is a few units of its own dtype's roundoff where it starts and at the outputs,
+    no narrower format reproduces it and no scale or shift explains it."""
+    return (f.size is not None and f.size.applies and not (f.rounding is not None and f.rounding.reproduced)
+            and not (f.bias is not None and f.bias.systematic))
+
+
+def _rounding_size(f: DiffFindings) -> Explained:
+    z = f.size
+    assert z is not None
+    name = z.dtype
+    where = "where it starts" if f.local is True else "where it is first seen"
+    why = (f"The error is the size of {name}'s own rounding: {where} ({z.subject}) its relative L2 error is "
+           f"{z.rel_l2:.2g}, {z.units:.1f} units of {name} roundoff ({z.unit:.2g}), and its largest element error is "
+           f"{z.max_units:.1f} units of roundoff of the largest value there; at the final outputs {z.output_units:.1f} units. "
+           f"The same {name} operations in another order give errors of this size (a sum split into blocks and "
+           "added in another order, as a chunked or context-parallel scan does, or another kernel's blocking)")
+    r = f.rounding
+    if r is not None and r.best is not None:
+        ratio = r.best.size_ratio
+        why += (", and no rounding of the baseline to a narrower format reproduces it (closest: size "
+                + (f"{ratio:.0f}x" if ratio >= 100 else f"{ratio:.2g}x") + " the observed error)")
+    why += "."
+    p = f.profile
+    if p is not None and p.start > 0:
+        length = p.positions
+        why += (f" The error is exactly zero before position {p.start} ({p.start / length:.3g} of the "
+                f"{length} positions) and of that size after it: the reordering starts there (a block boundary).")
+    entry = f.entry
+    if entry is not None and entry.module is not None:
+        name_e = f"{entry.module}" if entry.module else f"the top-level module ({entry.root_class})"
+        shown = f.first_divergent or "the first tap outside tolerance"
+        why += (f" It enters between modules, in {name_e}'s own forward: no module's own error exceeds tolerance on "
+                f"the baseline's inputs and {shown}'s inputs already differ, so {shown} is only the first module "
+                "after the computation that makes it.")
+    elif f.local is True and f.module is not None:
+        why += f" It is made in module {f.module} by itself (its own error on the baseline's inputs)."
+    elif _upstream_phrase(f):
+        why += f" {_upstream_phrase(f)[0].upper()}{_upstream_phrase(f)[1:]}."
+    elif f.first_divergent is not None:
+        why += (f" It is first seen at {f.first_divergent}; between captures glmfb cannot rerun it, so whether "
+                f"{f.first_divergent} or the code that computes its input makes it is not tested.")
+    steps: list[Step | str] = [*_counterfactual_steps(f)]
+    if z.failing:
+        why += (f" The tolerance (rtol {z.rtol:.2g}, atol {z.atol:.2g}) is tighter than {name} allows for such a "
+                f"computation: the {z.failing} of {z.elements} elements outside it there are small next to the "
+                f"values computed (|b| at most {z.failing_largest:.3g}, against up to {z.largest:.3g}), and a "
+                "reordered sum's error scales with the terms it adds, not with its result")
+        if z.passing_atol:
+            why += f"; with rtol kept, an atol of {z.passing_atol:.2g} passes every tap of every request"
+            steps.append(f"if the other order is intended, widen the absolute tolerance to {z.passing_atol:.2g} "
+                         "(--atol): with it every tap of every request passes")
+        why += "."
+    steps.append("if the candidate must match the baseline bit for bit, make it add in the baseline's order "
+                 "(the same blocks, the same order of the partial sums)")
+    return why + _suffix(f), steps
+
+
 def _onsets_phrase(f: DiffFindings) -> str:
     """Whether the onset sits at one position in every request (a window, a mask, a table row)
     or at the same fraction of each (a boundary that moves with the length: segments, shards)."""
@@ -319,12 +410,15 @@ def _tf32_claimed(f: DiffFindings) -> bool:
 
 def _growth_steps(f: DiffFindings, what: str) -> list[Step | str]:
     steps = _counterfactual_steps(f)
-    if _tf32_claimed(f):
+    if f.rounding is not None and f.rounding.ten_bit:
+        steps.append(f"keep the products in {f.module or f.tap} in float32: no float16 cast of their operands, "
+                     "and no TF32 (Triton tl.dot input_precision='ieee' or 'tf32x3'; "
+                     "torch.backends.cuda.matmul.allow_tf32=False), then rerun the diff")
+    elif _tf32_claimed(f):
         steps.append(f"compute the products in {f.module or f.tap} in full fp32 (Triton tl.dot input_precision="
                      "'ieee' or 'tf32x3'; torch.backends.cuda.matmul.allow_tf32=False) and rerun the diff")
     elif f.rounding is not None and f.rounding.format is not None:
-        name = FORMAT_NAMES[f.rounding.format]
-        steps.append(f"keep {f.module or f.tap} out of {name} (an fp32 state, fp32 accumulators) and rerun")
+        steps.append(f"keep {f.module or f.tap} out of {f.rounding.name} (an fp32 state, fp32 accumulators) and rerun")
     else:
         steps.append(what)
     return [*steps, *_rerun(f)]
@@ -389,15 +483,17 @@ def _growing_along_sequence(f: DiffFindings) -> Explained:
 def _rounded(f: DiffFindings) -> Explained:
     r = f.rounding
     assert r is not None and r.format is not None
-    name = FORMAT_NAMES[r.format]
+    name = "float16 or TF32" if r.ten_bit else FORMAT_NAMES[r.format]
     why = f"The {_where(f)} adds error by itself: {r.describe()}, so {_meaning(r)}"
     why += "; the layers after it only inherit the error." if f.local is True else "."
     place = f.module or f.tap or "the module"
     keep = f.dtype if f.dtype and f.dtype not in ("bfloat16", "float16") else "the baseline's dtype"
     return why + _suffix(f), [
         *_counterfactual_steps(f),
-        f"look for a {name} cast or an autocast region in {place}; keep it in {keep}, or widen the tolerance "
-        f"for it with --tol '{place}*=RTOL,ATOL' if intended",
+        (f"look for a float16 cast or an autocast region in {place}, or TF32 in its products "
+         "(torch.backends.cuda.matmul.allow_tf32, Triton tl.dot input_precision)" if r.ten_bit else
+         f"look for a {name} cast or an autocast region in {place}")
+        + f"; keep it in {keep}, or widen the tolerance for it with --tol '{place}*=RTOL,ATOL' if intended",
         *_rerun(f),
     ]
 
@@ -448,7 +544,12 @@ def _systematic(f: DiffFindings) -> Explained:
 
 def _parent_forward(f: DiffFindings) -> Explained:
     entry = _entry_phrase(f)
-    if entry:
+    upstream = _upstream_phrase(f)
+    if upstream and f.entry is not None and f.entry.upstream is not None:
+        why = f"The first tap outside tolerance is {f.first_divergent}, but {upstream}."
+        step = (f"diff {f.entry.upstream[0]} with a tolerance tight enough to see its error (--tol "
+                f"'{f.entry.upstream[0]}*=RTOL,ATOL'): the error is made there or before it")
+    elif entry:
         why = f"The first tap outside tolerance is {f.first_divergent}; {entry}."
         module = f.entry.module if f.entry is not None else None
         step = (f"read {_module_text(module)}'s forward: what it computes and hands its submodules "
@@ -515,6 +616,9 @@ RULES: tuple[Rule[DiffFindings], ...] = (
     _rule("pass", lambda f: not f.failed, _passed, "every request within tolerance on every shared tap", Status.PASS),
     _rule("non-finite", lambda f: f.shape is ErrorShape.NON_FINITE, _nonfinite,
           "NaN or Inf in the candidate where the baseline is finite"),
+    _rule("rounding-size", _dtype_rounding, _rounding_size,
+          f"the error is at most {ROUNDING_SIZE_UNITS:g} units of its float32/float64 dtype's roundoff where it starts "
+          "and at the outputs, no narrower format reproduces it and no scale explains it"),
     _rule("position-onset", lambda f: f.profile is not None and f.profile.step, _onset,
           "within one request, zero error up to a position and a step there"),
     _rule("growing-with-length", lambda f: f.length_fit is not None and f.length_fit.growing, _growing_with_length,

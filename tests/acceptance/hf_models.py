@@ -139,6 +139,26 @@ def mlp_functional(
     return model
 
 
+def mlp_down_linear(
+    arch: str = "llama", layer: int = 1, dtype: str = "float16", seed: int = 0, attn: str = "sdpa"
+) -> nn.Module:
+    """The model with layer ``layer``'s MLP calling ``F.linear`` on ``down_proj``'s weight in
+    ``dtype`` (input and weight cast, the result cast back to float32) instead of running its
+    ``down_proj`` module; ``gate_proj`` and ``up_proj`` still run as modules. ``dtype="float32"``
+    is the clean twin (the same product, bit for bit)."""
+    model = causal_lm(arch, seed, attn)
+    mlp: Any = model.get_submodule(f"model.layers.{layer}.mlp")
+    target = getattr(torch, dtype)
+    down = mlp.down_proj.weight
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        hidden = mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x)
+        return F.linear(hidden.to(target), down.to(target)).to(x.dtype)
+
+    mlp.forward = forward
+    return model
+
+
 def rope_buffer_bf16(arch: str = "qwen3", seed: int = 0, attn: str = "sdpa", bf16: bool = True) -> nn.Module:
     """The model with its rotary embedding's ``inv_freq`` buffer stored in bfloat16 precision
     (rounded, then used in float32 as transformers does): the angle error grows with the
