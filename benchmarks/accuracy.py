@@ -29,6 +29,7 @@ otherwise, 2 for a corpus that does not parse.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import time
@@ -298,7 +299,9 @@ def score(case: Case, verdict: Any, seconds: float) -> Score:
     if case.why is not None and not re.search(case.why, verdict["why"], re.IGNORECASE):
         result.wrong.append(f"why: does not match /{case.why}/")
     if case.why_not is not None:
-        for text in (verdict["why"], *verdict["next"]):
+        # A next step is a typed step (a dict: why, command, arguments): read all of it.
+        for item in (verdict["why"], *verdict["next"]):
+            text = item if isinstance(item, str) else json.dumps(item)
             match = re.search(case.why_not, text, re.IGNORECASE)
             if match:
                 result.wrong.append(f"why-not: says {match.group(0)!r}")

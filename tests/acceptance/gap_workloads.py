@@ -27,7 +27,9 @@ By default the prefill runs on a thread of its own, ``prefill``, which pins itse
 starts the sender (and Mooncake's threads), so they inherit its CPU mask and the calling process
 is left as it was. ``on_caller=True`` runs the prefill on the calling thread instead (pinned
 while the target lives), as a serving engine's main loop does: under ``glmfb gil`` that is the
-thread of glmfb's own runner. Each iteration returns phase timings
+thread of glmfb's own runner. ``thread_per_iteration=True`` starts the sender afresh for each
+iteration (unnamed: Python calls it ``Thread-N (_send_loop)``) and joins it at the end, as code
+that ships each step's KV from a thread of its own does. Each iteration returns phase timings
 (``prefill_s``, ``kv_wait_s``), ``kv_bytes`` and ``transfer_busy_s``; the target offers
 ``measure_ceiling()`` / ``measure_page_rate()`` (docs/gap.md), ``describe()`` and ``close()``.
 """
@@ -49,6 +51,7 @@ import torch
 SLEEP_PER_LAYER_S = 0.06  # the "sleep" sender waits this long per layer before it writes
 SENDERS = ("none", "plain", "pickle", "zlib", "bulk", "sync", "sleep")
 ONE_WRITE = ("bulk", "sync")  # senders that write one buffer after the prefill
+PER_LAYER = ("plain", "pickle", "zlib", "sleep")  # senders that ship each layer from a thread
 PREFILL_THREAD = "prefill"
 SENDER_THREAD = "kv-sender"
 CALL_TIMEOUT_S = 60.0
@@ -122,7 +125,8 @@ class PrefillKV:
     def __init__(
         self, sender: str = "none", threads: int = 1, cpus: int = 0, tokens: int = 1024,
         layers: int = 4, hidden: int = 128, page_table: int = 6000, pickles_per_layer: int = 6,
-        zlib_level: int = 6, bulk_mib: int = 64, on_caller: bool = False, seed: int = 0,
+        zlib_level: int = 6, bulk_mib: int = 64, on_caller: bool = False, thread_per_iteration: bool = False,
+        seed: int = 0,
     ) -> None:
         if sender not in SENDERS:
             raise ValueError(f"sender {sender!r}: use one of {', '.join(SENDERS)}")
@@ -147,6 +151,7 @@ class PrefillKV:
         self.layer_bytes = 0
         self.bulk: torch.Tensor | None = None
         self.on_caller = on_caller
+        self.thread_per_iteration = thread_per_iteration
         self.pinned = False
         self.thread: threading.Thread | None = None
         if on_caller:
@@ -194,12 +199,13 @@ class PrefillKV:
         self.bulk = torch.zeros(self.settings["bulk_mib"] * 1024 * 1024 // 4) if self.sender in ONE_WRITE else None
         if self.sender != "none":
             self.link = MooncakeLink(self.bulk if self.bulk is not None else self.pool)
-        if self.sender in ("plain", "pickle", "zlib", "sleep"):
+        if self.sender in PER_LAYER:
             for index, layer in enumerate(self.model.model.layers):
                 layer.self_attn.k_proj.register_forward_hook(self._hook(index, 0))
                 layer.self_attn.v_proj.register_forward_hook(self._hook(index, 1))
-            self.sender_thread = threading.Thread(target=self._send_loop, name=SENDER_THREAD, daemon=True)
-            self.sender_thread.start()
+            if not self.thread_per_iteration:
+                self.sender_thread = threading.Thread(target=self._send_loop, name=SENDER_THREAD, daemon=True)
+                self.sender_thread.start()
 
     def _hook(self, index: int, part: int) -> Any:
         """Keep K (``part`` 0) or V (1) of layer ``index``; once V is in, send the layer."""
@@ -213,6 +219,12 @@ class PrefillKV:
 
     def _iteration(self) -> dict[str, float]:
         started = time.perf_counter()
+        sender: threading.Thread | None = None
+        if self.thread_per_iteration and self.sender in PER_LAYER:
+            # A sender for this iteration only, started unnamed (Python calls it
+            # "Thread-N (_send_loop)") and joined once its layers are out.
+            sender = threading.Thread(target=self._send_loop, daemon=True)
+            sender.start()
         with torch.no_grad():
             self.model(self.prompt)
         prefill_done = time.perf_counter()
@@ -236,6 +248,9 @@ class PrefillKV:
                     raise RuntimeError(f"the KV sender failed: {result}") from result
                 busy_s += result
             moved = self.pool.numel() * 4
+        if sender is not None:
+            self.jobs.put(None)
+            sender.join(timeout=CALL_TIMEOUT_S)
         phases["kv_wait_s"] = time.perf_counter() - prefill_done
         phases["transfer_busy_s"] = busy_s
         phases["kv_bytes"] = float(moved)
