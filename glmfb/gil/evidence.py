@@ -95,6 +95,7 @@ class HeldSite(Evidence):
     c_function: str | None = None  # the Python name of the C function it was in (sorted)
     c_symbol: str | None = None  # its C symbol (builtin_sorted)
     c_source: str | None = None  # py-spy --native, or native snapshots
+    thread_count: int = 1  # short-lived threads of one name taken as this thread (2+: a group)
 
     @classmethod
     def _legacy_keys(cls) -> frozenset[str]:
@@ -129,6 +130,7 @@ class HolderThread(Record):
     excluded: bool
     active: int | None = None
     idle: int | None = None
+    thread_count: int = 1  # short-lived threads of one name taken as this thread (2+: a group)
 
 
 @evidence_kind
@@ -186,6 +188,7 @@ class ThreadTimeRow(Record):
     c_function_share: float | None = None
     native_snapshots: int = 0
     glmfb: bool = False  # glmfb's own thread (the heartbeat), never a cause
+    thread_count: int = 1  # short-lived threads of one name taken as this thread (2+: a group)
 
 
 @evidence_kind

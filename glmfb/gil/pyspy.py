@@ -195,6 +195,7 @@ class CallSite:
     native_calls: Counter[str] = field(default_factory=Counter)
     c_calls: Counter[tuple[str, str]] = field(default_factory=Counter)  # (python name, symbol)
     stacks: Counter[tuple[str, ...]] = field(default_factory=Counter)
+    thread_count: int = 1  # short-lived threads of one name taken as this one (glmfb.gil.groups)
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,9 @@ def profile_holders(
     per_thread: dict[int, dict[str, Any]] = {}
     sites: dict[tuple[int, str, str], CallSite] = {}
     for sample in samples:
-        name = sample.thread_name or names.get(sample.thread_id) or f"thread {sample.thread_id}"
+        # The names the program's threads recorded as they started (or the heartbeat read since)
+        # first: py-spy can show a new thread under the name of an ended one.
+        name = names.get(sample.thread_id) or sample.thread_name or f"thread {sample.thread_id}"
         record = per_thread.setdefault(
             sample.thread_id, {"thread": name, "tid": sample.thread_id, "samples": 0, "idle": 0}
         )

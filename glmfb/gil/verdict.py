@@ -76,11 +76,14 @@ class Observations:
     timeline: dict[int, list[list[Any]]] = field(default_factory=dict)
     own_p99_ms: float | None = None  # p99 net of the heartbeat's own CPU waits only
     holder_cpu_wait_s: float = 0.0  # the holder's CPU waits taken out of late wake-ups
+    # tid -> how many short-lived threads of one name it stands for (glmfb.gil.groups; 2+)
+    thread_counts: dict[int, int] = field(default_factory=dict)
 
 
 def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None) -> Verdict:
     """The verdict of one trace: typed evidence, findings, the first rule that applies."""
     config = observations.config
+    _count_threads(observations)
     starvation = _starvation(observations)
     holders = _holders(observations)
     starved_names = tuple(starved_threads(observations, starvation.starved, holders.site))
@@ -98,6 +101,14 @@ def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None)
         evidence=tuple(evidence), next=diagnosis.next, artifacts=observations.artifacts, env=observations.env,
         duration_s=observations.duration_s,
     )
+
+
+def _count_threads(observations: Observations) -> None:
+    """Mark the call sites of a group of short-lived threads with how many threads it stands for."""
+    counts, profile = observations.thread_counts, observations.holders
+    if counts and profile is not None:
+        for site in profile.sites:
+            site.thread_count = counts.get(site.thread_id, 1)
 
 
 @dataclass(frozen=True)
@@ -182,7 +193,8 @@ def _evidence(observations: Observations, starvation: _Starvation, holders: _Hol
     if profile is not None:
         evidence.append(GilThreads(
             samples=profile.total_samples, sample_instants=profile.sample_instants, native=profile.native,
-            threads=tuple(HolderThread(**t) for t in profile.threads[:8]),
+            threads=tuple(HolderThread(**t, thread_count=observations.thread_counts.get(t["tid"], 1))
+                          for t in profile.threads[:8]),
             sites=tuple(holder_evidence(s, holders.sample_instants, GilSite)  # type: ignore[misc]
                         for s in profile.sites[1:4]),
         ))
@@ -323,6 +335,7 @@ def _thread_times(observations: Observations) -> ThreadTimes | None:
             cpus=observations.cpus.get(tid), c_function=top[0] if top else None,
             c_function_share=round(top[1] / sum(votes.values()), 4) if top else None,
             native_snapshots=sum(votes.values()), glmfb=tid == heartbeat_tid or name.startswith(CANARY_PREFIX),
+            thread_count=observations.thread_counts.get(tid, 1),
         ))
         if len(rows) >= MAX_THREAD_ROWS:
             break
