@@ -304,6 +304,7 @@ class _Recordings:
         self.missing = missing
         self.main: pyspy.Recording | None = None
         self.native: pyspy.Recording | None = None
+        self.startup: pyspy.HolderProfile | None = None  # GIL holders inside imports (start-up)
 
     def start(self, pid: int) -> None:
         if not self.config.use_pyspy:
@@ -395,11 +396,20 @@ class _Recordings:
             return None
 
         def samples(recording: pyspy.Recording) -> list[pyspy.Sample]:
-            found = recording.samples()
-            if not groups:
-                return found
-            return [replace(s, thread_id=groups.of(s.thread_id), thread_name=None) if groups.of(s.thread_id) != s.thread_id
-                    else s for s in found]
+            """The steady state's samples (start-up's, inside an import, go to ``startup``),
+            a group's threads under its id."""
+            found = []
+            for sample in recording.samples():
+                if groups and groups.of(sample.thread_id) != sample.thread_id:
+                    sample = replace(sample, thread_id=groups.of(sample.thread_id), thread_name=None)
+                if pyspy.in_startup(sample):
+                    if recording is main or main is None:
+                        startup.append(sample)
+                else:
+                    found.append(sample)
+            return found
+
+        startup: list[pyspy.Sample] = []
 
         split_profile = None
         if split is not None:
@@ -411,6 +421,7 @@ class _Recordings:
                 sample_instants=split.sample_instants,
             )
         if main is None:
+            self.startup = self._startup_profile(startup, names, exclude, split)
             return split_profile
         main_profile = pyspy.profile_holders(
             samples(main),
@@ -419,11 +430,21 @@ class _Recordings:
             exclude_tids=exclude,
             sample_instants=main.sample_instants,
         )
+        self.startup = self._startup_profile(startup, names, exclude, main)
         return (
             pyspy.merge_split(main_profile, split_profile)
             if split_profile is not None
             else main_profile
         )
+
+    @staticmethod
+    def _startup_profile(samples: list[pyspy.Sample], names: dict[int, str], exclude: set[int],
+                         recording: pyspy.Recording | None) -> pyspy.HolderProfile | None:
+        """Who held the GIL inside imports (the program's start-up), apart from the steady state."""
+        if not samples or recording is None:
+            return None
+        return pyspy.profile_holders(samples, native=recording.native, names=names, exclude_tids=exclude,
+                                     sample_instants=recording.sample_instants)
 
     def artifacts(self) -> dict[str, str]:
         artifacts: dict[str, str] = {}
@@ -591,6 +612,7 @@ class _Session:
                 native_snapshots=len(sampler.native_stacks), stall=seen.stall, timeline=seen.timeline,
                 own_p99_ms=own_p99_ms, holder_cpu_wait_s=holder_cpu_wait_s,
                 thread_counts={tid: len(members) for tid, members in groups.members.items()},
+                startup=self.recordings.startup,
             ),
             self.ctx.rules("gil", RULES),
         )

@@ -113,6 +113,18 @@ class GilHolder(HeldSite):
 
 @evidence_kind
 @dataclass(frozen=True, kw_only=True)
+class GilStartup(HeldSite):
+    """Where the GIL was held inside imports (the program's start-up: ``import torch`` loading
+    its libraries), reported apart: the holder of the verdict is the steady state's.
+    ``samples_total`` counts every start-up sample, ``share_of_time`` is the top site's."""
+
+    kind: ClassVar[str] = "gil_startup"
+    title: ClassVar[str] = "GIL held at start-up (imports)"
+    samples_total: int = 0
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
 class GilSite(HeldSite):
     """A further call site that held the GIL (the runners-up of the holder)."""
 
@@ -226,5 +238,5 @@ class GilTimeline(Evidence):
     threads: tuple[TimelineThread, ...]
 
 
-EVIDENCE_TYPES: tuple[type[Evidence], ...] = (Starvation, GilHolder, GilSite, GilThreads, TraceOverlap,
+EVIDENCE_TYPES: tuple[type[Evidence], ...] = (Starvation, GilHolder, GilStartup, GilSite, GilThreads, TraceOverlap,
                                               ThreadTimes, GilTimeline)

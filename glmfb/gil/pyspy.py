@@ -151,6 +151,17 @@ class Sample:
         return None
 
 
+# The import system's frozen modules: a sample inside them is the program's start-up (imports,
+# extension loading), not its steady state.
+STARTUP_FILES = ("<frozen importlib._bootstrap",)
+
+
+def in_startup(sample: Sample) -> bool:
+    """Whether the sample's Python stack is inside an import (``import torch`` loading its
+    libraries: ``dlopen`` under ``_call_with_frames_removed``)."""
+    return any(frame.file.startswith(STARTUP_FILES) for frame in sample.python_frames)
+
+
 def _parse_frame(text: str) -> Frame:
     function, sep, rest = text.rpartition(" (")
     if not sep or not rest.endswith(")"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from glmfb.evidence import Evidence, MissingSignal
@@ -15,6 +15,7 @@ from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
 from glmfb.gil.evidence import (
     GilHolder,
     GilSite,
+    GilStartup,
     GilThreads,
     GilTimeline,
     HolderThread,
@@ -78,6 +79,7 @@ class Observations:
     holder_cpu_wait_s: float = 0.0  # the holder's CPU waits taken out of late wake-ups
     # tid -> how many short-lived threads of one name it stands for (glmfb.gil.groups; 2+)
     thread_counts: dict[int, int] = field(default_factory=dict)
+    startup: HolderProfile | None = None  # who held the GIL inside imports (start-up), apart
 
 
 def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None) -> Verdict:
@@ -189,6 +191,9 @@ def _evidence(observations: Observations, starvation: _Starvation, holders: _Hol
                                              holders.waiting))
     if holders.holder is not None:
         evidence.append(holders.holder)
+    startup = _startup_evidence(observations)
+    if startup is not None:
+        evidence.append(startup)
     profile = observations.holders
     if profile is not None:
         evidence.append(GilThreads(
@@ -208,6 +213,18 @@ def _evidence(observations: Observations, starvation: _Starvation, holders: _Hol
         evidence.append(TraceOverlap(functions=overlaps))
     evidence.extend(missing)
     return evidence
+
+
+def _startup_evidence(observations: Observations) -> GilStartup | None:
+    """The top site that held the GIL inside imports (start-up), with the count of all such
+    samples: reported apart, never the verdict's holder."""
+    startup = observations.startup
+    if startup is None or not startup.sites:
+        return None
+    site = startup.sites[0]
+    found = holder_evidence(site, startup.sample_instants, GilStartup)
+    assert isinstance(found, GilStartup)
+    return replace(found, samples_total=startup.total_samples)
 
 
 def _starvation_evidence(observations: Observations, heartbeat: Heartbeat, starvation: _Starvation,
