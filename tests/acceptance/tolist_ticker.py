@@ -1,4 +1,4 @@
-"""A program run as ``glmfb gil -- python tolist_ticker.py``: it imports torch (seconds of
+"""A program run as ``glmfb gil -- python ./tolist_ticker.py``: it imports torch (seconds of
 imports and extension loading: dlopen of torch's libraries, with the GIL held, under
 ``import torch``), then a worker thread turns a large tensor into Python lists with
 ``Tensor.tolist`` (one long C++ call that keeps the GIL) beside a thread that wants to wake every
