@@ -38,6 +38,7 @@ STOP_GRACE_S = 5.0
 NATIVE_CHECK_S = 0.3  # py-spy that cannot do --native exits within this
 MAX_WINDOWS = 10  # the longest starvation windows shown in evidence
 MAX_TIMELINE_THREADS = 12
+MIN_STEADY_S = 1.0  # of the window kept after the program's start-up imports settled
 TRACE_STOP_GRACE_S = 30.0  # viztracer writes its trace on SIGTERM; large traces take a while
 
 
@@ -575,6 +576,8 @@ class _Session:
     def _decide(self, sampler: GilWaitSampler, started_s: float, launched: Launched | None) -> Verdict:
         config = self.config
         end_s = sampler.stopped_s or time.monotonic()
+        sampling_started_s = started_s
+        started_s = self._steady_state_start(started_s, end_s)
         beat = self._heartbeat(started_s, end_s)
         names = self.recordings.thread_names(dict(beat.thread_names) if beat else {})
         exclude = (
@@ -612,10 +615,21 @@ class _Session:
                 native_snapshots=len(sampler.native_stacks), stall=seen.stall, timeline=seen.timeline,
                 own_p99_ms=own_p99_ms, holder_cpu_wait_s=holder_cpu_wait_s,
                 thread_counts={tid: len(members) for tid, members in groups.members.items()},
-                startup=self.recordings.startup,
+                startup=self.recordings.startup, startup_excluded_s=started_s - sampling_started_s,
             ),
             self.ctx.rules("gil", RULES),
         )
+
+    def _steady_state_start(self, started_s: float, end_s: float) -> float:
+        """When the steady state began: sampling's start, or later when the program's start-up
+        imports settled inside the window (the heartbeat saw ``sys.modules`` stop growing), so
+        their GIL holds are left out of the heartbeat's lateness and the /proc accounts. At
+        least ``MIN_STEADY_S`` of the window is kept."""
+        header = hb.read_header(self.files.heartbeat_prefix) if self.config.heartbeat else None
+        settled = header.get("imports_settled_s") if header is not None else None
+        if isinstance(settled, (int, float)) and started_s < settled <= end_s - MIN_STEADY_S:
+            return float(settled)
+        return started_s
 
     def _groups(self, sampler: GilWaitSampler, started_s: float, end_s: float, names: dict[int, str],
                 exclude: set[int]) -> ThreadGroups:

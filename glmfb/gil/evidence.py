@@ -67,6 +67,7 @@ class Starvation(Evidence):
     stall_holder: str | None = None
     recorded_p99_ms: float | None = None  # p99 net of the heartbeat's own CPU waits only
     holder_cpu_wait_ms: float | None = None  # the GIL holder's CPU waits, also taken out
+    startup_excluded_s: float | None = None  # left out at the start: the imports until they settled
     lateness_series: tuple[Any, ...] = ()  # [t_s, lateness_ms] (<= 2000, the max per bin)
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:

@@ -80,6 +80,7 @@ class Observations:
     # tid -> how many short-lived threads of one name it stands for (glmfb.gil.groups; 2+)
     thread_counts: dict[int, int] = field(default_factory=dict)
     startup: HolderProfile | None = None  # who held the GIL inside imports (start-up), apart
+    startup_excluded_s: float = 0.0  # seconds at the window's start left out: imports until they settled
 
 
 def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None) -> Verdict:
@@ -250,6 +251,7 @@ def _starvation_evidence(observations: Observations, heartbeat: Heartbeat, starv
         stall_holder=stall.get("holder"),
         recorded_p99_ms=round(recorded_p99, 3) if recorded_p99 is not None else None,
         holder_cpu_wait_ms=round(1e3 * observations.holder_cpu_wait_s, 1),
+        startup_excluded_s=round(observations.startup_excluded_s, 3) if observations.startup_excluded_s else None,
         lateness_series=tuple(lateness_series(heartbeat, start, start + observed))
         if start is not None and observed else (),
     )
