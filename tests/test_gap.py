@@ -19,7 +19,15 @@ from glmfb.gap.attribution import GilFinding, finding_from_verdict
 from glmfb.gap.bandwidth import achieved_bytes_per_s, check_bandwidth, paired_times
 from glmfb.gap.phases import compare_phases, grown_phases, median_bytes
 from glmfb.gap.runner import phase_dict
-from glmfb.gil.evidence import GilHolder, GilSite, GilThreads, Starvation, WaitingThread
+from glmfb.gil.evidence import (
+    GilHolder,
+    GilSite,
+    GilThreads,
+    Starvation,
+    ThreadTimeRow,
+    ThreadTimes,
+    WaitingThread,
+)
 from glmfb.stats import paired_median_ratio
 from glmfb.suite import load_definitions
 from glmfb.targets import Target
@@ -412,3 +420,31 @@ def test_failure_without_the_gil_probe_names_the_missing_signal(
     assert verdict.where == {}
     assert any(step.command == "gil" and step.arguments["target"] == f"{THIS}:spin"
                and step.arguments["args"] == {"extra_units": 60_000} for step in verdict.next)
+
+
+def test_a_group_of_short_lived_senders_reads_as_one_holder_and_one_competitor() -> None:
+    """One sender thread per layer: the gil probe takes them as one thread (thread_count); the
+    finding names it with the count, as holder and as CPU competitor."""
+    holder = GilHolder(thread="Thread-N (_send_layer)", tid=7, function="_send_layer",
+                       qualname="PrefillKV._send_layer", file="w.py", line=288, samples=60, idle_share=0.0,
+                       share_of_time=0.6, c_function="pickle.dumps", c_symbol="_pickle_dumps", thread_count=58)
+    starvation = Starvation(
+        threads=("prefill", "glmfb-heartbeat"), canary="glmfb-heartbeat", threshold_ms=10.0, starved=True,
+        ticks=400, period_ms=1.0, p50_ms=0.2, p99_ms=20.0, max_ms=50.0, wall_p99_ms=20.0, cpu_wait_total_ms=0.0,
+        waiting_for_gil=(WaitingThread(thread="prefill", tid=2, waiting_share=0.3, of_runnable_share=0.45,
+                                       of_runnable_ci=(0.4, 0.5)),))
+    times = ThreadTimes(observed_s=4.0, threads=(
+        ThreadTimeRow(thread="prefill", tid=2, cpu_share=0.35, runqueue_share=0.45, gil_wait_share=0.02,
+                      other_wait_share=0.18, cpus="0"),
+        ThreadTimeRow(thread="Thread-N (_send_layer)", tid=7, cpu_share=0.5, runqueue_share=0.1,
+                      gil_wait_share=0.0, other_wait_share=0.4, cpus="0", c_function="zlib.compress",
+                      thread_count=58)))
+    verdict = Verdict(probe="gil", name="g", status=Status.FAIL, layer=Layer.RUNTIME, why="w",
+                      evidence=(starvation, holder, times))
+    finding = finding_from_verdict(verdict)
+    assert finding.holder_thread_count == 58 and finding.gil_bound
+    assert "on 58 short-lived threads Thread-N (_send_layer) (taken as one)" in finding.sentence()
+    assert finding.competitor_thread == "Thread-N (_send_layer)" and finding.competitor_thread_count == 58
+    assert "while 58 short-lived threads Thread-N (_send_layer) (taken as one) ran in zlib.compress" in (
+        finding.cpu_sentence())
+    assert finding.to_evidence()["holder_thread_count"] == 58

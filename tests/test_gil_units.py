@@ -136,13 +136,13 @@ def test_injection_env_puts_the_site_dir_first(tmp_path: Path) -> None:
 
 
 def _observations(raw: str | None, lateness_ms: list[float], **kwargs: object) -> Observations:
-    holders = None
+    holders = kwargs.pop("holders", None)
     if raw is not None:
         holders = profile_holders(parse_raw(raw), native=True, names={}, exclude_tids={4741})
     return Observations(
         config=GilConfig(name="unit", command=("python", "x.py")),
         heartbeat=_heartbeat(lateness_ms),
-        holders=holders,
+        holders=holders,  # type: ignore[arg-type]
         waiting=[{"thread": "kv-transfer", "tid": 4739, "waiting_share": 0.7}],
         **kwargs,  # type: ignore[arg-type]
     )
@@ -347,3 +347,93 @@ def test_a_recording_that_ended_with_its_program_keeps_the_sampled_window(tmp_pa
     recording.stop(target_running=False, sampling_ended_s=ended)
     assert recording.elapsed_s == pytest.approx(ended - recording.started_s, abs=0.01)
     assert recording.sample_instants >= 100  # ~1.5 s at 100 Hz, not 0 (which left the held lines as the total)
+
+
+# ---- threads that come and go; start-up apart from the steady state --------------------------
+
+
+def test_short_lived_threads_of_one_name_are_grouped_and_long_lived_ones_kept_apart() -> None:
+    from glmfb.gil.groups import describe, group_key, thread_groups
+
+    names = {10: "Thread-12 (_send_loop)", 11: "Thread-13 (_send_loop)", 12: "Thread-14 (_send_loop)",
+             20: "worker-1", 21: "worker-2", 30: "thread 30", 31: "thread 31", 40: "kv-sender", 41: "kv-sender",
+             50: "prefill", 60: "glmfb-heartbeat", 61: "glmfb-heartbeat"}
+    short = {10, 11, 12, 30, 31, 40, 41, 60, 61}  # the worker pool and the prefill lived throughout
+    groups = thread_groups(names, names, short, exclude={60, 61})
+    assert dict(groups.members) == {10: (10, 11, 12), 40: (40, 41)}
+    assert groups.names[10] == "Thread-N (_send_loop)" and groups.names[40] == "kv-sender"
+    assert [groups.of(t) for t in (11, 12, 20, 21, 30, 50)] == [10, 10, 20, 21, 30, 50]
+    assert groups.count(10) == 3 and groups.count(20) == 1 and groups.tids(41) == (41,)
+    assert group_key("thread 30") is None  # known only by its id: never grouped
+    assert describe("prefill", 1) == "thread prefill"
+    assert describe("Thread-N (_send_loop)", 3) == "3 short-lived threads Thread-N (_send_loop) (taken as one)"
+    from collections import Counter
+
+    merged = groups.merge({10: Counter({("pickle.dumps", "_pickle_dumps"): 2}),
+                           12: Counter({("pickle.dumps", "_pickle_dumps"): 3}), 50: Counter({("", ""): 1})})
+    assert merged == {10: Counter({("pickle.dumps", "_pickle_dumps"): 5}), 50: Counter({("", ""): 1})}
+
+
+def _ticks_of_two_senders() -> list:
+    """2 s of 10 ms ticks: thread 7 runs throughout; sender 8 runs from 0.2 to 0.6 s, sender 9
+    from 1.0 to 1.4 s, each on a CPU all its life (the prefill, 7, waits for a CPU half of it)."""
+    from glmfb.gil.procwatch import Tick
+
+    ticks = []
+    for i in range(201):
+        at = i * 0.01
+        tick = Tick(at_s=at, running=frozenset({7}))
+        tick.cpu_ns[7], tick.runqueue_ns[7], tick.read_s[7] = int(at * 0.5e9), int(at * 0.5e9), at
+        for tid, (born, ended) in ((8, (0.2, 0.6)), (9, (1.0, 1.4))):
+            if born <= at <= ended:
+                tick.cpu_ns[tid], tick.runqueue_ns[tid], tick.read_s[tid] = int((at - born) * 1e9), 0, at
+                tick.running = tick.running | {tid}
+        ticks.append(tick)
+    return ticks
+
+
+def test_a_group_of_short_lived_threads_is_accounted_over_the_window() -> None:
+    from glmfb.gil.procwatch import GilWaitSampler, account
+
+    sampler = GilWaitSampler(0, 100)
+    sampler.ticks = _ticks_of_two_senders()
+    assert sampler.short_lived() == {8, 9}
+    alone = account(sampler.ticks, 8, None)
+    assert alone.cpu_share == pytest.approx(1.0)  # over its own life: always on a CPU
+    times = sampler.thread_times(0, groups={8: (8, 9)})
+    assert set(times) == {7, 8}
+    group = times[8]
+    assert group.wall_s == pytest.approx(2.0, abs=0.02)
+    # 0.8 s on a CPU in a 2 s window; the time no sender was alive is blocked on something else
+    assert group.cpu_share == pytest.approx(0.4, abs=0.02)
+    assert group.other_wait_share == pytest.approx(0.6, abs=0.02) and group.gil_wait_share == 0.0
+    assert times[7].runqueue_share == pytest.approx(0.5, abs=0.02)
+    assert sampler.runqueue_between(7, 0.0, 1.0, (7,)) == pytest.approx(0.5, abs=0.01)
+
+
+RAW_STARTUP = """\
+thread (5): MainThread;<module> (/src/prog.py:16);_find_and_load (<frozen importlib._bootstrap>:1176);_call_with_frames_removed (<frozen importlib._bootstrap>:241);dlopen (libc.so.6) 300
+thread (6): tolist-worker;Thread.run (/usr/lib/python3.11/threading.py:982);tolist_loop (/src/prog.py:24);torch::autograd::THPVariable_tolist (libtorch_python.so) 120
+thread (7): ticker;ticker (/src/prog.py:33) 2
+"""
+
+
+def test_samples_inside_imports_are_start_up_not_the_steady_state_holder() -> None:
+    from glmfb.gil.pyspy import in_startup
+
+    samples = parse_raw(RAW_STARTUP)
+    assert [in_startup(s) for s in samples] == [True, False, False]
+    steady = [s for s in samples if not in_startup(s)]
+    startup = [s for s in samples if in_startup(s)]
+    verdict = decide(_observations(None, [0.2] * 50 + [150.0] * 50,
+                                   holders=profile_holders(steady, native=True, names={}, exclude_tids=set()),
+                                   startup=profile_holders(startup, native=True, names={}, exclude_tids=set())))
+    assert verdict.status is Status.FAIL
+    assert verdict.where["thread"] == "tolist-worker" and "tolist" in verdict.where["function"]
+    assert "dlopen" not in verdict.why and "importlib" not in verdict.why
+    startup = next(e for e in (x.to_dict() for x in verdict.evidence) if e["kind"] == "gil_startup")
+    assert startup["thread"] == "MainThread" and startup["samples_total"] == 300
+    assert startup["native_frame"] == "dlopen"
+    threads = next(e for e in (x.to_dict() for x in verdict.evidence) if e["kind"] == "gil_threads")
+    assert "MainThread" not in [t["thread"] for t in threads["threads"]]
+    assert Verdict.from_dict(verdict.to_dict()) == verdict

@@ -26,6 +26,7 @@ from glmfb.gil.evidence import (
     ThreadTimeRow,
     ThreadTimes,
 )
+from glmfb.gil.groups import describe
 from glmfb.io import write_json_atomic
 from glmfb.probe import ProbeContext, get_probe
 from glmfb.step import Step
@@ -54,6 +55,7 @@ class GilFinding:
     status: str | None = None  # the gil verdict's status
     reason: str | None = None  # why no answer (probe missing, broke, found nothing)
     holder_thread: str | None = None
+    holder_thread_count: int = 1  # short-lived threads of one name the holder stands for (2+)
     holder_function: str | None = None
     holder_file: str | None = None
     holder_line: int | None = None
@@ -72,6 +74,7 @@ class GilFinding:
     cpu_victim_gil_of_runnable: float | None = None
     cpu_victim_gil_share: float | None = None  # of wall time
     competitor_thread: str | None = None  # the thread that ran most on the victim's CPUs
+    competitor_thread_count: int = 1  # short-lived threads of one name it stands for (2+)
     competitor_function: str | None = None  # what it ran in C (zlib.compress)
     competitor_cpu_share: float | None = None
     competitor_cpu_fraction: float | None = None  # of the CPU the candidate's threads got there
@@ -136,7 +139,8 @@ class GilFinding:
             competitor_before = (" (a thread the baseline does not run)" if self.competitor_baseline_cpu_share is None
                                  else f" (it ran {self.competitor_baseline_cpu_share:.0%} in the baseline's run)")
         return (f"The {self.cpu_victim} thread waited for a CPU {self.cpu_victim_runqueue_share:.0%} of the time"
-                f"{victim_before} (and ran {self.cpu_victim_cpu_share:.0%}) while thread {self.competitor_thread}"
+                f"{victim_before} (and ran {self.cpu_victim_cpu_share:.0%}) while "
+                f"{describe(self.competitor_thread or '', self.competitor_thread_count)}"
                 f"{competitor_before} ran{runs} on the "
                 f"same CPUs{cpus}, taking {self.competitor_cpu_fraction or 0.0:.0%} of the CPU time the candidate's "
                 f"threads got there; the GIL does not explain it ({self.cpu_victim} waited for the GIL "
@@ -168,9 +172,10 @@ class GilFinding:
         location = f"{self.holder_file}:{self.holder_line}" if self.holder_file else "glmfb's target runner"
         if self.holder_c_function and self.holder_python_function:
             held = (f"held by {self.holder_c_function}, called from {self.holder_python_function} ({location}), "
-                    f"on thread {self.holder_thread}")
+                    f"on {describe(self.holder_thread or '', self.holder_thread_count)}")
         else:
-            held = f"held by {self.holder_function} ({location}) on thread {self.holder_thread}"
+            held = (f"held by {self.holder_function} ({location}) on "
+                    f"{describe(self.holder_thread or '', self.holder_thread_count)}")
         if self.holder_idle_share is not None:
             if self.idle_in_native:
                 native = f" ({self.native_frame})" if self.native_frame else ""
@@ -188,6 +193,7 @@ class GilFinding:
             "status": self.status,
             "reason": self.reason,
             "holder_thread": self.holder_thread,
+            "holder_thread_count": self.holder_thread_count,
             "holder_function": self.holder_function,
             "holder_file": self.holder_file,
             "holder_line": self.holder_line,
@@ -206,6 +212,7 @@ class GilFinding:
             "cpu_victim_gil_of_runnable": self.cpu_victim_gil_of_runnable,
             "cpu_victim_gil_share": self.cpu_victim_gil_share,
             "competitor_thread": self.competitor_thread,
+            "competitor_thread_count": self.competitor_thread_count,
             "competitor_function": self.competitor_function,
             "competitor_cpu_share": self.competitor_cpu_share,
             "competitor_cpu_fraction": self.competitor_cpu_fraction,
@@ -307,7 +314,8 @@ def _cpu_contention(times: ThreadTimes | None, driver: str | None,
             found["competitor_baseline_cpu_share"] = before[competitor.thread].cpu_share
         shared = sorted(mine & cpu_set(competitor.cpus)) if mine and competitor.cpus else []
         used = victim.cpu_share + sum(t.cpu_share for t in others)
-        found.update(competitor_thread=competitor.thread, competitor_function=competitor.c_function,
+        found.update(competitor_thread=competitor.thread, competitor_thread_count=competitor.thread_count,
+                     competitor_function=competitor.c_function,
                      competitor_cpu_share=competitor.cpu_share,
                      competitor_cpu_fraction=round(competitor.cpu_share / used, 4) if used > 0 else None,
                      shared_cpus=",".join(str(c) for c in shared) or None)
@@ -385,6 +393,7 @@ def finding_from_verdict(verdict: Verdict, baseline: Verdict | None = None) -> G
         reason=None if holder else holder_source,
         holder_source=holder_source,
         holder_thread=holder_thread,
+        holder_thread_count=holder.thread_count if holder else 1,
         holder_function=(c_function or holder.function) if holder else None,
         holder_c_function=c_function,
         holder_python_function=holder.qualname if holder and c_function else None,

@@ -103,6 +103,7 @@ class GilAttribution(Evidence):
     status: str | None = None
     reason: str | None = None
     holder_thread: str | None = None
+    holder_thread_count: int = 1  # short-lived threads of one name the holder stands for (2+)
     holder_function: str | None = None
     holder_file: str | None = None
     holder_line: int | None = None
@@ -121,6 +122,7 @@ class GilAttribution(Evidence):
     cpu_victim_gil_of_runnable: float | None = None
     cpu_victim_gil_share: float | None = None
     competitor_thread: str | None = None
+    competitor_thread_count: int = 1
     competitor_function: str | None = None
     competitor_cpu_share: float | None = None
     competitor_cpu_fraction: float | None = None

@@ -22,6 +22,7 @@ from glmfb.evidence import ProcessExit
 from glmfb.gil import heartbeat as hb
 from glmfb.gil import pyspy
 from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
+from glmfb.gil.groups import ThreadGroups, thread_groups
 from glmfb.gil.process import Launched, wait_until
 from glmfb.gil.procwatch import GilWaitSampler, ThreadTime
 from glmfb.gil.rules import RULES
@@ -37,6 +38,7 @@ STOP_GRACE_S = 5.0
 NATIVE_CHECK_S = 0.3  # py-spy that cannot do --native exits within this
 MAX_WINDOWS = 10  # the longest starvation windows shown in evidence
 MAX_TIMELINE_THREADS = 12
+MIN_STEADY_S = 1.0  # of the window kept after the program's start-up imports settled
 TRACE_STOP_GRACE_S = 30.0  # viztracer writes its trace on SIGTERM; large traces take a while
 
 
@@ -57,16 +59,18 @@ def trace_gil(config: GilConfig, ctx: ProbeContext) -> Verdict:
     return replace(verdict, duration_s=ctx.clock.monotonic() - started, env=fingerprint())
 
 
-def _net_of_holder_cpu_waits(beat: hb.Heartbeat, sampler: GilWaitSampler, holder_tid: int) -> hb.Heartbeat:
+def _net_of_holder_cpu_waits(beat: hb.Heartbeat, sampler: GilWaitSampler, holder_tid: int,
+                             members: tuple[int, ...] = ()) -> hb.Heartbeat:
     """The heartbeat with each late wake-up's CPU wait widened by the time the GIL holder
-    itself waited for a CPU meanwhile: a holder descheduled while it holds the GIL makes
-    others wait longer on a busy machine, and that part is the machine's, not the program's."""
+    itself (``members``: the threads of its group) waited for a CPU meanwhile: a holder
+    descheduled while it holds the GIL makes others wait longer on a busy machine, and that
+    part is the machine's, not the program's."""
     widened = []
     for wake, late, own in zip(beat.wake_s, beat.lateness_s, beat.cpu_wait_s, strict=True):
         if late <= beat.period_s:
             widened.append(own)
             continue
-        holder_wait = sampler.runqueue_between(holder_tid, wake - late, wake)
+        holder_wait = sampler.runqueue_between(holder_tid, wake - late, wake, members)
         widened.append(min(late, own + holder_wait))
     return replace(beat, cpu_wait_s=tuple(widened))
 
@@ -301,6 +305,7 @@ class _Recordings:
         self.missing = missing
         self.main: pyspy.Recording | None = None
         self.native: pyspy.Recording | None = None
+        self.startup: pyspy.HolderProfile | None = None  # GIL holders inside imports (start-up)
 
     def start(self, pid: int) -> None:
         if not self.config.use_pyspy:
@@ -377,34 +382,70 @@ class _Recordings:
                     names.setdefault(sample.thread_id, sample.thread_name)
         return names
 
-    def holder_profile(self, names: dict[int, str], exclude: set[int]) -> pyspy.HolderProfile | None:
+    def sampled_tids(self) -> set[int]:
+        """The threads either sampler saw holding the GIL."""
+        return {sample.thread_id for recording in (self.main, self.native) if recording is not None
+                for sample in recording.samples()}
+
+    def holder_profile(self, names: dict[int, str], exclude: set[int],
+                       groups: ThreadGroups | None = None) -> pyspy.HolderProfile | None:
+        """Who held the GIL, per thread and call site (a group of short-lived threads counted
+        as one thread)."""
         main = self.main if self.main and self.main.failure() is None else None
         split = self.native
         if main is None and split is None:
             return None
+
+        def samples(recording: pyspy.Recording) -> list[pyspy.Sample]:
+            """The steady state's samples (start-up's, inside an import, go to ``startup``),
+            a group's threads under its id."""
+            found = []
+            for sample in recording.samples():
+                if groups and groups.of(sample.thread_id) != sample.thread_id:
+                    sample = replace(sample, thread_id=groups.of(sample.thread_id), thread_name=None)
+                if pyspy.in_startup(sample):
+                    if recording is main or main is None:
+                        startup.append(sample)
+                else:
+                    found.append(sample)
+            return found
+
+        startup: list[pyspy.Sample] = []
+
         split_profile = None
         if split is not None:
             split_profile = pyspy.profile_holders(
-                split.samples(),
+                samples(split),
                 native=True,
                 names=names,
                 exclude_tids=exclude,
                 sample_instants=split.sample_instants,
             )
         if main is None:
+            self.startup = self._startup_profile(startup, names, exclude, split)
             return split_profile
         main_profile = pyspy.profile_holders(
-            main.samples(),
+            samples(main),
             native=False,
             names=names,
             exclude_tids=exclude,
             sample_instants=main.sample_instants,
         )
+        self.startup = self._startup_profile(startup, names, exclude, main)
         return (
             pyspy.merge_split(main_profile, split_profile)
             if split_profile is not None
             else main_profile
         )
+
+    @staticmethod
+    def _startup_profile(samples: list[pyspy.Sample], names: dict[int, str], exclude: set[int],
+                         recording: pyspy.Recording | None) -> pyspy.HolderProfile | None:
+        """Who held the GIL inside imports (the program's start-up), apart from the steady state."""
+        if not samples or recording is None:
+            return None
+        return pyspy.profile_holders(samples, native=recording.native, names=names, exclude_tids=exclude,
+                                     sample_instants=recording.sample_instants)
 
     def artifacts(self) -> dict[str, str]:
         artifacts: dict[str, str] = {}
@@ -535,21 +576,25 @@ class _Session:
     def _decide(self, sampler: GilWaitSampler, started_s: float, launched: Launched | None) -> Verdict:
         config = self.config
         end_s = sampler.stopped_s or time.monotonic()
+        sampling_started_s = started_s
+        started_s = self._steady_state_start(started_s, end_s)
         beat = self._heartbeat(started_s, end_s)
         names = self.recordings.thread_names(dict(beat.thread_names) if beat else {})
         exclude = (
             {beat.thread_id} if beat else {tid for tid, n in names.items() if n == HEARTBEAT_THREAD}
         )
-        holders = self.recordings.holder_profile(names, exclude)
+        groups = self._groups(sampler, started_s, end_s, names, exclude)
+        names.update(groups.names)
+        holders = self.recordings.holder_profile(names, exclude, groups)
         top_holder = next((t for t in holders.threads if not t["excluded"]), None) if holders is not None else None
         own_p99_ms: float | None = None
         holder_cpu_wait_s = 0.0
         if beat is not None and top_holder is not None and sampler.error is None:
             own_p99_ms = beat.percentile_ms(99) if beat.ticks else None
-            widened = _net_of_holder_cpu_waits(beat, sampler, top_holder["tid"])
+            widened = _net_of_holder_cpu_waits(beat, sampler, top_holder["tid"], groups.tids(top_holder["tid"]))
             holder_cpu_wait_s = sum(widened.cpu_wait_s) - sum(beat.cpu_wait_s)
             beat = widened
-        seen = (_seen_in_proc(config, beat, sampler, started_s, end_s, names, top_holder)
+        seen = (_seen_in_proc(config, beat, sampler, started_s, end_s, names, top_holder, groups)
                 if beat is not None and sampler.error is None else _SeenInProc())
         if sampler.error is not None:
             self.missing.append({"signal": "GIL waiters", "reason": sampler.error})
@@ -569,9 +614,32 @@ class _Session:
                 native_foreign=seen.native_foreign, native_error=sampler.native_error,
                 native_snapshots=len(sampler.native_stacks), stall=seen.stall, timeline=seen.timeline,
                 own_p99_ms=own_p99_ms, holder_cpu_wait_s=holder_cpu_wait_s,
+                thread_counts={tid: len(members) for tid, members in groups.members.items()},
+                startup=self.recordings.startup, startup_excluded_s=started_s - sampling_started_s,
             ),
             self.ctx.rules("gil", RULES),
         )
+
+    def _steady_state_start(self, started_s: float, end_s: float) -> float:
+        """When the steady state began: sampling's start, or later when the program's start-up
+        imports settled inside the window (the heartbeat saw ``sys.modules`` stop growing), so
+        their GIL holds are left out of the heartbeat's lateness and the /proc accounts. At
+        least ``MIN_STEADY_S`` of the window is kept."""
+        header = hb.read_header(self.files.heartbeat_prefix) if self.config.heartbeat else None
+        settled = header.get("imports_settled_s") if header is not None else None
+        if isinstance(settled, (int, float)) and started_s < settled <= end_s - MIN_STEADY_S:
+            return float(settled)
+        return started_s
+
+    def _groups(self, sampler: GilWaitSampler, started_s: float, end_s: float, names: dict[int, str],
+                exclude: set[int]) -> ThreadGroups:
+        """The program's short-lived threads taken as one per name (glmfb.gil.groups): those
+        /proc saw start or end inside the window, and those only py-spy saw (they lived
+        between two ticks)."""
+        seen_in_proc = {tid for tick in sampler.ticks for tid in tick.cpu_ns}
+        sampled = self.recordings.sampled_tids()
+        short = sampler.short_lived(started_s, end_s) | (sampled - seen_in_proc if sampler.error is None else set())
+        return thread_groups(names, seen_in_proc | sampled, short, exclude)
 
     def _heartbeat(self, started_s: float, end_s: float) -> hb.Heartbeat | None:
         """The heartbeat of the sampled window (a target's set-up is before it), or None."""
@@ -629,9 +697,11 @@ class _SeenInProc:
 
 
 def _seen_in_proc(config: GilConfig, beat: hb.Heartbeat, sampler: GilWaitSampler, started_s: float, end_s: float,
-                  names: dict[int, str], top_holder: dict[str, Any] | None) -> _SeenInProc:
-    times = sampler.thread_times(beat.thread_id, started_s, end_s)
-    waiting = _gil_waiters(sampler, beat.thread_id, times, names)
+                  names: dict[int, str], top_holder: dict[str, Any] | None,
+                  groups: ThreadGroups | None = None) -> _SeenInProc:
+    groups = groups or ThreadGroups()
+    times = sampler.thread_times(beat.thread_id, started_s, end_s, groups.members)
+    waiting = _gil_waiters(sampler, beat.thread_id, times, names, groups)
     windows, window_summary = _starved_windows(config, beat, sampler, started_s, names, top_holder)
     stall = _stall(beat, sampler, started_s, end_s)
     if top_holder is not None and stall:
@@ -640,13 +710,19 @@ def _seen_in_proc(config: GilConfig, beat: hb.Heartbeat, sampler: GilWaitSampler
     timeline = sampler.timeline(beat.thread_id, top_holder["tid"] if top_holder else None,
                                 started_s, end_s, shown[:MAX_TIMELINE_THREADS])
     votes, foreign = _native_calls(sampler)
-    return _SeenInProc(waiting, windows, window_summary, times, stall, timeline, votes, foreign)
+    return _SeenInProc(waiting, windows, window_summary, times, stall, timeline, groups.merge(votes),
+                       groups.merge(foreign))
 
 
 def _gil_waiters(sampler: GilWaitSampler, heartbeat_tid: int, times: dict[int, ThreadTime],
-                 names: dict[int, str]) -> list[dict[str, Any]]:
+                 names: dict[int, str], groups: ThreadGroups | None = None) -> list[dict[str, Any]]:
     """The threads that waited for the GIL (the heartbeat left out), the most waiting first."""
     counts, ticks = sampler.waiting_counts(heartbeat_tid)
+    if groups:  # a group's ticks seen waiting are its members' added up
+        merged: Counter[int] = Counter()
+        for tid, seen in counts.items():
+            merged[groups.of(tid)] += seen
+        counts = merged
     waiting: list[dict[str, Any]] = []
     for tid, account in sorted(times.items(), key=lambda item: -item[1].gil_wait_s):
         if tid == heartbeat_tid or (account.gil_wait_s <= 0 and not counts.get(tid)):

@@ -67,6 +67,7 @@ class Starvation(Evidence):
     stall_holder: str | None = None
     recorded_p99_ms: float | None = None  # p99 net of the heartbeat's own CPU waits only
     holder_cpu_wait_ms: float | None = None  # the GIL holder's CPU waits, also taken out
+    startup_excluded_s: float | None = None  # left out at the start: the imports until they settled
     lateness_series: tuple[Any, ...] = ()  # [t_s, lateness_ms] (<= 2000, the max per bin)
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
@@ -95,6 +96,7 @@ class HeldSite(Evidence):
     c_function: str | None = None  # the Python name of the C function it was in (sorted)
     c_symbol: str | None = None  # its C symbol (builtin_sorted)
     c_source: str | None = None  # py-spy --native, or native snapshots
+    thread_count: int = 1  # short-lived threads of one name taken as this thread (2+: a group)
 
     @classmethod
     def _legacy_keys(cls) -> frozenset[str]:
@@ -108,6 +110,18 @@ class GilHolder(HeldSite):
 
     kind: ClassVar[str] = "gil_holder"
     title: ClassVar[str] = "GIL holder"
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class GilStartup(HeldSite):
+    """Where the GIL was held inside imports (the program's start-up: ``import torch`` loading
+    its libraries), reported apart: the holder of the verdict is the steady state's.
+    ``samples_total`` counts every start-up sample, ``share_of_time`` is the top site's."""
+
+    kind: ClassVar[str] = "gil_startup"
+    title: ClassVar[str] = "GIL held at start-up (imports)"
+    samples_total: int = 0
 
 
 @evidence_kind
@@ -129,6 +143,7 @@ class HolderThread(Record):
     excluded: bool
     active: int | None = None
     idle: int | None = None
+    thread_count: int = 1  # short-lived threads of one name taken as this thread (2+: a group)
 
 
 @evidence_kind
@@ -186,6 +201,7 @@ class ThreadTimeRow(Record):
     c_function_share: float | None = None
     native_snapshots: int = 0
     glmfb: bool = False  # glmfb's own thread (the heartbeat), never a cause
+    thread_count: int = 1  # short-lived threads of one name taken as this thread (2+: a group)
 
 
 @evidence_kind
@@ -223,5 +239,5 @@ class GilTimeline(Evidence):
     threads: tuple[TimelineThread, ...]
 
 
-EVIDENCE_TYPES: tuple[type[Evidence], ...] = (Starvation, GilHolder, GilSite, GilThreads, TraceOverlap,
+EVIDENCE_TYPES: tuple[type[Evidence], ...] = (Starvation, GilHolder, GilStartup, GilSite, GilThreads, TraceOverlap,
                                               ThreadTimes, GilTimeline)

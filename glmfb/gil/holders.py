@@ -111,7 +111,7 @@ def holder_evidence(site: CallSite, total: int, cls: type[HeldSite] = GilHolder,
         idle_share=round(idle_share, 4) if known else None,
         native_frame=native[0][0] if native else None, native_samples=site.split_samples,
         caller=caller_frame(stack), stack=tuple(stack[-8:]),
-        c_function=c_function, c_symbol=c_symbol, c_source=c_source,
+        c_function=c_function, c_symbol=c_symbol, c_source=c_source, thread_count=site.thread_count,
     )
 
 

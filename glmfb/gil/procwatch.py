@@ -35,7 +35,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -356,14 +356,16 @@ class GilWaitSampler:
             return f"in {SYSCALL_NAMES.get(number, f'syscall {number}')}"
         return ""
 
-    def runqueue_between(self, tid: int, start_s: float, end_s: float) -> float:
-        """Seconds thread ``tid`` waited for a CPU between two instants (its counter
-        interpolated between the ticks around them)."""
-        points = [(t.read_s[tid], t.runqueue_ns[tid] / 1e9) for t in self.ticks
-                  if tid in t.read_s and tid in t.runqueue_ns]
-        if len(points) < 2:
-            return 0.0
-        return max(0.0, _interpolate(points, end_s) - _interpolate(points, start_s))
+    def runqueue_between(self, tid: int, start_s: float, end_s: float, members: Sequence[int] = ()) -> float:
+        """Seconds thread ``tid`` (or the threads ``members`` of its group, added up) waited for
+        a CPU between two instants (each counter interpolated between the ticks around them)."""
+        total = 0.0
+        for member in members or (tid,):
+            points = [(t.read_s[member], t.runqueue_ns[member] / 1e9) for t in self.ticks
+                      if member in t.read_s and member in t.runqueue_ns]
+            if len(points) >= 2:
+                total += max(0.0, _interpolate(points, end_s) - _interpolate(points, start_s))
+        return total
 
     def timeline(self, heartbeat_tid: int, holder_tid: int | None, start_s: float, end_s: float,
                  tids: Iterable[int], max_spans: int = 600) -> dict[int, list[list[float | str]]]:
@@ -410,14 +412,33 @@ class GilWaitSampler:
     # ---- time accounting ----------------------------------------------------------------
 
     def thread_times(self, heartbeat_tid: int, start_s: float | None = None,
-                     end_s: float | None = None) -> dict[int, ThreadTime]:
+                     end_s: float | None = None,
+                     groups: Mapping[int, Sequence[int]] | None = None) -> dict[int, ThreadTime]:
         """Where each thread's time went between ``start_s`` and ``end_s`` (the whole
-        sampling by default), from the kernel's counters and the states seen."""
+        sampling by default), from the kernel's counters and the states seen; each group of
+        ``groups`` (representative -> member tids: threads that came and went) is accounted
+        as one thread under its representative (:func:`account_group`)."""
         region = self.region(heartbeat_tid)
-        ticks = [t for t in self.ticks
-                 if (start_s is None or t.at_s >= start_s) and (end_s is None or t.at_s <= end_s)]
+        ticks = self._window(start_s, end_s)
         tids = {tid for tick in ticks for tid in tick.cpu_ns}
-        return {tid: account(ticks, tid, region) for tid in sorted(tids)}
+        grouped = {tid for members in (groups or {}).values() for tid in members}
+        times = {tid: account(ticks, tid, region) for tid in sorted(tids - grouped)}
+        for representative, members in (groups or {}).items():
+            times[representative] = account_group(ticks, members, region)
+        return times
+
+    def _window(self, start_s: float | None, end_s: float | None) -> list[Tick]:
+        return [t for t in self.ticks
+                if (start_s is None or t.at_s >= start_s) and (end_s is None or t.at_s <= end_s)]
+
+    def short_lived(self, start_s: float | None = None, end_s: float | None = None) -> set[int]:
+        """The threads the window did not see from its first tick to its last: they started
+        or ended inside it."""
+        ticks = self._window(start_s, end_s)
+        if not ticks:
+            return set()
+        seen = {tid for tick in ticks for tid in tick.cpu_ns}
+        return {tid for tid in seen if tid not in ticks[0].cpu_ns or tid not in ticks[-1].cpu_ns}
 
 
 def _blocked_kind(tick: Tick, tid: int, region: tuple[int, int] | None) -> str:
@@ -451,7 +472,50 @@ def account(ticks: list[Tick], tid: int, region: tuple[int, int] | None) -> Thre
     seen = [t for t in ticks if tid in t.cpu_ns and tid in t.read_s]
     if len(seen) < 2:
         return ThreadTime(tid, 0.0, 0.0, 0.0, 0.0, 0.0, (0.0, 0.0), 0.0, len(seen))
-    origin = seen[0].read_s[tid]
+    blocks, longest = _blocks(seen, tid, region, seen[0].read_s[tid])
+    return _thread_time(tid, list(blocks.values()), longest, len(seen))
+
+
+def account_group(ticks: list[Tick], tids: Sequence[int], region: tuple[int, int] | None) -> ThreadTime:
+    """The :class:`ThreadTime` of threads that came and went (one sender per iteration), taken
+    as one thread under the first id: over the whole window, its time on a CPU, in the run
+    queue and blocked on the GIL are its members' added up, and the time no member was alive
+    counts as blocked on something else (an idle sender between iterations, as a long-lived
+    one waits on its queue). Shares are of the window's wall time, as for any other thread."""
+    if len(ticks) < 2:
+        return ThreadTime(tids[0], 0.0, 0.0, 0.0, 0.0, 0.0, (0.0, 0.0), 0.0, 0)
+    origin = ticks[0].at_s
+    summed: dict[int, _Block] = {}
+    longest = 0.0
+    count = 0
+    for tid in tids:
+        seen = [t for t in ticks if tid in t.cpu_ns and tid in t.read_s]
+        count += len(seen)
+        if len(seen) < 2:
+            continue
+        blocks, member_longest = _blocks(seen, tid, region, origin)
+        longest = max(longest, member_longest)
+        for index, block in blocks.items():
+            into = summed.setdefault(index, _Block())
+            into.wall_s += block.wall_s
+            into.cpu_s += block.cpu_s
+            into.runqueue_s += block.runqueue_s
+            into.gil_weight += block.gil_weight
+            into.other_weight += block.other_weight
+    span_s = ticks[-1].at_s - origin
+    for index in range(int(span_s / BLOCK_S) + 1):  # no member alive: blocked, not on the GIL
+        block = summed.setdefault(index, _Block())
+        length = min(BLOCK_S, span_s - index * BLOCK_S)
+        if block.wall_s < length:
+            block.other_weight += length - block.wall_s
+            block.wall_s = length
+    return _thread_time(tids[0], [summed[i] for i in sorted(summed)], longest, count)
+
+
+def _blocks(seen: list[Tick], tid: int, region: tuple[int, int] | None,
+            origin: float) -> tuple[dict[int, _Block], float]:
+    """One thread's ``BLOCK_S`` stretches (numbered from ``origin``) over the ticks that saw
+    it, and its longest stretch seen waiting for the GIL."""
     blocked: list[float] = []
     for before, after in itertools.pairwise(seen):
         dt = after.read_s[tid] - before.read_s[tid]
@@ -480,13 +544,16 @@ def account(ticks: list[Tick], tid: int, region: tuple[int, int] | None) -> Thre
             current = 0.0
             if kind == "other":
                 block.other_weight += weight
-    values = list(blocks.values())
+    return blocks, longest
+
+
+def _thread_time(tid: int, values: list[_Block], longest: float, ticks: int) -> ThreadTime:
     wall, cpu, runqueue, gil_fraction = _totals(values)
     blocked_total = max(0.0, wall - cpu - runqueue)
     gil = blocked_total * gil_fraction
     return ThreadTime(
         tid=tid, wall_s=wall, cpu_s=cpu, runqueue_s=runqueue, gil_wait_s=gil, other_wait_s=blocked_total - gil,
-        gil_wait_ci=_share_interval(values), longest_gil_wait_s=longest, ticks=len(seen),
+        gil_wait_ci=_share_interval(values), longest_gil_wait_s=longest, ticks=ticks,
         of_runnable_ci=_share_interval(values, of_runnable=True),
     )
 

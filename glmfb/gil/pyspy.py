@@ -151,6 +151,17 @@ class Sample:
         return None
 
 
+# The import system's frozen modules: a sample inside them is the program's start-up (imports,
+# extension loading), not its steady state.
+STARTUP_FILES = ("<frozen importlib._bootstrap",)
+
+
+def in_startup(sample: Sample) -> bool:
+    """Whether the sample's Python stack is inside an import (``import torch`` loading its
+    libraries: ``dlopen`` under ``_call_with_frames_removed``)."""
+    return any(frame.file.startswith(STARTUP_FILES) for frame in sample.python_frames)
+
+
 def _parse_frame(text: str) -> Frame:
     function, sep, rest = text.rpartition(" (")
     if not sep or not rest.endswith(")"):
@@ -195,6 +206,7 @@ class CallSite:
     native_calls: Counter[str] = field(default_factory=Counter)
     c_calls: Counter[tuple[str, str]] = field(default_factory=Counter)  # (python name, symbol)
     stacks: Counter[tuple[str, ...]] = field(default_factory=Counter)
+    thread_count: int = 1  # short-lived threads of one name taken as this one (glmfb.gil.groups)
 
 
 @dataclass(frozen=True)
@@ -227,7 +239,9 @@ def profile_holders(
     per_thread: dict[int, dict[str, Any]] = {}
     sites: dict[tuple[int, str, str], CallSite] = {}
     for sample in samples:
-        name = sample.thread_name or names.get(sample.thread_id) or f"thread {sample.thread_id}"
+        # The names the program's threads recorded as they started (or the heartbeat read since)
+        # first: py-spy can show a new thread under the name of an ended one.
+        name = names.get(sample.thread_id) or sample.thread_name or f"thread {sample.thread_id}"
         record = per_thread.setdefault(
             sample.thread_id, {"thread": name, "tid": sample.thread_id, "samples": 0, "idle": 0}
         )

@@ -32,6 +32,7 @@ from typing import Any
 from glmfb.evidence import MissingSignal
 from glmfb.gil.config import HEARTBEAT_THREAD
 from glmfb.gil.evidence import GilHolder, OverlapRow, WaitingThread
+from glmfb.gil.groups import describe
 from glmfb.gil.holders import glmfb_file
 from glmfb.rules import Diagnosis, Rule
 from glmfb.step import Step
@@ -155,6 +156,11 @@ def _named(holder: GilHolder) -> str:
     return f"{holder.c_function}{symbol}, called from {caller},"
 
 
+def _thread(holder: GilHolder) -> str:
+    """``thread X``, or ``41 short-lived threads X (taken as one)`` for a group of them."""
+    return describe(holder.thread, holder.thread_count)
+
+
 def _fix_site(holder: GilHolder) -> str:
     if glmfb_file(holder.file):
         return holder.c_function or holder.function
@@ -174,8 +180,8 @@ def _hold_native(f: GilFindings) -> Diagnosis | None:
         return None
     inside = f" ({holder.native_frame})" if holder.native_frame else ""
     why = (f"{_named(holder)} holds the GIL inside a native call{inside}; release it around the call "
-           f"(py::gil_scoped_release, Py_BEGIN_ALLOW_THREADS). {f.late()} while thread "
-           f"{holder.thread} held the GIL blocked in {100 * f.idle_share:.0f}% of its samples.")
+           f"(py::gil_scoped_release, Py_BEGIN_ALLOW_THREADS). {f.late()} while "
+           f"{_thread(holder)} held the GIL blocked in {100 * f.idle_share:.0f}% of its samples.")
     steps = (Step(f"wrap the native call under {_fix_site(holder)} in "
                   "py::gil_scoped_release / Py_BEGIN_ALLOW_THREADS, then rerun this probe"), *_trace_step(f))
     return Diagnosis(Status.FAIL, why, steps, _holder_where(f))
@@ -194,7 +200,7 @@ def _hold_compute(f: GilFindings) -> Diagnosis | None:
     if not (f.starved and holder is not None and f.native_known):
         return None
     inside = f", mostly inside native {holder.native_frame}" if holder.native_frame and not holder.c_function else ""
-    why = (f"{_named(holder)} on thread {holder.thread} hogs the interpreter: it held the GIL in "
+    why = (f"{_named(holder)} on {_thread(holder)} hogs the interpreter: it held the GIL in "
            f"{100 * f.holder_share:.0f}% of sample instants, active (computing) in "
            f"{100 * (1 - f.idle_share):.0f}% of its samples{inside}; {f.late()}. Hot frames: {_hot_frames(holder)}.")
     steps = (Step(f"move the work in {_fix_site(holder)} off the GIL (a native call that "
@@ -206,7 +212,7 @@ def _hold_unknown_split(f: GilFindings) -> Diagnosis | None:
     holder = f.holder
     if not (f.starved and holder is not None):
         return None
-    why = (f"{_named(holder)} on thread {holder.thread} held the GIL in {100 * f.holder_share:.0f}% of sample "
+    why = (f"{_named(holder)} on {_thread(holder)} held the GIL in {100 * f.holder_share:.0f}% of sample "
            f"instants; {f.late()}. Whether it computes or blocks inside a native call while holding it is unknown "
            f"without py-spy --native (active/idle split unknown). Hot frames: {_hot_frames(holder)}.")
     steps = (Step(f"py-spy dump --native --pid <pid>  # is {holder.function} blocked in a native call "
@@ -229,8 +235,8 @@ def _wait_share(f: GilFindings) -> Diagnosis | None:
             if f.p99_ms is not None else "the heartbeat was not starved")
     held = f"{100 * holder.share_of_time:.0f}% of sample instants" if holder.share_of_time is not None else "often"
     why = (f"Thread {waiter.thread} waited for the GIL {_pct(waiter.of_runnable_share)}{ci} of the time it was not "
-           f"waiting for a CPU ({_pct(waiter.waiting_share)} of wall time), while {_named(holder)} on thread "
-           f"{holder.thread} held the GIL in {held}: many short holds that add up ({calm}, so no single hold "
+           f"waiting for a CPU ({_pct(waiter.waiting_share)} of wall time), while {_named(holder)} on "
+           f"{_thread(holder)} held the GIL in {held}: many short holds that add up ({calm}, so no single hold "
            f"starves a thread).")
     steps = (Step(f"move the work in {_fix_site(holder)} off the GIL (a native call that releases it, "
                   "a process pool), or hold it less often (batch the calls)"), *_trace_step(f))
@@ -270,7 +276,7 @@ def _not_measured(f: GilFindings) -> Diagnosis | None:
                    f"{100 * f.stall_gil_share:.0f}% of the time")
     held = ""
     if f.holder is not None:
-        held = (f" Meanwhile {f.holder.c_function or f.holder.function} on thread {f.holder.thread} held the GIL in "
+        held = (f" Meanwhile {f.holder.c_function or f.holder.function} on {_thread(f.holder)} held the GIL in "
                 f"{100 * f.holder_share:.0f}% of sample instants"
                 + (f", blocked in {100 * f.idle_share:.0f}% of them." if f.native_known else "."))
     why = f"Starvation was not measured ({reason}; {f.missing_text or 'the program may not be Python'}).{held}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from glmfb.evidence import Evidence, MissingSignal
@@ -15,6 +15,7 @@ from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
 from glmfb.gil.evidence import (
     GilHolder,
     GilSite,
+    GilStartup,
     GilThreads,
     GilTimeline,
     HolderThread,
@@ -76,11 +77,16 @@ class Observations:
     timeline: dict[int, list[list[Any]]] = field(default_factory=dict)
     own_p99_ms: float | None = None  # p99 net of the heartbeat's own CPU waits only
     holder_cpu_wait_s: float = 0.0  # the holder's CPU waits taken out of late wake-ups
+    # tid -> how many short-lived threads of one name it stands for (glmfb.gil.groups; 2+)
+    thread_counts: dict[int, int] = field(default_factory=dict)
+    startup: HolderProfile | None = None  # who held the GIL inside imports (start-up), apart
+    startup_excluded_s: float = 0.0  # seconds at the window's start left out: imports until they settled
 
 
 def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None) -> Verdict:
     """The verdict of one trace: typed evidence, findings, the first rule that applies."""
     config = observations.config
+    _count_threads(observations)
     starvation = _starvation(observations)
     holders = _holders(observations)
     starved_names = tuple(starved_threads(observations, starvation.starved, holders.site))
@@ -98,6 +104,14 @@ def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None)
         evidence=tuple(evidence), next=diagnosis.next, artifacts=observations.artifacts, env=observations.env,
         duration_s=observations.duration_s,
     )
+
+
+def _count_threads(observations: Observations) -> None:
+    """Mark the call sites of a group of short-lived threads with how many threads it stands for."""
+    counts, profile = observations.thread_counts, observations.holders
+    if counts and profile is not None:
+        for site in profile.sites:
+            site.thread_count = counts.get(site.thread_id, 1)
 
 
 @dataclass(frozen=True)
@@ -178,11 +192,15 @@ def _evidence(observations: Observations, starvation: _Starvation, holders: _Hol
                                              holders.waiting))
     if holders.holder is not None:
         evidence.append(holders.holder)
+    startup = _startup_evidence(observations)
+    if startup is not None:
+        evidence.append(startup)
     profile = observations.holders
     if profile is not None:
         evidence.append(GilThreads(
             samples=profile.total_samples, sample_instants=profile.sample_instants, native=profile.native,
-            threads=tuple(HolderThread(**t) for t in profile.threads[:8]),
+            threads=tuple(HolderThread(**t, thread_count=observations.thread_counts.get(t["tid"], 1))
+                          for t in profile.threads[:8]),
             sites=tuple(holder_evidence(s, holders.sample_instants, GilSite)  # type: ignore[misc]
                         for s in profile.sites[1:4]),
         ))
@@ -196,6 +214,18 @@ def _evidence(observations: Observations, starvation: _Starvation, holders: _Hol
         evidence.append(TraceOverlap(functions=overlaps))
     evidence.extend(missing)
     return evidence
+
+
+def _startup_evidence(observations: Observations) -> GilStartup | None:
+    """The top site that held the GIL inside imports (start-up), with the count of all such
+    samples: reported apart, never the verdict's holder."""
+    startup = observations.startup
+    if startup is None or not startup.sites:
+        return None
+    site = startup.sites[0]
+    found = holder_evidence(site, startup.sample_instants, GilStartup)
+    assert isinstance(found, GilStartup)
+    return replace(found, samples_total=startup.total_samples)
 
 
 def _starvation_evidence(observations: Observations, heartbeat: Heartbeat, starvation: _Starvation,
@@ -221,6 +251,7 @@ def _starvation_evidence(observations: Observations, heartbeat: Heartbeat, starv
         stall_holder=stall.get("holder"),
         recorded_p99_ms=round(recorded_p99, 3) if recorded_p99 is not None else None,
         holder_cpu_wait_ms=round(1e3 * observations.holder_cpu_wait_s, 1),
+        startup_excluded_s=round(observations.startup_excluded_s, 3) if observations.startup_excluded_s else None,
         lateness_series=tuple(lateness_series(heartbeat, start, start + observed))
         if start is not None and observed else (),
     )
@@ -323,6 +354,7 @@ def _thread_times(observations: Observations) -> ThreadTimes | None:
             cpus=observations.cpus.get(tid), c_function=top[0] if top else None,
             c_function_share=round(top[1] / sum(votes.values()), 4) if top else None,
             native_snapshots=sum(votes.values()), glmfb=tid == heartbeat_tid or name.startswith(CANARY_PREFIX),
+            thread_count=observations.thread_counts.get(tid, 1),
         ))
         if len(rows) >= MAX_THREAD_ROWS:
             break

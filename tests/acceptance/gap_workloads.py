@@ -27,7 +27,12 @@ By default the prefill runs on a thread of its own, ``prefill``, which pins itse
 starts the sender (and Mooncake's threads), so they inherit its CPU mask and the calling process
 is left as it was. ``on_caller=True`` runs the prefill on the calling thread instead (pinned
 while the target lives), as a serving engine's main loop does: under ``glmfb gil`` that is the
-thread of glmfb's own runner. Each iteration returns phase timings
+thread of glmfb's own runner. ``thread_per`` says how long a sender thread lives: the target's
+life (``"target"``, the default: one ``kv-sender``), one iteration (``"iteration"``: started
+afresh for each and joined at its end) or one layer (``"layer"``: one thread per layer, all
+joined at the iteration's end), as code that ships each step's or layer's KV from a thread of
+its own does. Those threads are started unnamed, so Python calls them ``Thread-N (_send_loop)``
+or ``Thread-N (_send_layer)``. Each iteration returns phase timings
 (``prefill_s``, ``kv_wait_s``), ``kv_bytes`` and ``transfer_busy_s``; the target offers
 ``measure_ceiling()`` / ``measure_page_rate()`` (docs/gap.md), ``describe()`` and ``close()``.
 """
@@ -49,6 +54,8 @@ import torch
 SLEEP_PER_LAYER_S = 0.06  # the "sleep" sender waits this long per layer before it writes
 SENDERS = ("none", "plain", "pickle", "zlib", "bulk", "sync", "sleep")
 ONE_WRITE = ("bulk", "sync")  # senders that write one buffer after the prefill
+PER_LAYER = ("plain", "pickle", "zlib", "sleep")  # senders that ship each layer from a thread
+THREAD_PER = ("target", "iteration", "layer")  # how long a sender thread lives
 PREFILL_THREAD = "prefill"
 SENDER_THREAD = "kv-sender"
 CALL_TIMEOUT_S = 60.0
@@ -122,7 +129,8 @@ class PrefillKV:
     def __init__(
         self, sender: str = "none", threads: int = 1, cpus: int = 0, tokens: int = 1024,
         layers: int = 4, hidden: int = 128, page_table: int = 6000, pickles_per_layer: int = 6,
-        zlib_level: int = 6, bulk_mib: int = 64, on_caller: bool = False, seed: int = 0,
+        zlib_level: int = 6, bulk_mib: int = 64, on_caller: bool = False, thread_per: str = "target",
+        seed: int = 0,
     ) -> None:
         if sender not in SENDERS:
             raise ValueError(f"sender {sender!r}: use one of {', '.join(SENDERS)}")
@@ -147,6 +155,10 @@ class PrefillKV:
         self.layer_bytes = 0
         self.bulk: torch.Tensor | None = None
         self.on_caller = on_caller
+        if thread_per not in THREAD_PER:
+            raise ValueError(f"thread_per {thread_per!r}: use one of {', '.join(THREAD_PER)}")
+        self.thread_per = thread_per
+        self.layer_senders: list[threading.Thread] = []
         self.pinned = False
         self.thread: threading.Thread | None = None
         if on_caller:
@@ -194,25 +206,36 @@ class PrefillKV:
         self.bulk = torch.zeros(self.settings["bulk_mib"] * 1024 * 1024 // 4) if self.sender in ONE_WRITE else None
         if self.sender != "none":
             self.link = MooncakeLink(self.bulk if self.bulk is not None else self.pool)
-        if self.sender in ("plain", "pickle", "zlib", "sleep"):
+        if self.sender in PER_LAYER:
             for index, layer in enumerate(self.model.model.layers):
                 layer.self_attn.k_proj.register_forward_hook(self._hook(index, 0))
                 layer.self_attn.v_proj.register_forward_hook(self._hook(index, 1))
-            self.sender_thread = threading.Thread(target=self._send_loop, name=SENDER_THREAD, daemon=True)
-            self.sender_thread.start()
+            if self.thread_per == "target":
+                self.sender_thread = threading.Thread(target=self._send_loop, name=SENDER_THREAD, daemon=True)
+                self.sender_thread.start()
 
     def _hook(self, index: int, part: int) -> Any:
         """Keep K (``part`` 0) or V (1) of layer ``index``; once V is in, send the layer."""
 
         def hook(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> None:
             self.pool[index, part].copy_(output[0])
-            if part == 1:
+            if part == 1 and self.thread_per == "layer":
+                sender = threading.Thread(target=self._send_layer, args=(index,), daemon=True)
+                sender.start()  # unnamed: "Thread-N (_send_layer)", joined at the iteration's end
+                self.layer_senders.append(sender)
+            elif part == 1:
                 self.jobs.put(index)
 
         return hook
 
     def _iteration(self) -> dict[str, float]:
         started = time.perf_counter()
+        sender: threading.Thread | None = None
+        if self.thread_per == "iteration" and self.sender in PER_LAYER:
+            # A sender for this iteration only, started unnamed (Python calls it
+            # "Thread-N (_send_loop)") and joined once its layers are out.
+            sender = threading.Thread(target=self._send_loop, daemon=True)
+            sender.start()
         with torch.no_grad():
             self.model(self.prompt)
         prefill_done = time.perf_counter()
@@ -236,6 +259,12 @@ class PrefillKV:
                     raise RuntimeError(f"the KV sender failed: {result}") from result
                 busy_s += result
             moved = self.pool.numel() * 4
+        if sender is not None:
+            self.jobs.put(None)
+            sender.join(timeout=CALL_TIMEOUT_S)
+        for layer_sender in self.layer_senders:
+            layer_sender.join(timeout=CALL_TIMEOUT_S)
+        self.layer_senders.clear()
         phases["kv_wait_s"] = time.perf_counter() - prefill_done
         phases["transfer_busy_s"] = busy_s
         phases["kv_bytes"] = float(moved)
@@ -244,24 +273,27 @@ class PrefillKV:
     # ---- the sender thread --------------------------------------------------------------------
 
     def _send_loop(self) -> None:
-        assert self.link is not None
         while True:
             index = self.jobs.get()
             if index is None:
                 return
-            try:
-                started = time.perf_counter()
-                if self.sender == "pickle":
-                    for _ in range(self.pickles_per_layer):
-                        pickle.dumps(self.page_table, pickle.HIGHEST_PROTOCOL)
-                elif self.sender == "sleep":
-                    time.sleep(SLEEP_PER_LAYER_S)  # an acknowledgement round trip per layer
-                elif self.sender == "zlib":
-                    zlib.compress(self.pool[index].numpy().tobytes(), self.zlib_level)
-                self.link.write(index * self.layer_bytes, self.layer_bytes)
-                self.done.put(time.perf_counter() - started)
-            except BaseException as exc:  # reported to the iteration, which raises it
-                self.done.put(exc)
+            self._send_layer(index)
+
+    def _send_layer(self, index: int) -> None:
+        assert self.link is not None
+        try:
+            started = time.perf_counter()
+            if self.sender == "pickle":
+                for _ in range(self.pickles_per_layer):
+                    pickle.dumps(self.page_table, pickle.HIGHEST_PROTOCOL)
+            elif self.sender == "sleep":
+                time.sleep(SLEEP_PER_LAYER_S)  # an acknowledgement round trip per layer
+            elif self.sender == "zlib":
+                zlib.compress(self.pool[index].numpy().tobytes(), self.zlib_level)
+            self.link.write(index * self.layer_bytes, self.layer_bytes)
+            self.done.put(time.perf_counter() - started)
+        except BaseException as exc:  # reported to the iteration, which raises it
+            self.done.put(exc)
 
     # ---- the caller's side --------------------------------------------------------------------
 

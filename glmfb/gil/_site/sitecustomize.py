@@ -22,6 +22,10 @@ _ENV = "GLMFB_GIL_HEARTBEAT"
 _PERIOD_S = float(os.environ.get("GLMFB_GIL_HEARTBEAT_PERIOD_S", "0.001"))
 _FLUSH_S = 0.1
 _LATE_S = 0.0005  # read the run-queue time only after a wake-up at least this late
+# The program's imports settled once no module was added in this many checks in a row (one a
+# flush, 0.1 s apart or more): counted in checks, not seconds, so a long dlopen that keeps the
+# heartbeat from running is not taken for a quiet stretch.
+_SETTLED_CHECKS = 5
 
 
 def _start(prefix: str) -> None:
@@ -36,6 +40,9 @@ def _start(prefix: str) -> None:
     data_path = prefix + ".bin"
 
     started_s = time.monotonic()
+    imports = {"count": len(sys.modules), "quiet": 0}  # modules seen, checks in a row without a new one
+    last_import_s = [started_s]  # when a new module was last seen
+    settled_s: list[float] = []  # when the start-up imports settled, once they did
 
     def write_header(native_id: int, names: dict[str, str]) -> None:
         tmp = f"{header_path}.{os.getpid()}.tmp"
@@ -50,6 +57,9 @@ def _start(prefix: str) -> None:
                     "fields": ["wake_s", "lateness_s", "cpu_wait_s"],
                     "threads": names,
                     "argv": list(sys.argv),
+                    # when the program's start-up imports settled: the last time sys.modules
+                    # grew before it stayed the same for _SETTLED_CHECKS checks (None: not yet)
+                    "imports_settled_s": settled_s[0] if settled_s else None,
                 },
                 handle,
             )
@@ -112,7 +122,17 @@ def _start(prefix: str) -> None:
                 del samples[:]
                 out.write(pending)
                 current = thread_names()
-                if current != names:
+                settled = False
+                if not settled_s:
+                    if len(sys.modules) != imports["count"]:
+                        imports.update(count=len(sys.modules), quiet=0)
+                        last_import_s[0] = after
+                    else:
+                        imports["quiet"] += 1
+                        if imports["quiet"] >= _SETTLED_CHECKS:
+                            settled_s.append(last_import_s[0])
+                            settled = True
+                if current != names or settled:
                     names.update(current)  # keep threads that ended: they may be in samples
                     write_header(native_id, names)
                 next_flush = after + _FLUSH_S
