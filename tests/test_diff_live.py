@@ -119,3 +119,34 @@ def test_probe_definitions_meet_their_expectations(tmp_path: Path) -> None:
     statuses = {v["name"]: v["status"] for v in run["verdicts"]}
     assert statuses == {"llama-down-proj-bf16": "fail", "llama-clean-vs-itself": "pass",
                         "scan-state-update-tf32": "fail", "scan-state-update-fp32": "pass"}
+
+
+CHUNKED = str(ROOT / "tests" / "targets" / "chunked_attention.py")
+
+
+@pytest.mark.slow
+def test_the_agents_case_where_is_about_one_thing_and_no_step_repeats_itself(tmp_path: Path) -> None:
+    """A chunked attention whose refactor dropped the last token of each chunk from the
+    cross-chunk state (tests/targets/chunked_attention.py, an off-by-one of our own): the
+    verdict's where fields all describe the blamed module, and the minimal reproducer's rerun,
+    once followed, does not offer itself again."""
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text('{"id": "r300", "length": 300, "seed": 1, "vocab": 128}\n')
+    result = runner.invoke(app, ["diff", f"{CHUNKED}:make", f"{CHUNKED}:make", "--candidate-arg", "off_by_one=true",
+                                 "--requests", str(requests), "--out", str(tmp_path), "--json"])
+    assert result.exit_code == 1, result.stderr
+    verdict = json.loads(result.stdout)
+    where = verdict["where"]
+    assert where["position"] == 64 and where["module"].startswith("layers.0.attn"), where
+    modules = evidence(verdict)["modules"]["rows"]
+    blamed = next(r for r in modules if r["module"] == where["module"])
+    assert where["shape"] == blamed["shape"], (where, blamed)  # the module's own output, not a tap inside it
+    assert f"the first tap outside tolerance, {where['module']}.inter#1, is a submodule it calls" in verdict["why"]
+    step = Verdict.from_dict(verdict).next
+    reruns = [s for s in step if s.command == "diff"]
+    assert len(reruns) == 1 and reruns[0].arguments["requests"] != str(requests)  # a shorter request
+    again = runner.invoke(app, ["diff", *argv(reruns[0])[2:], "--out", str(tmp_path), "--json"])
+    assert again.exit_code == 1, again.stderr
+    followed = json.loads(again.stdout)
+    assert followed["where"]["position"] == 64
+    assert not [s for s in followed["next"] if s.get("command") == "diff"], followed["next"]  # nothing to narrow

@@ -364,7 +364,7 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
         evidence.append(Tokens(request=worst.id, tap=tokens[0], **tokens[1].to_row()))
     knobs = _counterfactuals(run, baseline, results, comparer) if failed and config.counterfactuals else []
     evidence.extend(_counterfactual_evidence(knob) for knob in knobs)
-    reproducer = (_minimal_reproducer(config, ctx, live, worst, comparer)
+    reproducer = (_minimal_reproducer(config, ctx, live, worst, comparer, alone=len(results) == 1)
                   if failed and live is not None and config.minimize else _Reproducer())
     evidence += reproducer.evidence
     artifacts.update(reproducer.artifacts)
@@ -605,14 +605,19 @@ class _Reproducer:
 
 
 def _minimal_reproducer(config: DiffConfig, ctx: ProbeContext, live: _Live, worst: RequestResult,
-                        comparer: PairComparer) -> _Reproducer:
+                        comparer: PairComparer, alone: bool) -> _Reproducer:
+    """The shortest failing prefix of the worst request. Its rerun is a next step only when it
+    can change what is known: a shorter request, or one request out of several; a request
+    that is already minimal and was the only one would rerun this very diff."""
     minimized = _minimize(config, live, worst, comparer, ctx.progress)
     minimal = minimized.prefix
     if minimal is not None:
         path = ctx.artifact(f"minimal-{_safe(worst.id)}.jsonl")
         write_requests(path, [minimal.request])
         rerun = reproducer_step(config, path)
-        return _Reproducer(rerun=rerun, artifacts={"minimal_requests": str(path)}, evidence=[MinimalReproducer(
+        narrower = minimal.length < minimal.original_length or not alone
+        return _Reproducer(rerun=rerun if narrower else None, artifacts={"minimal_requests": str(path)},
+                           evidence=[MinimalReproducer(
             request=worst.id, length=minimal.length, original_length=minimal.original_length, file=str(path),
             tried=tuple(Tried(length=n, failed=f) for n, f in minimal.tried), command=command_line(rerun),
         )])
@@ -688,8 +693,11 @@ def _where(diagnosis: Diagnosis, failed: bool, worst: RequestResult, module: str
             where["module"] = module
         if position is not None:
             where["position"] = position
-        if first is not None:
-            where["shape"] = "x".join(str(d) for d in first.tap.shape)
+        # every field about one thing: the shape of the blamed module's output (its first
+        # call), or of the first divergent tap when no module is blamed
+        described = next((t for t in worst.taps if t.tap.module == module), None) if module else first
+        if described is not None:
+            where["shape"] = "x".join(str(d) for d in described.tap.shape)
         if rank_record is not None and rank_record.first_failing_rank is not None:
             where["rank"] = rank_record.first_failing_rank
     return where

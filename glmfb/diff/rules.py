@@ -171,7 +171,18 @@ def _upstream_phrase(f: DiffFindings) -> str:
 
 def _location(f: DiffFindings) -> str:
     entry = _entry_phrase(f)
-    return entry if entry else f"it starts in {_where(f)}"
+    return entry if entry else f"it starts in {_where(f)}{_first_tap_phrase(f)}"
+
+
+def _first_tap_phrase(f: DiffFindings) -> str:
+    """How the first divergent tap relates to the blamed module, when it is one of the
+    module's own submodules (the tap is seen first; the module is where the error is made)."""
+    first, module = f.first_divergent, f.module
+    if not first or not module or first.partition("#")[0] == module.partition("#")[0]:
+        return ""
+    if not first.startswith(module.partition("#")[0] + "."):
+        return ""
+    return f"; the first tap outside tolerance, {first}, is a submodule it calls"
 
 
 VARIANT_MEANING = {
