@@ -189,6 +189,17 @@ def test_a_tf32_growth_points_at_tf32x3() -> None:
     assert not any("tf32" in shell_line(step).lower() for step in plain.diagnosis.next)
 
 
+def test_torchs_cuda_switch_is_advised_only_where_the_candidate_ran_on_cuda() -> None:
+    """torch.backends.cuda.matmul.allow_tf32 changes nothing on a CPU: a verdict of a CPU run
+    never sends the user to it."""
+    for on_cuda in (False, True):
+        outcome = diagnose(RULES, replace(failing(module="layers.0.scan", profile=ROTARY, rounding=rounding("tf32")),
+                                          on_cuda=on_cuda))
+        advised = " ".join(step.why for step in outcome.diagnosis.next)
+        assert ("torch.backends.cuda" in advised) is on_cuda, advised
+        assert "tf32x3" in advised
+
+
 def test_a_precision_claim_needs_the_rounding_test_not_one_ratio() -> None:
     # the old signature alone (a relative error at the bf16 unit) no longer names bf16
     findings = failing(signature=precision_signature(1.5e-3, "test"))

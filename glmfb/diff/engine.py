@@ -379,7 +379,8 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
         env = {**env, "distributed": distributed}
 
     findings = replace(_findings(results, worst, tree, location, along, shape, precision, tokens, knobs, reproducer),
-                       distributed=tuple((s.side, s.world_size, s.backend) for s in sides if s.world_size > 1))
+                       distributed=tuple((s.side, s.world_size, s.backend) for s in sides if s.world_size > 1),
+                       on_cuda=str(candidate.manifest.env.get("device", "cpu")).startswith("cuda"))
     outcome = diagnose(ctx.rules("diff", RULES), findings)
     evidence.append(outcome.record)
     where = _where(outcome.diagnosis, failed, worst, location.module, along.first_failing, rank_record)

@@ -81,6 +81,7 @@ class DiffFindings:
     counterfactuals: tuple[KnobResult, ...] = ()
     minimize_note: str | None = None
     distributed: tuple[tuple[str, int, str | None], ...] = ()  # (side, world size, backend) of sides on ranks
+    on_cuda: bool = False  # the candidate ran on a CUDA device (torch's CUDA switches can act on it)
     size: RoundingSize | None = None  # the error against its dtype's own unit roundoff
 
     def saw(self) -> dict[str, Any]:
@@ -419,15 +420,22 @@ def _tf32_claimed(f: DiffFindings) -> bool:
     return f.rounding is not None and f.rounding.format == "tf32"
 
 
+def _full_fp32_switches(f: DiffFindings) -> str:
+    """Where a kernel is told to keep full fp32 products; torch's switch only on CUDA, where the
+    candidate ran (on a CPU the TF32 rounding is in the code itself)."""
+    if f.on_cuda:
+        return "Triton tl.dot input_precision='ieee' or 'tf32x3'; torch.backends.cuda.matmul.allow_tf32=False"
+    return "the code that rounds the operands; in a Triton kernel, tl.dot input_precision='ieee' or 'tf32x3'"
+
+
 def _growth_steps(f: DiffFindings, what: str) -> list[Step | str]:
     steps = _counterfactual_steps(f)
     if f.rounding is not None and f.rounding.ten_bit:
         steps.append(f"keep the products in {f.module or f.tap} in float32: no float16 cast of their operands, "
-                     "and no TF32 (Triton tl.dot input_precision='ieee' or 'tf32x3'; "
-                     "torch.backends.cuda.matmul.allow_tf32=False), then rerun the diff")
+                     f"and no TF32 ({_full_fp32_switches(f)}), then rerun the diff")
     elif _tf32_claimed(f):
-        steps.append(f"compute the products in {f.module or f.tap} in full fp32 (Triton tl.dot input_precision="
-                     "'ieee' or 'tf32x3'; torch.backends.cuda.matmul.allow_tf32=False) and rerun the diff")
+        steps.append(f"compute the products in {f.module or f.tap} in full fp32 ({_full_fp32_switches(f)}) and "
+                     "rerun the diff")
     elif f.rounding is not None and f.rounding.format is not None:
         steps.append(f"keep {f.module or f.tap} out of {f.rounding.name} (an fp32 state, fp32 accumulators) and rerun")
     else:
@@ -502,7 +510,8 @@ def _rounded(f: DiffFindings) -> Explained:
     return why + _suffix(f), [
         *_counterfactual_steps(f),
         (f"look for a float16 cast or an autocast region in {place}, or TF32 in its products "
-         "(torch.backends.cuda.matmul.allow_tf32, Triton tl.dot input_precision)" if r.ten_bit else
+         + ("(torch.backends.cuda.matmul.allow_tf32, Triton tl.dot input_precision)" if f.on_cuda else
+            "(operands rounded to 10 mantissa bits in the code, Triton tl.dot input_precision)") if r.ten_bit else
          f"look for a {name} cast or an autocast region in {place}")
         + f"; keep it in {keep}, or widen the tolerance for it with --tol '{place}*=RTOL,ATOL' if intended",
         *_rerun(f),
