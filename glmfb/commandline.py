@@ -91,18 +91,15 @@ def signature(command: str) -> Signature | None:
     if command in DECLARED:
         return DECLARED[command]
     from glmfb.errors import InputError
-    from glmfb.probe import all_probes, get_probe, known_kinds
+    from glmfb.probe import get_probe, known_kinds, probe_commands
 
     if command in known_kinds():
         try:
             return probe_signature(get_probe(command))
         except InputError:
             return None
-    for probe in all_probes():
-        for extra in probe.commands:
-            if extra.name == command:
-                return command_signature(extra)
-    return None
+    extra = probe_commands().get(command)  # the same lookup the CLI and the MCP server make
+    return command_signature(extra) if extra is not None else None
 
 
 def _value(value: Any) -> str:
