@@ -150,3 +150,13 @@ def test_the_agents_case_where_is_about_one_thing_and_no_step_repeats_itself(tmp
     followed = json.loads(again.stdout)
     assert followed["where"]["position"] == 64
     assert not [s for s in followed["next"] if s.get("command") == "diff"], followed["next"]  # nothing to narrow
+    # the same bug gets the same label at either length (the short request has one failing position)
+    assert followed["where"]["request"] != verdict["where"]["request"]
+    assert evidence(verdict)["error_shape"]["shape"] == evidence(followed)["error_shape"]["shape"] == "step"
+    # an error that happens to be the size of some format's rounding is not called consistent with
+    # it once rounding the baseline to that format failed to reproduce it
+    for found in (evidence(verdict), evidence(followed)):
+        signature = found["precision_signature"]
+        tried = {t["format"] for t in found["rounding_test"]["trials"]}
+        if signature["nearest"] in tried:
+            assert signature["rounding_test"] == "not reproduced" and not signature["consistent"], signature

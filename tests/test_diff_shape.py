@@ -115,3 +115,27 @@ def test_growth_needs_a_real_factor_over_the_span() -> None:
     assert doubling is not None and doubling.growing and doubling.growth_factor == pytest.approx(4.0)
     assert doubling.predict(128) == pytest.approx(8e-3)
     assert doubling.log_intercept == pytest.approx(math.log(1e-3 / 16))
+
+
+def test_a_step_is_labelled_a_step_whatever_the_fits_say() -> None:
+    """The position-onset pattern is the label too: one failing position after the onset (a short
+    request) would otherwise read as a spike, and many (a long one) as constant."""
+    flat = growth_fit([16, 32, 64], [1e-3, 1.1e-3, 1.05e-3], "requests")
+    assert classify(flat, nonfinite=False, spike=True, any_error=True, step=True) is ErrorShape.STEP
+    assert classify(flat, nonfinite=False, spike=False, any_error=True, step=True) is ErrorShape.STEP
+    assert classify(flat, nonfinite=True, spike=False, any_error=True, step=True) is ErrorShape.NON_FINITE
+
+
+def test_a_signature_refuted_by_the_rounding_test_is_not_consistent() -> None:
+    """An error the size of bf16's rounding is consistent with bf16 only until rounding the
+    baseline to bf16 fails to reproduce it; a format that was not tried leaves it as it was."""
+    signature = precision_signature(2.0**-9, "test")
+    assert signature.nearest == "bf16" and signature.consistent and signature.rounding_test is None
+    refuted = signature.tested({"bf16", "fp16", "tf32"}, None)
+    assert refuted.size_consistent and not refuted.consistent and refuted.rounding_test == "not reproduced"
+    assert refuted.to_dict()["consistent"] is False and refuted.to_dict()["size_consistent"] is True
+    confirmed = signature.tested({"bf16"}, "bf16")
+    assert confirmed.consistent and confirmed.rounding_test == "reproduced"
+    assert signature.tested({"fp16"}, "fp16").rounding_test is None  # bf16 itself never tried
+    ten_bit = precision_signature(2.0**-12, "test")
+    assert ten_bit.nearest == "tf32/fp16" and ten_bit.tested({"tf32"}, "tf32").rounding_test == "reproduced"

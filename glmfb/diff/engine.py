@@ -528,7 +528,8 @@ def _error_shape(results: Sequence[RequestResult], along: _AlongPositions) -> _S
         fit = growth_fit(*position_curve(list(positions.rel_l2)), "positions")
     spike = positions is not None and is_spike(list(positions.rel_l2), int((positions.outside > 0).sum()))
     any_error = any(t.metrics.max_abs > 0 for r in results for t in r.taps)
-    shape = classify(fit, nonfinite=nonfinite is not None, spike=spike, any_error=any_error)
+    shape = classify(fit, nonfinite=nonfinite is not None, spike=spike, any_error=any_error,
+                     step=profile is not None and profile.step)
     record = ErrorShape(shape=shape.value, fit=_fit(fit), position_fit=_fit(profile.fit if profile else None),
                         measure="relative L2 error of the final outputs per request")
     return _Shape(shape, fit, length_fit, nonfinite, record)
@@ -551,12 +552,14 @@ def _precision(location: _Location, baseline: CaptureReader, candidate: CaptureR
                progress: Progress | None) -> _Precision:
     first = worst.first_divergent
     signature = _signature(location.localized, first, baseline, candidate, worst.length)
-    evidence: list[Evidence] = [PrecisionSignatureEvidence(**signature.to_dict())] if signature is not None else []
     if nonfinite is not None:
-        return _Precision(signature, evidence=evidence)
+        return _Precision(signature, evidence=_signature_evidence(signature))
     if progress is not None:
         progress("testing whether rounding the baseline reproduces the error")
     rounding, bias = _precision_tests(location.localization, first, baseline, candidate, worst, tree)
+    if signature is not None and rounding is not None:
+        signature = signature.tested({t.format for t in rounding.trials}, rounding.format)
+    evidence = _signature_evidence(signature)
     if rounding is not None:
         evidence.append(_rounding_evidence(rounding))
     if bias is not None:
@@ -565,6 +568,10 @@ def _precision(location: _Location, baseline: CaptureReader, candidate: CaptureR
     if size is not None:
         evidence.append(RoundingSizeEvidence(**size.to_dict()))
     return _Precision(signature, rounding, bias, size, evidence)
+
+
+def _signature_evidence(signature: PrecisionSignature | None) -> list[Evidence]:
+    return [PrecisionSignatureEvidence(**signature.to_dict())] if signature is not None else []
 
 
 def _rounding_size(localization: Localization | None, first: TapResult | None, baseline: CaptureReader,

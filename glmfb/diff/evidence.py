@@ -158,7 +158,8 @@ class Fit(Record):
 @evidence_kind
 @dataclass(frozen=True, kw_only=True)
 class ErrorShape(Evidence):
-    """How the error behaves: none, constant, growing (with its fit), a spike, non-finite."""
+    """How the error behaves: none, a step along positions, constant, growing (with its fit), a
+    spike, non-finite."""
 
     kind: ClassVar[str] = "error_shape"
     shape: str
@@ -208,8 +209,10 @@ class PrecisionSignatureEvidence(Evidence):
     ratio_to_unit_roundoff: dict[str, float]
     nearest: str
     factor_from_nearest: float
-    consistent: bool
+    consistent: bool  # the size matches and the rounding test, where it tried that format, did not refute it
     unit_roundoff: dict[str, float]
+    size_consistent: bool | None = None  # the size alone is within 4x of the nearest format's rounding
+    rounding_test: str | None = None  # rounding to the nearest format: "reproduced", "not reproduced", None (not tried)
 
 
 @evidence_kind

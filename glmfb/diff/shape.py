@@ -2,7 +2,8 @@
 
 - :func:`growth_fit`: error against length across requests (or positions within one):
   least-squares slope and r², and the log-log exponent with its r².
-- :func:`classify`: growing with length, constant, a localized spike, or non-finite.
+- :func:`classify`: a step along positions, growing with length, constant, a localized spike,
+  or non-finite.
 - :func:`position_profile`: error along one request's positions: zero up to an onset and a
   step there (a mask, a window, a table), or growing along the sequence.
 - :func:`precision_signature`: an observed relative error set against the unit roundoff
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -44,6 +45,7 @@ SPIKE_CONTRAST = 10.0  # ... the worst position's error is this many times the m
 class ErrorShape(str, Enum):
     GROWING = "growing"
     CONSTANT = "constant"
+    STEP = "step"  # within one request: zero up to a position, large from there on
     SPIKE = "spike"
     NON_FINITE = "non-finite"
     NONE = "none"  # no error at all
@@ -252,11 +254,17 @@ def is_spike(position_errors: Sequence[float], failing_positions: int) -> bool:
     return few and finite[-1] > SPIKE_CONTRAST * max(median, 1e-300)
 
 
-def classify(fit: GrowthFit | None, *, nonfinite: bool, spike: bool, any_error: bool) -> ErrorShape:
+def classify(fit: GrowthFit | None, *, nonfinite: bool, spike: bool, any_error: bool,
+             step: bool = False) -> ErrorShape:
+    """The error's class. A step along positions (``PositionShape.step``) comes before the
+    fits, as the why puts it first: the same bug read at 65 tokens (one failing position after
+    the onset) and at 300 is a step both times, not a spike at one length and constant at the other."""
     if nonfinite:
         return ErrorShape.NON_FINITE
     if not any_error:
         return ErrorShape.NONE
+    if step:
+        return ErrorShape.STEP
     if fit is not None and fit.growing:
         return ErrorShape.GROWING
     if spike:
@@ -266,23 +274,45 @@ def classify(fit: GrowthFit | None, *, nonfinite: bool, spike: bool, any_error: 
 
 @dataclass(frozen=True)
 class PrecisionSignature:
-    """An observed relative error against the unit roundoff of the usual formats."""
+    """An observed relative error against the unit roundoff of the usual formats.
+
+    The size alone says only that the error *could* be that format's rounding; a size that
+    matches by chance (a bug whose error happens to be near 2^-9) is no evidence. So once the
+    rounding test has rounded the baseline to the nearest format, its outcome is recorded, and
+    the signature is ``consistent`` only when the size matches and that test, where it ran, did
+    not refute it."""
 
     observed: float
     source: str  # what was measured, e.g. "local error of layers.0.scan, first 8 positions"
     ratios: dict[str, float]  # observed / u
     nearest: str  # "bf16", "tf32/fp16", "fp32" or "none"
     factor: float  # how far (multiplicatively) observed is from nearest's u/2
+    rounding_test: str | None = None  # "reproduced", "not reproduced", or None (the nearest format not tried)
+
+    @property
+    def size_consistent(self) -> bool:
+        """The size is within a factor 4 of the nearest format's typical rounding error."""
+        return self.nearest != "none" and self.factor <= 4.0
 
     @property
     def consistent(self) -> bool:
-        return self.nearest != "none" and self.factor <= 4.0
+        return self.size_consistent and self.rounding_test != "not reproduced"
+
+    def tested(self, tried: Sequence[str], reproduced_by: str | None) -> PrecisionSignature:
+        """The signature after the rounding test: ``tried``, the formats it rounded to, and
+        ``reproduced_by``, the one that reproduced the error (None: none did)."""
+        formats = {"tf32/fp16": ("tf32", "fp16")}.get(self.nearest, (self.nearest,))
+        if not any(f in tried for f in formats):
+            return self
+        outcome = "reproduced" if reproduced_by in formats else "not reproduced"
+        return replace(self, rounding_test=outcome)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "observed_rel_error": self.observed, "source": self.source,
             "ratio_to_unit_roundoff": self.ratios, "nearest": self.nearest,
-            "factor_from_nearest": self.factor, "consistent": self.consistent,
+            "factor_from_nearest": self.factor, "size_consistent": self.size_consistent,
+            "rounding_test": self.rounding_test, "consistent": self.consistent,
             "unit_roundoff": UNIT_ROUNDOFF,
         }
 
