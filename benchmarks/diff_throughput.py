@@ -68,6 +68,12 @@ def make_captures(root: Path, total_gib: float, tensor_mib: int) -> int:
             writers[0].write_call(f"layers.{index}", 0, [(f"layers.{index}", base)])
             writers[1].write_call(f"layers.{index}", 0, [(f"layers.{index}", cand)])
             del base, cand
+        # each request's final output (what a model returns; a diff compares requests by it):
+        # small, so the bytes measured stay the layers'
+        base = torch.randn(1024, generator=generator)
+        cand = base * (1 + 1e-3 * torch.randn(1024, generator=generator))
+        writers[0].write_call("output", 0, [("output", base)])
+        writers[1].write_call("output", 0, [("output", cand)])
         for writer in writers:
             writer.end_request(f"r{start // per_request}", None, ())
     for writer in writers:
