@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -94,8 +95,9 @@ async def main(http: bool) -> None:
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
+    token = secrets.token_urlsafe(32)
     server = subprocess.Popen([sys.executable, "-m", "glmfb", "mcp", "--root", str(ROOT), "--http",
-                               f"127.0.0.1:{port}"])
+                               f"127.0.0.1:{port}", "--token", token])
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -106,7 +108,10 @@ async def main(http: bool) -> None:
                 if time.monotonic() > deadline:
                     raise SystemExit("glmfb mcp --http did not listen within 60 s") from None
                 time.sleep(0.1)
-        async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+        from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+        http_client = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+        async with Client(streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http_client)) as client:
             await loop(client)
     finally:
         server.send_signal(signal.SIGTERM)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +78,7 @@ def stdio(root: Path, *extra: str) -> StdioServerParameters:
                                  env=dict(os.environ), cwd=str(root.parent))
 
 
-def serve(params: StdioServerParameters | str, session: Callable[[Client], Awaitable[None]]) -> None:
+def serve(params: Any, session: Callable[[Client], Awaitable[None]]) -> None:
     async def main() -> None:
         async with Client(params) as client:
             await session(client)
@@ -327,13 +329,32 @@ def test_stdio_capture_then_diff_the_captures(root: Path, glmfb_schema: dict[str
     serve(stdio(root), session)
 
 
+@dataclass(frozen=True)
+class HttpServer:
+    url: str
+    token: str  # the bearer token the server printed once at start
+
+    def transport(self, token: str | None = None) -> Any:
+        """A streamable HTTP transport that sends ``Authorization: Bearer <token>`` (the
+        server's own token by default)."""
+        from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+        client = create_mcp_http_client(headers={"Authorization": f"Bearer {token or self.token}"})
+        return streamable_http_client(self.url, http_client=client)
+
+
 @pytest.fixture
-def http_server(root: Path) -> Iterator[str]:
+def http_server(root: Path) -> Iterator[HttpServer]:
     with socket.socket() as probe_socket:
         probe_socket.bind(("127.0.0.1", 0))
         port = probe_socket.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "GLMFB_MCP_TOKEN"}
     process = subprocess.Popen([sys.executable, "-m", "glmfb", "mcp", "--root", str(root), "--http",
-                                f"127.0.0.1:{port}"], cwd=root.parent)
+                                f"127.0.0.1:{port}"], cwd=root.parent, stderr=subprocess.PIPE, text=True, env=env)
+    assert process.stderr is not None
+    announced = process.stderr.readline()  # the token, printed once before the server listens
+    token = re.search(r"Authorization: Bearer ([\w-]+)", announced)
+    assert token is not None, announced
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -344,15 +365,48 @@ def http_server(root: Path) -> Iterator[str]:
             assert time.monotonic() < deadline, "glmfb mcp --http did not listen within 60 s"
             time.sleep(0.1)
     try:
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield HttpServer(f"http://127.0.0.1:{port}/mcp", token.group(1))
     finally:
         process.send_signal(signal.SIGTERM)
         returncode = process.wait(timeout=30)
         assert returncode == 0
 
 
+def test_over_http_a_client_without_the_token_is_refused(http_server: HttpServer) -> None:
+    """On a machine several users share, loopback is no boundary: a request without the token,
+    or with another one, gets 401 and never reaches a tool; with the token it is served."""
+    import httpx2 as httpx  # the MCP SDK's HTTP client
+
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}}
+    accept = {"Accept": "application/json, text/event-stream"}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": http_server.token}):
+        refused = httpx.post(http_server.url, json=initialize, headers={**accept, **headers}, timeout=30)
+        assert refused.status_code == 401 and "bearer token" in refused.text, (headers, refused.text)
+
+    async def refused_session() -> None:
+        async with Client(http_server.transport("wrong")) as client:
+            await client.list_tools()
+
+    with pytest.raises(BaseException) as raised:
+        anyio.run(refused_session)
+    assert "error response" in repr(raised.value), repr(raised.value)  # the SDK's word for the 401 above
+
+    async def served() -> None:
+        async with Client(http_server.transport()) as client:
+            assert "bench" in {tool.name for tool in (await client.list_tools()).tools}
+
+    anyio.run(served)
+
+
+def test_over_http_an_empty_token_is_bad_input(root: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "glmfb", "mcp", "--root", str(root), "--http", "127.0.0.1:1",
+                             "--token", " "], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--token is empty" in result.stderr and "Traceback" not in result.stderr
+
+
 @pytest.mark.slow
-def test_the_same_over_streamable_http(root: Path, tmp_path: Path, http_server: str,
+def test_the_same_over_streamable_http(root: Path, tmp_path: Path, http_server: HttpServer,
                                        glmfb_schema: dict[str, Any]) -> None:
     measured: dict[str, float] = {}
     checks = [bench_and_next_step(root, glmfb_schema), cancel_gap(measured), refusals(root, tmp_path)]
@@ -361,7 +415,7 @@ def test_the_same_over_streamable_http(root: Path, tmp_path: Path, http_server: 
         for check in checks:
             await check(client)
 
-    serve(http_server, session)
+    serve(http_server.transport(), session)
     print(f"over HTTP: cancelled verdict after {measured['client_cancel_s']:.2f} s (client cancellation), "
           f"{measured['cancel_tool_s']:.2f} s (cancel tool)")
     assert measured["client_cancel_s"] < CANCEL_BOUND_S, measured

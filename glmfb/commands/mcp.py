@@ -11,7 +11,8 @@ from typing import Annotated
 
 import typer
 
-from glmfb.commands.common import Command
+from glmfb.commands.common import Command, console
+from glmfb.errors import UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -25,6 +26,10 @@ def register(app: typer.Typer) -> None:
         http: Annotated[str | None, typer.Option(
             "--http", metavar="HOST:PORT", help="Serve streamable HTTP on HOST:PORT (e.g. 127.0.0.1:8765) "
             "instead of stdio.")] = None,
+        token: Annotated[str | None, typer.Option(
+            "--token", metavar="TOKEN", envvar="GLMFB_MCP_TOKEN", help="With --http: the bearer token every "
+            "request must carry (Authorization: Bearer TOKEN). [default: a new random one, printed once at start]",
+            show_default=False)] = None,
         allow_commands: Annotated[bool, typer.Option(
             "--allow-commands", help="Let gil run an arbitrary command line and targets import modules from "
             "outside the root.")] = False,
@@ -36,7 +41,16 @@ def register(app: typer.Typer) -> None:
         try:
             from glmfb.mcp.server import ServerOptions, run
         except ImportError as exc:
-            from glmfb.errors import UsageError
-
             raise UsageError(f"glmfb mcp needs the MCP SDK: {exc}", "pip install 'glmfb[mcp]' (the mcp package)") from None
-        run(ServerOptions(root=root, http=http, allow_commands=allow_commands, max_call_s=max_call_s))
+        from glmfb.mcp.server import new_token, parse_http
+
+        if http is not None:
+            if token is not None and not token.strip():
+                raise UsageError("--token is empty", "give a token, or leave --token out to get a new one")
+            if token is None:
+                token = new_token()
+                host, port = parse_http(http)
+                console(stderr=True).print(
+                    f"glmfb mcp: every request to http://{host}:{port}/mcp must carry the header "
+                    f"'Authorization: Bearer {token}'", soft_wrap=True, highlight=False, markup=False)
+        run(ServerOptions(root=root, http=http, token=token, allow_commands=allow_commands, max_call_s=max_call_s))

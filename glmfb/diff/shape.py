@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
@@ -298,7 +298,7 @@ class PrecisionSignature:
     def consistent(self) -> bool:
         return self.size_consistent and self.rounding_test != "not reproduced"
 
-    def tested(self, tried: Sequence[str], reproduced_by: str | None) -> PrecisionSignature:
+    def tested(self, tried: Collection[str], reproduced_by: str | None) -> PrecisionSignature:
         """The signature after the rounding test: ``tried``, the formats it rounded to, and
         ``reproduced_by``, the one that reproduced the error (None: none did)."""
         formats = {"tf32/fp16": ("tf32", "fp16")}.get(self.nearest, (self.nearest,))

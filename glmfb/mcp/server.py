@@ -78,6 +78,7 @@ class ServerOptions:
 
     root: Path
     http: str | None = None  # HOST:PORT for streamable HTTP; None: stdio
+    token: str | None = None  # over HTTP, the bearer token every request must carry
     allow_commands: bool = False
     max_call_s: float = DEFAULT_MAX_CALL_S
 
@@ -262,7 +263,7 @@ class GlmfbServer:
         async with stdio_server() as (read_stream, write_stream):
             await self.server.run(read_stream, write_stream, self.server.create_initialization_options())
 
-    async def serve_http(self, host: str, listening: socket.socket) -> None:
+    async def serve_http(self, host: str, listening: socket.socket, token: str) -> None:
         import contextlib
         from collections.abc import Iterator
 
@@ -273,7 +274,7 @@ class GlmfbServer:
             def capture_signals(self) -> Iterator[None]:  # glmfb's own handler stops it (serve)
                 yield
 
-        app = self.server.streamable_http_app(host=host)
+        app = BearerToken(self.server.streamable_http_app(host=host), token)
         port = listening.getsockname()[1]
         self._uvicorn = Uvicorn(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
         await self._uvicorn.serve(sockets=[listening])
@@ -304,8 +305,42 @@ class GlmfbServer:
             if listening is None:
                 await self.serve_stdio()
             else:
-                await self.serve_http(parse_http(options.http or "")[0], listening)
+                await self.serve_http(parse_http(options.http or "")[0], listening, options.token or "")
             group.cancel_scope.cancel()
+
+
+class BearerToken:
+    """ASGI middleware: an HTTP request without ``Authorization: Bearer <token>`` gets 401.
+
+    ``glmfb mcp --http`` runs code for whoever connects, and on a machine several users share,
+    a loopback port is open to all of them: as notebook servers do, every request must carry
+    the token the server was started with (compared in constant time). Lifespan events pass."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") in ("http", "websocket"):
+            import hmac
+
+            given = next((value for name, value in scope.get("headers", ()) if name == b"authorization"), b"")
+            if not hmac.compare_digest(given, self.expected):
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                        (b"www-authenticate", b'Bearer realm="glmfb mcp"')]})
+                await send({"type": "http.response.body",
+                            "body": b"glmfb mcp: missing or wrong bearer token (send 'Authorization: Bearer TOKEN', "
+                                    b"the token glmfb mcp printed at start or was given with --token)\n"})
+                return
+        await self.app(scope, receive, send)
+
+
+def new_token() -> str:
+    """A bearer token for one server's life: 32 random bytes, URL-safe."""
+    import secrets
+
+    return secrets.token_urlsafe(32)
 
 
 def _tool_error(message: str) -> types.CallToolResult:
@@ -336,6 +371,8 @@ def run(options: ServerOptions) -> None:
         raise UsageError(f"--root {options.root}: no such folder", "give the project folder to serve")
     if not options.max_call_s > 0:
         raise UsageError(f"--max-call-s {options.max_call_s:g} must be positive", "e.g. --max-call-s 900")
+    if options.http is not None and not options.token:
+        raise UsageError("glmfb mcp --http needs a bearer token", "give --token TOKEN, or leave it out to get a new one")
     listening = listen(*parse_http(options.http), options.http) if options.http is not None else None
     os.chdir(root)
     server = GlmfbServer(Boundary(root, allow_commands=options.allow_commands, max_call_s=options.max_call_s))
