@@ -25,7 +25,9 @@ def _on_sigterm(number: int, frame: Any) -> None:
 
 
 def main() -> None:
-    channel = os.fdopen(int(os.environ["GLMFB_RESULT_FD"]), "w", buffering=1, encoding="utf-8")
+    fd = int(os.environ["GLMFB_RESULT_FD"])
+    os.set_inheritable(fd, False)  # a program the target execs (a daemon it forks) must not hold the pipe
+    channel = os.fdopen(fd, "w", buffering=1, encoding="utf-8")
     os.environ.pop("GLMFB_RESULT_FD", None)  # the target's own children must not inherit it
 
     def send(message: dict[str, Any]) -> None:

@@ -457,6 +457,28 @@ class ProcessExit(Evidence):
     stdout: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class StoppedProcess(Record):
+    """A process a probe's child left running when it answered, which glmfb stopped."""
+
+    pid: int
+    command: str
+    own_session: bool  # it had left the child's session (a daemon, start_new_session=True)
+    found_by_cookie: bool  # never seen below the child: it left the tree (a double fork) between two walks
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class StoppedProcesses(Evidence):
+    """What the target left running after the probe answered (servers, daemons, a thread's
+    child process), found below the probe's child or by the cookie in their environment, and
+    stopped: SIGTERM, then SIGKILL for those still running after the grace period."""
+
+    kind: ClassVar[str] = "stopped_processes"
+    processes: tuple[StoppedProcess, ...]
+    killed: tuple[int, ...] = ()  # the pids that needed SIGKILL
+
+
 @evidence_kind
 @dataclass(frozen=True, kw_only=True)
 class MissingSignal(Evidence):

@@ -15,7 +15,11 @@ the CLI, the suite and the agent server run each probe in a child process
   out-of-memory killer) or a hang past the timeout becomes an error verdict that says what
   happened, and the rest of a run goes on;
 - on a timeout, a cancellation or Ctrl-C/SIGTERM in glmfb, the child and every process below
-  it (:class:`~glmfb.process.ProcessTree`) get SIGTERM, then SIGKILL: nothing is left behind.
+  it (:class:`~glmfb.process.ProcessTree`) get SIGTERM, then SIGKILL: nothing is left behind;
+- when the child answers, whatever the target left running (a server it forgot to stop, a
+  daemon that double-forked, a process in a session of its own: found below the child or by
+  the cookie every process below it inherits in its environment) is stopped, and the verdict
+  lists it (evidence ``stopped_processes``).
 
 The timing of ``glmfb bench`` happens entirely inside the child.
 """
@@ -39,9 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from glmfb.errors import HarnessError, UsageError
-from glmfb.evidence import ProcessExit
+from glmfb.evidence import ProcessExit, StoppedProcess, StoppedProcesses
 from glmfb.probe import TIMEOUT
-from glmfb.process import ProcessTree, describe_returncode
+from glmfb.process import COOKIE_ENV, ProcessTree, describe_returncode, new_cookie
 from glmfb.verdict import ExitCode, Verdict
 
 RESULT_FD_ENV = "GLMFB_RESULT_FD"
@@ -50,6 +54,7 @@ STDERR_NAME = "probe-stderr.txt"
 DEFAULT_TIMEOUT_S: float = TIMEOUT.default  # per probe, unless a definition or --timeout says otherwise
 STOP_GRACE_S = 5.0  # SIGTERM -> SIGKILL: time for the child's own clean-up (gil, gap)
 POLL_S = 0.2
+FINAL_KEYS = frozenset({"verdict", "usage_error", "result", "glmfb_error"})  # the child's last message
 
 
 class Interrupted(KeyboardInterrupt):
@@ -173,7 +178,8 @@ def _supervise(job: dict[str, Any], artifact_dir: Path, progress: Callable[[str]
     artifact_dir.mkdir(parents=True, exist_ok=True)
     stdout_path, stderr_path = artifact_dir / STDOUT_NAME, artifact_dir / STDERR_NAME
     read_fd, write_fd = os.pipe()
-    env = {**os.environ, RESULT_FD_ENV: str(write_fd)}
+    cookie = new_cookie()  # every process below the child inherits it, also one that leaves the tree
+    env = {**os.environ, RESULT_FD_ENV: str(write_fd), COOKIE_ENV: cookie}
     started = time.monotonic()
     with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
         try:
@@ -186,7 +192,7 @@ def _supervise(job: dict[str, Any], artifact_dir: Path, progress: Callable[[str]
             os.close(write_fd)
             raise HarnessError(f"cannot start the probe's child process: {exc}") from exc
     os.close(write_fd)
-    tree = ProcessTree(child.pid)
+    tree = ProcessTree(child.pid, cookie=cookie)
     messages: list[dict[str, Any]] = []
     buffer = b""
     outcome = "answered"
@@ -221,6 +227,8 @@ def _supervise(job: dict[str, Any], artifact_dir: Path, progress: Callable[[str]
                         progress(str(message["progress"]))
                     else:
                         messages.append(message)
+                if any(FINAL_KEYS & m.keys() for m in messages):
+                    break  # it answered: a process it forked may still hold the pipe open
             if time.monotonic() - last_refresh > 1.0:
                 tree.refresh()
                 last_refresh = time.monotonic()
@@ -236,10 +244,11 @@ def _supervise(job: dict[str, Any], artifact_dir: Path, progress: Callable[[str]
         return messages, child.returncode, outcome
     with contextlib.suppress(subprocess.TimeoutExpired):
         child.wait(timeout=STOP_GRACE_S)
-    leftovers = tree.stop(0.5)  # anything the child left running (a thread's child process)
+    left = tree.left_running()  # what the target left: a server, a daemon, a thread's child process
+    killed = tree.stop(0.5) if left else []
     child.wait()
-    if leftovers:
-        messages.append({"leftovers": len(leftovers)})
+    if left:
+        messages.append({"leftovers": [p.to_dict() for p in left], "killed": killed})
     return messages, child.returncode, outcome
 
 
@@ -292,10 +301,19 @@ def run_isolated(
     for label, path in (("probe_stdout", stdout_path), ("probe_stderr", stderr_path)):
         if path.is_file() and path.stat().st_size > 0:
             artifacts.setdefault(label, str(path))
-    leftovers = next((m["leftovers"] for m in messages if "leftovers" in m), 0)
-    if leftovers:
-        artifacts.setdefault("note", f"{leftovers} process(es) the probe left running were stopped")
-    return dataclasses.replace(verdict, artifacts=artifacts)
+    stopped = _stopped_processes(messages)
+    if stopped is None:
+        return dataclasses.replace(verdict, artifacts=artifacts)
+    return dataclasses.replace(verdict, artifacts=artifacts, evidence=(*verdict.evidence, stopped))
+
+
+def _stopped_processes(messages: list[dict[str, Any]]) -> StoppedProcesses | None:
+    """The evidence of what the target left running and glmfb stopped (None: nothing)."""
+    message = next((m for m in messages if "leftovers" in m), None)
+    if message is None:
+        return None
+    rows = tuple(StoppedProcess.from_dict(row) for row in message["leftovers"])
+    return StoppedProcesses(processes=rows, killed=tuple(message.get("killed", ())))
 
 
 def _failed(kind: str, name: str, why: str, returncode: int | None, stdout_path: Path, stderr_path: Path,

@@ -138,6 +138,27 @@ def test_a_target_that_leaks_a_thread_or_prints_still_gets_its_verdict(kind: str
     assert wait_for_no_leftovers(mark) == []
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("behavior", ["daemon", "double_fork"])
+def test_a_daemon_the_target_leaves_is_stopped_and_named(kind: str, behavior: str, tmp_path: Path,
+                                                        requests: Path) -> None:
+    """A server started in a session of its own and never stopped, or a daemon that
+    double-forked (init adopts it: it is no longer below the probe): the probe still answers,
+    nothing is left in the process table, and where the target ran in the probe's child, the
+    verdict lists what was stopped."""
+    mark = uuid.uuid4().hex
+    out = tmp_path / "reports"
+    result = glmfb([*probe_args(kind, behavior, requests), "--json", "--out", str(out), "--timeout", "60s"],
+                   tmp_path, mark)
+    verdict = json.loads(result.stdout)
+    assert verdict["status"] != "error", verdict["why"]
+    assert wait_for_no_leftovers(mark) == []
+    if kind in ("diff", "bench"):
+        stopped = next(e for e in verdict["evidence"] if e["kind"] == "stopped_processes")
+        sleepers = [p for p in stopped["processes"] if "left by misbehave" in p["command"]]
+        assert len(sleepers) == 1 and sleepers[0]["own_session"], stopped
+
+
 def _wait_for_child(mark: str, within_s: float = 30.0) -> None:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:

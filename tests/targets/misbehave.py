@@ -1,11 +1,12 @@
 """Targets that misbehave the way real kernels, extensions and serving code do: they raise,
-exit, crash, hang, leave a thread running or print. One factory per probe kind; ``behavior``
+exit, crash, hang, leave a thread running, leave a daemon running or print. One factory per probe kind; ``behavior``
 says what to do (``none`` behaves). Used by tests/test_isolation.py through the real CLI."""
 
 from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -27,6 +28,29 @@ def act(behavior: str) -> None:
         threading.Thread(target=time.sleep, args=(3600,), name="leaked").start()
     if behavior == "print":
         print("TARGET NOISE ON STDOUT", flush=True)
+    if behavior in ("daemon", "double_fork") and not _STARTED:
+        _STARTED.append(_daemon(behavior))
+
+
+_STARTED: list[int] = []
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(3600)  # left by misbehave"]
+
+
+def _daemon(behavior: str) -> int:
+    """A process that outlives the target: a server started in a session of its own and never
+    stopped (``daemon``), or a daemon the classic way (``double_fork``: fork, setsid, fork, the
+    middle process exits, so init adopts the last one and it is no longer below the target)."""
+    if behavior == "daemon":
+        return subprocess.Popen(SLEEPER, start_new_session=True, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid
+    middle = os.fork()
+    if middle == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execv(SLEEPER[0], SLEEPER)
+        os._exit(0)
+    os.waitpid(middle, 0)
+    return middle
 
 
 def bench(shape: tuple[int, ...], behavior: str = "none") -> Any:
