@@ -18,9 +18,10 @@ with each run's own interval in the test and the test calibrated for the search:
    p-value is too small (on Gaussian noise, 11% of 30-run series showed a change at 1%).
    ``calibrated`` (the default) takes E-divisive's own remedy (Matteson and James'
    permutation test): the share of random orders of the window's runs, each run keeping its
-   interval, whose best admissible split has a Welch p-value at most the observed split's
-   (a min-p scan: the best ``|t|`` of a scan would be an edge's, three runs a side and heavy
-   tails). Otherwise the t distribution's p-value decides, as in Otava.
+   interval, whose best admissible split scores a t at least the observed split's. That
+   scan's t pools the scatter of both sides (the null is one level), so every split has the
+   same degrees of freedom and the best is not an edge's three runs with a t of heavy
+   tails. Otherwise the t distribution's p-value decides, as in Otava.
 4. **Merging.** Otava's loop: of the candidates that fail (t p-value or permutation p-value
    above ``alpha``) drop the one of largest t p-value (the t-test ranks: the first windows
    are a few runs wide, where a permutation test has few distinct values), or, once all
@@ -139,13 +140,14 @@ def _t(before: Level, after: Level) -> float:
 
 
 def _scan(values: np.ndarray, own: np.ndarray, min_segment: int) -> np.ndarray:
-    """Welch's two-sided p-value of every admissible split (``min_segment`` runs or more a
-    side) of each row of ``values`` (runs in order; ``own`` their interval variances, in the
-    same order), from cumulative sums: shape (rows, splits). A p-value, not ``|t|``: the t of
-    a split that leaves three runs a side has heavy tails, and the best ``|t|`` of a scan would
-    be an edge's."""
+    """``|t|`` of every admissible split (``min_segment`` runs or more a side) of each row of
+    ``values`` (runs in order; ``own`` their interval variances, in the same order), from
+    cumulative sums: shape (rows, splits). The scatter is pooled over both sides (the
+    permutation test's null: one level, exchangeable runs), so every split's t has the same
+    degrees of freedom and the scan's best is not an edge's, three runs a side with a t of
+    heavy tails; each side's variance is floored by its runs' own intervals, as in
+    :func:`segment_level`."""
     import numpy as np
-    from scipy.special import stdtr
 
     length = values.shape[1]
     split = np.arange(min_segment, length - min_segment + 1)
@@ -155,30 +157,24 @@ def _scan(values: np.ndarray, own: np.ndarray, min_segment: int) -> np.ndarray:
         return np.concatenate([np.zeros((a.shape[0], 1)), np.cumsum(a, axis=1)], axis=1)
 
     sums, squares, owns = prefix(centred), prefix(centred**2), prefix(own)
-
-    def side(total: np.ndarray, square: np.ndarray, interval: np.ndarray, runs: np.ndarray
-             ) -> tuple[np.ndarray, np.ndarray]:
-        mean = total / runs
-        scatter = np.where(runs > 1, (square - total * mean) / np.maximum(runs - 1, 1), 0.0)
-        return mean, np.maximum(np.maximum(scatter, 0.0), interval / runs) / runs
-
     left_runs, right_runs = split, length - split
-    left_mean, left_var = side(sums[:, split], squares[:, split], owns[:, split], left_runs)
-    right_mean, right_var = side(sums[:, -1:] - sums[:, split], squares[:, -1:] - squares[:, split],
-                                 owns[:, -1:] - owns[:, split], right_runs)
-    change, variance = np.abs(right_mean - left_mean), left_var + right_var
+    left_sum, right_sum = sums[:, split], sums[:, -1:] - sums[:, split]
+    left_mean, right_mean = left_sum / left_runs, right_sum / right_runs
+    squared = (squares[:, split] - left_sum * left_mean
+               + squares[:, -1:] - squares[:, split] - right_sum * right_mean)
+    pooled = np.maximum(squared, 0.0) / max(length - 2, 1)
+    left_own, right_own = owns[:, split] / left_runs, (owns[:, -1:] - owns[:, split]) / right_runs
+    variance = np.maximum(pooled, left_own) / left_runs + np.maximum(pooled, right_own) / right_runs
+    change = np.abs(right_mean - left_mean)
     with np.errstate(divide="ignore", invalid="ignore"):
-        df = variance**2 / (left_var**2 / np.maximum(left_runs - 1, 1)
-                            + right_var**2 / np.maximum(right_runs - 1, 1))
-        p = 2.0 * stdtr(np.where(np.isfinite(df), df, 1e6), -change / np.sqrt(variance))
-    return np.where(variance > 0, p, np.where(change > 0, 0.0, 1.0))
+        return np.where(variance > 0, change / np.sqrt(variance), np.where(change > 0, np.inf, 0.0))
 
 
 def _permutation_p(index: int, window: Sequence[Observation], min_segment: int,
                    interval_confidence: float, seed: Sequence[int]) -> float:
     """The share of random orders of ``window`` (each run keeping its interval) whose best
-    admissible split has a Welch p-value at most that of the split at ``index`` in the
-    observed order, counting the observed order."""
+    admissible split scores ``|t|`` (pooled, :func:`_scan`) at least that of the split at
+    ``index`` in the observed order, counting the observed order."""
     import numpy as np
 
     values = np.array([o.value for o in window], dtype=np.float64)
@@ -186,9 +182,9 @@ def _permutation_p(index: int, window: Sequence[Observation], min_segment: int,
     orders = np.random.default_rng(list(seed)).permuted(
         np.tile(np.arange(len(window)), (PERMUTATIONS + 1, 1)), axis=1)
     orders[0] = np.arange(len(window))
-    p = _scan(values[orders], own[orders], min_segment)
-    observed = p[0, index - min_segment]
-    exceed = int(np.count_nonzero(p[1:].min(axis=1) <= observed * (1.0 + 1e-9)))
+    t = _scan(values[orders], own[orders], min_segment)
+    observed = t[0, index - min_segment]
+    exceed = int(np.count_nonzero(t[1:].max(axis=1) >= observed * (1.0 - 1e-9)))
     return (1 + exceed) / (PERMUTATIONS + 1)
 
 
