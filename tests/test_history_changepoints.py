@@ -101,3 +101,14 @@ def test_a_constant_series_and_a_step_between_exact_levels() -> None:
 def test_a_value_that_is_not_finite_is_refused() -> None:
     with pytest.raises(ValueError, match="NaN"):
         change_points([Observation(1.0)] * 5 + [Observation(float("nan"))])
+
+
+def test_scattered_slow_runs_do_not_hide_a_step() -> None:
+    """Three runs preempted (+60%) on either side of a +8% step: each is a burst shorter than
+    a segment, taken out before the test, so the step's segments keep their own scatter."""
+    levels = step(15, 0.08)
+    for at in (4, 11, 23):
+        levels[at] *= 1.6
+    runs = series(levels, seed=4)
+    assert [p.index for p in change_points(runs)] == [15]
+    assert change_points(runs, despike=False) == []
