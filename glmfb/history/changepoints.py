@@ -15,7 +15,7 @@ with each run's own interval in the test and the test calibrated for the search:
    segment of runs with wide intervals is as uncertain as its intervals say even when its
    values happen to sit close, and a run without an interval contributes its scatter only.
 3. **Its p-value.** A split the search chose is the best of many, so the t distribution's
-   p-value is too small (on Gaussian noise, 11% of 30-run series showed a change at 1%).
+   p-value is too small (on Gaussian noise, 15% of 30-run series showed a change at 1%).
    ``calibrated`` (the default) takes E-divisive's own remedy (Matteson and James'
    permutation test): the share of random orders of the window's runs, each run keeping its
    interval, whose best admissible split scores a t at least the observed split's. That
