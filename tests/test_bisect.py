@@ -245,6 +245,7 @@ def test_bench_names_the_commit_that_planted_the_slowdown(repo: Repo, tmp_path: 
     assert_named(verdict, repo, SLOWDOWN, "kernels: accumulate in three passes")
     assert verdict["probe"] == "bench" and verdict["layer"] == "kernel" and verdict["where"]["kernel"] == "make"
     assert count <= bound(29)
+    assert bisection(verdict)["skipped"] == [repo.shas[BROKEN_AT - 1]]  # the first middle: it does not import
     # the run folder, as glmfb run writes it
     run_id = (tmp_path / "LATEST").read_text().strip()
     run = json.loads((tmp_path / run_id / "run.json").read_text())
@@ -261,9 +262,7 @@ def test_diff_names_the_commit_that_changed_the_numerics(repo: Repo, tmp_path: P
     assert_named(verdict, repo, NUMERICS, "model: add a bias after the projection")
     assert verdict["probe"] == "diff" and verdict["layer"] == "numerics"
     assert count <= bound(29)
-    found = bisection(verdict)
-    if repo.shas[BROKEN_AT - 1] in {e["commit"] for e in found["evaluations"]}:
-        assert found["skipped"] == [repo.shas[BROKEN_AT - 1]]  # went around the commit that does not import
+    assert bisection(verdict)["skipped"] == [repo.shas[BROKEN_AT - 1]]  # went around the commit that does not import
     assert_clean(repo)
 
 
@@ -284,8 +283,9 @@ def test_a_range_without_a_regression_answers_no_culprit_ten_times_out_of_ten(re
 @pytest.mark.slow
 def test_a_commit_that_does_not_import_next_to_the_culprit_never_yields_a_wrong_culprit(tmp_path: Path) -> None:
     """Twelve commits: the one before the slowdown does not import, so the slowdown's parent
-    cannot be judged: the answer is the two-commit range (inconclusive, exit 4). With the commit
-    that does not import right after the slowdown instead, the slowdown is named."""
+    cannot be judged: the answer is the two-commit range (inconclusive, exit 4), not the
+    slowdown and not the commit that does not import. (A commit that does not import after the
+    culprit, or away from it, is gone around: the 30-commit cases above meet one.)"""
     before = build_repo(tmp_path / "before", 12, {
         6: ("wip: split the kernel", {"kernels.py": BROKEN}),
         7: ("kernels: finish the split in three passes", {"kernels.py": KERNELS.format(passes=3)}),
@@ -298,19 +298,7 @@ def test_a_commit_that_does_not_import_next_to_the_culprit_never_yields_a_wrong_
     assert found["skipped"] == [before.shas[5]] and "commit" not in verdict["where"]
     assert f"{before.shas[5][:10]}..{before.shas[6][:10]}" in verdict["why"]
     assert count <= bound(11)
-
-    after = build_repo(tmp_path / "after", 12, {
-        6: ("kernels: accumulate in three passes", {"kernels.py": KERNELS.format(passes=3)}),
-        7: ("wip: split the kernel", {"kernels.py": BROKEN}),
-        8: ("finish the split", {"kernels.py": KERNELS.format(passes=3)}),
-    })
-    code, verdict = bisect(after, after.shas[0], after.shas[-1], "kernel-speed", tmp_path / "reports")
-    count = report("skipped after the culprit", verdict)
-    assert code == 1, verdict["why"]
-    assert_named(verdict, after, 6, "kernels: accumulate in three passes")
-    assert count <= bound(11)
     assert_clean(before)
-    assert_clean(after)
 
 
 # --------------------------------------------------------------------------------------------

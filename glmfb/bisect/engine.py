@@ -38,7 +38,7 @@ from typing import Any
 from glmfb.bisect.git import Commit, GitError, Worktrees, first_parent_chain, repository_of, resolve
 from glmfb.bisect.search import Outcome, Search
 from glmfb.clock import SYSTEM_CLOCK, Clock
-from glmfb.errors import GlmfbError, UsageError
+from glmfb.errors import GlmfbError, HarnessError, UsageError
 from glmfb.evidence import BisectEvaluation, Bisection, BisectVerdict
 from glmfb.probe import ProbeForm, ProbeSpec, get_probe
 from glmfb.step import Step
@@ -107,7 +107,9 @@ def bisect(request: BisectRequest, run_id: str, report_dir: Path, *,
         signal_name = getattr(exc, "signal_name", "SIGINT")
         verdict = session.error(f"interrupted ({signal_name}) after {len(session.rows)} evaluations; "
                                 "its processes were stopped and its worktrees removed")
-    verdict = dataclasses.replace(verdict, duration_s=clock.monotonic() - started,
+    from glmfb.env import fingerprint
+
+    verdict = dataclasses.replace(verdict, duration_s=clock.monotonic() - started, env=verdict.env or fingerprint(),
                                   artifacts={EVALUATIONS_DIR: str(report_dir / EVALUATIONS_DIR)})
     return BisectResult(verdict, len(session.rows), interrupted)
 
@@ -117,8 +119,9 @@ def bisect(request: BisectRequest, run_id: str, report_dir: Path, *,
 # --------------------------------------------------------------------------------------------
 
 
-class _Skip(Exception):
-    """A commit cannot be evaluated (its set-up failed, its definition does not load)."""
+class _Skip(HarnessError):
+    """A commit cannot be evaluated (its set-up failed, its definition does not load): it is
+    skipped, never raised out of the bisection."""
 
 
 @dataclass
@@ -221,7 +224,7 @@ class _Session:
                 self._set_up(tree, commit)
             definition = self._paired(good_definition, self._definition_at(tree, commit))
         except _Skip as exc:
-            self._record(commit, 1, Outcome.SKIPPED.value, None, str(exc))
+            self._record(commit, 1, Outcome.SKIPPED.value, None, _relative_to(str(exc), tree))
             return _Judged(Outcome.SKIPPED, None)
         budget_field = next((f for f in BUDGET_FIELDS if hasattr(definition.config, f)), None)
         attempts = MAX_ATTEMPTS if budget_field is not None else 1
@@ -237,7 +240,7 @@ class _Session:
                           + (f" (try {attempt}, {self._budget(config, budget_field)})" if attempt > 1 else ""))
             verdict = run_definition(dataclasses.replace(definition, config=config), context)
             outcome = _outcome(verdict.status)
-            self._record(commit, attempt, outcome, verdict, _first_sentence(verdict.why),
+            self._record(commit, attempt, outcome, verdict, _first_sentence(_relative_to(verdict.why, tree)),
                          self._budget(config, budget_field))
             if outcome != "inconclusive":
                 break
@@ -355,7 +358,7 @@ class _Session:
                 probe=self.kind, name=self.name, status=Status.PASS, layer=confirm.verdict.layer,
                 why=f"no regression between GOOD {self.good.describe()} and BAD {self.bad.describe()}: "
                     f"BAD{self._against()} {_verb(confirm.verdict.status)} ({detail})",
-                metric=confirm.verdict.metric, evidence=evidence,
+                metric=confirm.verdict.metric, evidence=tuple(evidence),
             )
         if confirm.outcome is Outcome.UNKNOWN:
             return Verdict(
@@ -363,9 +366,9 @@ class _Session:
                 why=f"could not tell whether BAD {self.bad.describe()} regressed{self._against()}: inconclusive "
                     f"{len([r for r in self.rows if r.commit == self.bad.sha])} times, up to the most budget "
                     f"allowed ({detail})",
-                metric=confirm.verdict.metric if confirm.verdict else None, evidence=evidence,
-                next=("make the definition decisive (a larger budget, a threshold further from the change), "
-                      "then bisect again",),
+                metric=confirm.verdict.metric if confirm.verdict else None, evidence=tuple(evidence),
+                next=(Step("make the definition decisive (a larger budget, a threshold further from the change), "
+                           "then bisect again"),),
             )
         return Verdict.harness_error(self.kind, self.name,
                                      f"BAD {self.bad.describe()} cannot be evaluated: {detail}", evidence=evidence,
@@ -379,9 +382,9 @@ class _Session:
             probe=self.kind, name=self.name, status=Status.INCONCLUSIVE, layer=self._layer(),
             why=f"the first commit after GOOD, {culprit.describe()}, fails, but GOOD {self.good.short} "
                 f"against itself does not pass ({status}), so the probe cannot separate the two; {self._counts()}",
-            evidence=[self._bisection(unsplit=(culprit, culprit))],
-            next=("make the definition pass GOOD against itself (a larger budget, a looser threshold), "
-                  "then bisect again",),
+            evidence=(self._bisection(unsplit=(culprit, culprit)),),
+            next=(Step("make the definition pass GOOD against itself (a larger budget, a looser threshold), "
+                       "then bisect again"),),
         )
 
     def _unsplit(self, search: Search, *, budget_spent: bool = False) -> Verdict:
@@ -392,20 +395,20 @@ class _Session:
         before = self.chain[first_index - 1] if first_index > 0 else self.good
         if budget_spent:
             reason = f"the {self.request.max_evaluations} evaluations allowed (--max-evaluations) were spent"
-            next_steps: tuple[Step | str, ...] = (Step(
+            next_steps: tuple[Step, ...] = (Step(
                 "bisect the range that is left, with more evaluations", command="bisect",
                 arguments={"good": before.sha, "bad": last.sha, "definition": str(self.request.definition),
                            "select": [self.name], "max_evaluations": self.request.max_evaluations * 2}),)
         else:
             inside = [c.short for c in self.chain[first_index:last_index]]
             reason = f"{', '.join(inside)} could not be judged (skipped or unknown: see the evaluations)"
-            next_steps = (f"read the {size} commits: git -C {self.repo} log {before.short}..{last.short}",)
+            next_steps = (Step(f"read the {size} commits: git -C {self.repo} log {before.short}..{last.short}"),)
         return Verdict(
             probe=self.kind, name=self.name, status=Status.INCONCLUSIVE, layer=self._layer(),
             why=f"the regression between GOOD {self.good.short} and BAD {self.bad.short} starts in "
                 f"{first.short}..{last.short} ({size} commits, ending with {last.describe()}), which could not be "
                 f"split: {reason}; {self._counts()}",
-            evidence=[self._bisection(unsplit=(first, last))], next=next_steps,
+            evidence=(self._bisection(unsplit=(first, last)),), next=next_steps,
         )
 
     def _culprit(self, index: int, bad: _Judged, good: _Judged) -> Verdict:
@@ -420,14 +423,14 @@ class _Session:
                 f"({_first_sentence(bad.verdict.why)}) and the commit before it, {before.describe()}, "
                 f"{_verb(good.verdict.status)}; {self._counts()}",
             metric=bad.verdict.metric,
-            evidence=[
+            evidence=(
                 self._bisection(culprit=culprit, last_good=before),
                 BisectVerdict(role="last good", commit=before.sha, subject=before.subject,
                               verdict=good.verdict.to_dict()),
                 BisectVerdict(role="first bad", commit=culprit.sha, subject=culprit.subject,
                               verdict=bad.verdict.to_dict()),
-            ],
-            next=(f"read the change: git -C {self.repo} show {culprit.short}",),
+            ),
+            next=(Step(f"read the change: git -C {self.repo} show {culprit.short}"),),
             env=bad.verdict.env,
         )
 
