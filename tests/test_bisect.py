@@ -105,7 +105,8 @@ def _git(repo: Path, *args: str) -> str:
 
 def build_repo(root: Path, commits: int, changes: dict[int, tuple[str, dict[str, str]]]) -> Repo:
     """A repository of ``commits`` commits; commit ``i`` (1-based) writes the files ``changes``
-    gives it, with its subject, and the others touch a changelog."""
+    gives it, with its subject, and the others touch a changelog (commit 1 writes the project,
+    with its changes on top)."""
     root.mkdir(parents=True)
     _git(root, "init", "-q", "-b", "main")
     files = {"kernels.py": KERNELS.format(passes=1), "model.py": MODEL.format(offset=0.0),
@@ -114,8 +115,8 @@ def build_repo(root: Path, commits: int, changes: dict[int, tuple[str, dict[str,
     shas = []
     for number in range(1, commits + 1):
         subject, written = changes.get(number, (f"changelog: entry {number}", {}))
-        if number == 1:
-            subject, written = "a tiny project with a kernel and a model", files
+        if number == 1:  # the project, and what the changes put in it from the start
+            subject, written = "a tiny project with a kernel and a model", {**files, **written}
         for name, text in written.items():
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             (root / name).write_text(text)
@@ -347,7 +348,6 @@ def test_a_definition_outside_a_git_repository_is_an_error_verdict(tmp_path: Pat
     assert "is not in a git repository" in verdict["why"]
 
 
-@pytest.mark.slow
 def test_a_failing_setup_skips_the_commit_and_a_dirty_checkout_is_fine(tmp_path: Path) -> None:
     """--setup runs in each worktree; where it fails (here: at BAD, whose marker file says so)
     the commit is skipped, and BAD skipped is an error verdict. The user's checkout has
@@ -371,3 +371,22 @@ def test_a_rerun_step_renders_as_a_bisect_command_line() -> None:
                           "--max-evaluations", "20", "--setup", "pip install -e ."]
     assert shell_line(step).startswith("glmfb bisect abc def probes/b.toml -k kernel-speed")
 
+
+
+def test_an_undecided_commit_is_unknown_and_the_range_around_it_is_named(toy: Path, tmp_path: Path) -> None:
+    """The toy probe (a single-target probe that says what its definition tells it) passes up to
+    commit 3, cannot decide at commit 4 and fails from commit 5: commit 4 is unknown (the toy
+    has no budget to raise, so it is not rerun), and the answer is the range 4..5, inconclusive."""
+    toml = '[[probe]]\nname = "toy-says"\nprobe = "toy"\noptions = {{ outcome = "{outcome}" }}\n'
+    outcomes = {1: "pass", 2: "pass", 3: "pass", 4: "inconclusive", 5: "fail"}
+    repo = build_repo(tmp_path / "toy", 8, {
+        number: (f"toy: {outcome}", {"probes/bisect.toml": toml.format(outcome=outcome)})
+        for number, outcome in outcomes.items()
+    })
+    code, verdict = bisect(repo, repo.shas[0], repo.shas[-1], "toy-says", tmp_path / "r")
+    report("an undecided commit", verdict)
+    assert (code, verdict["status"]) == (4, "inconclusive"), verdict["why"]
+    found = bisection(verdict)
+    assert found["unknown"] == [repo.shas[3]] and found["unsplit"] == [repo.shas[3], repo.shas[4]]
+    assert found["culprit"] is None and "commit" not in verdict["where"]
+    assert_clean(repo)

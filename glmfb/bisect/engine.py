@@ -364,8 +364,8 @@ class _Session:
             return Verdict(
                 probe=self.kind, name=self.name, status=Status.INCONCLUSIVE, layer=self._layer(),
                 why=f"could not tell whether BAD {self.bad.describe()} regressed{self._against()}: inconclusive "
-                    f"{len([r for r in self.rows if r.commit == self.bad.sha])} times, up to the most budget "
-                    f"allowed ({detail})",
+                    f"in {len(self.rows)} tries{f', the last with budget {last}' if (last := self.rows[-1].budget) else ''} "
+                    f"({detail})",
                 metric=confirm.verdict.metric if confirm.verdict else None, evidence=tuple(evidence),
                 next=(Step("make the definition decisive (a larger budget, a threshold further from the change), "
                            "then bisect again"),),
