@@ -548,9 +548,11 @@ class Bisection(Evidence):
         for column in ("commit", "subject", "try", "outcome", "status", "metric", "budget"):
             table.add_column(column, overflow="fold")
         for row in self.evaluations:
-            metric = "" if row.value is None else f"{row.value:.4g} {row.unit}".rstrip()
-            if row.ci is not None and len(row.ci) == 2:
-                metric += f" [{row.ci[0]:.3g}, {row.ci[1]:.3g}]"
+            percent = row.unit == "fraction"
+            shown = (lambda x: f"{x:+.1%}") if percent else (lambda x: f"{x:.4g}")
+            metric = "" if row.value is None else f"{shown(row.value)}{'' if percent else ' ' + row.unit}".rstrip()
+            if row.value is not None and row.ci is not None and len(row.ci) == 2:
+                metric += f" [{shown(row.ci[0])}, {shown(row.ci[1])}]"
             table.add_row(row.commit[:10], row.subject[:50], str(row.attempt), row.outcome, row.status or "",
                           metric, row.budget or "")
         return table

@@ -390,3 +390,16 @@ def test_an_undecided_commit_is_unknown_and_the_range_around_it_is_named(toy: Pa
     assert found["unknown"] == [repo.shas[3]] and found["unsplit"] == [repo.shas[3], repo.shas[4]]
     assert found["culprit"] is None and "commit" not in verdict["where"]
     assert_clean(repo)
+
+
+def test_two_versions_of_one_package_in_one_process_are_refused_not_compared(tmp_path: Path) -> None:
+    """A target inside a package imports under the same name from GOOD's worktree and from the
+    commit's, and one process holds one of them: the bisection says so instead of passing."""
+    packaged = DEFINITIONS.replace("../kernels.py:make", "../pkg/kernels.py:make")
+    repo = build_repo(tmp_path / "pkg", 3, {1: ("", {"pkg/__init__.py": "", "pkg/kernels.py": KERNELS.format(passes=1),
+                                                      "probes/bisect.toml": packaged})})
+    code, verdict = bisect(repo, repo.shas[0], repo.shas[-1], "kernel-speed", tmp_path / "r")
+    assert (code, verdict["status"]) == (3, "error"), verdict["why"]
+    assert "sits in the package pkg, so both versions would import as pkg.kernels" in verdict["why"]
+    assert bisection(verdict)["evaluations"][0]["status"] is None  # refused before any probe ran
+    assert_clean(repo)

@@ -169,10 +169,10 @@ class _Session:
             self.good = resolve(self.repo, self.request.good)
             self.bad = resolve(self.repo, self.request.bad)
             self.chain = first_parent_chain(self.repo, self.good, self.bad)
-        except GitError as exc:
+            with Worktrees(self.repo) as trees:
+                return self._search(trees)
+        except GitError as exc:  # also a worktree git could not make
             return self.error(str(exc))
-        with Worktrees(self.repo) as trees:
-            return self._search(trees)
 
     def _search(self, trees: Worktrees) -> Verdict:
         assert self.good is not None and self.bad is not None
