@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
+from glmfb.commands.bisect import bisect_command
 from glmfb.commands.common import (
     Command,
     console,
@@ -335,6 +336,9 @@ def report_command(
     except OSError as exc:
         raise UsageError(f"cannot write {target}: {exc.strerror or exc}", "pass --out FILE in a writable folder") from None
     console(stderr=True).print(f"report written to {written}")
+
+
+app.command("bisect", cls=Command)(bisect_command)
 
 
 @app.command("schema", cls=Command)

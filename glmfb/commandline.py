@@ -47,7 +47,10 @@ class Signature:
 
 RUN = Signature("run", positional=("paths",), flags={"select": "-k", "timeout": "--timeout"})
 GATE = Signature("gate", positional=("source",), flags={"policy": "--policy"})
-DECLARED: dict[str, Signature] = {"run": RUN, "gate": GATE}
+BISECT = Signature("bisect", positional=("good", "bad", "definition"),
+                   flags={"select": "-k", "setup": "--setup", "max_evaluations": "--max-evaluations",
+                          "timeout": "--timeout"})
+DECLARED: dict[str, Signature] = {"run": RUN, "gate": GATE, "bisect": BISECT}
 
 
 def _with_options(config_type: type, flags: dict[str, str], switches: dict[str, str]) -> None:

@@ -516,3 +516,81 @@ class RuleFired(Evidence):
         rows = [("rule", self.rule), ("source", self.source)]
         rows += [(f"saw.{k}", f"{v:.4g}" if isinstance(v, float) else str(v)[:80]) for k, v in self.saw.items()]
         return rows
+
+
+# --------------------------------------------------------------------------------------------
+# A bisection (``glmfb bisect``): the evaluations that led to its answer
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class BisectEvaluation(Record):
+    """One evaluation of a bisection: the commit, the probe's verdict at it, what that made
+    the commit (bad, good, inconclusive, skipped) and the budget it had."""
+
+    commit: str
+    subject: str
+    attempt: int  # 1, then 2, 3 ... with more budget after an inconclusive one
+    outcome: str  # bad | good | inconclusive | skipped
+    status: str | None  # the verdict's status; None when the set-up failed and no probe ran
+    metric: str | None = None
+    value: float | None = None
+    ci: tuple[float, ...] | None = None
+    unit: str = ""
+    budget: str | None = None  # the budget option as written ("2s"), when the probe has one
+    duration_s: float = 0.0
+    why: str = ""
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class Bisection(Evidence):
+    """How a bisection went: the range, every evaluation in order, the commits it went
+    around, and its answer (the first bad commit, or the range it could not split)."""
+
+    kind: ClassVar[str] = "bisection"
+    show_in_terminal: ClassVar[bool] = True
+    repository: str
+    definition: str  # the definition file, relative to the repository
+    good: str
+    bad: str
+    commits: int  # under test: BAD's first-parent chain after GOOD
+    evaluations: tuple[BisectEvaluation, ...] = ()
+    skipped: tuple[str, ...] = ()  # set-up or probe failed
+    unknown: tuple[str, ...] = ()  # inconclusive with the most budget
+    culprit: str | None = None
+    last_good: str | None = None
+    unsplit: tuple[str, ...] = ()  # first and last commit of the range that holds the change
+
+    def __rich__(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title=f"bisection: {len(self.evaluations)} evaluations over {self.commits} commits",
+                      title_justify="left")
+        for column in ("commit", "subject", "try", "outcome", "status", "metric", "budget"):
+            table.add_column(column, overflow="fold")
+        for row in self.evaluations:
+            percent = row.unit == "fraction"
+            shown = (lambda x: f"{x:+.1%}") if percent else (lambda x: f"{x:.4g}")
+            metric = "" if row.value is None else f"{shown(row.value)}{'' if percent else ' ' + row.unit}".rstrip()
+            if row.value is not None and row.ci is not None and len(row.ci) == 2:
+                metric += f" [{shown(row.ci[0])}, {shown(row.ci[1])}]"
+            table.add_row(row.commit[:10], row.subject[:50], str(row.attempt), row.outcome, row.status or "",
+                          metric, row.budget or "")
+        return table
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        return {"bisection": [row.to_dict() for row in self.evaluations]}
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class BisectVerdict(Evidence):
+    """The verdict of one commit a bisection's answer rests on (the last good commit, the
+    first bad one, BAD against GOOD), as a whole ``glmfb.verdict/2`` document."""
+
+    kind: ClassVar[str] = "bisect_verdict"
+    role: str  # last good | first bad | BAD against GOOD
+    commit: str
+    subject: str
+    verdict: Any

@@ -516,6 +516,7 @@ _WHERE_SCHEMA: dict[str, Any] = {
         "file": {"type": "string"},
         "line": {"type": "integer"},
         "rank": {"type": "integer", "description": "the torch.distributed rank (distributed targets)"},
+        "commit": {"type": "string", "description": "the git commit a regression starts at (glmfb bisect)"},
     },
     "additionalProperties": _SCALAR,
 }

@@ -55,7 +55,7 @@ def cli_command(name: str) -> Any:
 
 
 def signatures() -> list[Signature]:
-    names = ["run", "gate", *known_kinds(), "capture"]
+    names = ["run", "gate", "bisect", *known_kinds(), "capture"]
     return [sig for sig in map(signature, names) if sig is not None]  # capture: once a probe brings it
 
 
@@ -89,7 +89,7 @@ def _check_signature(sig: Signature) -> None:
 
 def test_every_signature_argument_is_a_parameter_of_the_real_cli_command() -> None:
     checked = signatures()
-    assert {"run", "gate", "diff", "bench", "gil", "gap"} <= {sig.command for sig in checked}
+    assert {"run", "gate", "bisect", "diff", "bench", "gil", "gap"} <= {sig.command for sig in checked}
     for sig in checked:
         _check_signature(sig)
 
