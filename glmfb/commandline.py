@@ -45,7 +45,7 @@ class Signature:
         return frozenset((*named, self.rest) if self.rest else named)
 
 
-RUN = Signature("run", positional=("paths",), flags={"select": "-k", "timeout": "--timeout"})
+RUN = Signature("run", positional=("paths",), flags={"select": "-k", "timeout": "--timeout", "history": "--history"})
 GATE = Signature("gate", positional=("source",), flags={"policy": "--policy"})
 DECLARED: dict[str, Signature] = {"run": RUN, "gate": GATE}
 
@@ -62,7 +62,7 @@ def probe_signature(probe: Any) -> Signature:
     """A probe command's signature, from the probe's form and declared options."""
     from glmfb.probe import ProbeForm
 
-    flags = {"name": "--name", "timeout": "--timeout", "rules": "--rules"}
+    flags = {"name": "--name", "timeout": "--timeout", "rules": "--rules", "history": "--history"}
     kwargs = {"args": "--arg"}
     switches: dict[str, str] = {}
     positional: tuple[str, ...] = ()
