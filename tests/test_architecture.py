@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                    "glmfb.supervise", "glmfb.child", "glmfb.process", "glmfb.plotting", "glmfb.measure")),
     ("engines", ENGINES),
     ("suite, reports, gate, agent server", ("glmfb.suite", "glmfb.report", "glmfb.gate", "glmfb.mcp",
-                                            "glmfb.history")),
+                                             "glmfb.history")),
     ("CLI", ("glmfb.cli", "glmfb.__main__", "glmfb.commands")),
 )
 

@@ -1,0 +1,103 @@
+"""Change points of a series of runs (glmfb.history.changepoints), on synthetic series with
+planted steps and seeded noise."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from glmfb.history.changepoints import Observation, change_points, segments
+
+
+def series(levels: list[float], *, sd: float = 0.01, half_width: float = 0.005, seed: int = 0
+           ) -> list[Observation]:
+    """Runs at ``levels`` with relative Gaussian scatter ``sd``, each with a 95% interval of
+    relative ``half_width`` around its value."""
+    rng = random.Random(seed)
+    values = [level * (1.0 + rng.gauss(0.0, sd)) for level in levels]
+    return [Observation(v, v * (1.0 - half_width), v * (1.0 + half_width)) for v in values]
+
+
+def step(at: int, size: float, runs: int = 30) -> list[float]:
+    return [1.0 if i < at else 1.0 + size for i in range(runs)]
+
+
+def test_a_clean_step_is_found_at_its_run_with_an_interval_covering_its_size() -> None:
+    points = change_points(series(step(17, 0.08)))
+    assert [p.index for p in points] == [17]
+    (point,) = points
+    assert point.change_low < 0.08 < point.change_high
+    assert point.relative_change == pytest.approx(0.08, abs=0.01)
+    assert point.p_value <= 0.01
+    assert (point.before_runs, point.after_runs) == (17, 13)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_pure_noise_has_no_change_point(seed: int) -> None:
+    assert change_points(series([1.0] * 30, seed=seed)) == []
+
+
+def test_a_spike_is_not_a_change_point() -> None:
+    levels = [1.0] * 30
+    levels[12] = 1.5  # one run 50% slow
+    assert change_points(series(levels, seed=3)) == []
+
+
+def test_wide_intervals_make_a_marginal_step_insignificant_and_narrow_ones_significant() -> None:
+    """The same values, only the runs' own intervals differ: a +1.5% step on 0.5% scatter is
+    clear from the values, and lost when each run says it is known only to +-4%."""
+    levels = step(15, 0.015)
+    narrow = series(levels, sd=0.005, half_width=0.001, seed=5)
+    wide = [Observation(o.value, o.value * 0.96, o.value * 1.04) for o in narrow]
+    assert [p.index for p in change_points(narrow)] == [15]
+    assert change_points(wide) == []
+
+
+def test_a_plateau_shorter_than_min_segment_is_not_a_segment() -> None:
+    """Four runs 20% slow in the middle: two change points with segments of three runs or
+    more, none with five."""
+    levels = [1.2 if 13 <= i < 17 else 1.0 for i in range(30)]
+    runs = series(levels, sd=0.005)
+    assert [p.index for p in change_points(runs, min_segment=3)] == [13, 17]
+    assert change_points(runs, min_segment=5) == []
+
+
+def test_min_change_drops_a_significant_change_smaller_than_it() -> None:
+    runs = series(step(15, 0.03), sd=0.003)
+    assert [p.index for p in change_points(runs)] == [15]
+    assert change_points(runs, min_change=0.05) == []
+
+
+def test_segments_cut_at_the_change_points() -> None:
+    runs = series([*[1.0] * 10, *[1.1] * 10, *[0.95] * 10], sd=0.005)
+    points = change_points(runs)
+    assert [p.index for p in points] == [10, 20]
+    assert segments(runs, points) == [(0, 10), (10, 20), (20, 30)]
+
+
+def test_the_answer_is_deterministic() -> None:
+    runs = series(step(15, 0.02), seed=2)
+    assert change_points(runs) == change_points(runs)
+
+
+def test_runs_without_intervals_use_their_scatter() -> None:
+    runs = [Observation(o.value) for o in series(step(12, 0.05))]
+    assert [p.index for p in change_points(runs)] == [12]
+
+
+@pytest.mark.parametrize("runs", [[], [Observation(1.0)], [Observation(v) for v in (1.0, 2.0, 1.0, 2.0, 1.0)]])
+def test_empty_and_short_series_have_no_change_point(runs: list[Observation]) -> None:
+    assert change_points(runs) == []
+    assert segments(runs, []) == ([(0, len(runs))] if runs else [])
+
+
+def test_a_constant_series_and_a_step_between_exact_levels() -> None:
+    assert change_points([Observation(1.0)] * 12) == []
+    exact = [Observation(1.0)] * 6 + [Observation(2.0)] * 6
+    assert [p.index for p in change_points(exact)] == [6]
+
+
+def test_a_value_that_is_not_finite_is_refused() -> None:
+    with pytest.raises(ValueError, match="NaN"):
+        change_points([Observation(1.0)] * 5 + [Observation(float("nan"))])
