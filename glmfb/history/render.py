@@ -36,12 +36,15 @@ def _interval(ci: Sequence[float | None] | None, unit: str) -> str:
     return f" [{format_number(ci[0])}, {format_number(ci[1])}]"
 
 
-def show_regression(value: float | None, relative: bool) -> str:
-    """How much worse, as the metric compares: points of the baseline for a relative metric,
-    a percentage of the level before otherwise."""
+def show_regression(value: float | None, low: float | None, high: float | None, relative: bool) -> str:
+    """How much worse, with its interval: points of the baseline for a relative metric
+    (``+8.1 pts [+6.0, +10.2]``), a percentage of the level before otherwise."""
     if value is None:
-        return "n/a (from 0)"
-    return f"{value * 100:+.1f} pts" if relative else f"{value * 100:+.1f}%"
+        return "from 0"
+    text = f"{value * 100:+.1f}"
+    if low is not None and high is not None:
+        text += f" [{low * 100:+.1f}, {high * 100:+.1f}]"
+    return text + (" pts" if relative else "%")
 
 
 def short_commit(run: Mapping[str, Any]) -> str:
@@ -52,13 +55,11 @@ def short_commit(run: Mapping[str, Any]) -> str:
 
 
 def change_point_line(point: Mapping[str, Any], unit: str, relative: bool) -> str:
-    """``run 12 -> 13 (a1b2c3d4e5..f6a7b8c9d0): +2.0% -> +10.1%, worse by +8.1 pts [+6.0, +10.2],
-    confidence 99.9%``."""
+    """``run 12 -> 13 (a1b2c3d4e5..f6a7b8c9d0): +2.0% -> +10.1%, worse by +8.1 [+6.0, +10.2] pts,
+    confidence 99.9%``: the last run before and the first after, by number and commit."""
     before, after = point["last_before"], point["first_after"]
-    size = show_regression(point.get("regression"), relative)
-    ci = point.get("regression_ci")
-    if ci and ci[0] is not None and ci[1] is not None:
-        size += f" [{show_regression(ci[0], relative)}, {show_regression(ci[1], relative)}]"
+    ci = point.get("regression_ci") or (None, None)
+    size = show_regression(point.get("regression"), ci[0], ci[1], relative)
     word = "worse" if (point.get("regression") or 0) > 0 else "better"
     return (f"run {point['index']} -> {point['index'] + 1} ({short_commit(before)}..{short_commit(after)}): "
             f"{show_value(point['before'], unit)} -> {show_value(point['after'], unit)}, {word} by {size}, "
