@@ -358,7 +358,11 @@ def _open_postgres(url: str) -> Store:
 
 
 def _migrate_or_close(store: Store) -> None:
+    """Migrate the store if it needs it (a read first: a store already at this version is
+    opened without a write transaction); close it on failure."""
     try:
+        if _up_to_date(store):
+            return
         store._retrying(lambda: migrate(store.connection, store.dialect))
     except HistoryError:
         store.close()
@@ -366,6 +370,13 @@ def _migrate_or_close(store: Store) -> None:
     except store._errors as exc:
         store.close()
         raise HistoryError(f"cannot open the history {describe(store.url)}: {_first_line(exc)}") from None
+
+
+def _up_to_date(store: Store) -> bool:
+    try:  # a plain read, outside any transaction (both connections are in autocommit)
+        return current_version(store.connection) == SCHEMA_VERSION
+    except store._errors:  # no schema_version table yet: a new database
+        return False
 
 
 def current_version(connection: Connection) -> int:
