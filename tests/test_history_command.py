@@ -150,3 +150,16 @@ def test_an_empty_history_or_a_bad_url_is_one_line_exit_2(tmp_path: Path, args: 
 def test_the_history_schema_is_printed_by_glmfb_schema() -> None:
     result = runner.invoke(app, ["schema", "history"])
     assert result.exit_code == 0 and json.loads(result.output) == HISTORY_JSON_SCHEMA
+
+
+def test_check_adds_up_a_creep_cut_into_steps_each_under_the_threshold(tmp_path: Path) -> None:
+    """+3 points, then +3 more: each step is under 5%, the two together are not; a step back
+    down after them ends the chain (an improvement is never a regression)."""
+    stairs = [0.02] * 10 + [0.05] * 10 + [0.08] * 10
+    fixed = stairs + [0.02] * 10
+    url = store_of(tmp_path, planted("stairs", stairs, seed=3) + planted("fixed", fixed, seed=4, start=100))
+    code, out = history("--history", url, "--json", "stairs")
+    assert len(json.loads(out)["series"][0]["change_points"]) == 2, out
+    assert history("--history", url, "--check", "stairs")[0] == 1  # +6 points since run 9
+    assert history("--history", url, "--check", "--threshold", "7%", "stairs")[0] == 0
+    assert history("--history", url, "--check", "fixed")[0] == 0

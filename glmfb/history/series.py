@@ -8,7 +8,8 @@ of the step with its interval, and its confidence (1 - p).
 
 ``--check`` asks of each series whether its newest segment (the runs after its last change
 point) is worse than the segment before by more than a threshold, in the metric's own terms
-(:func:`glmfb.history.metrics.regression`).
+(:func:`glmfb.history.metrics.regression`); when the change points before it worsened too
+(a creep cut into several steps), against the segment before the first of them.
 """
 
 from __future__ import annotations
@@ -69,13 +70,27 @@ class Series:
     def machine_label(self) -> str:
         return self.newest.machine_label if self.machine is not None else "all machines"
 
+    def worsening(self) -> tuple[Step, ...]:
+        """The newest change point and the unbroken run of worsening change points before it:
+        a creep of +1% a commit is often cut into two or three steps, each under a threshold,
+        that only add up to a regression together. Empty when the newest change point is an
+        improvement or there is none."""
+        chain: list[Step] = []
+        for step in reversed(self.steps):
+            if step.regression <= 0:
+                break
+            chain.insert(0, step)
+        return tuple(chain) if chain and chain[-1] is self.steps[-1] else ()
+
     def check(self, threshold: float) -> float | None:
-        """How much worse the newest segment is than the one before, when that exceeds
-        ``threshold``; None otherwise (also with no change point)."""
-        if not self.steps:
+        """How much worse the newest segment is than the segment before its worsening began
+        (:meth:`worsening`: the one before, unless the steps before it also worsened), when
+        that exceeds ``threshold``; None otherwise (also with no change point)."""
+        chain = self.worsening()
+        if not chain:
             return None
-        worst = self.steps[-1].regression
-        return worst if worst > threshold else None
+        worse = chain[0].regression if len(chain) == 1 else regression(chain[0].before, chain[-1].after, self.kind)
+        return worse if worse > threshold else None
 
 
 def matches(name: str, patterns: Sequence[str]) -> bool:
