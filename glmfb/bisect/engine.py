@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import math
 import os
 import subprocess
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,13 +94,17 @@ def choose_definition(path: Path, patterns: tuple[str, ...]) -> ProbeDefinition:
 
 
 def bisect(request: BisectRequest, run_id: str, report_dir: Path, *,
-           progress: Callable[[str], None] | None = None, clock: Clock = SYSTEM_CLOCK) -> BisectResult:
+           progress: Callable[[str], None] | None = None, clock: Clock = SYSTEM_CLOCK,
+           cancel: threading.Event | None = None, deadline: float | None = None) -> BisectResult:
     """Bisect ``request`` and answer with one verdict (see the module docstring). Usage errors
     (the definition file, ``-k``) are raised; everything else is the verdict. Ctrl-C removes
-    the worktrees and answers with an error verdict that lists the evaluations so far."""
+    the worktrees and answers with an error verdict that lists the evaluations so far; so do
+    ``cancel`` (set: the running probe is stopped) and ``deadline`` (``clock.monotonic()``:
+    no evaluation or set-up runs past it), which the agent server's tool gives."""
     definition = choose_definition(request.definition, request.select)
     started = clock.monotonic()
-    session = _Session(request, definition, run_id, report_dir, progress or (lambda message: None))
+    session = _Session(request, definition, run_id, report_dir, progress or (lambda message: None),
+                       clock=clock, cancel=cancel, deadline=deadline)
     interrupted = False
     try:
         verdict = session.run()
@@ -107,6 +113,10 @@ def bisect(request: BisectRequest, run_id: str, report_dir: Path, *,
         signal_name = getattr(exc, "signal_name", "SIGINT")
         verdict = session.error(f"interrupted ({signal_name}) after {len(session.rows)} evaluations; "
                                 "its processes were stopped and its worktrees removed")
+    except _Stopped as exc:
+        interrupted = True
+        verdict = session.error(f"stopped after {len(session.rows)} evaluations: {exc}; its processes were "
+                                "stopped and its worktrees removed")
     from glmfb.env import fingerprint
 
     verdict = dataclasses.replace(verdict, duration_s=clock.monotonic() - started, env=verdict.env or fingerprint(),
@@ -122,6 +132,10 @@ def bisect(request: BisectRequest, run_id: str, report_dir: Path, *,
 class _Skip(HarnessError):
     """A commit cannot be evaluated (its set-up failed, its definition does not load): it is
     skipped, never raised out of the bisection."""
+
+
+class _Stopped(HarnessError):
+    """The bisection was cancelled or ran out of time: it stops where it is."""
 
 
 @dataclass
@@ -147,6 +161,9 @@ class _Session:
     chain: list[Commit] = field(default_factory=list)
     skipped: list[Commit] = field(default_factory=list)
     unknown: list[Commit] = field(default_factory=list)
+    clock: Clock = SYSTEM_CLOCK
+    cancel: threading.Event | None = None
+    deadline: float | None = None
 
     @property
     def kind(self) -> str:
@@ -230,15 +247,19 @@ class _Session:
         attempts = MAX_ATTEMPTS if budget_field is not None else 1
         verdict: Verdict | None = None
         for attempt in range(1, attempts + 1):
+            self._check_stop()
             config = definition.config
             if budget_field is not None and attempt > 1:
                 config = dataclasses.replace(config, **{budget_field: getattr(config, budget_field) * 2 ** (attempt - 1)})
             number = len(self.rows) + 1
             context = SuiteContext(self.run_id, self.report_dir / EVALUATIONS_DIR / f"{number:02d}-{commit.short}",
-                                   timeout_s=self.request.timeout_s, on_progress=None)
+                                   timeout_s=self.request.timeout_s, on_progress=None, cancel=self.cancel)
             self.progress(f"evaluation {number}: {commit.describe()}"
                           + (f" (try {attempt}, {self._budget(config, budget_field)})" if attempt > 1 else ""))
-            verdict = run_definition(dataclasses.replace(definition, config=config), context)
+            limit = self._time_limit(definition.timeout_s if definition.timeout_s is not None
+                                     else self.request.timeout_s)
+            verdict = run_definition(dataclasses.replace(definition, config=config, timeout_s=limit), context)
+            self._check_stop()  # a probe stopped by the cancellation is no evaluation of the commit
             outcome = _outcome(verdict.status)
             self._record(commit, attempt, outcome, verdict, _first_sentence(_relative_to(verdict.why, tree)),
                          self._budget(config, budget_field))
@@ -252,10 +273,30 @@ class _Session:
     def _set_up(self, tree: Path, commit: Commit) -> None:
         if not self.request.setup:
             return
+        self._check_stop()
         log = self.report_dir / EVALUATIONS_DIR / f"setup-{commit.short}.txt"
-        problem = run_setup(self.request.setup, tree, self.request.timeout_s or SETUP_TIMEOUT_S, log)
+        problem = run_setup(self.request.setup, tree, min(self.request.timeout_s or SETUP_TIMEOUT_S, self._time_left()),
+                            log)
+        self._check_stop()
         if problem is not None:
             raise _Skip(f"set-up failed: {problem}")
+
+    def _check_stop(self) -> None:
+        """Raise :class:`_Stopped` once the bisection is cancelled or its time is spent."""
+        if self.cancel is not None and self.cancel.is_set():
+            raise _Stopped("the bisection was cancelled")
+        if self.deadline is not None and self.clock.monotonic() >= self.deadline:
+            raise _Stopped("its time budget ran out")
+
+    def _time_left(self) -> float:
+        """Seconds before the deadline (at least a moment; infinite without one)."""
+        return math.inf if self.deadline is None else max(self.deadline - self.clock.monotonic(), 0.1)
+
+    def _time_limit(self, limit: float | None) -> float | None:
+        """``limit`` (seconds; None: the default), shortened to the time left before the deadline."""
+        if self.deadline is None:
+            return limit
+        return self._time_left() if limit is None else min(limit, self._time_left())
 
     def _definition_at(self, tree: Path, commit: Commit) -> ProbeDefinition:
         assert self.relative is not None

@@ -53,7 +53,9 @@ STOP_WAIT_S = 15.0  # on SIGTERM: longest wait for cancelled probes to stop thei
 INSTRUCTIONS = (
     "glmfb runs probes and answers with a typed verdict: status, layer, where, why, metric, evidence, next. "
     "Follow a verdict's next_calls (a tool and its arguments) to take the next step. list_probes shows the probe "
-    "definitions of this project; run runs them; gate turns a run into the CI decision; explain reads a saved run. "
+    "definitions of this project; run runs them; gate turns a run into the CI decision; explain reads a saved run; "
+    "history shows each definition's recorded runs as series with their change points (check: did the newest "
+    "runs regress); bisect finds the commit between GOOD and BAD where a definition starts to fail. "
     "Paths and targets are relative to the server's root."
 )
 

@@ -1,5 +1,6 @@
 """The tools of ``glmfb mcp``: one per probe kind of the registry, one per command a probe
-brings (diff's ``capture``), plus ``run``, ``gate``, ``list_probes``, ``explain`` and ``cancel``.
+brings (diff's ``capture``), plus ``run``, ``gate``, ``list_probes``, ``explain``, ``history``,
+``bisect`` and ``cancel``.
 
 Each tool is a small object with its :class:`ToolDef` (name, description, input and output
 schemas) and its ``prepare``, one module per family:
@@ -10,7 +11,9 @@ schemas) and its ``prepare``, one module per family:
 - :mod:`.commands`: the tool of a command a probe brings, derived from its
   :class:`~glmfb.probe.ProbeCommand`;
 - :mod:`.suite`: ``run``; :mod:`.saved`: ``gate`` and ``explain``; :mod:`.listing`:
-  ``list_probes`` and ``cancel``;
+  ``list_probes`` and ``cancel``; :mod:`.history`: ``history`` (the recorded verdicts as series
+  with their change points); :mod:`.bisection`: ``bisect`` (the commit where a definition
+  starts to fail);
 - :mod:`.base`: what a call gets and gives, shared schema pieces and checks;
   :mod:`.answers`: run references and the text for the model.
 
@@ -70,7 +73,9 @@ class Toolbox:
     @cached_property
     def handlers(self) -> dict[str, Tool]:
         """Each tool by name: the probes' first, then the commands they bring, then the rest."""
+        from glmfb.mcp.tools.bisection import BisectTool
         from glmfb.mcp.tools.commands import CommandTool
+        from glmfb.mcp.tools.history import HistoryTool
         from glmfb.mcp.tools.listing import CancelTool, ListProbesTool
         from glmfb.mcp.tools.probes import ProbeTool
         from glmfb.mcp.tools.saved import ExplainTool, GateTool
@@ -78,7 +83,8 @@ class Toolbox:
 
         handlers: dict[str, Tool] = {kind: ProbeTool(probe, self) for kind, probe in self.probes.items()}
         others: list[Tool] = [CommandTool(command, self) for command in probe_commands().values()]
-        others += [RunTool(self), GateTool(self), ListProbesTool(self), ExplainTool(self), CancelTool(self)]
+        others += [RunTool(self), GateTool(self), ListProbesTool(self), ExplainTool(self), HistoryTool(self),
+                   BisectTool(self), CancelTool(self)]
         for tool in others:
             handlers.setdefault(tool.definition.name, tool)
         return handlers
