@@ -26,6 +26,7 @@ from glmfb.commands.common import (
     interactive,
     parse_timeout,
     record_history,
+    run_history,
 )
 from glmfb.errors import GlmfbError, UsageError
 from glmfb.probe import TIMEOUT
@@ -250,7 +251,7 @@ def run_command(
     run_file = report_dir / "run.json"
     write_json_atomic(run_file, run.to_dict())
     record_history(store, run, lambda: _history_origins(definitions))
-    _write_run_reports(run, report_dir)
+    _write_run_reports(run, report_dir, store)
     notes.print(f"run written to {run_file} (report.html, junit.xml beside it)")
     emit_run(run, as_json, verbose=verbose, folder_size=folder_size(report_dir))
 
@@ -262,14 +263,15 @@ def _history_origins(definitions: Any) -> Any:
     return suite_origins(definitions)
 
 
-def _write_run_reports(run: Any, report_dir: Path) -> None:
-    """report.html and junit.xml (default gate policy) beside run.json."""
+def _write_run_reports(run: Any, report_dir: Path, store: str | None) -> None:
+    """report.html (with the history of the run's verdicts from ``store``) and junit.xml
+    (default gate policy) beside run.json."""
     from glmfb.gate import evaluate
     from glmfb.io import write_text_atomic
     from glmfb.report.html import write_html
     from glmfb.report.junit import render_junit
 
-    write_html(run, report_dir)
+    write_html(run, report_dir, history=run_history(store, run.id))
     write_text_atomic(report_dir / "junit.xml", render_junit(evaluate(run)))
 
 
@@ -338,6 +340,12 @@ def report_command(
     out: Annotated[
         Path | None, typer.Option("--out", help="Write the page here (default: report.html beside RUN_JSON).")
     ] = None,
+    history: Annotated[
+        str | None,
+        typer.Option("--history", metavar="URL", help="The history store whose series the page draws [default: "
+                     "$GLMFB_HISTORY, else history.sqlite beside the run folder, when there is one]"),
+    ] = None,
+    no_history: Annotated[bool, typer.Option("--no-history", help="Draw no history.")] = False,
 ) -> None:
     """Re-render report.html from a saved run."""
     from glmfb.documents import load_document
@@ -352,8 +360,9 @@ def report_command(
     except SchemaError as exc:
         raise UsageError(f"{source} is not a glmfb run or verdict: {exc}") from None
     target = out if out is not None else path.parent / REPORT_NAME
+    series = run_history(history_url(history, path.parent.parent, no_history), run.id)
     try:
-        written = write_html(run, path.parent, target)
+        written = write_html(run, path.parent, target, history=series)
     except OSError as exc:
         raise UsageError(f"cannot write {target}: {exc.strerror or exc}", "pass --out FILE in a writable folder") from None
     console(stderr=True).print(f"report written to {written}")

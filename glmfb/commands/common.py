@@ -123,6 +123,23 @@ def record_history(url: str | None, run: Run, origins: Callable[[], Any]) -> Non
         sys.stderr.write(f"glmfb: warning: the verdicts were not recorded in the history {describe(url)}: {exc}\n")
 
 
+def run_history(url: str | None, run_id: str) -> list[dict[str, Any]]:
+    """The history series of the run's verdicts, for its report (none with ``--no-history``,
+    or before a second run). A store that cannot be read is one warning line; the report goes
+    without its history plots."""
+    if url is None:
+        return []
+    from glmfb.history.store import describe
+
+    try:
+        from glmfb.history.series import history_of_run
+
+        return history_of_run(url, run_id)
+    except Exception as exc:  # the report is written whatever the store does
+        sys.stderr.write(f"glmfb: warning: the report shows no history from {describe(url)}: {exc}\n")
+        return []
+
+
 def parse_timeout(text: str | None) -> float | None:
     """``--timeout 30s`` -> 30.0; None when not given (the default, :data:`glmfb.probe.TIMEOUT`)."""
     from glmfb.probe import TIMEOUT

@@ -24,6 +24,7 @@ from glmfb.commands.common import (
     parse_timeout,
     progress_messages,
     record_history,
+    run_history,
 )
 from glmfb.errors import UsageError
 from glmfb.options import OptionSpec, options_of, parse_given
@@ -180,7 +181,7 @@ def register_probe(app: typer.Typer, probe: Probe) -> None:
         record_history(store, run, lambda: _history_origins(spec, probe))
         from glmfb.report.html import write_html
 
-        write_html(run, report_dir)
+        write_html(run, report_dir, history=run_history(store, run_id))
         console(stderr=True).print(f"verdict written to {report_dir / 'run.json'} (report.html beside it)")
         if values.get("csv") is not None:
             from glmfb.tables import write_csv

@@ -7,6 +7,11 @@ collapsed block. Where each probe's section goes, the question under its title a
 come from the probe's :class:`~glmfb.probe.ReportSection`; a verdict of a kind this
 installation does not know still gets a section, after the known ones, without plots. Artifact links are relative to the page, which sits in the run folder.
 
+Given the history of the run's verdicts (the ``glmfb.history/1`` series the run belongs to,
+which the commands that record it pass in), each verdict with a series of two runs or more
+also gets its history plot (:mod:`glmfb.report.plots.history`): every run with its interval,
+the change points with their size, this run marked. Without it, no such plot.
+
 The page is built from the run's JSON (a ``glmfb.run/2`` document), so it reads a saved run
 exactly as it reads a fresh one.
 """
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -163,14 +168,17 @@ def _evidence_block(label: str, items: list[Any]) -> str:
     )
 
 
-def _section(index: int, verdict: Verdict, data: Mapping[str, Any], links: _Links) -> str:
+def _section(index: int, verdict: Verdict, data: Mapping[str, Any], links: _Links,
+             history: Sequence[Mapping[str, Any]] = ()) -> str:
     from glmfb.report.plots import VerdictView, draw, specs_for
 
     view = VerdictView(data, run_dir=links.run_dir, run_id=links.run_id)
-    drawn = [
-        draw(spec, view, prefix=f"v{index}p{n}")
-        for n, spec in enumerate(specs_for(verdict.probe))
-    ]
+    specs = list(specs_for(verdict.probe))
+    if history and links.run_id:
+        from glmfb.report.plots.history import history_spec, series_for
+
+        specs += [history_spec(series, links.run_id) for series in series_for(history, data, links.run_id)]
+    drawn = [draw(spec, view, prefix=f"v{index}p{n}") for n, spec in enumerate(specs)]
     shown = [d for d in drawn if not (d.state == "missing" and d.spec.optional)]
     figures = "".join(_figure(d, verdict.name) for d in shown if d.state != "missing")
     notes = "".join(_figure(d, verdict.name) for d in shown if d.state == "missing")
@@ -198,12 +206,15 @@ def render_html(
     run: Run | Verdict | Mapping[str, Any],
     report_dir: Path | None = None,
     page_path: Path | None = None,
+    history: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """The page for a run: a :class:`Run`, one :class:`Verdict` (a probe given ``--out``), or
     their ``glmfb.run/2`` / ``glmfb.verdict/2`` JSON.
 
     ``report_dir`` is the run's folder, where its artifacts are looked up; ``page_path`` is where
     the page will be written (default ``report_dir/report.html``): links are relative to it.
+    ``history`` is the series (``glmfb.history/1`` series documents) the run's verdicts belong
+    to, each drawn in its verdict's section.
     A document that is not a run or verdict raises :class:`~glmfb.verdict.SchemaError`.
     """
     run_obj, document = _as_run(run)
@@ -233,7 +244,7 @@ def render_html(
         sections = []
         for verdict, data in pairs:
             if verdict.probe == probe:
-                sections.append(_section(index, verdict, data, links))
+                sections.append(_section(index, verdict, data, links, history))
                 index += 1
         section = report_section(probe)
         question = section.question if section is not None else ""
@@ -264,11 +275,13 @@ def render_html(
 
 
 def write_html(
-    run: Run | Verdict | Mapping[str, Any], report_dir: Path, out: Path | None = None
+    run: Run | Verdict | Mapping[str, Any], report_dir: Path, out: Path | None = None, *,
+    history: Sequence[Mapping[str, Any]] = (),
 ) -> Path:
-    """Render the run's page and write it atomically (default ``report_dir/report.html``)."""
+    """Render the run's page and write it atomically (default ``report_dir/report.html``);
+    ``history`` as for :func:`render_html`."""
     from glmfb.io import write_text_atomic
 
     path = out if out is not None else report_dir / REPORT_NAME
-    write_text_atomic(path, render_html(run, report_dir, path))
+    write_text_atomic(path, render_html(run, report_dir, path, history))
     return path
