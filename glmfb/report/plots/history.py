@@ -79,8 +79,7 @@ def history_plot(series: Mapping[str, Any], run_id: str) -> Plot:
                   gid=element_id(PLOT_ID, "runs"))
     changes = list(series.get("change_points") or [])
     _segments(axes, changes, len(points), factor)
-    top = max(v + h for v, h in zip(values, highs, strict=True))
-    for change in changes:
+    for number_, change in enumerate(changes):
         index = int(change["index"])  # the first run after it, 0-based: between runs index and index + 1
         worse = (number(change.get("regression")) or 0.0) > 0
         color = FAIL_COLOR if worse else PASS_COLOR
@@ -89,10 +88,10 @@ def history_plot(series: Mapping[str, Any], run_id: str) -> Plot:
         ci = change.get("regression_ci") or [None, None]
         size = show_regression(number(change.get("regression")), number(ci[0]), number(ci[1]),
                                bool(series.get("relative")))
-        late = index > len(points) / 2  # the label goes on the side with room
-        axes.annotate(f"{'worse' if worse else 'better'} {size}", (index + 0.5, top), xytext=(-3 if late else 3, 0),
-                      textcoords="offset points", color=color, fontsize=8, va="bottom",
-                      ha="right" if late else "left")
+        late = index > len(points) / 2  # the label goes on the side with room, each on a line of its own
+        axes.annotate(f"{'worse' if worse else 'better'} {size}", (index + 0.5, 0.99 - 0.07 * (number_ % 3)),
+                      xycoords=("data", "axes fraction"), xytext=(-3 if late else 3, 0), textcoords="offset points",
+                      color=color, fontsize=8, va="top", ha="right" if late else "left")
     current = [n for n, p in zip(runs, points, strict=True) if p.get("run_id") == run_id]
     for n in current:
         axes.plot([n], [values[n - 1]], marker="D", markersize=8, color=CANDIDATE_COLOR, linestyle="none",
@@ -100,7 +99,7 @@ def history_plot(series: Mapping[str, Any], run_id: str) -> Plot:
     axes.set_xlabel("run (oldest first)")
     axes.set_ylabel(f"{series.get('metric', '')}" + (f" ({shown_unit})" if shown_unit else ""))
     axes.set_xlim(0.4, len(points) + 0.6)
-    axes.margins(y=0.18)
+    axes.margins(y=0.18 + 0.07 * min(len(changes), 3))  # room above the runs for the labels
     axes.xaxis.get_major_locator().set_params(integer=True)  # type: ignore[call-arg]
     axes.set_title(f"{series.get('definition', '')}: {series.get('metric', '')} over {len(points)} runs")
     axes.legend(loc="best")
