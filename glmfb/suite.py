@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -44,7 +45,8 @@ from glmfb.probe import (
     parse_timeout,
     safe_component,
 )
-from glmfb.verdict import Expectation, Layer, Run, Status, Verdict
+from glmfb.shards import canonical_hash, shard_record
+from glmfb.verdict import Expectation, Layer, Run, Shard, Status, Verdict
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -256,6 +258,50 @@ def selected(loaded: Sequence[ProbeDefinition], patterns: Sequence[str],
 
 
 # --------------------------------------------------------------------------------------------
+# What a definition is, as a hash; a shard of a suite
+# --------------------------------------------------------------------------------------------
+
+
+def definition_content(definition: ProbeDefinition) -> dict[str, Any]:
+    """What a definition runs and expects, as its file writes it: the probe, its targets and
+    their arguments as given (relative paths stay relative to the definition's file, so two
+    checkouts of one repository agree), each option in its canonical form (``"5%"`` whether
+    the file says ``5%`` or ``0.05``), the expectation, the timeout and the rules files. Not
+    its name (named beside it) nor its description, which changes nothing it measures."""
+    from glmfb.options import options_of
+
+    spec = definition.spec
+    writers = {opt.attr: opt for opt in options_of(get_probe(spec.kind).config_type)}
+    options = {writers[attr].key: writers[attr].write(value) for attr, value in spec.options.items()
+               if attr in writers}
+    content: dict[str, Any] = {"probe": spec.kind, "options": options}
+    for key in ("baseline", "candidate", "target", "command", "args", "baseline_args", "candidate_args"):
+        value = getattr(spec, key)
+        if value not in (None, (), {}):
+            content[key] = list(value) if isinstance(value, tuple) else value
+    if definition.expect is not None:
+        content["expect"] = definition.expect.to_dict()
+    if definition.timeout_s is not None:
+        content["timeout_s"] = definition.timeout_s
+    if definition.rules_files:
+        content["rules"] = [os.path.relpath(p, definition.source.parent) for p in definition.rules_files]
+    return content
+
+
+def definition_hash(definition: ProbeDefinition) -> str:
+    """The hash of a definition's content (:func:`definition_content`, canonical JSON)."""
+    return canonical_hash(definition_content(definition))
+
+
+def take_shard(definitions: Sequence[ProbeDefinition], index: int, count: int) -> tuple[list[ProbeDefinition], Shard]:
+    """Shard ``index`` of ``count`` of the selected ``definitions`` (chosen by name, in the
+    suite's order), and its record for run.json."""
+    shard = shard_record({d.name: definition_hash(d) for d in definitions}, index, count)
+    names = set(shard.names)
+    return [d for d in definitions if d.name in names], shard
+
+
+# --------------------------------------------------------------------------------------------
 # Running
 # --------------------------------------------------------------------------------------------
 
@@ -303,8 +349,10 @@ def run_suite(
     *,
     on_start: Callable[[ProbeDefinition], None] | None = None,
     on_done: Callable[[ProbeDefinition, Verdict], None] | None = None,
+    shard: Shard | None = None,
 ) -> Run:
-    """Run every definition in order. Ctrl-C keeps what finished and marks the rest as error."""
+    """Run every definition in order (``shard``: they are that shard of a suite, recorded on
+    the run). Ctrl-C keeps what finished and marks the rest as error."""
     from glmfb.env import fingerprint
 
     started = utc_now()
@@ -327,7 +375,7 @@ def run_suite(
         if on_done is not None:
             on_done(definition, verdict)
     return Run(id=context.run_id, started=started, finished=utc_now(), verdicts=tuple(verdicts),
-               env=fingerprint(), interrupted=interrupted)
+               env=fingerprint(), interrupted=interrupted, shard=shard)
 
 
 def _interrupted_verdict(definition: ProbeDefinition, why: str) -> Verdict:
