@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import TOY
+
 from glmfb import suite
 from glmfb.report.html import render_html
 from glmfb.shards import Source, combine, parse_shard, shard_of, shard_record, suite_identity
@@ -149,9 +149,9 @@ def test_a_shard_round_trips_in_run_json_and_old_files_still_read() -> None:
     assert load_document(data) == run
     del data["shard"]
     assert load_document(data).shard is None
-    with pytest.raises(SchemaError, match="shard.index"):
+    with pytest.raises(SchemaError, match=r"shard\.index"):
         load_document({**data, "shard": {**shard.to_dict(), "index": 4}})
-    with pytest.raises(SchemaError, match="shard.names: required field is missing"):
+    with pytest.raises(SchemaError, match=r"shard\.names: required field is missing"):
         load_document({**data, "shard": {k: v for k, v in shard.to_dict().items() if k != "names"}})
 
 
