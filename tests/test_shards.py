@@ -192,6 +192,7 @@ def glmfb(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 class Runs:
     root: Path
     codes: dict[str, int]  # each glmfb run's exit code, by its out folder
+    summaries: dict[str, str]  # the last line each printed
 
     def run_file(self, out: str) -> Path:
         [found] = (self.root / out).glob("*/run.json")
@@ -210,12 +211,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     commands = {"reports-all": ["suite.toml"], **{f"reports-{k}": ["suite.toml", "--shard", f"{k}/3"] for k in (1, 2, 3)},
                 "reports-other": ["changed/suite.toml", "--shard", "3/3"],
                 "reports-empty": ["suite.toml", "--shard", f"{empty}/7"]}
-    codes = {}
+    codes, summaries = {}, {}
     for out, args in commands.items():
         ran = glmfb("run", *args, "--out", out, cwd=root)
         assert "Traceback" not in ran.stderr, ran.stderr
-        codes[out] = ran.returncode
-    return Runs(root, codes)
+        codes[out], summaries[out] = ran.returncode, ran.stdout.strip().splitlines()[-1]
+    return Runs(root, codes, summaries)
 
 
 def junit_cases(path: Path) -> set[tuple[str, str, str]]:
@@ -250,6 +251,9 @@ def test_the_shards_record_what_they_ran(runs: Runs) -> None:
     assert other["suite"] != shards["reports-1"]["suite"] and other["names"] == shards["reports-3"]["names"]
     empty = json.loads(runs.run_file("reports-empty").read_text())
     assert empty["verdicts"] == [] and empty["shard"]["names"] == [] and runs.codes["reports-empty"] == 0
+    assert runs.summaries["reports-empty"].startswith("no verdicts in shard ")
+    assert " (0 of the suite's 5 definitions); run folder " in runs.summaries["reports-empty"]
+    assert runs.summaries["reports-2"].startswith("1 pass in shard 2/3 (1 of the suite's 5 definitions); ")
 
 
 @pytest.mark.slow
