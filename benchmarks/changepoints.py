@@ -23,7 +23,7 @@ A detected point is right within +-1 run of a planted step; for the creep, anywh
 run before the ramp to its last run. Precision counts every detection on every series;
 "false alarms" is the share of noise (and of spike) series with any detection. "newest worse"
 is what ``glmfb history --check`` reads on the creep: the share of creep series whose last
-segment's level is more than 5% above the segment's before it.
+segment's level is more than 5% above the segment before its run of worsening segments.
 
     python benchmarks/changepoints.py [--per-kind 40] [--runs 150] [--seed 0]
     python benchmarks/changepoints.py --smoke                     # a tiny size, for CI
@@ -32,6 +32,7 @@ segment's level is more than 5% above the segment's before it.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import random
 import statistics
@@ -190,13 +191,19 @@ def score(method: Callable[[Series], list[int]], all_series: Sequence[Series]) -
 
 
 def _newest_worse(series: Series, points: Sequence[int]) -> bool:
-    """Whether the last segment's mean is more than CHECK above the mean of the one before."""
+    """What ``glmfb history --check`` reads (glmfb.history.series.Series.check): whether the
+    last segment's mean is more than CHECK above the mean of the segment before its unbroken
+    run of worsening segments began (the one before, unless that one worsened too)."""
     if not points:
         return False
     bounds = [0, *sorted(points), len(series.runs)]
-    before = [o.value for o in series.runs[bounds[-3]:bounds[-2]]]
-    last = [o.value for o in series.runs[bounds[-2]:]]
-    return statistics.fmean(last) > (1.0 + CHECK) * statistics.fmean(before)
+    levels = [statistics.fmean(o.value for o in series.runs[a:b]) for a, b in itertools.pairwise(bounds)]
+    start = len(levels) - 2
+    if levels[-1] <= levels[start]:
+        return False  # the newest change is an improvement
+    while start > 0 and levels[start] > levels[start - 1]:
+        start -= 1
+    return levels[-1] > (1.0 + CHECK) * levels[start]
 
 
 def share(flags: Sequence[bool]) -> str:

@@ -22,8 +22,10 @@ from glmfb.commands.common import (
     dump_json,
     emit_run,
     folder_size,
+    history_url,
     interactive,
     parse_timeout,
+    record_history,
 )
 from glmfb.errors import GlmfbError, UsageError
 from glmfb.probe import TIMEOUT
@@ -135,6 +137,14 @@ JsonOpt = Annotated[
     bool,
     typer.Option("--json", help="Print exactly one JSON document on stdout; human text goes to stderr."),
 ]
+HistoryOpt = Annotated[
+    str | None,
+    typer.Option("--history", metavar="URL", help="The history store: sqlite:///PATH or "
+                 "postgresql://USER@HOST:PORT/DB [default: $GLMFB_HISTORY, else sqlite:///<out>/history.sqlite]"),
+]
+NoHistoryOpt = Annotated[
+    bool, typer.Option("--no-history", help="Do not record the verdicts in the history store."),
+]
 
 app = typer.Typer(
     cls=_BoundaryGroup,
@@ -195,6 +205,8 @@ def run_command(
         typer.Option("--shard", metavar="K/N", help="Run only shard K of N (definitions split by name); "
                                                     "glmfb gate takes the N runs as one."),
     ] = None,
+    history: HistoryOpt = None,
+    no_history: NoHistoryOpt = False,
 ) -> None:
     """Run the probe definitions of a suite and write reports/<run-id>/run.json."""
     from glmfb import suite
@@ -205,6 +217,7 @@ def run_command(
     run_id = new_run_id()
     report_dir = start_run(out, run_id)  # the gate's pointer, before anything can fail
     timeout_s = parse_timeout(timeout)
+    store = history_url(history, out, no_history)
     search = paths or ["probes"]
     definitions = suite.selected(suite.load_definitions(suite.discover(search)), select or [], search)
     notes = console(stderr=True)
@@ -250,9 +263,17 @@ def run_command(
         )
     run_file = report_dir / "run.json"
     write_json_atomic(run_file, run.to_dict())
+    record_history(store, run, lambda: _history_origins(definitions))
     _write_run_reports(run, report_dir)
     notes.print(f"run written to {run_file} (report.html, junit.xml beside it)")
     emit_run(run, as_json, verbose=verbose, folder_size=folder_size(report_dir))
+
+
+def _history_origins(definitions: Any) -> Any:
+    """Each definition's origin for the history (its hash, its repository)."""
+    from glmfb.history.record import suite_origins
+
+    return suite_origins(definitions)
 
 
 def _write_run_reports(run: Any, report_dir: Path) -> None:
@@ -351,9 +372,94 @@ def report_command(
 app.command("bisect", cls=Command)(bisect_command)
 
 
+@app.command("history", cls=Command)
+def history_command(
+    patterns: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="[PATTERN...]", help="Definition names to show (glob or substring, as glmfb run -k); "
+                       "all when none."),
+    ] = None,
+    history: HistoryOpt = None,
+    out: Annotated[Path, typer.Option("--out", help="The reports folder whose history.sqlite is the default store.")] = Path(
+        "reports"
+    ),
+    all_machines: Annotated[
+        bool, typer.Option("--all-machines", help="One series per definition and metric over every machine "
+                           "(default: one per machine; machines are never mixed unless asked)."),
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the glmfb.history/1 document on stdout (glmfb schema history)."),
+    ] = False,
+    csv: Annotated[
+        Path | None, typer.Option("--csv", metavar="FILE", help="Also write every run of every series to FILE as CSV."),
+    ] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Exit 1 when a series' newest segment is worse than the segment before "
+                           "it by more than --threshold, else 0."),
+    ] = False,
+    threshold: Annotated[
+        str, typer.Option("--threshold", metavar="FRACTION", help="For --check: how much worse counts, 5% or 0.05 "
+                          "(points of the baseline for a relative metric such as time_change, else a fraction of "
+                          "the level before)."),
+    ] = "5%",
+) -> None:
+    """The history of recorded verdicts: a series per definition, metric and machine, with its change points."""
+    from glmfb.history.series import build_series, history_document
+    from glmfb.history.store import chosen_url, describe, open_store
+    from glmfb.units import OptionValueError, parse_fraction
+
+    try:
+        limit = parse_fraction(threshold)
+    except OptionValueError as exc:
+        raise UsageError(f"--threshold {threshold}: {exc}") from None
+    url = chosen_url(history, out, os.environ)
+    with open_store(url, create=False) as store:
+        records = store.records()
+    if not records:
+        raise UsageError(f"the history {describe(url)} holds no verdicts", "glmfb run records every verdict it writes")
+    chosen = patterns or []
+    series = build_series(records, chosen, all_machines=all_machines)
+    if not series:
+        names = sorted({r.definition for r in records if r.value is not None})
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        raise UsageError(f"no series in the history {describe(url)} matches {' '.join(repr(p) for p in chosen)}"
+                         if chosen else f"the history {describe(url)} holds no verdict with a metric value",
+                         f"definitions with values: {shown}" if shown else "glmfb run records every verdict")
+    document = history_document(series, store=describe(url), patterns=chosen, all_machines=all_machines,
+                                threshold=limit if check else None)
+    if csv is not None:
+        from glmfb.history.render import write_history_csv
+
+        rows = write_history_csv(document, csv)
+        console(stderr=True).print(f"{rows} runs written to {csv}")
+    if as_json:
+        dump_json(document)
+    else:
+        from glmfb.history.render import render_history
+
+        console().print(render_history(document))
+    if check:
+        regressed = document["regressed"]
+        sys.stderr.write(f"glmfb history --check: {regressed} of {len(series)} series regressed by more than "
+                         f"{limit:.1%} in their newest segment\n")
+        raise typer.Exit(int(ExitCode.REGRESSION) if regressed else int(ExitCode.OK))
+
+
 @app.command("schema", cls=Command)
-def schema_command() -> None:
-    """Print the JSON Schema (draft 2020-12) of verdict and run documents."""
+def schema_command(
+    document: Annotated[
+        str, typer.Argument(metavar="[DOCUMENT]", help="verdict (verdict and run documents) or history "
+                            "(glmfb history --json)."),
+    ] = "verdict",
+) -> None:
+    """Print the JSON Schema (draft 2020-12) of verdict and run documents, or of the history document."""
+    if document == "history":
+        from glmfb.history.series import HISTORY_JSON_SCHEMA
+
+        dump_json(HISTORY_JSON_SCHEMA)
+        return
+    if document != "verdict":
+        raise UsageError(f"no schema for {document!r}", "give verdict or history")
     from glmfb.documents import json_schema
 
     dump_json(json_schema())

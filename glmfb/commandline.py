@@ -45,7 +45,8 @@ class Signature:
         return frozenset((*named, self.rest) if self.rest else named)
 
 
-RUN = Signature("run", positional=("paths",), flags={"select": "-k", "timeout": "--timeout", "shard": "--shard"})
+RUN = Signature("run", positional=("paths",), flags={"select": "-k", "timeout": "--timeout", "shard": "--shard",
+                                                  "history": "--history"})
 GATE = Signature("gate", positional=("source",), flags={"policy": "--policy"})
 BISECT = Signature("bisect", positional=("good", "bad", "definition"),
                    flags={"select": "-k", "setup": "--setup", "max_evaluations": "--max-evaluations",
@@ -65,7 +66,7 @@ def probe_signature(probe: Any) -> Signature:
     """A probe command's signature, from the probe's form and declared options."""
     from glmfb.probe import ProbeForm
 
-    flags = {"name": "--name", "timeout": "--timeout", "rules": "--rules"}
+    flags = {"name": "--name", "timeout": "--timeout", "rules": "--rules", "history": "--history"}
     kwargs = {"args": "--arg"}
     switches: dict[str, str] = {}
     positional: tuple[str, ...] = ()

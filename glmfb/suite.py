@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -45,7 +44,7 @@ from glmfb.probe import (
     parse_timeout,
     safe_component,
 )
-from glmfb.shards import canonical_hash, shard_record
+from glmfb.shards import shard_record
 from glmfb.verdict import Expectation, Layer, Run, Shard, Status, Verdict
 
 if sys.version_info >= (3, 11):
@@ -262,35 +261,14 @@ def selected(loaded: Sequence[ProbeDefinition], patterns: Sequence[str],
 # --------------------------------------------------------------------------------------------
 
 
-def definition_content(definition: ProbeDefinition) -> dict[str, Any]:
-    """What a definition runs and expects, as its file writes it: the probe, its targets and
-    their arguments as given (relative paths stay relative to the definition's file, so two
-    checkouts of one repository agree), each option in its canonical form (``"5%"`` whether
-    the file says ``5%`` or ``0.05``), the expectation, the timeout and the rules files. Not
-    its name (named beside it) nor its description, which changes nothing it measures."""
-    from glmfb.options import options_of
-
-    spec = definition.spec
-    writers = {opt.attr: opt for opt in options_of(get_probe(spec.kind).config_type)}
-    options = {writers[attr].key: writers[attr].write(value) for attr, value in spec.options.items()
-               if attr in writers}
-    content: dict[str, Any] = {"probe": spec.kind, "options": options}
-    for key in ("baseline", "candidate", "target", "command", "args", "baseline_args", "candidate_args"):
-        value = getattr(spec, key)
-        if value not in (None, (), {}):
-            content[key] = list(value) if isinstance(value, tuple) else value
-    if definition.expect is not None:
-        content["expect"] = definition.expect.to_dict()
-    if definition.timeout_s is not None:
-        content["timeout_s"] = definition.timeout_s
-    if definition.rules_files:
-        content["rules"] = [os.path.relpath(p, definition.source.parent) for p in definition.rules_files]
-    return content
-
-
 def definition_hash(definition: ProbeDefinition) -> str:
-    """The hash of a definition's content (:func:`definition_content`, canonical JSON)."""
-    return canonical_hash(definition_content(definition))
+    """The hash of a definition: what it runs and expects, as its file writes it (the probe,
+    its targets and arguments as given, each option in its canonical form, the expectation,
+    the timeout and the rules files; not its name, nor its description). The history keys a
+    definition's series by the same hash (:func:`glmfb.history.record.definition_digest`)."""
+    from glmfb.history.record import definition_digest
+
+    return definition_digest(definition)
 
 
 def take_shard(definitions: Sequence[ProbeDefinition], index: int, count: int) -> tuple[list[ProbeDefinition], Shard]:

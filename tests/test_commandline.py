@@ -43,7 +43,9 @@ REPO = Path(__file__).resolve().parents[1]
 KERNELS = "scenarios/decode_norm/kernels.py"
 FUSED = f"{KERNELS}:gated_norm_fused"
 TILED = f"{KERNELS}:gated_norm_tiled"
-OUTPUT_ONLY = {"as_json", "out", "csv", "verbose", "junit", "summary"}  # how to show or keep, not what to run
+# how to show or keep, not what to run (--no-history: whether to keep; --history URL, where, is
+# in the signatures, so a step may say which store its rerun records into)
+OUTPUT_ONLY = {"as_json", "out", "csv", "verbose", "junit", "summary", "no_history"}
 
 
 def cli_command(name: str) -> Any:

@@ -93,6 +93,36 @@ def progress_messages(enabled: bool | None = None) -> Iterator[Callable[[str], N
         yield lambda message: status.update(message)
 
 
+def history_url(given: str | None, out: object, no_history: bool) -> str | None:
+    """The store a command records into (None with ``--no-history``): ``--history``, else
+    ``$GLMFB_HISTORY``, else ``<out>/history.sqlite``. A URL that names no store is bad input,
+    refused before anything runs."""
+    if no_history:
+        return None
+    from pathlib import Path
+
+    from glmfb.history.store import check_url, chosen_url
+
+    url = chosen_url(given, Path(str(out)), os.environ)
+    check_url(url)
+    return url
+
+
+def record_history(url: str | None, run: Run, origins: Callable[[], Any]) -> None:
+    """Append ``run``'s verdicts to the history at ``url`` (``origins()`` gives each verdict's
+    origin by name). Recording never fails the run: whatever goes wrong is one warning line."""
+    if url is None:
+        return
+    from glmfb.history.store import describe
+
+    try:
+        from glmfb.history.record import record_run
+
+        record_run(url, run, origins())
+    except Exception as exc:  # a store that refuses, a full disk, a missing driver: a warning only
+        sys.stderr.write(f"glmfb: warning: the verdicts were not recorded in the history {describe(url)}: {exc}\n")
+
+
 def parse_timeout(text: str | None) -> float | None:
     """``--timeout 30s`` -> 30.0; None when not given (the default, :data:`glmfb.probe.TIMEOUT`)."""
     from glmfb.probe import TIMEOUT

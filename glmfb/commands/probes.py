@@ -16,7 +16,15 @@ from typing import Annotated, Any
 
 import typer
 
-from glmfb.commands.common import Command, console, emit_verdict, parse_timeout, progress_messages
+from glmfb.commands.common import (
+    Command,
+    console,
+    emit_verdict,
+    history_url,
+    parse_timeout,
+    progress_messages,
+    record_history,
+)
 from glmfb.errors import UsageError
 from glmfb.options import OptionSpec, options_of, parse_given
 from glmfb.probe import TIMEOUT, Probe, ProbeContext, ProbeForm, ProbeSpec, safe_component
@@ -91,6 +99,11 @@ def _common_parameters(probe: Probe) -> list[inspect.Parameter]:
         "--rules", metavar="FILE", help="A Python file defining RULES, tried before the built-in rules. Repeatable.")]))
     params.append(_param("timeout", Annotated[str | None, typer.Option(
         TIMEOUT.flag, metavar=TIMEOUT.metavar, help=f"{TIMEOUT.help} [default: {TIMEOUT.show_default()}]")]))
+    params.append(_param("history", Annotated[str | None, typer.Option(
+        "--history", metavar="URL", help="The history store: sqlite:///PATH or postgresql://USER@HOST:PORT/DB "
+        "[default: $GLMFB_HISTORY, else sqlite:///<out>/history.sqlite]")]))
+    params.append(_param("no_history", Annotated[bool, typer.Option(
+        "--no-history", help="Do not record the verdict in the history store.")], False))
     params.append(_param("as_json", Annotated[bool, typer.Option(
         "--json", help="Print exactly one JSON document on stdout; human text goes to stderr.")], False))
     return params
@@ -118,6 +131,14 @@ def spec_from_command_line(probe: Probe, values: dict[str, Any]) -> ProbeSpec:
     return ProbeSpec(**{**spec.__dict__, "name": name})
 
 
+def _history_origins(spec: ProbeSpec, probe: Probe) -> Any:
+    """The verdict's origin for the history: the hash of what the command ran, the working
+    folder's repository."""
+    from glmfb.history.record import command_origin
+
+    return {spec.name: command_origin(spec, probe.config_type)}
+
+
 def register_probe(app: typer.Typer, probe: Probe) -> None:
     """Add ``glmfb <kind>`` for one probe."""
 
@@ -135,6 +156,7 @@ def register_probe(app: typer.Typer, probe: Probe) -> None:
         report_dir = start_run(out, run_id)  # the gate's pointer, before anything can fail
         started = utc_now()
         timeout_s = parse_timeout(values.get("timeout"))
+        store = history_url(values.get("history"), out, bool(values.get("no_history")))
         rules = tuple(Path(p) for p in values.get("rules") or ())
         for file in rules:
             if not file.is_file():
@@ -155,6 +177,7 @@ def register_probe(app: typer.Typer, probe: Probe) -> None:
                     f"interrupted ({getattr(exc, 'signal_name', 'SIGINT')}) while running; its processes were stopped")
         run = Run(id=run_id, started=started, finished=utc_now(), verdicts=(verdict,), interrupted=interrupted)
         write_json_atomic(report_dir / "run.json", run.to_dict())
+        record_history(store, run, lambda: _history_origins(spec, probe))
         from glmfb.report.html import write_html
 
         write_html(run, report_dir)

@@ -1,0 +1,152 @@
+"""Recording: the verdicts of a run become rows of the history store.
+
+What identifies each row's series is computed here: the definition's hash (its resolved
+content, canonically), the git state of the repository the definition lives in, and the
+machine fingerprint (a stable hash of the verdict's environment fields that identify the
+machine). Nothing here prints: a store that cannot be written raises, and the command that
+recorded turns it into a warning (recording never fails a run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from glmfb.env import COMPARABLE_KEYS, git_revision
+from glmfb.history.metrics import metric_kind
+from glmfb.history.store import Record, open_store
+from glmfb.probe import ProbeSpec
+from glmfb.verdict import Run, Verdict
+
+# The environment fields that identify a machine: those that make two measurements
+# incomparable (glmfb.env.COMPARABLE_KEYS: Python, torch, architecture, CPU model and count,
+# device, threads) and the CUDA version. Not the host name: a CI job's container or runner
+# gets a new one each time, and its history would never grow past one run. $GLMFB_MACHINE
+# names a machine where the hardware alone does not tell two apart.
+MACHINE_KEYS: tuple[str, ...] = (*COMPARABLE_KEYS, "cuda")
+MACHINE_VAR = "GLMFB_MACHINE"
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a verdict came from: its definition's hash and the folder whose git repository
+    holds the definition (the working folder, for a probe command)."""
+
+    digest: str | None
+    folder: Path
+
+
+def canonical_hash(data: Any) -> str:
+    """A short, stable hash of JSON-like data (keys sorted, no whitespace)."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def spec_content(spec: ProbeSpec, config_type: type) -> dict[str, Any]:
+    """What a spec runs, as a definition writes it: the probe, the targets and their
+    arguments as given (relative paths stay relative to the definition, so two checkouts of
+    one repository hash alike), and each option written in its canonical form (``"5%"``
+    whether the file says ``5%`` or ``0.05``)."""
+    from glmfb.options import options_of
+
+    writers = {opt.attr: opt for opt in options_of(config_type)}
+    options = {writers[attr].key: writers[attr].write(value) for attr, value in spec.options.items() if attr in writers}
+    content: dict[str, Any] = {"probe": spec.kind, "options": options}
+    for key in ("baseline", "candidate", "target", "command", "args", "baseline_args", "candidate_args"):
+        value = getattr(spec, key)
+        if value not in (None, (), {}):
+            content[key] = list(value) if isinstance(value, tuple) else value
+    return content
+
+
+def definition_digest(definition: Any) -> str:
+    """The hash of a probe definition (a :class:`glmfb.suite.ProbeDefinition`): its spec's
+    content, its expectation, timeout and rules files; not its description, which changes
+    nothing it measures."""
+    from glmfb.probe import get_probe
+
+    content = spec_content(definition.spec, get_probe(definition.probe).config_type)
+    if definition.expect is not None:
+        content["expect"] = definition.expect.to_dict()
+    if definition.timeout_s is not None:
+        content["timeout_s"] = definition.timeout_s
+    if definition.rules_files:
+        content["rules"] = [os.path.relpath(p, definition.source.parent) for p in definition.rules_files]
+    return canonical_hash(content)
+
+
+def git_state(folder: Path) -> tuple[str | None, bool | None]:
+    """The commit checked out in the repository that holds ``folder`` and whether tracked
+    files differ from it (None, None outside git)."""
+    revision = git_revision(str(folder))
+    if revision is None:
+        return None, None
+    return revision.removesuffix("+dirty"), revision.endswith("+dirty")
+
+
+def machine_of(env: Mapping[str, Any]) -> tuple[str, str]:
+    """A verdict's machine: the fingerprint (a hash of :data:`MACHINE_KEYS` and
+    ``$GLMFB_MACHINE``) and a label for people (which also names the host)."""
+    named = os.environ.get(MACHINE_VAR)
+    identity = {key: env.get(key) for key in MACHINE_KEYS if env.get(key) is not None}
+    if named:
+        identity["name"] = named
+    parts = [f"{env.get('cpu', '?')} x{env.get('cpu_count', '?')}", str(env.get("device", "?"))]
+    if env.get("torch"):
+        parts.append(f"torch {env['torch']}")
+    if env.get("python"):
+        parts.append(f"python {env['python']}")
+    host = named or platform.node()
+    label = (f"{host}: " if host else "") + ", ".join(parts)
+    return canonical_hash(identity), label
+
+
+def record_of(run: Run, verdict: Verdict, origin: Origin | None) -> Record:
+    """One verdict's row."""
+    from glmfb import __version__
+
+    metric = verdict.metric
+    kind = metric_kind(metric.name if metric is not None else None)
+    commit, dirty = git_state(origin.folder) if origin is not None else (None, None)
+    machine, label = machine_of(verdict.env or run.env)
+    return Record(
+        time=run.started, run_id=run.id, definition=verdict.name,
+        definition_hash=origin.digest if origin is not None else None,
+        probe=verdict.probe, status=verdict.status.value, layer=verdict.layer.value,
+        metric=metric.name if metric is not None else None,
+        value=metric.value if metric is not None else None,
+        low=metric.ci[0] if metric is not None and metric.ci is not None else None,
+        high=metric.ci[1] if metric is not None and metric.ci is not None else None,
+        unit=metric.unit if metric is not None else None,
+        threshold=metric.threshold if metric is not None else None,
+        worse=kind.worse.value, relative=kind.relative, where=dict(verdict.where),
+        commit=commit, dirty=dirty, machine=machine, machine_label=label, glmfb_version=__version__,
+    )
+
+
+def records_of(run: Run, origins: Mapping[str, Origin]) -> list[Record]:
+    """A row per verdict of ``run``; ``origins`` by verdict name."""
+    return [record_of(run, verdict, origins.get(verdict.name)) for verdict in run.verdicts]
+
+
+def record_run(url: str, run: Run, origins: Mapping[str, Origin]) -> int:
+    """Append ``run``'s verdicts to the store at ``url``; returns how many rows."""
+    rows = records_of(run, origins)
+    with open_store(url) as store:
+        return store.record(rows)
+
+
+def suite_origins(definitions: Sequence[Any]) -> dict[str, Origin]:
+    """The origin of each definition of a suite run, by name."""
+    return {d.name: Origin(definition_digest(d), d.source.parent) for d in definitions}
+
+
+def command_origin(spec: ProbeSpec, config_type: type) -> Origin:
+    """The origin of a probe command's verdict: its spec's hash, the working folder."""
+    return Origin(canonical_hash(spec_content(spec, config_type)), Path.cwd())

@@ -1,0 +1,406 @@
+"""The history store: one row per verdict, kept across runs.
+
+A store is opened from a URL: ``sqlite:///PATH`` (the default, ``<out>/history.sqlite``: a
+file beside the runs that needs nothing) or ``postgresql://user@host:port/db`` (one database
+that a fleet of CI machines shares; psycopg 3, the ``postgres`` extra, imported only then).
+
+The schema is versioned: the ``schema_version`` table logs each version applied, and opening
+a store applies the missing :data:`MIGRATIONS` in order, in one transaction that holds the
+database's write lock (SQLite's ``BEGIN IMMEDIATE``, PostgreSQL's advisory lock), so two
+processes opening a new store at once migrate it once. A store written by a newer glmfb is
+refused, never written into.
+
+Writers never lose a row to each other: SQLite runs in WAL mode (readers never block the
+writer) with a busy timeout, and a write that still finds the database locked is retried;
+each record is one transaction, in both databases.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from glmfb.errors import UsageError
+
+DEFAULT_NAME = "history.sqlite"
+ENV_VAR = "GLMFB_HISTORY"
+SQLITE_PREFIX = "sqlite:///"
+POSTGRES_PREFIXES = ("postgresql://", "postgres://")
+BUSY_TIMEOUT_S = 30.0  # how long a SQLite writer waits for the lock before the retries
+WRITE_ATTEMPTS = 5
+
+
+class HistoryError(UsageError):
+    """The store cannot be opened, read or written (a bad URL, a server that refuses, a
+    database of a newer glmfb)."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One verdict as the history keeps it.
+
+    ``time`` is the run's start (ISO 8601, UTC), so the verdicts of one run sort together;
+    ``definition`` and ``definition_hash`` name the probe definition (or the probe command's
+    verdict name) and its canonical content; ``worse`` says which way the metric regresses
+    (``higher`` or ``lower``) and ``relative`` whether the metric is already a change against
+    a baseline (its segments are compared by difference, not by ratio), both as data
+    (:mod:`glmfb.history.metrics`); ``commit`` and ``dirty`` are the git state of the
+    repository the definition lives in (None outside git); ``machine`` is a stable hash of
+    the environment fields that identify the machine, ``machine_label`` the same for people.
+    """
+
+    time: str
+    run_id: str
+    definition: str
+    definition_hash: str | None
+    probe: str
+    status: str
+    layer: str
+    metric: str | None = None
+    value: float | None = None
+    low: float | None = None
+    high: float | None = None
+    unit: str | None = None
+    threshold: float | None = None
+    worse: str = "higher"
+    relative: bool = False
+    where: Mapping[str, Any] = field(default_factory=dict)
+    commit: str | None = None
+    dirty: bool | None = None
+    machine: str = ""
+    machine_label: str = ""
+    glmfb_version: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: (dict(self.where) if f.name == "where" else getattr(self, f.name)) for f in fields(self)}
+
+
+# The columns, in Record's order; ``where`` is JSON text in ``where_json``.
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Record))
+_SQL_COLUMNS: tuple[str, ...] = tuple(
+    {"where": "where_json", "time": "recorded", "commit": "git_commit", "dirty": "git_dirty"}.get(c, c)
+    for c in COLUMNS
+)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between the two databases' SQL."""
+
+    name: str
+    placeholder: str
+    id_column: str
+    real: str
+
+
+SQLITE = Dialect("sqlite", "?", "INTEGER PRIMARY KEY AUTOINCREMENT", "REAL")
+POSTGRES = Dialect("postgresql", "%s", "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY", "DOUBLE PRECISION")
+
+# Each version's statements, in order; a new version appends its own, never edits an old one.
+# {id} and {real} are the dialect's identity column and floating-point type.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (  # 1: a row per verdict
+        """CREATE TABLE verdicts (
+            id {id},
+            recorded TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            definition TEXT NOT NULL,
+            definition_hash TEXT,
+            probe TEXT NOT NULL,
+            status TEXT NOT NULL,
+            layer TEXT NOT NULL,
+            metric TEXT,
+            value {real},
+            low {real},
+            high {real},
+            unit TEXT,
+            threshold {real},
+            worse TEXT NOT NULL,
+            relative BOOLEAN NOT NULL,
+            where_json TEXT NOT NULL,
+            git_commit TEXT,
+            git_dirty BOOLEAN,
+            machine TEXT NOT NULL,
+            machine_label TEXT NOT NULL,
+            glmfb_version TEXT NOT NULL
+        )""",
+    ),
+    (  # 2: a series is read by definition, metric and machine, in time order
+        "CREATE INDEX verdicts_series ON verdicts (definition, metric, machine, recorded)",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class Connection(Protocol):
+    """The part of a DB-API connection the store uses."""
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ...) -> Any: ...
+    def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------------------------
+# URLs
+# --------------------------------------------------------------------------------------------
+
+
+def default_url(out: Path) -> str:
+    """``sqlite:///<out>/history.sqlite``."""
+    return SQLITE_PREFIX + str(out / DEFAULT_NAME)
+
+
+def chosen_url(given: str | None, out: Path, environ: Mapping[str, str]) -> str:
+    """The store a command records into: ``--history``, else ``$GLMFB_HISTORY``, else the
+    default beside the runs."""
+    return given or environ.get(ENV_VAR) or default_url(out)
+
+
+def describe(url: str) -> str:
+    """The URL for messages, without a password."""
+    if url.startswith(POSTGRES_PREFIXES) and "@" in url:
+        scheme, _, rest = url.partition("://")
+        credentials, _, host = rest.rpartition("@")
+        return f"{scheme}://{credentials.partition(':')[0]}@{host}"
+    return url
+
+
+def sqlite_path(url: str) -> Path:
+    """The file of a ``sqlite:///`` URL (``sqlite:///reports/h.sqlite`` is relative,
+    ``sqlite:////tmp/h.sqlite`` absolute)."""
+    return Path(url[len(SQLITE_PREFIX):])
+
+
+def check_url(url: str) -> None:
+    """Refuse a URL that names no store this glmfb opens."""
+    if url.startswith(SQLITE_PREFIX) and len(url) > len(SQLITE_PREFIX):
+        return
+    if url.startswith(POSTGRES_PREFIXES):
+        return
+    raise HistoryError(f"history URL {describe(url)!r} names no store",
+                       "write sqlite:///PATH or postgresql://USER@HOST:PORT/DB")
+
+
+# --------------------------------------------------------------------------------------------
+# The store
+# --------------------------------------------------------------------------------------------
+
+
+T = TypeVar("T")
+
+
+class Store:
+    """An open history store: :meth:`record` appends rows, :meth:`records` reads them in time
+    order. Use it as a context manager (it closes the connection)."""
+
+    def __init__(self, connection: Connection, dialect: Dialect, url: str, transaction: Callable[[], Any],
+                 retryable: tuple[type[BaseException], ...], errors: tuple[type[BaseException], ...]) -> None:
+        self.connection = connection
+        self.dialect = dialect
+        self.url = url
+        self._transaction = transaction
+        self._retryable = retryable  # another writer holds the lock: wait and try again
+        self._errors = errors  # the database's own errors: a HistoryError that names the store
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.connection.close()
+
+    @property
+    def version(self) -> int:
+        return current_version(self.connection)
+
+    def _retrying(self, work: Callable[[], T]) -> T:
+        """``work`` in a transaction, again (after a short wait) while the database is locked
+        by another writer; the last failure is raised."""
+        for attempt in range(WRITE_ATTEMPTS):
+            try:
+                with self._transaction():
+                    return work()
+            except self._retryable:
+                if attempt == WRITE_ATTEMPTS - 1:
+                    raise
+                time.sleep(0.05 * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    def record(self, records: Iterable[Record]) -> int:
+        """Append ``records`` in one transaction; returns how many."""
+        rows = [_row(r) for r in records]
+        if not rows:
+            return 0
+        marks = ", ".join([self.dialect.placeholder] * len(_SQL_COLUMNS))
+        sql = f"INSERT INTO verdicts ({', '.join(_SQL_COLUMNS)}) VALUES ({marks})"
+
+        def insert() -> int:
+            for row in rows:
+                self.connection.execute(sql, row)
+            return len(rows)
+
+        try:
+            return self._retrying(insert)
+        except self._errors as exc:
+            raise HistoryError(f"cannot write the history {describe(self.url)}: {_first_line(exc)}") from None
+
+    def records(self) -> list[Record]:
+        """Every row, oldest first (by the run's time, then as written)."""
+        try:
+            cursor = self.connection.execute(
+                f"SELECT {', '.join(_SQL_COLUMNS)} FROM verdicts ORDER BY recorded, run_id, id")
+            return [_record(row) for row in cursor.fetchall()]
+        except self._errors as exc:
+            raise HistoryError(f"cannot read the history {describe(self.url)}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _row(record: Record) -> tuple[Any, ...]:
+    values = []
+    for name in COLUMNS:
+        value = getattr(record, name)
+        values.append(json.dumps(dict(value), sort_keys=True, default=str) if name == "where" else value)
+    return tuple(values)
+
+
+def _record(row: Sequence[Any]) -> Record:
+    data = dict(zip(COLUMNS, row, strict=True))
+    data["where"] = json.loads(data["where"] or "{}")
+    data["relative"] = bool(data["relative"])
+    data["dirty"] = None if data["dirty"] is None else bool(data["dirty"])
+    return Record(**data)
+
+
+def open_store(url: str, *, create: bool = True) -> Store:
+    """The store at ``url``, migrated to :data:`SCHEMA_VERSION`. ``create=False`` refuses a
+    SQLite file that does not exist yet (reading a history that was never written)."""
+    check_url(url)
+    if url.startswith(SQLITE_PREFIX):
+        return _open_sqlite(url, create=create)
+    return _open_postgres(url)
+
+
+# --------------------------------------------------------------------------------------------
+# SQLite
+# --------------------------------------------------------------------------------------------
+
+
+def _open_sqlite(url: str, *, create: bool) -> Store:
+    path = sqlite_path(url)
+    if not create and not path.is_file():
+        raise HistoryError(f"no history at {path}", "run glmfb run first, or give --history URL")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)  # we BEGIN ourselves
+        connection.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        connection.execute("PRAGMA journal_mode = WAL")
+    except (OSError, sqlite3.Error) as exc:
+        raise HistoryError(f"cannot open the history {path}: {exc}") from None
+
+    @contextmanager
+    def transaction() -> Iterator[None]:
+        connection.execute("BEGIN IMMEDIATE")  # the write lock now, not at the first write
+        try:
+            yield
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+        connection.execute("COMMIT")
+
+    store = Store(connection, SQLITE, url, transaction, (sqlite3.OperationalError,), (sqlite3.Error,))
+    _migrate_or_close(store)
+    return store
+
+
+# --------------------------------------------------------------------------------------------
+# PostgreSQL
+# --------------------------------------------------------------------------------------------
+
+_MIGRATION_LOCK = 0x676C6D6662  # pg_advisory_xact_lock key: one migrator at a time ("glmfb")
+
+
+def _open_postgres(url: str) -> Store:
+    try:
+        import psycopg
+    except ImportError:
+        raise HistoryError("a PostgreSQL history needs psycopg",
+                           "pip install 'glmfb[postgres]'") from None
+    try:
+        connection = psycopg.connect(url, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise HistoryError(f"cannot connect to the history {describe(url)}: {_first_line(exc)}") from None
+
+    @contextmanager
+    def transaction() -> Iterator[None]:
+        with connection.transaction():
+            yield
+
+    store = Store(connection, POSTGRES, url, transaction,
+                  (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected), (psycopg.Error,))
+    _migrate_or_close(store)
+    return store
+
+
+# --------------------------------------------------------------------------------------------
+# Migrations
+# --------------------------------------------------------------------------------------------
+
+
+def _migrate_or_close(store: Store) -> None:
+    """Migrate the store if it needs it (a read first: a store already at this version is
+    opened without a write transaction); close it on failure."""
+    try:
+        if _up_to_date(store):
+            return
+        store._retrying(lambda: migrate(store.connection, store.dialect))
+    except HistoryError:
+        store.close()
+        raise
+    except store._errors as exc:
+        store.close()
+        raise HistoryError(f"cannot open the history {describe(store.url)}: {_first_line(exc)}") from None
+
+
+def _up_to_date(store: Store) -> bool:
+    try:  # a plain read, outside any transaction (both connections are in autocommit)
+        return current_version(store.connection) == SCHEMA_VERSION
+    except store._errors:  # no schema_version table yet: a new database
+        return False
+
+
+def current_version(connection: Connection) -> int:
+    """The newest schema version applied (0: a new, empty database)."""
+    row = connection.execute("SELECT MAX(version) FROM schema_version").fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def migrate(connection: Connection, dialect: Dialect, target: int = SCHEMA_VERSION) -> int:
+    """Apply the migrations after the database's version, up to ``target``; call it inside a
+    transaction that holds the write lock. Returns the version now."""
+    if dialect is POSTGRES:
+        connection.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+    connection.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL, applied TEXT NOT NULL)")
+    version = current_version(connection)
+    if version > SCHEMA_VERSION:
+        raise HistoryError(f"the history was written by a newer glmfb (schema version {version}; this glmfb "
+                           f"knows up to {SCHEMA_VERSION})", "upgrade glmfb, or give another --history")
+    from glmfb.clock import utc_now
+
+    for number in range(version + 1, target + 1):
+        for statement in MIGRATIONS[number - 1]:
+            connection.execute(statement.format(id=dialect.id_column, real=dialect.real))
+        connection.execute(f"INSERT INTO schema_version (version, applied) VALUES ({dialect.placeholder}, "
+                           f"{dialect.placeholder})", (number, utc_now()))
+    return max(version, target)
+
