@@ -2,7 +2,7 @@
 with a planted bug, or its clean twin) run through glmfb, its verdict scored against what the
 case expects, one table row per case.
 
-    python benchmarks/accuracy.py [-k PATTERN]... [--json FILE] [--out reports] [-v]
+    python benchmarks/accuracy.py [-k PATTERN]... [--json FILE] [--out reports] [-v] [--smoke]
 
 A case is a ``[[probe]]`` table in ``tests/acceptance/*.toml`` (``glmfb run tests/acceptance``
 runs the same definitions). Its ``expect`` gives status, layer and ``where``; its description
@@ -24,6 +24,9 @@ for verdicts that do not record one, from what older verdicts carry (diff's
 ``diagnosis_rule``, bench's ``op_diff`` and decisions), else inferred from the why (gil, gap).
 The JSON says where each rule was read (``rule_source``). Exit code 0 when every case is right, 1
 otherwise, 2 for a corpus that does not parse.
+
+``--smoke`` runs two fast cases (:data:`SMOKE_CASES`: a diff with a planted bug and a gil clean
+twin) unless ``-k`` chooses: CI checks the script runs; that score is not the corpus's.
 """
 
 from __future__ import annotations
@@ -58,6 +61,10 @@ RENAMED: dict[str, dict[str, str]] = {
     "gap": {},
 }
 PY_FILE = re.compile(r"[\w./-]+\.py\b")  # a file the why names (relative or absolute)
+# Fast cases whose verdicts no load can change (numerics; a thread that releases the GIL).
+SMOKE_CASES = ("diff-cp-scan-off-by-one", "gil-sqlite-query-releases")
+SMOKE_NOTE = ("smoke run (--smoke): {cases} of the corpus; the score and seconds are measured but are not the "
+              "corpus's")
 
 
 class CorpusError(Exception):
@@ -400,7 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the table as JSON")
     parser.add_argument("--out", type=Path, default=Path("reports"), help="where artifacts go")
     parser.add_argument("-v", "--verbose", action="store_true", help="each wrong part and the why")
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"only {', '.join(SMOKE_CASES)} unless -k chooses (CI checks the script runs)")
     options = parser.parse_args(argv)
+    if options.smoke:
+        options.patterns = options.patterns or list(SMOKE_CASES)
+        print(SMOKE_NOTE.format(cases=", ".join(options.patterns)), flush=True)
     try:
         cases = load_cases(options.corpus, options.patterns)
     except CorpusError as exc:

@@ -39,6 +39,12 @@ included. The machine's load average is printed at the start and the end.
     python benchmarks/bench_detection_power.py                       # the full figures (hours)
     python benchmarks/bench_detection_power.py --trials 2 --pyperf-trials 1 --saved-pairs 2 \\
         --gap-trials 2 --kernels rmsnorm                             # a quick check
+    python benchmarks/bench_detection_power.py --smoke               # every section, about a minute
+
+``--smoke`` runs every section at its smallest (:data:`SMOKE`: rmsnorm only, sub-second
+calibration and true-slowdown measurements, one trial of one case per tool, a 1 s glmfb
+budget, a short floor, pyperf with one worker process): CI checks the script runs, its
+figures are not the benchmark's.
 """
 
 from __future__ import annotations
@@ -62,7 +68,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = {"rmsnorm": "16x4096", "softmax_placed": "8x4096", "matmul": "128x256"}
-GAP_REPEATS, GAP_BUDGET_S = 120, 45  # a ~100 ms iteration: up to 120 a side within 45 s
 START_SIZES = {"rmsnorm": (2048, 32768), "softmax_placed": (2048, 32768), "matmul": (32, 256)}
 KERNELS = textwrap.dedent(
     """
@@ -169,6 +174,38 @@ KERNELS = textwrap.dedent(
         return iteration
     """
 )
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How long each measurement runs: the benchmark's figures (the defaults) or a smoke run's."""
+
+    calibrate_s: float = 4.0  # each calibration measurement
+    calibrate_rounds: int = 3  # refits per target slowdown
+    verify_s: float = 12.0  # each check at a target's final guess
+    verify_steps: int = 3
+    true_s: float = 8.0  # each true-slowdown measurement (before and after the trials)
+    gap_calibrate_s: tuple[float, float] = (10.0, 15.0)  # the gap target's correction, then its check
+    gap_true_s: float = 15.0  # the gap target's slowdown after the trials
+    gap_width: int = 1024  # the gap iteration's layers: 1024 wide is ~100 ms an iteration
+    gap_repeats: int = 120  # a ~100 ms iteration: up to 120 a side within 45 s
+    gap_budget_s: float = 45.0
+    pyperf_args: tuple[str, ...] = ("-p", "3")
+    pytest_benchmark_args: tuple[str, ...] = ()  # pytest-benchmark's defaults
+    floor_args: tuple[str, ...] = ()  # glmfb.measure.floor's defaults
+
+
+SMOKE = Sizes(calibrate_s=0.3, calibrate_rounds=1, verify_s=0.5, verify_steps=1, true_s=0.5,
+              gap_calibrate_s=(0.5, 0.5), gap_true_s=0.5, gap_width=256, gap_repeats=8, gap_budget_s=3.0,
+              pyperf_args=("-p", "1", "-n", "3", "-w", "1", "-l", "100"),
+              pytest_benchmark_args=("--benchmark-max-time=0.1", "--benchmark-min-rounds=3"),
+              floor_args=("--processes", "2", "--seconds", "0.2"))
+# The one (tool, case) a smoke run keeps per tool: each tool's path and each table, once.
+SMOKE_JOBS = frozenset({("glmfb 5%", "+10%"), ("glmfb 2%", "A/A"), ("glmfb saved", "A/A"),
+                        ("pytest-benchmark", "A/A"), ("pyperf", "+10%"), ("glmfb gap", "+8%")})
+SMOKE_NOTE = ("smoke run (--smoke): every section at its smallest, one trial of one case per tool; the figures "
+              "are measured but are not the benchmark's")
+
 PYTEST_FILE = textwrap.dedent(
     """
     from dp_kernels import from_env
@@ -233,16 +270,16 @@ def measured_slowdown(directory: Path, kernel: str, extra: int, seconds: float, 
     return estimate.value, estimate.low, estimate.high, comparison.final.interval.between_sd
 
 
-def calibrate_extras(directory: Path, kernel: str, targets: list[float], rounds: int = 3) -> dict[float, int]:
+def calibrate_extras(directory: Path, kernel: str, targets: list[float], sizes: Sizes) -> dict[float, int]:
     """Buffer sizes giving each target slowdown: a weighted least-squares line (slowdown
     against size, weights from each measurement's interval) through every measurement so
-    far, refined by measuring 4 s at each new guess."""
+    far, refined by measuring ``sizes.calibrate_s`` (4 s) at each new guess."""
     import numpy as np
 
     points: list[tuple[int, float, float]] = []  # size, slowdown, weight
 
     def measure(n: int, seed: int) -> None:
-        value, low, high, _ = measured_slowdown(directory, kernel, n, 4.0, seed)
+        value, low, high, _ = measured_slowdown(directory, kernel, n, sizes.calibrate_s, seed)
         points.append((n, value, 1.0 / max(high - low, 1e-3) ** 2))
 
     for seed, n in enumerate(START_SIZES[kernel]):
@@ -254,11 +291,11 @@ def calibrate_extras(directory: Path, kernel: str, targets: list[float], rounds:
 
     extras: dict[float, int] = {}
     for target in targets:
-        for step in range(rounds):
+        for step in range(sizes.calibrate_rounds):
             measure(guess(target), 10 + step)
         n = guess(target)
-        for step in range(3):  # verify at the final guess, 12 s; refit until within 0.4%
-            value, low, high, _ = measured_slowdown(directory, kernel, n, 12.0, 20 + step)
+        for step in range(sizes.verify_steps):  # verify at the final guess (12 s); refit until within 0.4%
+            value, low, high, _ = measured_slowdown(directory, kernel, n, sizes.verify_s, 20 + step)
             points.append((n, value, 1.0 / max(high - low, 1e-3) ** 2))
             if abs(value - target) <= 0.004:
                 break
@@ -316,9 +353,9 @@ def _pytest_median(path: Path) -> float:
     return float(data["benchmarks"][0]["stats"]["median"])
 
 
-def run_pytest_benchmark(directory: Path, kernel: str, extra: int, keep: Path) -> Outcome:
+def run_pytest_benchmark(directory: Path, kernel: str, extra: int, keep: Path, options: tuple[str, ...]) -> Outcome:
     with tempfile.TemporaryDirectory(dir=directory) as storage:
-        common = [sys.executable, "-m", "pytest", "test_dp.py", "-q", "-p", "no:cacheprovider",
+        common = [sys.executable, "-m", "pytest", "test_dp.py", "-q", "-p", "no:cacheprovider", *options,
                   "--benchmark-only", "--benchmark-save-data", f"--benchmark-storage=file://{storage}"]
         first_json, second_json = keep.with_suffix(".base.json"), keep.with_suffix(".cand.json")
         first = subprocess.run([*common, "--benchmark-save=base", f"--benchmark-json={first_json}"],
@@ -348,13 +385,13 @@ def compare_saved_files(first: Path, second: Path, threshold: str = "5%") -> str
     return str(verdict["status"])
 
 
-def run_pyperf(directory: Path, kernel: str, extra: int) -> Outcome:
+def run_pyperf(directory: Path, kernel: str, extra: int, options: tuple[str, ...]) -> Outcome:
     with tempfile.TemporaryDirectory(dir=directory) as out:
         files = []
         for label, value in (("base", 0), ("cand", extra)):
             path = Path(out) / f"{label}.json"
             done = subprocess.run(
-                [sys.executable, "dp_pyperf.py", "--quiet", "-p", "3", "--kernel", kernel,
+                [sys.executable, "dp_pyperf.py", "--quiet", *options, "--kernel", kernel,
                  "--extra", str(value), "-o", str(path)],
                 capture_output=True, text=True, cwd=directory,
             )
@@ -388,10 +425,11 @@ def run_saved_glmfb(directory: Path, kernel: str, budget: float, keep: Path) -> 
     return Outcome({"5%": status == "fail"}, {"5%": status == "pass"}, status)
 
 
-def run_gap(directory: Path, extra: int) -> Outcome:
+def run_gap(directory: Path, extra: int, sizes: Sizes) -> Outcome:
     ref = f"{directory / 'dp_kernels.py'}:gap_iteration"
-    verdict, done = _glmfb(["gap", ref, ref, "--candidate-arg", f"extra={extra}", "--threshold", "5%",
-                            "--repeats", str(GAP_REPEATS), "--budget", str(GAP_BUDGET_S),
+    verdict, done = _glmfb(["gap", ref, ref, "--arg", f"width={sizes.gap_width}", "--candidate-arg", f"extra={extra}",
+                            "--threshold", "5%",
+                            "--repeats", str(sizes.gap_repeats), "--budget", str(sizes.gap_budget_s),
                             "--no-attribute", "--out", str(directory / "gap-reports")])
     if verdict is None:
         return Outcome(status=f"broken(rc={done.returncode}): {done.stderr.strip()[-200:]}")
@@ -404,7 +442,7 @@ def run_gap(directory: Path, extra: int) -> Outcome:
                         f"{gap['iterations_per_side']} it/side, {gap['stopped_by']}")
 
 
-def gap_slowdown(directory: Path, extra: int, seconds: float) -> float:
+def gap_slowdown(directory: Path, extra: int, seconds: float, width: int) -> float:
     """The gap target's slowdown, interleaved in this process over 8 builds a side."""
     sys.path.insert(0, str(directory))
     from glmfb.measure import Arm, Pair, Settings, compare
@@ -412,7 +450,7 @@ def gap_slowdown(directory: Path, extra: int, seconds: float) -> float:
     dp_kernels = __import__("dp_kernels")
 
     def arm(label: str, index: int, value: int) -> Arm:
-        iteration = dp_kernels.gap_iteration(value)
+        iteration = dp_kernels.gap_iteration(value, width=width)
         iteration()
 
         def sample() -> float:
@@ -429,16 +467,17 @@ def gap_slowdown(directory: Path, extra: int, seconds: float) -> float:
     return comparison.final.interval.estimate.value
 
 
-def calibrate_gap_extra(directory: Path, target: float) -> tuple[int, float]:
+def calibrate_gap_extra(directory: Path, target: float, sizes: Sizes) -> tuple[int, float]:
     """Rows of planted work for ``target``: the extra rows go through the same layers, so the
     slowdown is about rows / width by construction (a fit to timings is too noisy for a
     ~100 ms iteration on a busy host); one correction from a measurement, then measured again."""
-    width = 1024
+    width = sizes.gap_width
     n = max(1, round(target * width))
-    measured = gap_slowdown(directory, n, 10.0)
+    correction_s, check_s = sizes.gap_calibrate_s
+    measured = gap_slowdown(directory, n, correction_s, width)
     if 0.5 * target < measured < 2.0 * target:  # trust a plausible reading only
         n = max(1, round(n * target / measured))
-    return n, gap_slowdown(directory, n, 15.0)
+    return n, gap_slowdown(directory, n, check_s, width)
 
 
 def check_units(directory: Path) -> list[str]:
@@ -488,7 +527,16 @@ def main() -> None:
     parser.add_argument("--skip-floor", action="store_true",
                         help="use the cached between-process floor (measure it in another run)")
     parser.add_argument("--skip-units", action="store_true", help="leave out the units checks")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every section at its smallest, one trial of one case per tool (CI checks the script runs)")
     args = parser.parse_args()
+    sizes = Sizes()
+    if args.smoke:
+        print(SMOKE_NOTE, flush=True)
+        sizes = SMOKE
+        args.trials = args.pyperf_trials = args.saved_pairs = args.gap_trials = 1
+        args.pytest_benchmark_trials, args.kernels, args.tools = 1, "rmsnorm", "glmfb,pytest-benchmark,pyperf"
+        args.budget, args.save_budget, args.skip_floor, args.skip_units = 1.0, 1.0, False, False
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     rng = random.Random(args.seed)
@@ -497,24 +545,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="glmfb-dp-") as tmp:
         directory = Path(tmp)
         write_workdir(directory)
+        if args.smoke:  # the smoke run's floor is not this machine's: keep it out of the user's cache
+            os.environ["GLMFB_CACHE_DIR"] = str(directory / "cache")
         keep = directory / "keep"
         keep.mkdir()
         for line in [] if args.skip_units else check_units(directory):
             print(f"units: {line}", flush=True)
         if not args.skip_floor:
-            floor = subprocess.run([sys.executable, "-m", "glmfb.measure.floor"], capture_output=True, text=True,
-                                   cwd=ROOT)
+            floor = subprocess.run([sys.executable, "-m", "glmfb.measure.floor", *sizes.floor_args],
+                                   capture_output=True, text=True, cwd=ROOT)
             print(f"floor: {floor.stdout.strip() or floor.stderr.strip()[-200:]}", flush=True)
 
         cases: dict[str, dict[str, int]] = {}
         for kernel in kernels:
             started = time.perf_counter()
-            extras = calibrate_extras(directory, kernel, [0.04, 0.06, 0.10])
+            extras = calibrate_extras(directory, kernel, [0.04, 0.06, 0.10], sizes)
             cases[kernel] = {"A/A": 0, "+4%": extras[0.04], "+6%": extras[0.06], "+10%": extras[0.10]}
             print(f"{kernel}: calibrated in {time.perf_counter() - started:.0f} s: "
                   + ", ".join(f"+{t:.0%}: {n} elements" for t, n in extras.items()), flush=True)
             for label, extra in cases[kernel].items():
-                value, low, high, between = measured_slowdown(directory, kernel, extra, 8.0, 21)
+                value, low, high, between = measured_slowdown(directory, kernel, extra, sizes.true_s, 21)
                 print(f"  true {label:4s}: {value:+.2%} [{low:+.2%}, {high:+.2%}] (24 pairs interleaved; "
                       f"between-allocation sd {between or 0:.2%})", flush=True)
 
@@ -538,19 +588,22 @@ def main() -> None:
                     # A/A pairs of separate runs are also what glmfb's saved comparison is judged on
                     count = max(pb_trials, args.saved_pairs) if case == "A/A" else pb_trials
                     jobs += [("pytest-benchmark", kernel, case, partial(run_pytest_benchmark, directory, kernel, c[case],
-                                                                        keep / f"pb{next(counter)}"))
+                                                                        keep / f"pb{next(counter)}",
+                                                                        sizes.pytest_benchmark_args))
                              for _ in range(count)]
             if "pyperf" in tools:
                 for case in ("A/A", "+4%", "+6%", "+10%"):
-                    jobs += [("pyperf", kernel, case, partial(run_pyperf, directory, kernel, c[case]))
+                    jobs += [("pyperf", kernel, case, partial(run_pyperf, directory, kernel, c[case], sizes.pyperf_args))
                              for _ in range(args.pyperf_trials)]
         gap_extra = 0
         if args.gap_trials:
-            gap_extra, gap_true = calibrate_gap_extra(directory, 0.08)
+            gap_extra, gap_true = calibrate_gap_extra(directory, 0.08, sizes)
             print(f"gap: +8% planted with {gap_extra} elements; measured interleaved over 8 builds: {gap_true:+.2%}", flush=True)
             for case, extra in (("A/A", 0), ("+8%", gap_extra)):
-                jobs += [("glmfb gap", "gap_iteration", case, partial(run_gap, directory, extra))
+                jobs += [("glmfb gap", "gap_iteration", case, partial(run_gap, directory, extra, sizes))
                          for _ in range(args.gap_trials)]
+        if args.smoke:
+            jobs = [job for job in jobs if (job[0], job[2]) in SMOKE_JOBS]
         rng.shuffle(jobs)
 
         results: dict[tuple[str, str, str], list[Outcome]] = defaultdict(list)
@@ -572,10 +625,10 @@ def main() -> None:
         print("true slowdowns again, after the trials (how stable the planted work was):")
         for kernel in kernels:
             for label, extra in cases[kernel].items():
-                value, low, high, between = measured_slowdown(directory, kernel, extra, 8.0, 31)
+                value, low, high, between = measured_slowdown(directory, kernel, extra, sizes.true_s, 31)
                 print(f"  {kernel:15s} {label:4s}: {value:+.2%} [{low:+.2%}, {high:+.2%}]", flush=True)
         if args.gap_trials:
-            print(f"  gap_iteration   +8%: {gap_slowdown(directory, gap_extra, 15.0):+.2%}", flush=True)
+            print(f"  gap_iteration   +8%: {gap_slowdown(directory, gap_extra, sizes.gap_true_s, sizes.gap_width):+.2%}", flush=True)
     print(f"end: {load_average()}", flush=True)
 
 

@@ -218,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--smoke", action="store_true", help="a tiny size (CI runs every benchmark)")
     args = parser.parse_args(argv)
     per_kind, measured_runs = (2, 30) if args.smoke else (args.per_kind, args.runs)
+    if args.smoke:
+        print("smoke run (--smoke): 2 series of each kind over 30 measured runs; its figures are not the benchmark's")
 
     start = time.perf_counter()
     pool = measure_noise(measured_runs, args.seed)

@@ -1,7 +1,7 @@
 """Compare throughput of ``glmfb diff`` on captures of a few GB per side, beside
 ``torch.testing.assert_close`` and a plain tensor copy over the same tensors, in one run.
 
-    python benchmarks/diff_throughput.py [--gib 2] [--tensor-mib 128] [--dir /tmp]
+    python benchmarks/diff_throughput.py [--gib 2] [--tensor-mib 128] [--dir /tmp] [--smoke]
 
 Writes two capture directories (baseline, and a candidate with relative noise 1e-3, which
 passes rtol=1e-2 so that every method does its whole check) under a temporary folder, then
@@ -14,7 +14,8 @@ measures each method in a fresh subprocess (so peak RSS is the method's own, tor
 - copy: ``baseline.clone()`` and ``candidate.clone()`` per pair, in memory: bytes read per second.
 
 The files are deleted at the end. Figures depend on the machine and its load: compare the
-ratios printed by one run.
+ratios printed by one run. ``--smoke``: 20 MiB a side in 4 MiB tensors, two requests (CI checks
+the script runs; its figures are not the benchmark's).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 RTOL, ATOL = 1e-2, 1e-5
+SMOKE_NOTE = ("smoke run (--smoke): 20 MiB a side in 4 MiB tensors; the figures are measured but are not "
+              "the benchmark's")
 
 
 def peak_rss_mib() -> float:
@@ -123,7 +126,11 @@ def main() -> None:
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where to write the captures")
     parser.add_argument("--worker", choices=["glmfb", "assert_close", "copy"], help=argparse.SUPPRESS)
     parser.add_argument("--root", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help="20 MiB a side (CI checks the script runs)")
     options = parser.parse_args()
+    if options.smoke:
+        options.gib, options.tensor_mib = 20 / 1024, 4
+        print(SMOKE_NOTE, flush=True)
     if options.worker:
         print(json.dumps(worker(options.worker, options.root)))
         return

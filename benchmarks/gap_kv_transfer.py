@@ -8,7 +8,10 @@ without its statistics), the median phases, and the path's ceiling (one big writ
 page rate (the same bytes page by page from Python, alone). All ratios are measured in the
 same run; on a shared host read them with its load (printed).
 
-    python benchmarks/gap_kv_transfer.py [--rounds 15] [--transports mooncake,socket]
+    python benchmarks/gap_kv_transfer.py [--rounds 15] [--transports mooncake,socket] [--smoke]
+
+``--smoke`` runs every transport and variant for one round on a smaller scenario (512 tokens,
+10 ms dispatches): it checks the script runs, its figures are not the benchmark's.
 """
 
 from __future__ import annotations
@@ -22,16 +25,21 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+SMOKE_NOTE = ("smoke run (--smoke): every transport and variant, 1 round, 512 tokens, 10 ms dispatches; "
+              "the figures are measured but are not the benchmark's")
+SMOKE_SCENARIO = {"tokens": 512, "dispatch_ms": 10.0}
 
 
-def run(transport: str, rounds: int) -> None:
+def run(transport: str, rounds: int, sizes: dict[str, Any]) -> None:
+    """The three variants over one transport, interleaved; ``sizes``: scenario arguments
+    (none for the calibration figures, the scenario's defaults)."""
     from glmfb.targets import Target
 
     scenario = str(ROOT / "scenarios" / "kv_transfer" / "scenario.py")
     variants = {
-        "prefill_only": Target(f"{scenario}:prefill_only").load()(),
-        "holding": Target(f"{scenario}:prefill_transfer_holding").load()(transport=transport),
-        "releasing": Target(f"{scenario}:prefill_transfer_releasing").load()(transport=transport),
+        "prefill_only": Target(f"{scenario}:prefill_only").load()(**sizes),
+        "holding": Target(f"{scenario}:prefill_transfer_holding").load()(transport=transport, **sizes),
+        "releasing": Target(f"{scenario}:prefill_transfer_releasing").load()(transport=transport, **sizes),
     }
     try:
         for function in variants.values():
@@ -68,10 +76,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--transports", default="mooncake,socket")
+    parser.add_argument("--smoke", action="store_true", help="one round on a smaller scenario (CI checks the script runs)")
     options = parser.parse_args()
+    sizes: dict[str, Any] = {}
+    if options.smoke:
+        options.rounds, sizes = 1, SMOKE_SCENARIO
+        print(SMOKE_NOTE, flush=True)
     sys.path.insert(0, str(ROOT))
     for transport in options.transports.split(","):
-        run(transport.strip(), options.rounds)
+        run(transport.strip(), options.rounds, sizes)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ plain, under ``glmfb gil`` (py-spy at 100 Hz with --native, the heartbeat, the /
 sampler) and under ``viztracer``, interleaved round by round in one run. Prints the medians and
 the ratios to the plain runs around it (median over rounds).
 
-    python benchmarks/gil_overhead.py [--rounds 8] [--seconds 1.5]
+    python benchmarks/gil_overhead.py [--rounds 8] [--seconds 1.5] [--smoke]
+
+``--smoke``: one round of 0.3 s (CI checks the script runs; its figures are not the benchmark's).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 WORKLOAD_FLAG = "--workload"
+SMOKE_NOTE = "smoke run (--smoke): 1 round of 0.3 s; the figures are measured but are not the benchmark's"
 
 
 def workload(seconds: float) -> None:
@@ -152,7 +155,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=1.5)
+    parser.add_argument("--smoke", action="store_true", help="1 round of 0.3 s (CI checks the script runs)")
     options = parser.parse_args()
+    if options.smoke:
+        options.rounds, options.seconds = 1, 0.3
+        print(SMOKE_NOTE, flush=True)
     # Each round runs plain, glmfb gil, viztracer, plain again; a mode's ratio in a round is its
     # throughput over the mean of the two plain runs around it (cancels slow drifts in load).
     ratios: dict[str, list[tuple[float, float]]] = {"glmfb gil": [], "viztracer": []}

@@ -5,6 +5,7 @@ its schema checked, one transaction of rows), beside the wall time of the run it
 both alike.
 
     python benchmarks/history_cost.py [--rounds 5] [-k scan-state-update-fp32] [--rows 10000]
+    python benchmarks/history_cost.py --smoke     # for CI
 
 The record step is timed into a store that already holds ``--rows`` rows (a history that has
 grown), and into PostgreSQL too when ``--postgres URL`` is given. Goal (issue 19): under 2% of
@@ -69,7 +70,11 @@ def main() -> None:
     parser.add_argument("-k", dest="select", default="scan-state-update-fp32")
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--postgres", default=None, help="also time the record step into this database")
+    parser.add_argument("--smoke", action="store_true", help="1 round into 200 rows: checks the path, not the figure")
     options = parser.parse_args()
+    if options.smoke:
+        options.rounds, options.rows = 1, 200
+        print("smoke run (--smoke): 1 round into a store of 200 rows; its figures are not the benchmark's")
     folder = Path(tempfile.mkdtemp(prefix="glmfb-history-cost-"))
     store = f"sqlite:///{folder / 'grown.sqlite'}"
     python("-c", GROW, store, str(options.rows))

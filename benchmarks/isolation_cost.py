@@ -5,6 +5,8 @@ child either way; the cost is the child's start-up (an interpreter, glmfb's and 
 and the round trip of the config and the verdict.
 
     python benchmarks/isolation_cost.py --rounds 8
+
+``--smoke``: one round (CI checks the script runs; its figures are not the benchmark's).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "scenarios" / "decode_norm" / "kernels.py"
+SMOKE_NOTE = "smoke run (--smoke): every probe, 1 round; the figures are measured but are not the benchmark's"
 
 TARGETS = '''
 import time, torch
@@ -62,7 +65,11 @@ def timed(args: list[str], isolate: bool) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--smoke", action="store_true", help="1 round (CI checks the script runs)")
     options = parser.parse_args()
+    if options.smoke:
+        options.rounds = 1
+        print(SMOKE_NOTE, flush=True)
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     with tempfile.TemporaryDirectory() as tmp:
         for label, args in commands(Path(tmp)).items():

@@ -2,7 +2,7 @@
 precision, at world sizes 2 and 4, with the fitted growth, measured in one run.
 
     python benchmarks/kda_cp_errors.py [--lengths 512,1024,2048,4096,8192] [--configs 2:contiguous,2:zigzag,4:contiguous,4:zigzag]
-                                       [--atol 2e-3] [--json FILE] [--probe-timing]
+                                       [--atol 2e-3] [--json FILE] [--probe-timing] [--smoke]
 
 For each world size and layout, one ``torch.distributed.run`` launch (gloo on CPU, nccl with
 CUDA) runs ``scenarios/kda_cp/check.py``: the CP model on real ranks for every length and
@@ -15,6 +15,9 @@ error is with tf32x3 (and ieee) than with tf32 at the longest length.
 
 ``--probe-timing`` also times what one CP probe does, three times (tf32, tf32x3, ieee), in
 this process: capture the single-device target, capture the CP target on ranks, compare.
+
+``--smoke``: world size 2, zigzag, lengths 128, 256 and 512, and the probe timing once (tf32)
+on two short requests (CI checks the script runs; its figures are not the benchmark's).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CHECK = ROOT / "scenarios" / "kda_cp" / "check.py"
 REQUESTS = ROOT / "scenarios" / "kda_cp" / "requests.jsonl"
 PRECISIONS = ("ieee", "tf32", "tf32x3")
+SMOKE_NOTE = ("smoke run (--smoke): world size 2 zigzag, lengths 128-512, one timed probe (tf32) on two short "
+              "requests; the figures are measured but are not the benchmark's")
 
 
 def loglog_fit(lengths: list[float], errors: list[float]) -> tuple[float, float] | None:
@@ -103,35 +108,40 @@ def table(report: dict[str, Any], atol: float) -> list[str]:
     return lines
 
 
-def probe_timing(world_size: int, layout: str, atol: float) -> list[str]:
-    """One CP probe's work, three times, in this process: captures of both sides, then the diff."""
+def probe_timing(world_size: int, layout: str, atol: float, requests: Path = REQUESTS,
+                 precisions: tuple[str, ...] = ("tf32", "tf32x3", "ieee")) -> list[str]:
+    """One CP probe's work, once per merge precision, in this process: captures of both
+    sides, then the diff."""
     sys.path.insert(0, str(ROOT))
+    from glmfb.diff.config import CaptureConfig, DiffConfig
     from glmfb.diff.distributed import DistributedCaptureConfig, run_distributed_capture
-    from glmfb.diff.engine import CaptureConfig, DiffConfig, run_capture, run_diff
-    from glmfb.diff.metrics import Tolerances
+    from glmfb.diff.engine import run_capture, run_diff
+    from glmfb.probe import ProbeContext
 
     taps = ("layers.*.attn.merge", "layers.*.attn.o_proj")
     lines = [f"probe timing (world {world_size}, {layout}, taps {', '.join(taps)}, atol {atol:g}):"]
     total_s = 0.0
     with tempfile.TemporaryDirectory() as scratch:
-        for precision in ("tf32", "tf32x3", "ieee"):
+        for precision in precisions:
             base = Path(scratch) / precision
             started = time.perf_counter()
-            run_capture(CaptureConfig(str(ROOT / "scenarios/kda_cp/model.py:single"), REQUESTS, base / "single",
-                                      args={"world_size": world_size, "layout": layout}, taps=taps))
+            run_capture(CaptureConfig(str(ROOT / "scenarios/kda_cp/model.py:single"), base / "single",
+                                      args={"world_size": world_size, "layout": layout}, requests=requests,
+                                      taps=taps))
             single_s = time.perf_counter() - started
             run_distributed_capture(DistributedCaptureConfig(
-                str(ROOT / "scenarios/kda_cp/model.py:cp"), REQUESTS, base / "cp", world_size,
+                str(ROOT / "scenarios/kda_cp/model.py:cp"), requests, base / "cp", world_size,
                 args={"merge_precision": precision, "layout": layout}, taps=taps))
             cp_s = time.perf_counter() - started - single_s
-            verdict = run_diff(DiffConfig(f"kda-cp-{precision}", str(base / "single"), str(base / "cp"), base / "report",
-                                          tolerances=Tolerances(rtol=0.0, atol=atol)))
+            verdict = run_diff(DiffConfig(f"kda-cp-{precision}", str(base / "single"), str(base / "cp"),
+                                          rtol=0.0, atol=atol),
+                               ProbeContext(run_id=f"kda-cp-{precision}", artifact_dir=base / "report"))
             elapsed_s = time.perf_counter() - started
             total_s += elapsed_s
             lines.append(f"  {precision:7s} {verdict.status.value:5s} {json.dumps(dict(verdict.where))}: single capture "
                          f"{single_s:.1f} s, CP capture {cp_s:.1f} s, diff {elapsed_s - single_s - cp_s:.1f} s, "
                          f"total {elapsed_s:.1f} s")
-    lines.append(f"  three probes: {total_s:.1f} s")
+    lines.append(f"  {len(precisions)} probe(s): {total_s:.1f} s")
     return lines
 
 
@@ -142,7 +152,11 @@ def main() -> int:
     parser.add_argument("--atol", type=float, default=2e-3)
     parser.add_argument("--json", help="also write the raw rows here")
     parser.add_argument("--probe-timing", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="the smallest run of every section (CI checks the script runs)")
     options = parser.parse_args()
+    if options.smoke:
+        options.lengths, options.configs, options.probe_timing = "128,256,512", "2:zigzag", True
+        print(SMOKE_NOTE, flush=True)
     print(f"cpus {os.cpu_count()}, load {os.getloadavg()[0]:.1f}; relative L2 error ||cp - ref|| / ||ref||; "
           f"'!' marks a largest element error above atol {options.atol:g}", flush=True)
     reports = []
@@ -157,7 +171,14 @@ def main() -> int:
         Path(options.json).write_text(json.dumps(reports, indent=1))
     if options.probe_timing:
         print()
-        print("\n".join(probe_timing(2, "zigzag", options.atol)))
+        if options.smoke:
+            with tempfile.TemporaryDirectory() as scratch:
+                requests = Path(scratch) / "requests.jsonl"
+                requests.write_text('{"id": "kda-128", "length": 128, "seed": 0}\n'
+                                    '{"id": "kda-256", "length": 256, "seed": 1}\n')
+                print("\n".join(probe_timing(2, "zigzag", options.atol, requests, ("tf32",))))
+        else:
+            print("\n".join(probe_timing(2, "zigzag", options.atol)))
     return 0
 
 

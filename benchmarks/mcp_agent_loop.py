@@ -14,6 +14,11 @@ and the next calls offered, with the wall time of the call::
 
     .venv/bin/python benchmarks/mcp_agent_loop.py            # stdio, the repository as the root
     .venv/bin/python benchmarks/mcp_agent_loop.py --http     # the same over streamable HTTP
+    .venv/bin/python benchmarks/mcp_agent_loop.py --smoke    # 1 s budgets, over stdio then HTTP
+
+``--smoke`` gives each bench and gil call a 1 s budget and runs the loop over stdio without
+calling the bench's next step (the gil's is followed), then over HTTP without the bench steps
+(CI checks the script runs; its figures are not the benchmark's).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +41,8 @@ from mcp import Client, StdioServerParameters
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = "scenarios/decode_norm/kernels.py"
+SMOKE_NOTE = ("smoke run (--smoke): 1 s budgets, over stdio (the bench's next step not called), then over "
+              "streamable HTTP without the bench steps; the figures are measured but are not the benchmark's")
 
 
 def show(step: int, tool: str, arguments: dict[str, Any], result: Any, elapsed_s: float) -> dict[str, Any]:
@@ -57,7 +65,9 @@ def show(step: int, tool: str, arguments: dict[str, Any], result: Any, elapsed_s
     return dict(data)
 
 
-async def loop(client: Client) -> None:
+async def loop(client: Client, budget: str, benches: bool = True, follow_bench: bool = True) -> None:
+    """The agent's calls; ``budget``: each bench's budget and each gil's duration; without
+    ``benches``, steps 2-4 are left out; without ``follow_bench``, step 3."""
     step = 0
 
     async def call(tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -70,27 +80,34 @@ async def loop(client: Client) -> None:
     tools = (await client.list_tools()).tools
     print(f"glmfb mcp serves {len(tools)} tools: {', '.join(t.name for t in tools)}")
     await call("list_probes", {"select": ["gated-norm", "gil-dispatch-target"]})
-    first = await call("bench", {"baseline": f"{KERNELS}:gated_norm_fused", "candidate": f"{KERNELS}:gated_norm_tiled",
-                                 "shapes": ["8x4096"], "budget": "3s"})
-    follow = next((c for c in first.get("next_calls", []) if "arguments" in c), None)
-    if follow is not None:
-        await call(follow["tool"], follow["arguments"])
-    await call("bench", {"baseline": f"{KERNELS}:gated_norm_tiled", "candidate": f"{KERNELS}:gated_norm_fused",
-                         "shapes": ["8x4096"], "budget": "3s", "name": "after-the-fix"})
+    if benches:
+        await bench_steps(call, budget, follow_bench)
     held = await call("gil", {"target": "scenarios/dispatch_gil/dispatch.py:make", "args": {"mode": "hold"},
-                              "duration": "3s"})
+                              "duration": budget})
     follow = next((c for c in held.get("next_calls", []) if "arguments" in c), None)
     if follow is not None:
         await call(follow["tool"], follow["arguments"])
     await call("gate", {})
 
 
-async def main(http: bool) -> None:
+async def bench_steps(call: Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]], budget: str,
+                      follow: bool) -> None:
+    """Bench the planted slowdown, follow its next step (when ``follow``), bench again after the fix."""
+    first = await call("bench", {"baseline": f"{KERNELS}:gated_norm_fused", "candidate": f"{KERNELS}:gated_norm_tiled",
+                                 "shapes": ["8x4096"], "budget": budget})
+    offered = next((c for c in first.get("next_calls", []) if "arguments" in c), None)
+    if follow and offered is not None:
+        await call(offered["tool"], offered["arguments"])
+    await call("bench", {"baseline": f"{KERNELS}:gated_norm_tiled", "candidate": f"{KERNELS}:gated_norm_fused",
+                         "shapes": ["8x4096"], "budget": budget, "name": "after-the-fix"})
+
+
+async def main(http: bool, budget: str, benches: bool = True, follow_bench: bool = True) -> None:
     if not http:
         params = StdioServerParameters(command=sys.executable, args=["-m", "glmfb", "mcp", "--root", str(ROOT)],
                                        env=dict(os.environ))
         async with Client(params) as client:
-            await loop(client)
+            await loop(client, budget, benches, follow_bench)
         return
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
@@ -112,7 +129,7 @@ async def main(http: bool) -> None:
 
         http_client = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
         async with Client(streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http_client)) as client:
-            await loop(client)
+            await loop(client, budget, benches, follow_bench)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
@@ -121,4 +138,13 @@ async def main(http: bool) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--http", action="store_true", help="serve over streamable HTTP instead of stdio")
-    anyio.run(main, parser.parse_args().http)
+    parser.add_argument("--smoke", action="store_true", help="1 s budgets, stdio then HTTP (CI checks the script runs)")
+    options = parser.parse_args()
+    if not options.smoke:
+        anyio.run(main, options.http, "3s")
+    else:
+        print(SMOKE_NOTE, flush=True)
+        print("\n== over stdio ==", flush=True)
+        anyio.run(main, False, "1s", True, False)
+        print("\n== over streamable HTTP, with the token (bench steps left out) ==", flush=True)
+        anyio.run(main, True, "1s", False)

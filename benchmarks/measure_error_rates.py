@@ -13,6 +13,9 @@ is called a fail in at most alpha/2 = 2.5% of trials (far less below it); a true
 or above the threshold is called equivalent in at most 2.5%; over every look.
 
     python benchmarks/measure_error_rates.py --trials 400
+
+``--smoke``: every setting, 8 trials each (CI checks the script runs; those rates are not the
+benchmark's).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from glmfb.measure.intervals import pair_interval
 from glmfb.measure.simulate import FakeClock, HostModel, ScriptedSide, scripted_pairs
 from glmfb.stats import decide
 
+SMOKE_NOTE = "smoke run (--smoke): every setting, 8 trials; the rates are measured but are not the benchmark's"
 SETTINGS = [
     # (label, true effect, threshold, between-allocation sd)
     ("A/A", 0.0, 0.05, 0.01),
@@ -75,7 +79,11 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=16)
     parser.add_argument("--aa-pairs", type=int, default=4)
     parser.add_argument("--budget", type=float, default=2.0, help="simulated seconds a comparison")
+    parser.add_argument("--smoke", action="store_true", help="8 trials a setting (CI checks the script runs)")
     args = parser.parse_args()
+    if args.smoke:
+        args.trials = 8
+        print(SMOKE_NOTE, flush=True)
     rng = random.Random(0)
     print(f"{args.trials} trials a setting, {args.pairs} allocation pairs + {args.aa_pairs} A/A, "
           f"{args.budget:g} simulated s, samples 1 ms, within sd 2%, bursts of +50% for 0.3 s at 0.3/s")

@@ -201,6 +201,11 @@ def run_command(
     verbose: Annotated[
         bool, typer.Option("-v", "--verbose", help="A panel for every verdict, not only those that need a look."),
     ] = False,
+    shard: Annotated[
+        str | None,
+        typer.Option("--shard", metavar="K/N", help="Run only shard K of N (definitions split by name); "
+                                                    "glmfb gate takes the N runs as one."),
+    ] = None,
     history: HistoryOpt = None,
     no_history: NoHistoryOpt = False,
 ) -> None:
@@ -217,6 +222,13 @@ def run_command(
     search = paths or ["probes"]
     definitions = suite.selected(suite.load_definitions(suite.discover(search)), select or [], search)
     notes = console(stderr=True)
+    part = None
+    if shard is not None:
+        from glmfb.shards import parse_shard
+
+        total = len(definitions)
+        definitions, part = suite.take_shard(definitions, *parse_shard(shard))
+        notes.print(f"shard {part.label} of suite {part.suite}: {len(definitions)} of its {total} definitions")
     show_progress = interactive()
 
     if show_progress:
@@ -240,6 +252,7 @@ def run_command(
                 context,
                 on_start=lambda d: bar.update(task, description=f"{d.probe} {d.name}"),
                 on_done=lambda d, v: bar.advance(task),
+                shard=part,
             )
     else:
         context = suite.SuiteContext(run_id, report_dir, timeout_s=timeout_s)
@@ -247,6 +260,7 @@ def run_command(
             definitions,
             context,
             on_done=lambda d, v: notes.print(f"{status_label(v):>24}  {d.probe:<5} {d.name}"),
+            shard=part,
         )
     run_file = report_dir / "run.json"
     write_json_atomic(run_file, run.to_dict())
@@ -278,10 +292,11 @@ def _write_run_reports(run: Any, report_dir: Path, store: str | None) -> None:
 @app.command("gate", cls=Command)
 def gate_command(
     source: Annotated[
-        str | None,
+        list[str] | None,
         typer.Argument(
-            metavar="[RUN_JSON | RUN_DIR | -]",
-            help="A run or verdict JSON file, a run folder, or - for stdin (default: the latest run into --out).",
+            metavar="[RUN_JSON | RUN_DIR | -]...",
+            help="A run or verdict JSON file, a run folder, or - for stdin (default: the latest run into --out); "
+                 "several: the shards of one suite (glmfb run --shard K/N), gated as one run.",
         ),
     ] = None,
     out: Annotated[Path, typer.Option("--out", help="The reports folder whose latest run to gate.")] = Path(
@@ -297,22 +312,16 @@ def gate_command(
         ),
     ] = None,
 ) -> None:
-    """Turn a run (or one verdict) into a CI exit code, a JUnit file and a summary."""
+    """Turn a run (or one verdict, or every shard of a suite) into a CI exit code, a JUnit file and a summary."""
     from glmfb.gate import evaluate, load_policy
-    from glmfb.io import read_json, write_text_atomic
+    from glmfb.io import write_text_atomic
     from glmfb.report.terminal import render_gate
-    from glmfb.runs import latest_run, run_file_of
-    from glmfb.verdict import SchemaError, load_document
+    from glmfb.runs import latest_run
+    from glmfb.shards import combine, describe, read_sources
 
-    path = run_file_of(source) if source is not None else str(latest_run(out))
-    data = read_json(path)
-    try:
-        run = load_document(data, typed=False)
-    except SchemaError as exc:
-        raise UsageError(
-            f"{'standard input' if path == '-' else path} is not a glmfb run or verdict: {exc}"
-        ) from None
-    sys.stderr.write(f"glmfb gate: read {'standard input' if path == '-' else path} (run {run.id})\n")
+    sources = read_sources(source or [str(latest_run(out))], typed=False)
+    run = combine(sources)
+    sys.stderr.write(f"glmfb gate: read {describe(sources)}\n")
     result = evaluate(run, load_policy(policy) if policy is not None else None)
     for warning in result.warnings:
         sys.stderr.write(f"glmfb: warning: {warning}\n")
@@ -336,9 +345,14 @@ def gate_command(
 
 @app.command("report", cls=Command)
 def report_command(
-    source: Annotated[str, typer.Argument(metavar="RUN_JSON", help="A saved run.json (or a verdict).")],
+    source: Annotated[
+        list[str],
+        typer.Argument(metavar="RUN_JSON...", help="A saved run.json (or a verdict, or a run folder); several: the "
+                                                   "shards of one suite (glmfb run --shard K/N), as one page."),
+    ],
     out: Annotated[
-        Path | None, typer.Option("--out", help="Write the page here (default: report.html beside RUN_JSON).")
+        Path | None, typer.Option("--out", help="Write the page here (default: report.html beside RUN_JSON; "
+                                                "for several shards, in the current folder).")
     ] = None,
     history: Annotated[
         str | None,
@@ -347,22 +361,20 @@ def report_command(
     ] = None,
     no_history: Annotated[bool, typer.Option("--no-history", help="Draw no history.")] = False,
 ) -> None:
-    """Re-render report.html from a saved run."""
-    from glmfb.documents import load_document
-    from glmfb.io import read_json
+    """Re-render report.html from a saved run (or from every shard of a suite)."""
     from glmfb.report.html import REPORT_NAME, write_html
-    from glmfb.runs import run_file_of
-    from glmfb.verdict import SchemaError
+    from glmfb.shards import combine, read_sources, verdict_folders
 
-    path = Path(run_file_of(source))
+    sources = read_sources(source)
+    run = combine(sources)
+    whole = len(sources) == 1 and sources[0].folder is not None
+    folder = sources[0].folder if whole else None
+    target = out if out is not None else (folder or Path.cwd()) / REPORT_NAME
+    series = [found for given in sources if given.folder is not None
+              for found in run_history(history_url(history, given.folder.parent, no_history), given.run.id)]
     try:
-        run = load_document(read_json(path))
-    except SchemaError as exc:
-        raise UsageError(f"{source} is not a glmfb run or verdict: {exc}") from None
-    target = out if out is not None else path.parent / REPORT_NAME
-    series = run_history(history_url(history, path.parent.parent, no_history), run.id)
-    try:
-        written = write_html(run, path.parent, target, history=series)
+        written = write_html(run, folder, target, folders=None if whole else verdict_folders(sources),
+                             history=series)
     except OSError as exc:
         raise UsageError(f"cannot write {target}: {exc.strerror or exc}", "pass --out FILE in a writable folder") from None
     console(stderr=True).print(f"report written to {written}")

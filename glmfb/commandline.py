@@ -45,7 +45,8 @@ class Signature:
         return frozenset((*named, self.rest) if self.rest else named)
 
 
-RUN = Signature("run", positional=("paths",), flags={"select": "-k", "timeout": "--timeout", "history": "--history"})
+RUN = Signature("run", positional=("paths",), flags={"select": "-k", "timeout": "--timeout", "shard": "--shard",
+                                                  "history": "--history"})
 GATE = Signature("gate", positional=("source",), flags={"policy": "--policy"})
 BISECT = Signature("bisect", positional=("good", "bad", "definition"),
                    flags={"select": "-k", "setup": "--setup", "max_evaluations": "--max-evaluations",

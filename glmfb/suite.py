@@ -44,7 +44,8 @@ from glmfb.probe import (
     parse_timeout,
     safe_component,
 )
-from glmfb.verdict import Expectation, Layer, Run, Status, Verdict
+from glmfb.shards import shard_record
+from glmfb.verdict import Expectation, Layer, Run, Shard, Status, Verdict
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -256,6 +257,29 @@ def selected(loaded: Sequence[ProbeDefinition], patterns: Sequence[str],
 
 
 # --------------------------------------------------------------------------------------------
+# What a definition is, as a hash; a shard of a suite
+# --------------------------------------------------------------------------------------------
+
+
+def definition_hash(definition: ProbeDefinition) -> str:
+    """The hash of a definition: what it runs and expects, as its file writes it (the probe,
+    its targets and arguments as given, each option in its canonical form, the expectation,
+    the timeout and the rules files; not its name, nor its description). The history keys a
+    definition's series by the same hash (:func:`glmfb.history.record.definition_digest`)."""
+    from glmfb.history.record import definition_digest
+
+    return definition_digest(definition)
+
+
+def take_shard(definitions: Sequence[ProbeDefinition], index: int, count: int) -> tuple[list[ProbeDefinition], Shard]:
+    """Shard ``index`` of ``count`` of the selected ``definitions`` (chosen by name, in the
+    suite's order), and its record for run.json."""
+    shard = shard_record({d.name: definition_hash(d) for d in definitions}, index, count)
+    names = set(shard.names)
+    return [d for d in definitions if d.name in names], shard
+
+
+# --------------------------------------------------------------------------------------------
 # Running
 # --------------------------------------------------------------------------------------------
 
@@ -303,8 +327,10 @@ def run_suite(
     *,
     on_start: Callable[[ProbeDefinition], None] | None = None,
     on_done: Callable[[ProbeDefinition, Verdict], None] | None = None,
+    shard: Shard | None = None,
 ) -> Run:
-    """Run every definition in order. Ctrl-C keeps what finished and marks the rest as error."""
+    """Run every definition in order (``shard``: they are that shard of a suite, recorded on
+    the run). Ctrl-C keeps what finished and marks the rest as error."""
     from glmfb.env import fingerprint
 
     started = utc_now()
@@ -327,7 +353,7 @@ def run_suite(
         if on_done is not None:
             on_done(definition, verdict)
     return Run(id=context.run_id, started=started, finished=utc_now(), verdicts=tuple(verdicts),
-               env=fingerprint(), interrupted=interrupted)
+               env=fingerprint(), interrupted=interrupted, shard=shard)
 
 
 def _interrupted_verdict(definition: ProbeDefinition, why: str) -> Verdict:

@@ -11,6 +11,8 @@ Format history (never renumber; a change bumps the version and keeps a reader fo
 - ``glmfb.verdict/2``, ``glmfb.run/2``: ``next`` holds typed steps (:mod:`glmfb.step`:
   ``{"why", "command", "arguments"}``), not strings. A ``/1`` document is still read: each
   string step becomes a plain step (``{"why": text}``); it is never parsed as a command.
+- still ``/2``, an optional ``shard`` object on a run (``glmfb run --shard K/N``): which
+  shard of which suite it is, and the names it ran. A run without it reads as before.
 
 Reading a document validates it against :func:`json_schema` and names the first offending
 field (``verdicts[3].metric.value: expected number or null, got 'fast'``).
@@ -373,6 +375,40 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Shard:
+    """What part of a suite a run is (``glmfb run --shard K/N``): shard ``index`` of ``count``
+    (from 1), of the suite whose identity is ``suite`` (a hash over every selected
+    definition's name and definition hash), holding ``names`` (in the order run) of the
+    suite's ``total`` definitions."""
+
+    index: int
+    count: int
+    suite: str
+    names: tuple[str, ...]
+    total: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", tuple(self.names))
+
+    @property
+    def label(self) -> str:
+        """``2/3``, as ``--shard`` takes it."""
+        return f"{self.index}/{self.count}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "count": self.count, "suite": self.suite, "names": list(self.names),
+                "total": self.total}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Shard:
+        """A shard from its (schema-valid) JSON; one that cannot be a shard is refused."""
+        if data["index"] > data["count"]:
+            raise SchemaError("shard.index", f"shard {data['index']} of {data['count']}: the index is at most the count")
+        return cls(index=data["index"], count=data["count"], suite=data["suite"], names=tuple(data["names"]),
+                   total=data["total"])
+
+
+@dataclass(frozen=True)
 class Run:
     """A set of verdicts from one ``glmfb run`` (or one probe command)."""
 
@@ -382,6 +418,7 @@ class Run:
     finished: str | None = None
     env: Mapping[str, Any] = field(default_factory=dict)
     interrupted: bool = False
+    shard: Shard | None = None  # the part of a suite it ran (glmfb run --shard K/N); None: all of it
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "verdicts", tuple(self.verdicts))
@@ -414,6 +451,8 @@ class Run:
             "verdicts": [v.to_dict() for v in self.verdicts],
             "summary": self.summary,
         }
+        if self.shard is not None:
+            data["shard"] = self.shard.to_dict()
         return data
 
     @classmethod
@@ -426,6 +465,7 @@ class Run:
             finished=data.get("finished"),
             interrupted=bool(data.get("interrupted", False)),
             env=data.get("env") or {},
+            shard=Shard.from_dict(data["shard"]) if data.get("shard") is not None else None,
             verdicts=tuple(
                 Verdict._from_valid_dict(v, typed=typed, path=f"verdicts[{i}].")
                 for i, v in enumerate(data["verdicts"])
@@ -582,6 +622,19 @@ VERDICT_JSON_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
+_SHARD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["index", "count", "suite", "names", "total"],
+    "properties": {
+        "index": {"type": "integer", "minimum": 1},
+        "count": {"type": "integer", "minimum": 1},
+        "suite": {"type": "string", "minLength": 1},
+        "names": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        "total": {"type": "integer", "minimum": 0},
+    },
+    "additionalProperties": False,
+}
+
 RUN_JSON_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "https://glmfb.dev/schema/run-2.json",
@@ -597,6 +650,7 @@ RUN_JSON_SCHEMA: dict[str, Any] = {
         "env": {"type": "object"},
         "verdicts": {"type": "array", "items": VERDICT_JSON_SCHEMA},
         "summary": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+        "shard": _SHARD_SCHEMA,
     },
     "additionalProperties": False,
 }

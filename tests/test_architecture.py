@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("contract", ("glmfb", "glmfb.verdict", "glmfb.evidence", "glmfb.errors", "glmfb.units", "glmfb.options",
                   "glmfb.clock", "glmfb.step")),
     ("probe API", ("glmfb.probe", "glmfb.rules", "glmfb.host", "glmfb.targets", "glmfb.env", "glmfb.io",
-                   "glmfb.tables", "glmfb.stats", "glmfb.commandline", "glmfb.documents", "glmfb.runs",
+                   "glmfb.tables", "glmfb.stats", "glmfb.commandline", "glmfb.documents", "glmfb.runs", "glmfb.shards",
                    "glmfb.supervise", "glmfb.child", "glmfb.process", "glmfb.plotting", "glmfb.measure")),
     ("engines", ENGINES),
     ("suite, reports, gate, agent server", ("glmfb.suite", "glmfb.report", "glmfb.gate", "glmfb.mcp",

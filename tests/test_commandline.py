@@ -226,7 +226,13 @@ def test_run_and_gate_steps_round_trip_through_the_cli() -> None:
     assert list(_parsed(step)["select"]) == ["tiled-vs-fused", "gil-*"]
     gate = Step("gate the run", command="gate", arguments={"source": "reports/x/run.json", "policy": "ci.toml"})
     params = _parsed(gate)
-    assert (params["source"], params["policy"]) == ("reports/x/run.json", "ci.toml")
+    assert (list(params["source"]), params["policy"]) == (["reports/x/run.json"], "ci.toml")
+    shards = Step("gate the shards", command="gate", arguments={"source": ["reports-1", "reports-2", "reports-3"]})
+    assert shell_line(shards) == "glmfb gate reports-1 reports-2 reports-3  # gate the shards"
+    assert list(_parsed(shards)["source"]) == ["reports-1", "reports-2", "reports-3"]
+    sharded = Step("run one shard", command="run", arguments={"paths": ["probes"], "shard": "2/3"})
+    assert shell_line(sharded) == "glmfb run probes --shard 2/3  # run one shard"
+    assert _parsed(sharded)["shard"] == "2/3"
 
 
 def test_overrides_take_any_form_the_option_parses_and_none_leaves_one_out() -> None:

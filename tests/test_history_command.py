@@ -159,6 +159,7 @@ def test_check_adds_up_a_creep_cut_into_steps_each_under_the_threshold(tmp_path:
     fixed = stairs + [0.02] * 10
     url = store_of(tmp_path, planted("stairs", stairs, seed=3) + planted("fixed", fixed, seed=4, start=100))
     code, out = history("--history", url, "--json", "stairs")
+    assert code == 0, out
     assert len(json.loads(out)["series"][0]["change_points"]) == 2, out
     assert history("--history", url, "--check", "stairs")[0] == 1  # +6 points since run 9
     assert history("--history", url, "--check", "--threshold", "7%", "stairs")[0] == 0

@@ -97,10 +97,20 @@ def _as_run(run: Run | Verdict | Mapping[str, Any]) -> tuple[Run, dict[str, Any]
 class _Links:
     """Links from the page to files, relative to the page's folder."""
 
-    def __init__(self, page_dir: Path, run_dir: Path | None, run_id: str | None) -> None:
+    def __init__(self, page_dir: Path, run_dir: Path | None, run_id: str | None,
+                 folders: Mapping[str, tuple[Path, str]] | None = None) -> None:
         self.page_dir = page_dir
         self.run_dir = run_dir
         self.run_id = run_id
+        self.folders = folders or {}
+
+    def of(self, verdict_name: str) -> _Links:
+        """The links of one verdict: from the folder of the run that holds it, when the page
+        shows several runs (the shards of a suite)."""
+        if verdict_name not in self.folders:
+            return self
+        run_dir, run_id = self.folders[verdict_name]
+        return _Links(self.page_dir, run_dir, run_id)
 
     def artifact(self, name: str, raw: str) -> str:
         from glmfb.plotting import relative_href, resolve_artifact
@@ -206,6 +216,7 @@ def render_html(
     run: Run | Verdict | Mapping[str, Any],
     report_dir: Path | None = None,
     page_path: Path | None = None,
+    folders: Mapping[str, tuple[Path, str]] | None = None,
     history: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """The page for a run: a :class:`Run`, one :class:`Verdict` (a probe given ``--out``), or
@@ -213,13 +224,15 @@ def render_html(
 
     ``report_dir`` is the run's folder, where its artifacts are looked up; ``page_path`` is where
     the page will be written (default ``report_dir/report.html``): links are relative to it.
-    ``history`` is the series (``glmfb.history/1`` series documents) the run's verdicts belong
-    to, each drawn in its verdict's section.
-    A document that is not a run or verdict raises :class:`~glmfb.verdict.SchemaError`.
+    ``folders`` gives, by verdict name, the folder and id of the run that holds it, for a page
+    of several runs (the shards of a suite, made one run). ``history`` is the series
+    (``glmfb.history/1`` series documents) the runs' verdicts belong to, each drawn in its
+    verdict's section with its run marked. A document that is not a run or verdict raises
+    :class:`~glmfb.verdict.SchemaError`.
     """
     run_obj, document = _as_run(run)
     page_dir = (page_path.parent if page_path is not None else report_dir) or Path.cwd()
-    links = _Links(page_dir, report_dir, run_obj.id)
+    links = _Links(page_dir, report_dir, run_obj.id, folders)
     summary = run_obj.summary
     counts = ", ".join(
         f"{summary[k]} {k}" for k in ("pass", "warn", "fail", "inconclusive", "error") if summary[k]
@@ -244,7 +257,7 @@ def render_html(
         sections = []
         for verdict, data in pairs:
             if verdict.probe == probe:
-                sections.append(_section(index, verdict, data, links, history))
+                sections.append(_section(index, verdict, data, links.of(verdict.name), history))
                 index += 1
         section = report_section(probe)
         question = section.question if section is not None else ""
@@ -275,13 +288,19 @@ def render_html(
 
 
 def write_html(
-    run: Run | Verdict | Mapping[str, Any], report_dir: Path, out: Path | None = None, *,
-    history: Sequence[Mapping[str, Any]] = (),
+    run: Run | Verdict | Mapping[str, Any], report_dir: Path | None, out: Path | None = None, *,
+    folders: Mapping[str, tuple[Path, str]] | None = None, history: Sequence[Mapping[str, Any]] = (),
 ) -> Path:
-    """Render the run's page and write it atomically (default ``report_dir/report.html``);
-    ``history`` as for :func:`render_html`."""
+    """Render the run's page and write it atomically (default ``report_dir/report.html``;
+    ``report_dir`` None: a page of several runs, ``out`` and ``folders`` given); ``history`` as
+    for :func:`render_html`."""
     from glmfb.io import write_text_atomic
 
-    path = out if out is not None else report_dir / REPORT_NAME
-    write_text_atomic(path, render_html(run, report_dir, path, history))
+    if out is not None:
+        path = out
+    elif report_dir is not None:
+        path = report_dir / REPORT_NAME
+    else:
+        raise ValueError("write_html needs the run's folder or the page's path")
+    write_text_atomic(path, render_html(run, report_dir, path, folders, history))
     return path

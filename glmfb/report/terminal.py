@@ -119,12 +119,14 @@ def render_run(run: Run, *, verbose: bool = False, folder_size: str | None = Non
         table.add_row(*cells)
     parts.append(table)
     summary = run.summary
-    counts = ", ".join(f"{summary[s.value]} {s.value}" for s in Status if summary[s.value])
+    counts = ", ".join(f"{summary[s.value]} {s.value}" for s in Status if summary[s.value]) or "no verdicts"
+    if run.shard is not None:
+        counts += f" in shard {run.shard.label} ({len(run.shard.names)} of the suite's {run.shard.total} definitions)"
     if summary["expect_met"] or summary["expect_unmet"]:
         counts += f"; expectations: {summary['expect_met']} met, {summary['expect_unmet']} unmet"
     if folder_size:
         counts += f"; run folder {folder_size}"
-    parts.append(Text(counts or "no verdicts"))
+    parts.append(Text(counts))
     if run.interrupted:
         parts.append(Text("interrupted: the probe that was running and those not run are marked error",
                           style="status.error"))
