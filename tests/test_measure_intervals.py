@@ -97,3 +97,15 @@ def test_single_runs_interval_adds_the_process_floor() -> None:
     assert floor.log_se == pytest.approx(math.sqrt(2 * 0.001**2 + 2 * 0.02**2))
     assert floor.log_high - floor.log_low > 10 * (without.log_high - without.log_low)
     assert 14 <= floor.df < 15  # the floor's df dominates
+
+
+def test_an_interval_whose_end_overflows_is_unbounded_not_an_error() -> None:
+    """Two allocations a side on a loaded host: one degree of freedom at a sequential look's
+    level puts the upper end hundreds of units out in log space. ``glmfb bench`` broke there
+    with "OverflowError: math range error" (2 of 30 runs of a real history); the end is +inf."""
+    from glmfb.measure.intervals import Interval
+
+    wide = Interval(log_point=-0.5, log_se=4.0, df=1.0, confidence=0.99687, units=2, samples=9, method="pairs")
+    assert wide.log_high > 709  # past what math.expm1 can return
+    estimate = wide.estimate
+    assert estimate.high == math.inf and estimate.low >= -1.0 and math.isfinite(estimate.value)

@@ -27,6 +27,7 @@ from glmfb.measure.intervals import (
     Interval,
     RunStatistic,
     batch_means,
+    relative_change,
     runs_interval,
     single_runs_interval,
 )
@@ -178,7 +179,7 @@ def combine(
     tail = (1.0 - confidence) / 2.0
     centred = mean_log - float(np.mean(mean_log)) + point
     low, high = np.quantile(centred, [tail, 1.0 - tail])
-    geomean = Estimate(math.expm1(point), math.expm1(float(low)), math.expm1(float(high)), confidence)
+    geomean = Estimate(relative_change(point), relative_change(float(low)), relative_change(float(high)), confidence)
     return Combined(final, tuple(significant), geomean)
 
 

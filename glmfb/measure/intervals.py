@@ -37,6 +37,16 @@ from glmfb.stats import Estimate
 MEDIAN_EFFICIENCY = math.pi / 2.0
 
 
+
+def relative_change(log_ratio: float) -> float:
+    """``exp(log_ratio) - 1``, and +inf where that overflows: an interval's end with one or two
+    degrees of freedom (two allocations a side on a loaded host) can lie hundreds of units out
+    in log space, and an unbounded end is what it says, not an error."""
+    try:
+        return math.expm1(log_ratio)
+    except OverflowError:
+        return math.inf
+
 @dataclass(frozen=True)
 class Interval:
     """``theta`` (a log ratio, candidate over baseline) with a t interval.
@@ -73,10 +83,8 @@ class Interval:
     @property
     def estimate(self) -> Estimate:
         """The relative change ``candidate / baseline - 1`` with its interval."""
-        return Estimate(
-            math.expm1(self.log_point), math.expm1(self.log_low), math.expm1(self.log_high),
-            self.confidence,
-        )
+        return Estimate(relative_change(self.log_point), relative_change(self.log_low),
+                        relative_change(self.log_high), self.confidence)
 
     @property
     def pvalue(self) -> float:
