@@ -32,6 +32,25 @@ def _is_capture_dir(ref: str, spec: ProbeSpec) -> bool:
     return spec.resolve_path(ref).is_dir() or ":" not in ref or ref.endswith("manifest.json")
 
 
+def _serving_config(spec: ProbeSpec, baseline_args: Any, candidate_args: Any, options: dict[str, Any]) -> Any:
+    """A diff of two serving endpoints: both sides servers, requests checked now."""
+    from glmfb.diff.config import DiffConfig
+    from glmfb.diff.endpoint import is_endpoint, parse_endpoint, read_serving_requests
+
+    assert spec.baseline and spec.candidate
+    for ref in (spec.baseline, spec.candidate):
+        if not is_endpoint(ref):
+            raise UsageError(f"{spec.label}: {ref!r} is not a serving endpoint, and the other side is",
+                             "compare a server with a server: openai:http://HOST:PORT/v1 on both sides")
+        parse_endpoint(ref)
+    if options.get("requests") is None:
+        raise UsageError(f"{spec.label}: a serving endpoint side needs requests (--requests FILE, TOML options.requests)",
+                         'one JSON object per line: {"id": "r1", "prompt": "text", "max_tokens": 16}')
+    read_serving_requests(options["requests"], options.get("max_tokens", 16))  # checked now
+    return DiffConfig(name=spec.name, baseline=spec.baseline, candidate=spec.candidate, baseline_args=baseline_args,
+                      candidate_args=candidate_args, base_dir=spec.base_dir, **options)
+
+
 CAPTURE = ProbeCommand(
     "capture",
     "Run a target over a request set; store every tapped module output (safetensors) and a manifest, for a "
@@ -84,6 +103,10 @@ class DiffProbe(BaseProbe):
         if requests is not None:
             options["requests"] = spec.resolve_path(requests)
         sides = [spec.baseline, spec.candidate]
+        from glmfb.diff.endpoint import is_endpoint
+
+        if any(is_endpoint(ref) for ref in sides):
+            return _serving_config(spec, baseline_args, candidate_args, options)
         refs = [str(spec.resolve_path(ref)) if _is_capture_dir(ref, spec) else ref for ref in sides]
         targets = [ref for ref in sides if not _is_capture_dir(ref, spec)]
         if targets and options.get("requests") is None:
@@ -103,6 +126,12 @@ class DiffProbe(BaseProbe):
                           candidate_args=candidate_args, base_dir=spec.base_dir, **options)
 
     def run(self, config: DiffConfig, ctx: ProbeContext) -> Verdict:
+        from glmfb.diff.endpoint import is_endpoint
+
+        if is_endpoint(config.baseline):
+            from glmfb.diff.serving import run_serving_diff
+
+            return run_serving_diff(config, ctx)
         from glmfb.diff.engine import run_diff
 
         return run_diff(config, ctx)
