@@ -117,10 +117,15 @@ def requests_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def diff(baseline: str, candidate: str, requests: Path, out: Path, *extra: str) -> tuple[int, dict[str, Any]]:
-    result = runner.invoke(app, ["diff", f"openai:{baseline}", f"openai:{candidate}", "--requests", str(requests),
-                                 "--out", str(out), "--json", *extra])
+def diff_sides(baseline: str, candidate: str, requests: Path, out: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    result = runner.invoke(app, ["diff", baseline, candidate, "--requests", str(requests), "--out", str(out),
+                                 "--json", *extra])
     return result.exit_code, json.loads(result.stdout)
+
+
+def diff(baseline: str, candidate: str, requests: Path, out: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    """``glmfb diff`` of two servers (their API base URLs)."""
+    return diff_sides(f"openai:{baseline}", f"openai:{candidate}", requests, out, *extra)
 
 
 def evidence(verdict: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -255,3 +260,18 @@ def test_an_unreachable_server_is_an_error_not_a_hang(servers: dict[str, Server]
     code, verdict = diff(url, servers["f32"].url, requests_file, tmp_path, "--retries", "0")
     assert code == 3 and verdict["status"] == "error"
     assert f"{url}/models could not be reached" in verdict["why"] and "asked once" in verdict["why"]
+
+
+def test_a_saved_capture_of_a_server_is_a_side(servers: dict[str, Server], requests_file: Path,
+                                               tmp_path: Path) -> None:
+    saved = tmp_path / "f32-answers"
+    result = runner.invoke(app, ["capture", f"openai:{servers['f32'].url}", "--requests", str(requests_file),
+                                 "--out", str(saved)])
+    assert result.exit_code == 0, result.output
+    assert (saved / "serving-capture.json").is_file()
+    code, verdict = diff_sides(str(saved), f"openai:{servers['f32-again'].url}", requests_file, tmp_path)
+    assert code == 0 and verdict["status"] == "pass", verdict["why"]
+    assert {e["target"] for e in verdict["evidence"] if e["kind"] == "side"} == {
+        str(saved), f"openai:{servers['f32-again'].url}"}
+    code, verdict = diff_sides(str(saved), f"openai:{servers['q8_0'].url}", requests_file, tmp_path)
+    assert code == 1 and verdict["where"]["request"] == _first_parting(servers, "q8_0", requests_file)[0]

@@ -160,3 +160,11 @@ class CaptureConfig:
                         "capturing its taps; 0: one process.")
     rank_timeout_s: float = option(300.0, SECONDS, "Longest a rank may go without progress.", key="rank_timeout")
     force: bool = option(False, BOOL, "Replace an existing capture directory at --out (whole).", toml=False)
+    # a serving endpoint target (openai:http://HOST:PORT/v1): its answers are saved
+    top_logprobs: int = option(5, POSITIVE_INT, "Serving endpoint: top-k logprobs asked for every generated token.")
+    max_tokens: int = option(16, POSITIVE_INT, "Serving endpoint: tokens generated per request that gives no "
+                             "max_tokens.")
+    http_timeout_s: float = option(30.0, SECONDS, "Serving endpoint: timeout of one HTTP call.", key="http_timeout")
+    retries: int = option(2, NONNEGATIVE_INT, "Serving endpoint: retries of a call after a connection error, a "
+                          "timeout or a 5xx answer (with exponential backoff).")
+    concurrency: int = option(4, POSITIVE_INT, "Serving endpoint: requests in flight.")

@@ -13,6 +13,10 @@ largest logprob difference a server shows between two answers to the same reques
 jitter. A divergence where, on either side, the two tokens are closer in logprob than that
 side's noise (its jitter, at least ``noise_floor``: a deterministic server shows none) is a tie
 flip: reported, not a regression.
+
+A side may also be a folder ``glmfb capture openai:...`` wrote (``serving-capture.json``: the
+server's answers to every request and its repeat of the first): it is compared as the server
+answered then, with the noise of that repeat.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from glmfb.diff.endpoint import (
@@ -30,6 +36,7 @@ from glmfb.diff.endpoint import (
     ServingRequest,
     TokenStep,
     ask_all,
+    is_endpoint,
     parse_endpoint,
     read_serving_requests,
 )
@@ -382,6 +389,92 @@ class _Timing:
     calls: dict[str, int] = field(default_factory=dict)
 
 
+SERVING_CAPTURE = "serving-capture.json"
+CAPTURE_SCHEMA = "glmfb.serving-capture/1"
+
+
+def is_serving_capture(ref: str | Path) -> bool:
+    """A folder written by ``glmfb capture openai:...`` (it holds ``serving-capture.json``)."""
+    return (Path(ref) / SERVING_CAPTURE).is_file()
+
+
+@dataclass(frozen=True)
+class SavedAnswers:
+    """What a server answered, read from a capture folder: its endpoint, the top-k it was asked
+    for, every request's answer, and the repeats made at capture time (its noise)."""
+
+    endpoint: str
+    top_logprobs: int
+    answers: Mapping[str, Answer]
+    repeats: Mapping[str, Answer]
+
+    @classmethod
+    def read(cls, folder: Path) -> SavedAnswers:
+        import json
+
+        from glmfb.errors import InputError
+
+        path = folder / SERVING_CAPTURE
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("schema") != CAPTURE_SCHEMA:
+                raise InputError(f"{path}: not a {CAPTURE_SCHEMA} document (schema {data.get('schema')!r})")
+            answers = {a["request"]: Answer.from_dict(a) for a in data["answers"]}
+            repeats = {a["request"]: Answer.from_dict(a) for a in data.get("repeats", [])}
+            return cls(str(data["endpoint"]), int(data["top_logprobs"]), answers, repeats)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise InputError(f"{path}: cannot read the saved answers: {type(exc).__name__}: {exc}") from None
+
+
+def capture_endpoint(config: Any, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """``glmfb capture openai:...``: every request asked of the server once, the first asked again
+    (its noise), stored in ``config.out/serving-capture.json`` (the folder written aside and
+    renamed into place)."""
+    import os
+    import shutil
+
+    from glmfb.errors import InputError
+    from glmfb.io import write_json_atomic
+
+    if config.requests is None:
+        raise UsageError("glmfb capture needs --requests FILE")
+    out = Path(config.out)
+    if (out.exists() or out.is_symlink()) and not config.force:
+        raise InputError(f"{out} already exists", "give a new --out folder, or --force to replace it whole")
+    if out.exists() and not is_serving_capture(out) and any(out.iterdir()):
+        raise InputError(f"{out} exists and is not a serving capture; glmfb will not replace it", "give a new --out")
+    requests = read_serving_requests(config.requests, config.max_tokens)
+    endpoint = parse_endpoint(config.target)
+    settings = ClientSettings(timeout_s=config.http_timeout_s, retries=config.retries,
+                              concurrency=config.concurrency, top_logprobs=config.top_logprobs)
+    with EndpointClient(endpoint, settings) as client:
+        answers = ask_all(client, "target", requests, progress)
+        repeats = ask_all(client, "target", requests[:1], progress, "repeats")
+    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    partial.mkdir(parents=True, exist_ok=True)
+    try:
+        write_json_atomic(partial / SERVING_CAPTURE, {
+            "schema": CAPTURE_SCHEMA, "endpoint": endpoint.ref, "top_logprobs": config.top_logprobs,
+            "requests": [r.to_dict() for r in requests], "answers": [a.to_dict() for a in answers.values()],
+            "repeats": [a.to_dict() for a in repeats.values()]})
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(partial, out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return {"requests": len(answers), "tensors": 0}
+
+
+def _saved_side(saved: SavedAnswers, side: str, folder: str, requests: Sequence[ServingRequest]) -> None:
+    from glmfb.errors import InputError
+
+    missing = [r.id for r in requests if r.id not in saved.answers]
+    if missing:
+        raise InputError(f"the {side}'s saved answers ({folder}) have no answer to request {missing[0]!r}",
+                         "capture the server again with this requests file")
+
+
 def run_serving_diff(config: Any, ctx: ProbeContext) -> Verdict:
     """The verdict of two serving endpoints over ``config.requests``; a server that cannot be
     reached or answers with an error raises :class:`~glmfb.errors.TargetFailed` naming it (the
@@ -390,22 +483,32 @@ def run_serving_diff(config: Any, ctx: ProbeContext) -> Verdict:
         raise UsageError("a serving endpoint side needs --requests FILE")
     options = ServingOptions.of(config)
     requests = read_serving_requests(config.requests, options.max_tokens)
-    endpoints = {"baseline": parse_endpoint(config.baseline), "candidate": parse_endpoint(config.candidate)}
+    refs = {"baseline": config.baseline, "candidate": config.candidate}
+    saved = {side: SavedAnswers.read(Path(ref)) for side, ref in refs.items() if not is_endpoint(ref)}
+    for side, answers_saved in saved.items():
+        _saved_side(answers_saved, side, refs[side], requests)
+    endpoints = {side: parse_endpoint(saved[side].endpoint if side in saved else ref) for side, ref in refs.items()}
     settings = ClientSettings(timeout_s=options.timeout_s, retries=options.retries, concurrency=options.concurrency,
                               top_logprobs=options.top_logprobs)
     timing = _Timing()
     started, cpu_started = time.perf_counter(), time.process_time()
     answers: dict[str, dict[str, Answer]] = {}
     repeats: dict[str, dict[str, Answer]] = {}
-    with EndpointClient(endpoints["baseline"], settings) as base_client, \
-            EndpointClient(endpoints["candidate"], settings) as cand_client:
-        clients = {"baseline": base_client, "candidate": cand_client}
+    with ExitStack() as stack:
+        clients = {side: stack.enter_context(EndpointClient(endpoints[side], settings))
+                   for side in SIDES if side not in saved}
         for side in SIDES:
-            answers[side] = ask_all(clients[side], side, requests, ctx.progress)
+            if side in saved:
+                answers[side] = {r.id: saved[side].answers[r.id] for r in requests}
+            else:
+                answers[side] = ask_all(clients[side], side, requests, ctx.progress)
         parted = [r for r in requests if answers["baseline"][r.id].tokens != answers["candidate"][r.id].tokens]
         again = [requests[0], *[r for r in parted if r.id != requests[0].id]]
         for side in SIDES:
-            repeats[side] = ask_all(clients[side], side, again, ctx.progress, "repeats")
+            if side in saved:
+                repeats[side] = dict(saved[side].repeats)
+            else:
+                repeats[side] = ask_all(clients[side], side, again, ctx.progress, "repeats")
     timing.wall_s = time.perf_counter() - started
     noise, noise_evidence = _noise(answers, repeats, endpoints, options.noise_floor)
     comparisons = tuple(compare_answers(answers["baseline"][r.id], answers["candidate"][r.id], noise,
@@ -423,7 +526,7 @@ def run_serving_diff(config: Any, ctx: ProbeContext) -> Verdict:
             evidence.append(_divergence_evidence(failing))
     evidence += noise_evidence
     evidence.append(_throughput_evidence(requests, answers, repeats, timing))
-    evidence += [SideRun(side=side, target=endpoints[side].ref) for side in SIDES]
+    evidence += [SideRun(side=side, target=refs[side] if side in saved else endpoints[side].ref) for side in SIDES]
     evidence.append(outcome.record)
     artifacts = _write_answers(config, ctx, answers, repeats, findings)
     worst_lp = max((c.logprob_diff_max for c in comparisons), default=0.0)
@@ -512,5 +615,5 @@ def _write_answers(config: Any, ctx: ProbeContext, answers: Mapping[str, Mapping
     return {"serving_answers": str(path)}
 
 
-__all__ = ["SERVING_RULES", "RequestComparison", "ServingFindings", "compare_answers", "jitter", "run_serving_diff",
-           "shared_kl"]
+__all__ = ["SERVING_CAPTURE", "SERVING_RULES", "RequestComparison", "SavedAnswers", "ServingFindings", "capture_endpoint",
+           "compare_answers", "is_serving_capture", "jitter", "run_serving_diff", "shared_kl"]
