@@ -34,6 +34,9 @@ def test_a_flip_within_noise_is_a_tie_and_beyond_it_a_divergence() -> None:
     regression = compare_answers(base, cand, {"baseline": 1e-4, "candidate": 1e-4}, 0.1, 0.01)
     assert regression.status == "diverged" and regression.failed
     assert regression.divergence is not None and regression.divergence.candidate_rank == 2
+    one_sided = _answer(("x", -0.1, {"x": -0.1, "y": -3.0}), ("b", -0.6, {"b": -0.6, "a": -0.9}))
+    moved = compare_answers(base, one_sided, {"baseline": 1e-3, "candidate": 1e-3}, 1.0, 1.0)
+    assert moved.status == "diverged", "a near tie on one side only is the other side's distribution moving"
 
 
 def test_jitter_is_the_largest_difference_and_a_self_flip_counts_its_gap() -> None:

@@ -25,6 +25,11 @@ from glmfb.errors import HarnessError, InputError, TargetFailed, UsageError
 SCHEME = "openai:"
 BODY_HEAD = 200  # characters of a failing answer's body quoted in the error
 DEFAULT_MAX_TOKENS = 16
+# Greedy decoding, and nothing that changes the choice after the logprobs are taken: the OpenAI
+# penalties, and the repetition penalty under the names servers give it (llama.cpp's server and
+# llama-cpp-python default theirs to 1.1, so greedy would not pick the top logprob).
+GREEDY: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "seed": 0, "presence_penalty": 0.0,
+                          "frequency_penalty": 0.0, "repeat_penalty": 1.0, "repetition_penalty": 1.0}
 
 
 def is_endpoint(ref: str) -> bool:
@@ -277,9 +282,9 @@ class EndpointClient:
         started = time.perf_counter()
         model = self.model()
         if not self._chat:
-            body: dict[str, Any] = {"model": model, "prompt": request.prompt if isinstance(request.prompt, str) else list(request.prompt),
-                    "max_tokens": request.max_tokens, "temperature": 0.0, "top_p": 1.0, "seed": 0,
-                    "logprobs": self.settings.top_logprobs, "echo": False, "stream": False}
+            prompt = request.prompt if isinstance(request.prompt, str) else list(request.prompt)
+            body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": request.max_tokens, **GREEDY,
+                                    "logprobs": self.settings.top_logprobs, "echo": False, "stream": False}
             try:
                 answer, attempts = self._call("POST", "/completions", body)
                 return _completion_answer(request.id, answer, time.perf_counter() - started, attempts, self.endpoint)
@@ -291,8 +296,8 @@ class EndpointClient:
             raise EndpointError(f"{self.endpoint.base_url} has no completions API, and request {request.id!r} "
                                 "gives token ids, which chat completions cannot take")
         chat: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": request.prompt}],
-                "max_tokens": request.max_tokens, "temperature": 0.0, "top_p": 1.0, "seed": 0,
-                "logprobs": True, "top_logprobs": self.settings.top_logprobs, "stream": False}
+                                "max_tokens": request.max_tokens, **GREEDY, "logprobs": True,
+                                "top_logprobs": self.settings.top_logprobs, "stream": False}
         answer, attempts = self._call("POST", "/chat/completions", chat)
         return _chat_answer(request.id, answer, time.perf_counter() - started, attempts, self.endpoint)
 

@@ -10,9 +10,10 @@ in the other's top-k.
 
 Noise: each server is asked the first request again, and every request whose outputs part; the
 largest logprob difference a server shows between two answers to the same request is its
-jitter. A divergence where, on either side, the two tokens are closer in logprob than that
-side's noise (its jitter, at least ``noise_floor``: a deterministic server shows none) is a tie
-flip: reported, not a regression.
+jitter. A divergence where, on each side, the two tokens are closer in logprob than that side's
+noise (its jitter, at least ``noise_floor``: a deterministic server shows none) is a tie flip:
+reported, not a regression. A near tie on one side only is not: there the other side preferred
+its token by more than its noise, so the distribution moved.
 
 A side may also be a folder ``glmfb capture openai:...`` wrote (``serving-capture.json``: the
 server's answers to every request and its repeat of the first): it is compared as the server
@@ -103,7 +104,8 @@ class Divergence:
 class RequestComparison:
     """One request's two answers compared. ``status``: ``same`` (no divergence, within the
     tolerances), ``tie`` (they part at a tie flip), ``diverged`` (they part, not at a tie),
-    ``drift`` (the distributions before any divergence drifted past a tolerance)."""
+    ``drift`` (the distributions drifted past a tolerance, and the outputs do not part or part at
+    a tie flip)."""
 
     request: str
     baseline_tokens: int
@@ -176,12 +178,13 @@ def compare_answers(baseline: Answer, candidate: Answer, noise: Mapping[str, flo
         top1 = (max(b.top, key=b.top.__getitem__) == max(c.top, key=c.top.__getitem__)) if b.top and c.top else True
         drift.append(PositionDrift(i, b.token, c.logprob - b.logprob, kl, outside, top1))
     comparison = RequestComparison(baseline.request, len(baseline.steps), len(candidate.steps), tuple(drift), divergence)
-    if comparison.logprob_diff_max > logprob_tolerance or comparison.kl_max > kl_tolerance:
+    drifted = comparison.logprob_diff_max > logprob_tolerance or comparison.kl_max > kl_tolerance
+    if divergence is not None and not divergence.tie_flip:
+        status = "diverged"  # where the outputs part is the place to look, however they drifted before
+    elif drifted:
         status = "drift"
-    elif divergence is None:
-        status = "same"
     else:
-        status = "tie" if divergence.tie_flip else "diverged"
+        status = "same" if divergence is None else "tie"
     return RequestComparison(comparison.request, comparison.baseline_tokens, comparison.candidate_tokens,
                              comparison.drift, divergence, status)
 
@@ -191,8 +194,9 @@ def _divergence(position: int, b: TokenStep | None, c: TokenStep | None, noise: 
     c_token = c.token if c is not None else None
     b_gap = _gap(b, c_token) if b is not None else None
     c_gap = _gap(c, b_token) if c is not None else None
-    tie = ((b_gap is not None and abs(b_gap) <= noise["baseline"])
-           or (c_gap is not None and abs(c_gap) <= noise["candidate"]))
+    # a tie on both sides: on one side only, the other side's distribution moved past its noise
+    tie = (b_gap is not None and abs(b_gap) <= noise["baseline"]
+           and c_gap is not None and abs(c_gap) <= noise["candidate"])
     return Divergence(
         position=position, baseline_token=b_token, candidate_token=c_token,
         baseline_logprob=b.logprob if b is not None else None, candidate_logprob=c.logprob if c is not None else None,
@@ -287,14 +291,14 @@ def _divergence_text(comparison: RequestComparison, findings: ServingFindings) -
         ranks.append(f"the candidate's is #{d.baseline_rank} in the baseline's")
     elif d.candidate_token is not None and d.baseline_token is not None:
         ranks.append("the candidate's is not in the baseline's")
-    gaps = ", ".join(f"{side} {g:.3g} nats (noise {findings.noise[side]:.3g})"
+    gaps = ", ".join(f"the {side} prefers its own by {g:.3g} nats (its noise {findings.noise[side]:.3g})"
                      for side, g in (("baseline", d.baseline_gap), ("candidate", d.candidate_gap)) if g is not None)
     text = (f"request {comparison.request} parts at token {d.position}: the baseline generated "
             f"{_token_text(d.baseline_token)}, the candidate {_token_text(d.candidate_token)}")
     if ranks:
         text += f" ({'; '.join(ranks)})"
     if gaps:
-        text += f"; the two tokens' logprob gap: {gaps}"
+        text += f"; {gaps}"
     return text
 
 
@@ -321,18 +325,18 @@ def _drifted(f: ServingFindings) -> Diagnosis | None:
     worst = c.worst(lambda d: max(abs(d.logprob_diff) / max(f.logprob_tolerance, 1e-12),
                                   d.kl_shared / max(f.kl_tolerance, 1e-12)))
     assert worst is not None
-    why = (f"request {c.request}: the distributions drift past the tolerances before any divergence: at token "
+    why = (f"request {c.request}: the distributions drift past the tolerances: at token "
            f"{worst.position} ({worst.token!r}) the chosen token's logprob differs by {worst.logprob_diff:+.3g} nats "
            f"(tolerance {f.logprob_tolerance:g}) and the KL on the shared top-k is {worst.kl_shared:.3g} "
            f"(tolerance {f.kl_tolerance:g}); {_drift_text(c)}")
     if c.divergence is not None:
-        why += f"; then {_divergence_text(c, f)}"
+        why += f"; then {_divergence_text(c, f)}, a tie flip"
     return Diagnosis(Status.FAIL, why, _next_steps(), {"request": c.request, "position": worst.position})
 
 
 def _diverged(f: ServingFindings) -> Diagnosis | None:
     c = f.first_failing
-    if c is None or c.divergence is None:
+    if c is None or c.status != "diverged" or c.divergence is None:
         return None
     d = c.divergence
     why = (f"{_divergence_text(c, f)}, so the greedy outputs part for more than noise; {_drift_text(c)}")
@@ -351,8 +355,9 @@ def _next_steps() -> tuple[Step, ...]:
 
 SERVING_RULES: tuple[Rule[ServingFindings], ...] = (
     Rule("serving-agree", "diff", _passes, "every request within the tolerances (tie flips allowed)"),
-    Rule("serving-drift", "diff", _drifted, "the distributions drift past a tolerance before any divergence"),
     Rule("serving-divergence", "diff", _diverged, "the greedy outputs part, not at a tie"),
+    Rule("serving-drift", "diff", _drifted, "the distributions drift past a tolerance; the outputs do not part, "
+         "or part at a tie flip"),
 )
 
 

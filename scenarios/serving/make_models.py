@@ -12,9 +12,10 @@ the tie model breaks it by far less than any noise a server shows.
 
     python scenarios/serving/make_models.py OUT
 
-The tokenizer is a small SentencePiece-style vocabulary made here: three control tokens, the 128
-ASCII byte tokens, and a few common English pieces, so that every token decodes to a distinct
-string (a server's top-logprobs are keyed by text).
+The tokenizer is a small SentencePiece-style vocabulary made here: three control tokens, the ASCII
+byte tokens but the space (a space is the piece "▁"), and a few common English pieces, so that
+every token decodes to a distinct string (a server's top-logprobs are keyed by text) and ASCII
+text never falls back to a byte the vocabulary lacks.
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ N_FF = 128  # a multiple of 32: q8_0 blocks along every row
 CONTEXT = 512
 SEED = 20
 PERTURBED_LAYER = 2
-PIECES = ("th", "he", "in", "er", "an", "re", "on", "at", "en", "nd", "ti", "es", "or", "te", "of",
+PIECES = ("\u2581", "\u2581the", "\u2581and", "\u2581a", "\u2581to", "\u2581of", "\u2581in", "\u2581it", "\u2581is",
+          "th", "he", "in", "er", "an", "re", "on", "at", "en", "nd", "ti", "es", "or", "te", "of",
           "ed", "is", "it", "al", "ar", "st", "to", "nt", "ng", "se", "ha", "as", "ou", "io", "le",
           "the", "and", "ing", "ion", "tio", "ent", "her", "for", "tha", "nth")
 # The two tokens whose output rows are tied (two of the pieces above).
-TIED = ("the", "and")
+TIED = ("\u2581the", "\u2581and")
 
 
 def vocabulary() -> tuple[list[str], list[float], list[int]]:
@@ -43,6 +45,8 @@ def vocabulary() -> tuple[list[str], list[float], list[int]]:
     scores = [0.0, 0.0, 0.0]
     types = [2, 3, 3]
     for byte in range(128):
+        if chr(byte) == " ":  # a space is the piece "▁" (SentencePiece), so no byte token decodes to it too
+            continue
         tokens.append(f"<0x{byte:02X}>")
         scores.append(0.0)
         types.append(6)
