@@ -502,18 +502,13 @@ def run_serving_diff(config: Any, ctx: ProbeContext) -> Verdict:
     with ExitStack() as stack:
         clients = {side: stack.enter_context(EndpointClient(endpoints[side], settings))
                    for side in SIDES if side not in saved}
-        for side in SIDES:
-            if side in saved:
-                answers[side] = {r.id: saved[side].answers[r.id] for r in requests}
-            else:
-                answers[side] = ask_all(clients[side], side, requests, ctx.progress)
+        for side in saved:
+            answers[side] = {r.id: saved[side].answers[r.id] for r in requests}
+            repeats[side] = dict(saved[side].repeats)
+        answers.update(_both(clients, lambda side: ask_all(clients[side], side, requests, ctx.progress)))
         parted = [r for r in requests if answers["baseline"][r.id].tokens != answers["candidate"][r.id].tokens]
         again = [requests[0], *[r for r in parted if r.id != requests[0].id]]
-        for side in SIDES:
-            if side in saved:
-                repeats[side] = dict(saved[side].repeats)
-            else:
-                repeats[side] = ask_all(clients[side], side, again, ctx.progress, "repeats")
+        repeats.update(_both(clients, lambda side: ask_all(clients[side], side, again, ctx.progress, "repeats")))
     timing.wall_s = time.perf_counter() - started
     noise, noise_evidence = _noise(answers, repeats, endpoints, options.noise_floor)
     comparisons = tuple(compare_answers(answers["baseline"][r.id], answers["candidate"][r.id], noise,
@@ -541,6 +536,17 @@ def run_serving_diff(config: Any, ctx: ProbeContext) -> Verdict:
         metric=Metric("logprob_diff_max", worst_lp, "nats", options.logprob_tolerance),
         evidence=tuple(evidence), next=outcome.diagnosis.next, artifacts=artifacts,
     )
+
+
+def _both(clients: Mapping[str, EndpointClient],
+          ask: Callable[[str], dict[str, Answer]]) -> dict[str, dict[str, Answer]]:
+    """``ask(side)`` for every live side, the two servers at once; a side that fails raises its
+    :class:`~glmfb.errors.TargetFailed` (the baseline's first) once both have ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {side: pool.submit(ask, side) for side in SIDES if side in clients}
+    return {side: future.result() for side, future in futures.items()}
 
 
 def _noise(answers: Mapping[str, Mapping[str, Answer]], repeats: Mapping[str, Mapping[str, Answer]],
