@@ -122,6 +122,20 @@ class DiffConfig:
                                   "0: one process.")
     rank_timeout_s: float = option(300.0, SECONDS, "Longest a rank may go without progress before the "
                                    "distributed capture is stopped.", key="rank_timeout")
+    # serving endpoints (openai:http://HOST:PORT/v1 sides; docs/diff.md, Serving endpoints)
+    top_logprobs: int = option(5, POSITIVE_INT, "Serving endpoints: top-k logprobs asked for every generated token.")
+    max_tokens: int = option(16, POSITIVE_INT, "Serving endpoints: tokens generated per request that gives no "
+                             "max_tokens.")
+    logprob_tolerance: float = option(0.1, TOLERANCE, "Serving endpoints: largest difference (nats) of a chosen "
+                                      "token's logprob before the outputs part.")
+    kl_tolerance: float = option(0.01, TOLERANCE, "Serving endpoints: largest KL divergence (nats) of the top-k "
+                                 "distributions on their shared support before the outputs part.")
+    noise_floor: float = option(1e-3, TOLERANCE, "Serving endpoints: the least noise (nats) assumed of a server "
+                                "for the tie-flip rule (a deterministic server shows none).")
+    http_timeout_s: float = option(30.0, SECONDS, "Serving endpoints: timeout of one HTTP call.", key="http_timeout")
+    retries: int = option(2, NONNEGATIVE_INT, "Serving endpoints: retries of a call after a connection error, a "
+                          "timeout or a 5xx answer (with exponential backoff).")
+    concurrency: int = option(4, POSITIVE_INT, "Serving endpoints: requests in flight per server.")
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
 
     @property
@@ -146,3 +160,11 @@ class CaptureConfig:
                         "capturing its taps; 0: one process.")
     rank_timeout_s: float = option(300.0, SECONDS, "Longest a rank may go without progress.", key="rank_timeout")
     force: bool = option(False, BOOL, "Replace an existing capture directory at --out (whole).", toml=False)
+    # a serving endpoint target (openai:http://HOST:PORT/v1): its answers are saved
+    top_logprobs: int = option(5, POSITIVE_INT, "Serving endpoint: top-k logprobs asked for every generated token.")
+    max_tokens: int = option(16, POSITIVE_INT, "Serving endpoint: tokens generated per request that gives no "
+                             "max_tokens.")
+    http_timeout_s: float = option(30.0, SECONDS, "Serving endpoint: timeout of one HTTP call.", key="http_timeout")
+    retries: int = option(2, NONNEGATIVE_INT, "Serving endpoint: retries of a call after a connection error, a "
+                          "timeout or a 5xx answer (with exponential backoff).")
+    concurrency: int = option(4, POSITIVE_INT, "Serving endpoint: requests in flight.")

@@ -193,7 +193,12 @@ def capture_on_ranks(target: str, args: Mapping[str, Any], base_dir: Path | None
 
 
 def capture_job(config: CaptureConfig, progress: Progress) -> dict[str, Any]:
-    """``glmfb capture`` as the supervised child runs it: a summary as JSON data."""
+    """``glmfb capture`` as the supervised child runs it: a summary as JSON data. A serving
+    endpoint's answers are saved by :func:`glmfb.diff.serving.capture_endpoint`."""
+    if config.target.startswith("openai:"):
+        from glmfb.diff.serving import capture_endpoint
+
+        return capture_endpoint(config, progress)
     manifest = run_capture(config, progress)
     return {"requests": len(manifest.requests), "tensors": sum(len(r.taps) for r in manifest.requests)}
 

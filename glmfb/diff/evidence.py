@@ -506,9 +506,135 @@ class SideRun(Evidence):
     layouts: Mapping[str, Any] | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class ServingRequestRow(Record):
+    request: str
+    status: str  # same | tie | diverged | drift
+    baseline_tokens: int
+    candidate_tokens: int
+    compared: int  # positions before the first divergent token
+    first_divergent: int | None
+    baseline_token: str | None
+    candidate_token: str | None
+    logprob_diff_max: float
+    kl_max: float
+    mass_outside_max: float
+    top1_agreement: float
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class ServingRequests(Evidence):
+    """Two serving endpoints, per request: where the greedy outputs first part, and how far the
+    top-k distributions drifted before it."""
+
+    kind: ClassVar[str] = "serving_requests"
+    show_in_terminal: ClassVar[bool] = True
+    rows: tuple[ServingRequestRow, ...]
+
+    def __rich__(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title="requests (serving)", title_justify="left")
+        for column in ("request", "status", "parts at", "baseline", "candidate", "max |Δ logprob|", "max KL"):
+            table.add_column(column)
+        for row in self.rows:
+            table.add_row(row.request, row.status, "" if row.first_divergent is None else str(row.first_divergent),
+                          "" if row.baseline_token is None else repr(row.baseline_token),
+                          "" if row.candidate_token is None else repr(row.candidate_token),
+                          f"{row.logprob_diff_max:.3g}", f"{row.kl_max:.3g}")
+        return table
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        return {"serving_requests": [row.to_dict() for row in self.rows]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingDriftRow(Record):
+    position: int
+    token: str
+    logprob_diff: float  # candidate minus baseline, the chosen token
+    kl_shared: float  # KL of the top-k renormalized on the shared support
+    mass_outside: float  # the larger side's probability outside the shared support
+    top1_agree: bool
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class ServingDrift(Evidence):
+    """One request's positions before its first divergent token (the failing one, else the first
+    that parts): the chosen token's logprob difference and the KL on the shared top-k."""
+
+    kind: ClassVar[str] = "serving_drift"
+    request: str
+    positions: int
+    rows: tuple[ServingDriftRow, ...]
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        return {"serving_drift": [{"request": self.request, **row.to_dict()} for row in self.rows]}
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class ServingDivergence(Evidence):
+    """Where two servers' greedy outputs first part: each side's token (None: it stopped), its
+    logprob, its rank in the other side's top-k, and each side's logprob gap between the two
+    tokens; ``tie_flip`` when a gap is within that side's noise."""
+
+    kind: ClassVar[str] = "serving_divergence"
+    request: str
+    position: int
+    baseline_token: str | None
+    candidate_token: str | None
+    baseline_logprob: float | None = None
+    candidate_logprob: float | None = None
+    baseline_token_rank_in_candidate: int | None = None
+    candidate_token_rank_in_baseline: int | None = None
+    baseline_gap: float | None = None
+    candidate_gap: float | None = None
+    tie_flip: bool = False
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class ServingNoise(Evidence):
+    """A server's noise: the largest logprob difference between two answers to the same requests
+    (``repeated``), and the noise used for the tie-flip rule (at least ``floor``)."""
+
+    kind: ClassVar[str] = "serving_noise"
+    side: str
+    server: str
+    repeated: tuple[str, ...]
+    jitter: float
+    floor: float
+    noise: float
+    self_divergent_request: str | None = None  # a repeat whose greedy output parted from the first answer
+    self_divergent_position: int | None = None
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class ServingThroughput(Evidence):
+    """How fast the two servers were asked: calls (both sides, repeats included) per second of
+    wall time, and the CPU time glmfb's own process spent (HTTP client, JSON, comparison) as a
+    share of the wall time."""
+
+    kind: ClassVar[str] = "serving_throughput"
+    requests: int
+    calls: int
+    tokens: int
+    wall_s: float
+    requests_per_s: float
+    glmfb_cpu_s: float
+    glmfb_share: float
+    baseline_call_s: float
+    candidate_call_s: float
+
+
 EVIDENCE_TYPES: tuple[type[Evidence], ...] = (
     RankErrors,
     Requests, Modules, LocalErrors, ErrorByPosition, ErrorShape, PositionProfile, PrecisionSignatureEvidence,
     RoundingTest, Bias, TreeDifferences, ErrorEntry, Counterfactual, Tokens, MinimalReproducer, MinimizerNote,
     TolerancesUsed, SideRun,
+    ServingRequests, ServingDrift, ServingDivergence, ServingNoise, ServingThroughput,
 )

@@ -8,6 +8,7 @@ Each side is a capture directory (``glmfb capture``) or a target: a factory retu
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from glmfb.errors import UsageError
@@ -32,6 +33,36 @@ def _is_capture_dir(ref: str, spec: ProbeSpec) -> bool:
     return spec.resolve_path(ref).is_dir() or ":" not in ref or ref.endswith("manifest.json")
 
 
+def _serving_config(spec: ProbeSpec, baseline_args: Any, candidate_args: Any, options: dict[str, Any]) -> Any:
+    """A diff of two serving endpoints: both sides servers, requests checked now."""
+    from glmfb.diff.config import DiffConfig
+    from glmfb.diff.endpoint import is_endpoint, parse_endpoint, read_serving_requests
+
+    assert spec.baseline and spec.candidate
+    refs = []
+    for ref in (spec.baseline, spec.candidate):
+        if _is_serving_capture(ref, spec):
+            refs.append(str(spec.resolve_path(ref)))
+            continue
+        if not is_endpoint(ref):
+            raise UsageError(f"{spec.label}: {ref!r} is not a serving endpoint, and the other side is",
+                             "compare a server with a server (openai:http://HOST:PORT/v1) or with its saved answers "
+                             "(glmfb capture openai:... --out DIR)")
+        parse_endpoint(ref)
+        refs.append(ref)
+    if options.get("requests") is None:
+        raise UsageError(f"{spec.label}: a serving endpoint side needs requests (--requests FILE, TOML options.requests)",
+                         'one JSON object per line: {"id": "r1", "prompt": "text", "max_tokens": 16}')
+    read_serving_requests(options["requests"], options.get("max_tokens", 16))  # checked now
+    return DiffConfig(name=spec.name, baseline=refs[0], candidate=refs[1], baseline_args=baseline_args,
+                      candidate_args=candidate_args, base_dir=spec.base_dir, **options)
+
+
+def _is_serving_capture(ref: str, spec: ProbeSpec) -> bool:
+    """A folder of a server's saved answers (``glmfb capture openai:...``)."""
+    return (spec.resolve_path(ref) / "serving-capture.json").is_file()
+
+
 CAPTURE = ProbeCommand(
     "capture",
     "Run a target over a request set; store every tapped module output (safetensors) and a manifest, for a "
@@ -42,7 +73,7 @@ CAPTURE = ProbeCommand(
     flags={"out": "--out"},
     kwargs={"args": "--arg"},
     help={"target": "Diff target: package.module:attr or path/file.py:attr (a torch.nn.Module factory or a "
-                    "callable on the request).",
+                    "callable on the request), or a serving endpoint openai:http://HOST:PORT/v1 (its answers saved).",
           "out": "Capture directory to write.",
           "args": "Keyword arguments for the target factory."},
     targets=("target",),
@@ -84,6 +115,10 @@ class DiffProbe(BaseProbe):
         if requests is not None:
             options["requests"] = spec.resolve_path(requests)
         sides = [spec.baseline, spec.candidate]
+        from glmfb.diff.endpoint import is_endpoint
+
+        if any(is_endpoint(ref) or _is_serving_capture(ref, spec) for ref in sides):
+            return _serving_config(spec, baseline_args, candidate_args, options)
         refs = [str(spec.resolve_path(ref)) if _is_capture_dir(ref, spec) else ref for ref in sides]
         targets = [ref for ref in sides if not _is_capture_dir(ref, spec)]
         if targets and options.get("requests") is None:
@@ -103,6 +138,13 @@ class DiffProbe(BaseProbe):
                           candidate_args=candidate_args, base_dir=spec.base_dir, **options)
 
     def run(self, config: DiffConfig, ctx: ProbeContext) -> Verdict:
+        from glmfb.diff.endpoint import is_endpoint
+
+        sides = (config.baseline, config.candidate)
+        if any(is_endpoint(ref) or (Path(ref) / "serving-capture.json").is_file() for ref in sides):
+            from glmfb.diff.serving import run_serving_diff
+
+            return run_serving_diff(config, ctx)
         from glmfb.diff.engine import run_diff
 
         return run_diff(config, ctx)

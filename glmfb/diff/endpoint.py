@@ -1,0 +1,379 @@
+"""A diff side that is a running server: ``openai:http://HOST:PORT/v1`` (optionally ``#MODEL``),
+asked through its OpenAI-compatible API for greedy completions with the top-k logprobs of every
+generated token.
+
+The client is httpx: every call has a timeout, a connection error, a timeout or a 5xx answer is
+retried a bounded number of times with exponential backoff, a 4xx answer is not, and what a
+server answered last (its status and the head of its body) is what :class:`EndpointError` says.
+Requests go out from a small thread pool, so at most ``concurrency`` are in flight per server.
+The completions API is asked first; a server without it (404 or 405) is asked through chat
+completions, for text prompts only.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from glmfb.errors import HarnessError, InputError, TargetFailed, UsageError
+
+SCHEME = "openai:"
+BODY_HEAD = 200  # characters of a failing answer's body quoted in the error
+DEFAULT_MAX_TOKENS = 16
+# Greedy decoding, and nothing that changes the choice after the logprobs are taken: the OpenAI
+# penalties, and the repetition penalty under the names servers give it (llama.cpp's server and
+# llama-cpp-python default theirs to 1.1, so greedy would not pick the top logprob).
+GREEDY: dict[str, Any] = {"temperature": 0.0, "top_p": 1.0, "seed": 0, "presence_penalty": 0.0,
+                          "frequency_penalty": 0.0, "repeat_penalty": 1.0, "repetition_penalty": 1.0}
+
+
+def is_endpoint(ref: str) -> bool:
+    """Whether a side names a server (``openai:http://...``) rather than a target or a capture."""
+    return ref.startswith(SCHEME)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A server's API base (``http://host:port/v1``) and the model to ask (None: the first the
+    server lists)."""
+
+    base_url: str
+    model: str | None = None
+
+    @property
+    def ref(self) -> str:
+        return SCHEME + self.base_url + (f"#{self.model}" if self.model else "")
+
+
+def parse_endpoint(ref: str) -> Endpoint:
+    """``openai:http://127.0.0.1:8000/v1#tiny`` -> ``Endpoint("http://127.0.0.1:8000/v1", "tiny")``.
+    Raises :class:`UsageError` on anything else."""
+    if not is_endpoint(ref):
+        raise UsageError(f"{ref!r} is not a serving endpoint", "write it as openai:http://HOST:PORT/v1")
+    url, _, model = ref[len(SCHEME):].partition("#")
+    if not url.startswith(("http://", "https://")) or "//" not in url or not url.split("//", 1)[1]:
+        raise UsageError(f"endpoint {ref!r} has no http(s) URL", "write it as openai:http://HOST:PORT/v1")
+    return Endpoint(url.rstrip("/"), model or None)
+
+
+# --------------------------------------------------------------------------------------------
+# Requests
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServingRequest:
+    """One request to a server: a text ``prompt`` or token ids (``input_ids``, where the server
+    takes them), and the number of tokens to generate greedily."""
+
+    id: str
+    prompt: str | tuple[int, ...]
+    max_tokens: int
+
+    def to_dict(self) -> dict[str, Any]:
+        prompt: Any = self.prompt if isinstance(self.prompt, str) else list(self.prompt)
+        key = "prompt" if isinstance(self.prompt, str) else "input_ids"
+        return {"id": self.id, key: prompt, "max_tokens": self.max_tokens}
+
+
+def parse_serving_request(data: Any, label: str, default_max_tokens: int) -> ServingRequest:
+    if not isinstance(data, dict):
+        raise InputError(f"{label}: expected a JSON object, got {type(data).__name__}")
+    rid = data.get("id")
+    if not isinstance(rid, str) or not rid:
+        raise InputError(f"{label}: needs a non-empty string 'id'")
+    kinds = [k for k in ("prompt", "input_ids") if k in data]
+    if len(kinds) != 1:
+        raise InputError(f"{label}: request {rid!r} to a server needs exactly one of prompt, input_ids",
+                         f"got {', '.join(kinds) or 'none'}")
+    prompt: str | tuple[int, ...]
+    if "prompt" in data:
+        if not isinstance(data["prompt"], str) or not data["prompt"]:
+            raise InputError(f"{label}: prompt must be a non-empty string")
+        prompt = data["prompt"]
+    else:
+        ids = data["input_ids"]
+        if not isinstance(ids, list) or not ids or not all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise InputError(f"{label}: input_ids must be a non-empty list of non-negative ints")
+        prompt = tuple(ids)
+    max_tokens = data.get("max_tokens", default_max_tokens)
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise InputError(f"{label}: max_tokens must be an integer >= 1, got {max_tokens!r}")
+    return ServingRequest(rid, prompt, max_tokens)
+
+
+def read_serving_requests(path: Path, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> list[ServingRequest]:
+    """The requests of a JSONL file for servers (``id``, ``prompt`` or ``input_ids``, optional
+    ``max_tokens``); ids unique; blank and ``#`` lines skipped."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such requests file", "give a JSONL file, one request per line") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read: {exc}") from exc
+    requests: list[ServingRequest] = []
+    seen: set[str] = set()
+    for number, line in enumerate(lines, start=1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        label = f"{path}:{number}"
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{label}: not valid JSON: {exc.msg} at column {exc.colno}") from None
+        request = parse_serving_request(data, label, default_max_tokens)
+        if request.id in seen:
+            raise InputError(f"{label}: duplicate id {request.id!r}")
+        seen.add(request.id)
+        requests.append(request)
+    if not requests:
+        raise InputError(f"{path}: no requests", "write one JSON object per line")
+    return requests
+
+
+# --------------------------------------------------------------------------------------------
+# Answers
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenStep:
+    """One generated token: its text, its logprob, and the top-k candidates (text -> logprob)."""
+
+    token: str
+    logprob: float
+    top: Mapping[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"token": self.token, "logprob": self.logprob, "top": dict(self.top)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TokenStep:
+        return cls(str(data["token"]), float(data["logprob"]), {str(k): float(v) for k, v in data["top"].items()})
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a server answered to one request: the generated tokens, why it stopped, which API
+    it was asked through, and how long the call took (seconds, retries included)."""
+
+    request: str
+    steps: tuple[TokenStep, ...]
+    finish_reason: str | None = None
+    api: str = "completions"
+    seconds: float = 0.0
+    attempts: int = 1
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        return tuple(step.token for step in self.steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"request": self.request, "finish_reason": self.finish_reason, "api": self.api,
+                "seconds": self.seconds, "attempts": self.attempts, "steps": [s.to_dict() for s in self.steps]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Answer:
+        return cls(str(data["request"]), tuple(TokenStep.from_dict(s) for s in data["steps"]),
+                   data.get("finish_reason"), str(data.get("api", "completions")), float(data.get("seconds", 0.0)),
+                   int(data.get("attempts", 1)))
+
+
+class EndpointError(HarnessError):
+    """A server could not be reached or answered with an error; the message names the URL and
+    what it answered last (status and body head, or the connection error)."""
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """How a server is asked: per-call timeout, retries after the first attempt, the first
+    backoff (doubled each retry), requests in flight, top-k logprobs asked."""
+
+    timeout_s: float = 30.0
+    retries: int = 2
+    backoff_s: float = 0.25
+    concurrency: int = 4
+    top_logprobs: int = 5
+
+
+@dataclass
+class EndpointClient:
+    """One server's client; use as a context manager (it owns an httpx connection pool)."""
+
+    endpoint: Endpoint
+    settings: ClientSettings = field(default_factory=ClientSettings)
+    sleep: Callable[[float], None] = time.sleep
+    _client: Any = None
+    _model: str | None = None
+    _chat: bool = False
+
+    def __enter__(self) -> EndpointClient:
+        import httpx
+
+        timeout = httpx.Timeout(self.settings.timeout_s, connect=min(self.settings.timeout_s, 10.0))
+        limits = httpx.Limits(max_connections=self.settings.concurrency)
+        self._client = httpx.Client(timeout=timeout, limits=limits, trust_env=False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # ---- HTTP with bounded retries -----------------------------------------------------------
+
+    def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> tuple[Any, int]:
+        """The decoded JSON answer and the attempts it took. Retries connection errors,
+        timeouts and 5xx answers ``settings.retries`` times; raises :class:`EndpointError`."""
+        import httpx
+
+        url = f"{self.endpoint.base_url}{path}"
+        attempts = self.settings.retries + 1
+        last = ""
+        for attempt in range(1, attempts + 1):
+            if attempt > 1:
+                self.sleep(self.settings.backoff_s * 2 ** (attempt - 2))
+            try:
+                response = self._client.request(method, url, json=body)
+            except httpx.TimeoutException as exc:
+                last = f"timed out after {self.settings.timeout_s:g} s ({type(exc).__name__})"
+                continue
+            except httpx.TransportError as exc:
+                last = f"could not be reached ({type(exc).__name__}: {exc})"
+                continue
+            if response.status_code >= 500 or response.status_code == 429:
+                last = _answered(response)
+                continue
+            if response.status_code >= 400:
+                raise EndpointError(f"{url} {_answered(response)}")
+            try:
+                return response.json(), attempt
+            except ValueError:
+                raise EndpointError(f"{url} answered HTTP {response.status_code} with a body that is not JSON: "
+                                    f"{_head(response.text)!r}") from None
+        tries = "once" if attempts == 1 else f"{attempts} times"
+        raise EndpointError(f"{url} {last} (asked {tries})")
+
+    def model(self) -> str:
+        """The model to ask: the endpoint's, else the first the server lists at ``/models``
+        (this call is also the reachability check)."""
+        if self._model is None:
+            listed, _ = self._call("GET", "/models")
+            data = listed.get("data") if isinstance(listed, dict) else None
+            if self.endpoint.model is not None:
+                self._model = self.endpoint.model
+            elif isinstance(data, list) and data and isinstance(data[0], dict) and "id" in data[0]:
+                self._model = str(data[0]["id"])
+            else:
+                raise EndpointError(f"{self.endpoint.base_url}/models lists no model: {_head(json.dumps(listed))!r}")
+        return self._model
+
+    # ---- one request -------------------------------------------------------------------------
+
+    def complete(self, request: ServingRequest) -> Answer:
+        """Greedy generation with the top-k logprobs of every token. Raises :class:`EndpointError`."""
+        started = time.perf_counter()
+        model = self.model()
+        if not self._chat:
+            prompt = request.prompt if isinstance(request.prompt, str) else list(request.prompt)
+            body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": request.max_tokens, **GREEDY,
+                                    "logprobs": self.settings.top_logprobs, "echo": False, "stream": False}
+            try:
+                answer, attempts = self._call("POST", "/completions", body)
+                return _completion_answer(request.id, answer, time.perf_counter() - started, attempts, self.endpoint)
+            except EndpointError as exc:
+                if not _missing_api(str(exc)) or not isinstance(request.prompt, str):
+                    raise
+                self._chat = True
+        if not isinstance(request.prompt, str):
+            raise EndpointError(f"{self.endpoint.base_url} has no completions API, and request {request.id!r} "
+                                "gives token ids, which chat completions cannot take")
+        chat: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": request.prompt}],
+                                "max_tokens": request.max_tokens, **GREEDY, "logprobs": True,
+                                "top_logprobs": self.settings.top_logprobs, "stream": False}
+        answer, attempts = self._call("POST", "/chat/completions", chat)
+        return _chat_answer(request.id, answer, time.perf_counter() - started, attempts, self.endpoint)
+
+
+def _head(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= BODY_HEAD else flat[:BODY_HEAD] + "..."
+
+
+def _answered(response: Any) -> str:
+    reason = f" {response.reason_phrase}" if getattr(response, "reason_phrase", "") else ""
+    return f"answered HTTP {response.status_code}{reason}: {_head(response.text)!r}"
+
+
+def _missing_api(message: str) -> bool:
+    return "answered HTTP 404" in message or "answered HTTP 405" in message
+
+
+def _choice(answer: Any, endpoint: Endpoint) -> Mapping[str, Any]:
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise EndpointError(f"{endpoint.base_url} answered with no choices: {_head(json.dumps(answer))!r}")
+    return choices[0]
+
+
+def _completion_answer(rid: str, answer: Any, seconds: float, attempts: int, endpoint: Endpoint) -> Answer:
+    """Steps from a completions answer: ``logprobs = {tokens, token_logprobs, top_logprobs}``."""
+    choice = _choice(answer, endpoint)
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, dict) or not isinstance(logprobs.get("tokens"), list):
+        raise EndpointError(f"{endpoint.base_url} answered without logprobs: {_head(json.dumps(choice))!r}")
+    tokens, values, tops = logprobs["tokens"], logprobs.get("token_logprobs") or [], logprobs.get("top_logprobs") or []
+    if not len(tokens) == len(values) == len(tops):
+        raise EndpointError(f"{endpoint.base_url} answered {len(tokens)} tokens but {len(values)} logprobs "
+                            f"and {len(tops)} top-k lists")
+    steps = tuple(TokenStep(str(t), _number(v), {str(k): _number(p) for k, p in (top or {}).items()})
+                  for t, v, top in zip(tokens, values, tops, strict=True))
+    return Answer(rid, steps, choice.get("finish_reason"), "completions", seconds, attempts)
+
+
+def _chat_answer(rid: str, answer: Any, seconds: float, attempts: int, endpoint: Endpoint) -> Answer:
+    """Steps from a chat answer: ``logprobs.content = [{token, logprob, top_logprobs: [...]}]``."""
+    choice = _choice(answer, endpoint)
+    content = (choice.get("logprobs") or {}).get("content")
+    if not isinstance(content, list):
+        raise EndpointError(f"{endpoint.base_url} answered without logprobs: {_head(json.dumps(choice))!r}")
+    steps = tuple(TokenStep(str(item["token"]), _number(item["logprob"]),
+                            {str(c["token"]): _number(c["logprob"]) for c in item.get("top_logprobs") or []})
+                  for item in content)
+    return Answer(rid, steps, choice.get("finish_reason"), "chat", seconds, attempts)
+
+
+def _number(value: Any) -> float:
+    """A logprob; None (some servers' first token) and -inf are -inf."""
+    if value is None:
+        return float("-inf")
+    return float(value)
+
+
+def ask_all(client: EndpointClient, side: str, requests: Sequence[ServingRequest],
+            progress: Callable[[str], None] | None = None, what: str = "requests") -> dict[str, Answer]:
+    """Every request asked of one server, at most ``concurrency`` in flight; a failing request
+    raises :class:`TargetFailed` naming the side, the request and what the server answered."""
+    def one(request: ServingRequest) -> Answer:
+        try:
+            return client.complete(request)
+        except EndpointError as exc:
+            raise TargetFailed(f"{side} server", f"on request {request.id}", exc) from exc
+
+    answers: dict[str, Answer] = {}
+    pool = ThreadPoolExecutor(max_workers=client.settings.concurrency)
+    try:
+        for done, answer in enumerate(pool.map(one, requests), start=1):
+            answers[answer.request] = answer
+            if progress is not None:
+                progress(f"{side}: {done}/{len(requests)} {what} answered")
+    finally:  # on a failure, the requests not yet sent are not sent; those in flight end by their timeout
+        pool.shutdown(wait=True, cancel_futures=True)
+    return answers

@@ -1,0 +1,630 @@
+"""``glmfb diff`` between two serving endpoints: per request, where the greedy outputs first
+part, and how the top-k distributions drifted before they did.
+
+Each side is asked every request once (greedy, the top-k logprobs of every generated token).
+Per request, the positions before the first divergent token are compared: top-1 agreement, the
+chosen token's logprob difference, and the KL divergence of the two top-k distributions on
+their shared support (renormalized there), with the probability mass outside that support
+reported beside it (what the KL cannot see). At the divergence, each side's token is looked up
+in the other's top-k.
+
+Noise: each server is asked the first request again, and every request whose outputs part; the
+largest logprob difference a server shows between two answers to the same request is its
+jitter. A divergence where, on each side, the two tokens are closer in logprob than that side's
+noise (its jitter, at least ``noise_floor``: a deterministic server shows none) is a tie flip:
+reported, not a regression. A near tie on one side only is not: there the other side preferred
+its token by more than its noise, so the distribution moved.
+
+A side may also be a folder ``glmfb capture openai:...`` wrote (``serving-capture.json``: the
+server's answers to every request and its repeat of the first): it is compared as the server
+answered then, with the noise of that repeat.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from glmfb.diff.endpoint import (
+    Answer,
+    ClientSettings,
+    EndpointClient,
+    ServingRequest,
+    TokenStep,
+    ask_all,
+    is_endpoint,
+    parse_endpoint,
+    read_serving_requests,
+)
+from glmfb.diff.evidence import (
+    ServingDivergence,
+    ServingDrift,
+    ServingDriftRow,
+    ServingNoise,
+    ServingRequestRow,
+    ServingRequests,
+    ServingThroughput,
+    SideRun,
+)
+from glmfb.errors import UsageError
+from glmfb.evidence import Evidence
+from glmfb.probe import ProbeContext
+from glmfb.rules import Diagnosis, Rule, diagnose
+from glmfb.step import Step
+from glmfb.verdict import Layer, Metric, Status, Verdict
+
+SIDES = ("baseline", "candidate")
+DRIFT_ROWS = 200  # per-position rows kept in the verdict's drift evidence
+
+
+# --------------------------------------------------------------------------------------------
+# Comparison
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PositionDrift:
+    """One position before the divergence: the chosen token, its logprob difference (candidate
+    minus baseline), the KL of the renormalized top-k on the shared support, the mass outside it
+    (the larger of the two sides'), and whether the two top-1 tokens agree."""
+
+    position: int
+    token: str
+    logprob_diff: float
+    kl_shared: float
+    mass_outside: float
+    top1_agree: bool
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where two answers first part. A token is None where that side stopped generating.
+    ``*_rank``: the 1-based rank of the *other* side's token in this side's top-k (None: not in
+    it). ``*_gap``: this side's logprob of its own token minus that of the other's (None: the
+    other's is not in its top-k)."""
+
+    position: int
+    baseline_token: str | None
+    candidate_token: str | None
+    baseline_logprob: float | None
+    candidate_logprob: float | None
+    baseline_rank: int | None
+    candidate_rank: int | None
+    baseline_gap: float | None
+    candidate_gap: float | None
+    tie_flip: bool = False
+
+
+@dataclass(frozen=True)
+class RequestComparison:
+    """One request's two answers compared. ``status``: ``same`` (no divergence, within the
+    tolerances), ``tie`` (they part at a tie flip), ``diverged`` (they part, not at a tie),
+    ``drift`` (the distributions drifted past a tolerance, and the outputs do not part or part at
+    a tie flip)."""
+
+    request: str
+    baseline_tokens: int
+    candidate_tokens: int
+    drift: tuple[PositionDrift, ...]
+    divergence: Divergence | None
+    status: str = "same"
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("diverged", "drift")
+
+    def worst(self, key: Callable[[PositionDrift], float]) -> PositionDrift | None:
+        return max(self.drift, key=key, default=None)
+
+    @property
+    def logprob_diff_max(self) -> float:
+        return max((abs(d.logprob_diff) for d in self.drift), default=0.0)
+
+    @property
+    def kl_max(self) -> float:
+        return max((d.kl_shared for d in self.drift), default=0.0)
+
+    @property
+    def mass_outside_max(self) -> float:
+        return max((d.mass_outside for d in self.drift), default=0.0)
+
+
+def shared_kl(baseline: Mapping[str, float], candidate: Mapping[str, float]) -> tuple[float, float]:
+    """KL(baseline || candidate) of the two top-k distributions renormalized on the tokens both
+    list, and the mass outside that support: 1 minus the smaller of the two sides' shared
+    probability (nothing shared: KL 0 over nothing, mass outside 1)."""
+    shared = [t for t in baseline if t in candidate and math.isfinite(baseline[t]) and math.isfinite(candidate[t])]
+    if not shared:
+        return 0.0, 1.0
+    p = [math.exp(baseline[t]) for t in shared]
+    q = [math.exp(candidate[t]) for t in shared]
+    p_mass, q_mass = sum(p), sum(q)
+    kl = sum(pi / p_mass * math.log((pi / p_mass) / (qi / q_mass)) for pi, qi in zip(p, q, strict=True) if pi > 0)
+    return max(kl, 0.0), max(0.0, 1.0 - min(p_mass, q_mass))
+
+
+def _rank(token: str | None, top: Mapping[str, float]) -> int | None:
+    if token is None or token not in top:
+        return None
+    ordered = sorted(top.items(), key=lambda item: -item[1])
+    return 1 + [t for t, _ in ordered].index(token)
+
+
+def _gap(own: TokenStep, other: str | None) -> float | None:
+    if other is None or other not in own.top:
+        return None
+    return own.logprob - own.top[other]
+
+
+def compare_answers(baseline: Answer, candidate: Answer, noise: Mapping[str, float],
+                    logprob_tolerance: float, kl_tolerance: float) -> RequestComparison:
+    """Two answers to one request compared position by position (see the module docstring);
+    ``noise`` is each side's noise (nats) for the tie-flip rule."""
+    drift: list[PositionDrift] = []
+    divergence: Divergence | None = None
+    length = max(len(baseline.steps), len(candidate.steps))
+    for i in range(length):
+        b = baseline.steps[i] if i < len(baseline.steps) else None
+        c = candidate.steps[i] if i < len(candidate.steps) else None
+        if b is None or c is None or b.token != c.token:
+            divergence = _divergence(i, b, c, noise)
+            break
+        kl, outside = shared_kl(b.top, c.top)
+        top1 = (max(b.top, key=b.top.__getitem__) == max(c.top, key=c.top.__getitem__)) if b.top and c.top else True
+        drift.append(PositionDrift(i, b.token, c.logprob - b.logprob, kl, outside, top1))
+    comparison = RequestComparison(baseline.request, len(baseline.steps), len(candidate.steps), tuple(drift), divergence)
+    drifted = comparison.logprob_diff_max > logprob_tolerance or comparison.kl_max > kl_tolerance
+    if divergence is not None and not divergence.tie_flip:
+        status = "diverged"  # where the outputs part is the place to look, however they drifted before
+    elif drifted:
+        status = "drift"
+    else:
+        status = "same" if divergence is None else "tie"
+    return RequestComparison(comparison.request, comparison.baseline_tokens, comparison.candidate_tokens,
+                             comparison.drift, divergence, status)
+
+
+def _divergence(position: int, b: TokenStep | None, c: TokenStep | None, noise: Mapping[str, float]) -> Divergence:
+    b_token = b.token if b is not None else None
+    c_token = c.token if c is not None else None
+    b_gap = _gap(b, c_token) if b is not None else None
+    c_gap = _gap(c, b_token) if c is not None else None
+    # a tie on both sides: on one side only, the other side's distribution moved past its noise
+    tie = (b_gap is not None and abs(b_gap) <= noise["baseline"]
+           and c_gap is not None and abs(c_gap) <= noise["candidate"])
+    return Divergence(
+        position=position, baseline_token=b_token, candidate_token=c_token,
+        baseline_logprob=b.logprob if b is not None else None, candidate_logprob=c.logprob if c is not None else None,
+        baseline_rank=_rank(c_token, b.top) if b is not None else None,
+        candidate_rank=_rank(b_token, c.top) if c is not None else None,
+        baseline_gap=b_gap, candidate_gap=c_gap, tie_flip=tie,
+    )
+
+
+def jitter(first: Answer, second: Answer) -> tuple[float, int | None]:
+    """The largest logprob difference between two answers of one server to one request, over
+    the positions where they agree (every top-k token both list), and the position where the
+    server parted from itself (None: it did not); where it did, the two tokens' gap counts too
+    (the server chose either, so its noise is at least that)."""
+    largest = 0.0
+    for i, (a, b) in enumerate(zip(first.steps, second.steps, strict=False)):
+        values = [abs(a.logprob - b.logprob)] if a.token == b.token else []
+        values += [abs(a.top[t] - b.top[t]) for t in a.top if t in b.top
+                   and math.isfinite(a.top[t]) and math.isfinite(b.top[t])]
+        finite = [v for v in values if math.isfinite(v)]
+        largest = max([largest, *finite])
+        if a.token != b.token:
+            gaps = [g for g in (_gap(a, b.token), _gap(b, a.token)) if g is not None]
+            return max([largest, *(abs(g) for g in gaps)]), i
+    if len(first.steps) != len(second.steps):
+        return largest, min(len(first.steps), len(second.steps))
+    return largest, None
+
+
+# --------------------------------------------------------------------------------------------
+# Findings and rules
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServingFindings:
+    """What a serving diff established, in the terms the rules speak."""
+
+    requests: int
+    comparisons: tuple[RequestComparison, ...]
+    noise: Mapping[str, float]
+    floor: float
+    logprob_tolerance: float
+    kl_tolerance: float
+
+    @property
+    def first_failing(self) -> RequestComparison | None:
+        return next((c for c in self.comparisons if c.failed), None)
+
+    @property
+    def ties(self) -> tuple[RequestComparison, ...]:
+        return tuple(c for c in self.comparisons if c.status == "tie")
+
+    def saw(self) -> Mapping[str, Any]:
+        failing = self.first_failing
+        return {"requests": self.requests, "failing": sum(c.failed for c in self.comparisons),
+                "tie_flips": len(self.ties), "request": failing.request if failing else None,
+                "status": failing.status if failing else None,
+                "noise_baseline": self.noise["baseline"], "noise_candidate": self.noise["candidate"]}
+
+
+def _token_text(token: str | None) -> str:
+    return "(it stopped)" if token is None else repr(token)
+
+
+def _drift_text(comparison: RequestComparison) -> str:
+    """How the distributions drifted over the positions compared (the prose of the why)."""
+    n = len(comparison.drift)
+    if n == 0:
+        return "they part at the first token, so nothing before it is compared"
+    worst_lp = comparison.worst(lambda d: abs(d.logprob_diff))
+    worst_kl = comparison.worst(lambda d: d.kl_shared)
+    assert worst_lp is not None and worst_kl is not None
+    first_lp = abs(comparison.drift[0].logprob_diff)
+    last_lp = abs(comparison.drift[-1].logprob_diff)
+    tokens = "token" if n == 1 else f"{n} tokens"
+    return (f"over the {tokens} before it the chosen token's logprob differed by up to {worst_lp.logprob_diff:+.3g} nats "
+            f"(at token {worst_lp.position}; {first_lp:.3g} at the first, {last_lp:.3g} at the last), the KL "
+            f"divergence on the shared top-k reached {worst_kl.kl_shared:.3g} nats (token {worst_kl.position}), "
+            f"with at most {comparison.mass_outside_max:.2%} of the mass outside the shared support")
+
+
+def _divergence_text(comparison: RequestComparison, findings: ServingFindings) -> str:
+    d = comparison.divergence
+    assert d is not None
+    ranks = []
+    if d.candidate_rank is not None:
+        ranks.append(f"the baseline's token is #{d.candidate_rank} in the candidate's top-k")
+    elif d.candidate_token is not None and d.baseline_token is not None:
+        ranks.append("the baseline's token is not in the candidate's top-k")
+    if d.baseline_rank is not None:
+        ranks.append(f"the candidate's is #{d.baseline_rank} in the baseline's")
+    elif d.candidate_token is not None and d.baseline_token is not None:
+        ranks.append("the candidate's is not in the baseline's")
+    gaps = ", ".join(f"the {side} prefers its own by {g:.3g} nats (its noise {findings.noise[side]:.3g})"
+                     for side, g in (("baseline", d.baseline_gap), ("candidate", d.candidate_gap)) if g is not None)
+    text = (f"request {comparison.request} parts at token {d.position}: the baseline generated "
+            f"{_token_text(d.baseline_token)}, the candidate {_token_text(d.candidate_token)}")
+    if ranks:
+        text += f" ({'; '.join(ranks)})"
+    if gaps:
+        text += f"; {gaps}"
+    return text
+
+
+def _passes(f: ServingFindings) -> Diagnosis | None:
+    if f.first_failing is not None:
+        return None
+    compared = sum(len(c.drift) for c in f.comparisons)
+    lp = max((c.logprob_diff_max for c in f.comparisons), default=0.0)
+    kl = max((c.kl_max for c in f.comparisons), default=0.0)
+    why = (f"all {f.requests} requests agree within the tolerances: {compared} tokens compared, the chosen token's "
+           f"logprob at most {lp:.3g} nats apart (tolerance {f.logprob_tolerance:g}), the KL on the shared top-k at most "
+           f"{kl:.3g} (tolerance {f.kl_tolerance:g})")
+    if f.ties:
+        parts = "; ".join(f"{c.request} at token {c.divergence.position}" for c in f.ties if c.divergence)
+        why += (f"; {len(f.ties)} part at a tie flip, where the two tokens are closer than the server's noise "
+                f"({parts}), which is not a regression")
+    return Diagnosis(Status.PASS, why)
+
+
+def _drifted(f: ServingFindings) -> Diagnosis | None:
+    c = f.first_failing
+    if c is None or c.status != "drift":
+        return None
+    worst = c.worst(lambda d: max(abs(d.logprob_diff) / max(f.logprob_tolerance, 1e-12),
+                                  d.kl_shared / max(f.kl_tolerance, 1e-12)))
+    assert worst is not None
+    why = (f"request {c.request}: the distributions drift past the tolerances: at token "
+           f"{worst.position} ({worst.token!r}) the chosen token's logprob differs by {worst.logprob_diff:+.3g} nats "
+           f"(tolerance {f.logprob_tolerance:g}) and the KL on the shared top-k is {worst.kl_shared:.3g} "
+           f"(tolerance {f.kl_tolerance:g}); {_drift_text(c)}")
+    if c.divergence is not None:
+        why += f"; then {_divergence_text(c, f)}, a tie flip"
+    return Diagnosis(Status.FAIL, why, _next_steps(), {"request": c.request, "position": worst.position})
+
+
+def _diverged(f: ServingFindings) -> Diagnosis | None:
+    c = f.first_failing
+    if c is None or c.status != "diverged" or c.divergence is None:
+        return None
+    d = c.divergence
+    why = (f"{_divergence_text(c, f)}, so the greedy outputs part for more than noise; {_drift_text(c)}")
+    where = {"request": c.request, "position": d.position,
+             "baseline_token": d.baseline_token, "candidate_token": d.candidate_token}
+    return Diagnosis(Status.FAIL, why, _next_steps(), where)
+
+
+def _next_steps() -> tuple[Step, ...]:
+    return (
+        Step("load both models in-process and run the module-level diff (glmfb diff on two torch factories) on the "
+             "failing request, to find the module where the error starts"),
+        Step("rerun with --keep-captures to keep both servers' answers (serving-answers.json) for a look at every token"),
+    )
+
+
+SERVING_RULES: tuple[Rule[ServingFindings], ...] = (
+    Rule("serving-agree", "diff", _passes, "every request within the tolerances (tie flips allowed)"),
+    Rule("serving-divergence", "diff", _diverged, "the greedy outputs part, not at a tie"),
+    Rule("serving-drift", "diff", _drifted, "the distributions drift past a tolerance; the outputs do not part, "
+         "or part at a tie flip"),
+)
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    """What a serving diff takes from the diff's config."""
+
+    top_logprobs: int = 5
+    max_tokens: int = 16
+    logprob_tolerance: float = 0.1
+    kl_tolerance: float = 0.01
+    noise_floor: float = 1e-3
+    timeout_s: float = 30.0
+    retries: int = 2
+    concurrency: int = 4
+
+    @classmethod
+    def of(cls, config: Any) -> ServingOptions:
+        names = ("top_logprobs", "max_tokens", "logprob_tolerance", "kl_tolerance", "noise_floor", "retries",
+                 "concurrency")
+        values = {name: getattr(config, name) for name in names}
+        return cls(timeout_s=config.http_timeout_s, **values)
+
+
+@dataclass
+class _Timing:
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    calls: dict[str, int] = field(default_factory=dict)
+
+
+SERVING_CAPTURE = "serving-capture.json"
+CAPTURE_SCHEMA = "glmfb.serving-capture/1"
+
+
+def is_serving_capture(ref: str | Path) -> bool:
+    """A folder written by ``glmfb capture openai:...`` (it holds ``serving-capture.json``)."""
+    return (Path(ref) / SERVING_CAPTURE).is_file()
+
+
+@dataclass(frozen=True)
+class SavedAnswers:
+    """What a server answered, read from a capture folder: its endpoint, the top-k it was asked
+    for, every request's answer, and the repeats made at capture time (its noise)."""
+
+    endpoint: str
+    top_logprobs: int
+    answers: Mapping[str, Answer]
+    repeats: Mapping[str, Answer]
+
+    @classmethod
+    def read(cls, folder: Path) -> SavedAnswers:
+        import json
+
+        from glmfb.errors import InputError
+
+        path = folder / SERVING_CAPTURE
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("schema") != CAPTURE_SCHEMA:
+                raise InputError(f"{path}: not a {CAPTURE_SCHEMA} document (schema {data.get('schema')!r})")
+            answers = {a["request"]: Answer.from_dict(a) for a in data["answers"]}
+            repeats = {a["request"]: Answer.from_dict(a) for a in data.get("repeats", [])}
+            return cls(str(data["endpoint"]), int(data["top_logprobs"]), answers, repeats)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise InputError(f"{path}: cannot read the saved answers: {type(exc).__name__}: {exc}") from None
+
+
+def capture_endpoint(config: Any, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """``glmfb capture openai:...``: every request asked of the server once, the first asked again
+    (its noise), stored in ``config.out/serving-capture.json`` (the folder written aside and
+    renamed into place)."""
+    import os
+    import shutil
+
+    from glmfb.errors import InputError
+    from glmfb.io import write_json_atomic
+
+    if config.requests is None:
+        raise UsageError("glmfb capture needs --requests FILE")
+    out = Path(config.out)
+    if (out.exists() or out.is_symlink()) and not config.force:
+        raise InputError(f"{out} already exists", "give a new --out folder, or --force to replace it whole")
+    if out.exists() and not is_serving_capture(out) and any(out.iterdir()):
+        raise InputError(f"{out} exists and is not a serving capture; glmfb will not replace it", "give a new --out")
+    requests = read_serving_requests(config.requests, config.max_tokens)
+    endpoint = parse_endpoint(config.target)
+    settings = ClientSettings(timeout_s=config.http_timeout_s, retries=config.retries,
+                              concurrency=config.concurrency, top_logprobs=config.top_logprobs)
+    with EndpointClient(endpoint, settings) as client:
+        answers = ask_all(client, "target", requests, progress)
+        repeats = ask_all(client, "target", requests[:1], progress, "repeats")
+    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    partial.mkdir(parents=True, exist_ok=True)
+    try:
+        write_json_atomic(partial / SERVING_CAPTURE, {
+            "schema": CAPTURE_SCHEMA, "endpoint": endpoint.ref, "top_logprobs": config.top_logprobs,
+            "requests": [r.to_dict() for r in requests], "answers": [a.to_dict() for a in answers.values()],
+            "repeats": [a.to_dict() for a in repeats.values()]})
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(partial, out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return {"requests": len(answers), "tensors": 0}
+
+
+def _saved_side(saved: SavedAnswers, side: str, folder: str, requests: Sequence[ServingRequest]) -> None:
+    from glmfb.errors import InputError
+
+    missing = [r.id for r in requests if r.id not in saved.answers]
+    if missing:
+        raise InputError(f"the {side}'s saved answers ({folder}) have no answer to request {missing[0]!r}",
+                         "capture the server again with this requests file")
+
+
+def run_serving_diff(config: Any, ctx: ProbeContext) -> Verdict:
+    """The verdict of two serving endpoints over ``config.requests``; a server that cannot be
+    reached or answers with an error raises :class:`~glmfb.errors.TargetFailed` naming it (the
+    host makes it an error verdict)."""
+    if config.requests is None:
+        raise UsageError("a serving endpoint side needs --requests FILE")
+    options = ServingOptions.of(config)
+    requests = read_serving_requests(config.requests, options.max_tokens)
+    refs = {"baseline": config.baseline, "candidate": config.candidate}
+    saved = {side: SavedAnswers.read(Path(ref)) for side, ref in refs.items() if not is_endpoint(ref)}
+    for side, answers_saved in saved.items():
+        _saved_side(answers_saved, side, refs[side], requests)
+    endpoints = {side: parse_endpoint(saved[side].endpoint if side in saved else ref) for side, ref in refs.items()}
+    settings = ClientSettings(timeout_s=options.timeout_s, retries=options.retries, concurrency=options.concurrency,
+                              top_logprobs=options.top_logprobs)
+    timing = _Timing()
+    started, cpu_started = time.perf_counter(), time.process_time()
+    answers: dict[str, dict[str, Answer]] = {}
+    repeats: dict[str, dict[str, Answer]] = {}
+    with ExitStack() as stack:
+        clients = {side: stack.enter_context(EndpointClient(endpoints[side], settings))
+                   for side in SIDES if side not in saved}
+        for side in saved:
+            answers[side] = {r.id: saved[side].answers[r.id] for r in requests}
+            repeats[side] = dict(saved[side].repeats)
+        answers.update(_both(clients, lambda side: ask_all(clients[side], side, requests, ctx.progress)))
+        parted = [r for r in requests if answers["baseline"][r.id].tokens != answers["candidate"][r.id].tokens]
+        again = [requests[0], *[r for r in parted if r.id != requests[0].id]]
+        repeats.update(_both(clients, lambda side: ask_all(clients[side], side, again, ctx.progress, "repeats")))
+    timing.wall_s = time.perf_counter() - started
+    noise, noise_evidence = _noise(answers, repeats, endpoints, options.noise_floor)
+    comparisons = tuple(compare_answers(answers["baseline"][r.id], answers["candidate"][r.id], noise,
+                                        options.logprob_tolerance, options.kl_tolerance) for r in requests)
+    timing.cpu_s = time.process_time() - cpu_started
+    timing.wall_s = time.perf_counter() - started
+    findings = ServingFindings(len(requests), comparisons, noise, options.noise_floor, options.logprob_tolerance,
+                               options.kl_tolerance)
+    outcome = diagnose(SERVING_RULES, findings)
+    evidence: list[Evidence] = [_requests_evidence(comparisons)]
+    failing = findings.first_failing or next((c for c in comparisons if c.divergence is not None), None)
+    if failing is not None:
+        evidence.append(_drift_evidence(failing))
+        if failing.divergence is not None:
+            evidence.append(_divergence_evidence(failing))
+    evidence += noise_evidence
+    evidence.append(_throughput_evidence(requests, answers, repeats, timing))
+    evidence += [SideRun(side=side, target=refs[side] if side in saved else endpoints[side].ref) for side in SIDES]
+    evidence.append(outcome.record)
+    artifacts = _write_answers(config, ctx, answers, repeats, findings)
+    worst_lp = max((c.logprob_diff_max for c in comparisons), default=0.0)
+    return Verdict(
+        probe="diff", name=config.name, status=outcome.diagnosis.status, layer=Layer.NUMERICS,
+        why=outcome.diagnosis.why, where=dict(outcome.diagnosis.where or {}),
+        metric=Metric("logprob_diff_max", worst_lp, "nats", options.logprob_tolerance),
+        evidence=tuple(evidence), next=outcome.diagnosis.next, artifacts=artifacts,
+    )
+
+
+def _both(clients: Mapping[str, EndpointClient],
+          ask: Callable[[str], dict[str, Answer]]) -> dict[str, dict[str, Answer]]:
+    """``ask(side)`` for every live side, the two servers at once; a side that fails raises its
+    :class:`~glmfb.errors.TargetFailed` (the baseline's first) once both have ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {side: pool.submit(ask, side) for side in SIDES if side in clients}
+    return {side: future.result() for side, future in futures.items()}
+
+
+def _noise(answers: Mapping[str, Mapping[str, Answer]], repeats: Mapping[str, Mapping[str, Answer]],
+           endpoints: Mapping[str, Any], floor: float) -> tuple[dict[str, float], list[ServingNoise]]:
+    noise: dict[str, float] = {}
+    evidence: list[ServingNoise] = []
+    for side in SIDES:
+        largest, parted_at, parted_in = 0.0, None, None
+        for rid, again in repeats[side].items():
+            value, at = jitter(answers[side][rid], again)
+            largest = max(largest, value)
+            if at is not None and parted_in is None:
+                parted_at, parted_in = at, rid
+        noise[side] = max(largest, floor)
+        evidence.append(ServingNoise(side=side, server=endpoints[side].ref, repeated=tuple(repeats[side]),
+                                     jitter=largest, floor=floor, noise=noise[side],
+                                     self_divergent_request=parted_in, self_divergent_position=parted_at))
+    return noise, evidence
+
+
+def _requests_evidence(comparisons: Sequence[RequestComparison]) -> ServingRequests:
+    rows = []
+    for c in comparisons:
+        d = c.divergence
+        rows.append(ServingRequestRow(
+            request=c.request, status=c.status, baseline_tokens=c.baseline_tokens, candidate_tokens=c.candidate_tokens,
+            compared=len(c.drift), first_divergent=d.position if d else None,
+            baseline_token=d.baseline_token if d else None, candidate_token=d.candidate_token if d else None,
+            logprob_diff_max=c.logprob_diff_max, kl_max=c.kl_max, mass_outside_max=c.mass_outside_max,
+            top1_agreement=(sum(p.top1_agree for p in c.drift) / len(c.drift)) if c.drift else 1.0,
+        ))
+    return ServingRequests(rows=tuple(rows))
+
+
+def _drift_evidence(c: RequestComparison) -> ServingDrift:
+    rows = tuple(ServingDriftRow(position=d.position, token=d.token, logprob_diff=d.logprob_diff,
+                                 kl_shared=d.kl_shared, mass_outside=d.mass_outside, top1_agree=d.top1_agree)
+                 for d in c.drift[:DRIFT_ROWS])
+    return ServingDrift(request=c.request, positions=len(c.drift), rows=rows)
+
+
+def _divergence_evidence(c: RequestComparison) -> ServingDivergence:
+    d = c.divergence
+    assert d is not None
+    return ServingDivergence(
+        request=c.request, position=d.position, baseline_token=d.baseline_token, candidate_token=d.candidate_token,
+        baseline_logprob=d.baseline_logprob, candidate_logprob=d.candidate_logprob,
+        baseline_token_rank_in_candidate=d.candidate_rank, candidate_token_rank_in_baseline=d.baseline_rank,
+        baseline_gap=d.baseline_gap, candidate_gap=d.candidate_gap, tie_flip=d.tie_flip,
+    )
+
+
+def _throughput_evidence(requests: Sequence[ServingRequest], answers: Mapping[str, Mapping[str, Answer]],
+                         repeats: Mapping[str, Mapping[str, Answer]], timing: _Timing) -> ServingThroughput:
+    calls = sum(len(answers[s]) + len(repeats[s]) for s in SIDES)
+    tokens = sum(len(a.steps) for s in SIDES for a in (*answers[s].values(), *repeats[s].values()))
+    server_s = {s: sum(a.seconds for a in (*answers[s].values(), *repeats[s].values())) for s in SIDES}
+    return ServingThroughput(
+        requests=len(requests), calls=calls, tokens=tokens, wall_s=timing.wall_s,
+        requests_per_s=calls / timing.wall_s if timing.wall_s > 0 else 0.0,
+        glmfb_cpu_s=timing.cpu_s, glmfb_share=timing.cpu_s / timing.wall_s if timing.wall_s > 0 else 0.0,
+        baseline_call_s=server_s["baseline"], candidate_call_s=server_s["candidate"],
+    )
+
+
+def _write_answers(config: Any, ctx: ProbeContext, answers: Mapping[str, Mapping[str, Answer]],
+                   repeats: Mapping[str, Mapping[str, Answer]], findings: ServingFindings) -> dict[str, str]:
+    """Both servers' answers (``serving-answers.json``): for a failing diff, or with
+    ``--keep-captures``."""
+    if not (config.keep_captures or findings.first_failing is not None):
+        return {}
+    from glmfb.io import write_json_atomic
+
+    path = ctx.artifact("serving-answers.json")
+    write_json_atomic(path, {side: {"answers": [a.to_dict() for a in answers[side].values()],
+                                    "repeats": [a.to_dict() for a in repeats[side].values()]} for side in SIDES})
+    return {"serving_answers": str(path)}
+
+
+__all__ = ["SERVING_CAPTURE", "SERVING_RULES", "RequestComparison", "SavedAnswers", "ServingFindings", "capture_endpoint",
+           "compare_answers", "is_serving_capture", "jitter", "run_serving_diff", "shared_kl"]
