@@ -2,7 +2,7 @@
 ``server``) over the tiny GGUF models of scenarios/serving/make_models.py, started here on loopback
 ports and stopped at the end; a server killed mid-run and one that answers 500 are error verdicts.
 
-Needs the ``serving`` extra (llama-cpp-python[server], gguf, httpx); skipped without it.
+Needs the ``servers`` extra (llama-cpp-python[server], gguf: ``bash .ci/setup --servers``) and ``serving`` (httpx); skipped without them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-EXTRA = "needs the serving extra: pip install -e '.[serving]' (llama-cpp-python[server], gguf, httpx)"
+EXTRA = "needs the servers: bash .ci/setup --servers (llama-cpp-python[server] and gguf, extra 'servers'; httpx, extra 'serving')"
 for module in ("llama_cpp", "gguf", "httpx", "uvicorn"):
     pytest.importorskip(module, reason=EXTRA)
 
