@@ -304,7 +304,7 @@ def _open_sqlite(url: str, *, create: bool) -> Store:
         path.parent.mkdir(parents=True, exist_ok=True)
         connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)  # we BEGIN ourselves
         connection.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        connection.execute("PRAGMA journal_mode = WAL")
+        _write_ahead_log(connection)
     except (OSError, sqlite3.Error) as exc:
         raise HistoryError(f"cannot open the history {path}: {exc}") from None
 
@@ -321,6 +321,25 @@ def _open_sqlite(url: str, *, create: bool) -> Store:
     store = Store(connection, SQLITE, url, transaction, (sqlite3.OperationalError,), (sqlite3.Error,))
     _migrate_or_close(store)
     return store
+
+
+def _write_ahead_log(connection: sqlite3.Connection) -> None:
+    """Put the database in WAL mode (it stays so: the mode is kept in the file), retrying while
+    another process holds it: switching the journal mode answers "database is locked" at once,
+    without waiting on the busy timeout, and two ``glmfb run`` starting together on a new
+    history both try it (one of them failed so in a CI run)."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    delay = 0.005
+    while True:
+        try:
+            if str(connection.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                connection.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if not ("locked" in str(exc) or "busy" in str(exc)) or time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 0.2)
 
 
 # --------------------------------------------------------------------------------------------
