@@ -26,6 +26,7 @@ from glmfb.commands.common import (
     interactive,
     parse_timeout,
     record_history,
+    record_shards,
     run_history,
 )
 from glmfb.errors import GlmfbError, UsageError
@@ -263,11 +264,28 @@ def run_command(
             shard=part,
         )
     run_file = report_dir / "run.json"
-    write_json_atomic(run_file, run.to_dict())
-    record_history(store, run, lambda: _history_origins(definitions))
+    if part is not None and part.count > 1:
+        # a shard is a part of one run: it keeps its verdicts' origins, and the gate that puts the
+        # N shards together records them in the history as one run
+        run = _with_origins(run, definitions)
+        write_json_atomic(run_file, run.to_dict())
+        if store is not None:
+            notes.print(f"shard {part.label}: its verdicts go into the history when glmfb gate takes the "
+                        f"{part.count} shards as one run")
+    else:
+        write_json_atomic(run_file, run.to_dict())
+        record_history(store, run, lambda: _history_origins(definitions))
     _write_run_reports(run, report_dir, store)
     notes.print(f"run written to {run_file} (report.html, junit.xml beside it)")
     emit_run(run, as_json, verbose=verbose, folder_size=folder_size(report_dir))
+
+
+def _with_origins(run: Any, definitions: Any) -> Any:
+    """A shard's run with each definition's history origin (its hash and git state, taken here)."""
+    from dataclasses import replace
+
+    origins = _history_origins(definitions)
+    return replace(run, shard=replace(run.shard, origins={name: o.to_dict() for name, o in origins.items()}))
 
 
 def _history_origins(definitions: Any) -> Any:
@@ -311,6 +329,12 @@ def gate_command(
             help="Write a Markdown summary here (default: $GITHUB_STEP_SUMMARY when set, appended).",
         ),
     ] = None,
+    history: Annotated[
+        str | None,
+        typer.Option("--history", metavar="URL", help="Where the shards of a suite are recorded as one run "
+                     "[default: $GLMFB_HISTORY, else history.sqlite beside the first shard's run folder]"),
+    ] = None,
+    no_history: Annotated[bool, typer.Option("--no-history", help="Record nothing in the history.")] = False,
 ) -> None:
     """Turn a run (or one verdict, or every shard of a suite) into a CI exit code, a JUnit file and a summary."""
     from glmfb.gate import evaluate, load_policy
@@ -322,6 +346,8 @@ def gate_command(
     sources = read_sources(source or [str(latest_run(out))], typed=False)
     run = combine(sources)
     sys.stderr.write(f"glmfb gate: read {describe(sources)}\n")
+    if len(sources) > 1:  # shards, which recorded nothing themselves: one run in the history
+        record_shards(history_url(history, _shards_home(sources), no_history), run, sources)
     result = evaluate(run, load_policy(policy) if policy is not None else None)
     for warning in result.warnings:
         sys.stderr.write(f"glmfb: warning: {warning}\n")
@@ -370,14 +396,22 @@ def report_command(
     whole = len(sources) == 1 and sources[0].folder is not None
     folder = sources[0].folder if whole else None
     target = out if out is not None else (folder or Path.cwd()) / REPORT_NAME
-    series = [found for given in sources if given.folder is not None
-              for found in run_history(history_url(history, given.folder.parent, no_history), given.run.id)]
+    series = run_history(history_url(history, _shards_home(sources), no_history), run.id) if len(sources) > 1 else [
+        found for given in sources if given.folder is not None
+        for found in run_history(history_url(history, given.folder.parent, no_history), given.run.id)]
     try:
         written = write_html(run, folder, target, folders=None if whole else verdict_folders(sources),
                              history=series)
     except OSError as exc:
         raise UsageError(f"cannot write {target}: {exc.strerror or exc}", "pass --out FILE in a writable folder") from None
     console(stderr=True).print(f"report written to {written}")
+
+
+def _shards_home(sources: Any) -> Path:
+    """Where the history of several shards is kept by default: the reports folder of the first
+    shard's run folder (the current folder for runs read from files or stdin)."""
+    folder = sources[0].folder
+    return folder.parent if folder is not None else Path.cwd()
 
 
 app.command("bisect", cls=Command)(bisect_command)

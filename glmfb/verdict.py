@@ -12,7 +12,8 @@ Format history (never renumber; a change bumps the version and keeps a reader fo
   ``{"why", "command", "arguments"}``), not strings. A ``/1`` document is still read: each
   string step becomes a plain step (``{"why": text}``); it is never parsed as a command.
 - still ``/2``, an optional ``shard`` object on a run (``glmfb run --shard K/N``): which
-  shard of which suite it is, and the names it ran. A run without it reads as before.
+  shard of which suite it is, and the names it ran (and, optional in it, each verdict's origin
+  for the history). A run without it reads as before.
 
 Reading a document validates it against :func:`json_schema` and names the first offending
 field (``verdicts[3].metric.value: expected number or null, got 'fast'``).
@@ -379,13 +380,16 @@ class Shard:
     """What part of a suite a run is (``glmfb run --shard K/N``): shard ``index`` of ``count``
     (from 1), of the suite whose identity is ``suite`` (a hash over every selected
     definition's name and definition hash), holding ``names`` (in the order run) of the
-    suite's ``total`` definitions."""
+    suite's ``total`` definitions. ``origins``: for the history, by definition name, where each
+    verdict came from (``definition_hash``, ``commit``, ``dirty``), taken on the machine that ran
+    it: a shard records no history itself, and ``glmfb gate`` records the shards as one run."""
 
     index: int
     count: int
     suite: str
     names: tuple[str, ...]
     total: int
+    origins: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "names", tuple(self.names))
@@ -396,8 +400,11 @@ class Shard:
         return f"{self.index}/{self.count}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "count": self.count, "suite": self.suite, "names": list(self.names),
-                "total": self.total}
+        data: dict[str, Any] = {"index": self.index, "count": self.count, "suite": self.suite,
+                                "names": list(self.names), "total": self.total}
+        if self.origins:
+            data["origins"] = {name: dict(origin) for name, origin in self.origins.items()}
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Shard:
@@ -405,7 +412,7 @@ class Shard:
         if data["index"] > data["count"]:
             raise SchemaError("shard.index", f"shard {data['index']} of {data['count']}: the index is at most the count")
         return cls(index=data["index"], count=data["count"], suite=data["suite"], names=tuple(data["names"]),
-                   total=data["total"])
+                   total=data["total"], origins={name: dict(o) for name, o in data.get("origins", {}).items()})
 
 
 @dataclass(frozen=True)
@@ -631,6 +638,19 @@ _SHARD_SCHEMA: dict[str, Any] = {
         "suite": {"type": "string", "minLength": 1},
         "names": {"type": "array", "items": {"type": "string", "minLength": 1}},
         "total": {"type": "integer", "minimum": 0},
+        "origins": {
+            "type": "object",
+            "description": "for the history, by definition name: where its verdict came from",
+            "additionalProperties": {
+                "type": "object",
+                "properties": {
+                    "definition_hash": {"type": ["string", "null"]},
+                    "commit": {"type": ["string", "null"]},
+                    "dirty": {"type": ["boolean", "null"]},
+                },
+                "additionalProperties": False,
+            },
+        },
     },
     "additionalProperties": False,
 }

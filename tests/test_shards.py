@@ -319,6 +319,39 @@ def test_a_set_that_is_not_one_whole_suite_is_refused_with_one_line(runs: Runs) 
                                                                          "the same run")
 
 
+@pytest.mark.slow
+def test_the_history_records_the_shards_as_one_run_once(runs: Runs) -> None:
+    import sqlite3
+
+    def rows(path: Path) -> list[tuple[str, str, str, str | None]]:
+        with sqlite3.connect(path) as db:
+            return sorted(db.execute("SELECT run_id, recorded, definition, definition_hash FROM verdicts").fetchall())
+
+    whole = rows(runs.root / "reports-all" / "history.sqlite")
+    assert sorted(r[2] for r in whole) == sorted(SUITE_NAMES)
+    for k in (1, 2, 3):  # a shard records nothing itself (its run.json keeps each verdict's origin)
+        folder = runs.root / f"reports-{k}"
+        assert not (folder / "history.sqlite").exists() or rows(folder / "history.sqlite") == []
+        origins = json.loads(runs.run_file(f"reports-{k}").read_text())["shard"]["origins"]
+        assert set(origins) == set(json.loads(runs.run_file(f"reports-{k}").read_text())["shard"]["names"])
+    store = runs.root / "shards-history.sqlite"
+    ids = [json.loads(runs.run_file(f"reports-{k}").read_text())["id"] for k in (1, 2, 3)]
+    first = glmfb("gate", "reports-1", "reports-2", "reports-3", "--history", f"sqlite:///{store}", cwd=runs.root)
+    assert first.returncode == 1 and "the 3 shards' 5 verdicts recorded as one run in the history" in first.stderr
+    recorded = rows(store)
+    assert {r[0] for r in recorded} == {"+".join(ids)} and len({r[1] for r in recorded}) == 1  # one run, one time
+    assert sorted(r[2] for r in recorded) == sorted(SUITE_NAMES)
+    # the same definitions as the unsharded run: the same series (definition hashes)
+    assert {(r[2], r[3]) for r in recorded} == {(r[2], r[3]) for r in whole}
+    again = glmfb("gate", "reports-3", "reports-1", "reports-2", "--history", f"sqlite:///{store}", cwd=runs.root)
+    assert again.returncode == 1 and "already recorded in the history" in again.stderr
+    assert rows(store) == recorded
+    listed = glmfb("history", "--history", f"sqlite:///{store}", "--json", cwd=runs.root)
+    assert listed.returncode == 0, listed.stderr
+    series = json.loads(listed.stdout)["series"]
+    assert series and all(s["runs"] == 1 and s["points"][0]["run_id"] == "+".join(ids) for s in series)
+
+
 def test_run_refuses_a_bad_shard_with_one_line(tmp_path: Path) -> None:
     (tmp_path / "suite.toml").write_text(SUITE)
     result = glmfb("run", "suite.toml", "--shard", "4/3", cwd=tmp_path)

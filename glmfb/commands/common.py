@@ -123,6 +123,25 @@ def record_history(url: str | None, run: Run, origins: Callable[[], Any]) -> Non
         sys.stderr.write(f"glmfb: warning: the verdicts were not recorded in the history {describe(url)}: {exc}\n")
 
 
+def record_shards(url: str | None, run: Run, sources: Any) -> None:
+    """Record the shards ``sources`` (made one run, ``run``) in the history at ``url`` once:
+    gated again, they are not written twice. A warning line when the store fails, as for a run."""
+    if url is None:
+        return
+    from glmfb.history.store import describe
+
+    try:
+        from glmfb.history.record import record_once, shard_origins
+
+        written = record_once(url, run, shard_origins([s.run for s in sources]))
+    except Exception as exc:  # the gate's exit code is the verdicts', whatever the store does
+        sys.stderr.write(f"glmfb: warning: the shards were not recorded in the history {describe(url)}: {exc}\n")
+        return
+    what = f"recorded as one run in the history {describe(url)}" if written else (
+        f"already recorded in the history {describe(url)}")
+    sys.stderr.write(f"glmfb gate: the {len(sources)} shards' {len(run.verdicts)} verdicts {what}\n")
+
+
 def run_history(url: str | None, run_id: str) -> list[dict[str, Any]]:
     """The history series of the run's verdicts, for its report (none with ``--no-history``,
     or before a second run). A store that cannot be read is one warning line; the report goes

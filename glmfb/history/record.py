@@ -36,10 +36,26 @@ MACHINE_VAR = "GLMFB_MACHINE"
 @dataclass(frozen=True)
 class Origin:
     """Where a verdict came from: its definition's hash and the folder whose git repository
-    holds the definition (the working folder, for a probe command)."""
+    holds the definition (the working folder, for a probe command). A shard's verdict read back
+    by the gate has no folder here: its git state was taken where it ran (``commit``, ``dirty``)."""
 
     digest: str | None
-    folder: Path
+    folder: Path | None
+    commit: str | None = None
+    dirty: bool | None = None
+
+    def git(self) -> tuple[str | None, bool | None]:
+        """The commit and dirty flag: of the folder's repository now, or as recorded."""
+        return git_state(self.folder) if self.folder is not None else (self.commit, self.dirty)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As a shard's ``origins`` entry in run.json: the hash and the git state, taken now."""
+        commit, dirty = self.git()
+        return {"definition_hash": self.digest, "commit": commit, "dirty": dirty}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Origin:
+        return cls(data.get("definition_hash"), None, data.get("commit"), data.get("dirty"))
 
 
 def canonical_hash(data: Any) -> str:
@@ -113,7 +129,7 @@ def record_of(run: Run, verdict: Verdict, origin: Origin | None) -> Record:
 
     metric = verdict.metric
     kind = metric_kind(metric.name if metric is not None else None)
-    commit, dirty = git_state(origin.folder) if origin is not None else (None, None)
+    commit, dirty = origin.git() if origin is not None else (None, None)
     machine, label = machine_of(verdict.env or run.env)
     return Record(
         time=run.started, run_id=run.id, definition=verdict.name,
@@ -145,6 +161,19 @@ def record_run(url: str, run: Run, origins: Mapping[str, Origin]) -> int:
 def suite_origins(definitions: Sequence[Any]) -> dict[str, Origin]:
     """The origin of each definition of a suite run, by name."""
     return {d.name: Origin(definition_digest(d), d.source.parent) for d in definitions}
+
+
+def shard_origins(runs: Sequence[Run]) -> dict[str, Origin]:
+    """The origin of each verdict of the shards ``runs``, by name, as each shard recorded it."""
+    return {name: Origin.from_dict(data) for run in runs if run.shard is not None
+            for name, data in run.shard.origins.items()}
+
+
+def record_once(url: str, run: Run, origins: Mapping[str, Origin]) -> int:
+    """Append ``run``'s verdicts unless the store already holds run ``run.id`` (the shards of one
+    suite gated twice are one run, recorded once); returns how many rows were written."""
+    with open_store(url) as store:
+        return store.record(records_of(run, origins), once=True)
 
 
 def command_origin(spec: ProbeSpec, config_type: type) -> Origin:

@@ -233,15 +233,23 @@ class Store:
                 time.sleep(0.05 * 2 ** attempt)
         raise AssertionError("unreachable")
 
-    def record(self, records: Iterable[Record]) -> int:
-        """Append ``records`` in one transaction; returns how many."""
+    def record(self, records: Iterable[Record], *, once: bool = False) -> int:
+        """Append ``records`` in one transaction; returns how many. ``once``: nothing is written
+        when the store already holds a row of a run being recorded (checked in the same
+        transaction, so two processes recording one run write it once)."""
+        records = list(records)
         rows = [_row(r) for r in records]
         if not rows:
             return 0
         marks = ", ".join([self.dialect.placeholder] * len(_SQL_COLUMNS))
         sql = f"INSERT INTO verdicts ({', '.join(_SQL_COLUMNS)}) VALUES ({marks})"
+        runs = sorted({r.run_id for r in records})
+        held = (f"SELECT 1 FROM verdicts WHERE run_id IN ({', '.join([self.dialect.placeholder] * len(runs))}) "
+                "LIMIT 1")
 
         def insert() -> int:
+            if once and self.connection.execute(held, runs).fetchone() is not None:
+                return 0
             for row in rows:
                 self.connection.execute(sql, row)
             return len(rows)
