@@ -239,3 +239,36 @@ def test_a_bisection_stops_when_its_time_budget_is_spent(slowed: Path) -> None:
     verdict = answer.structured["verdict"]
     assert verdict["status"] == "error" and "its time budget ran out" in verdict["why"], verdict["why"]
     assert time.monotonic() - started < 30  # the first evaluation was stopped at the deadline, not run out
+
+
+# --------------------------------------------------------------------------------------------
+# the probe tools and run record into the history, as the commands do
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_probe_tools_and_run_record_their_verdicts_in_the_history(tmp_path: Path, toy: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import sqlite3
+
+    root = tmp_path / "project"
+    (root / "probes").mkdir(parents=True)
+    (root / "probes" / "toy.toml").write_text('[[probe]]\nname = "toy-suite"\nprobe = "toy"\n')
+    monkeypatch.delenv("GLMFB_HISTORY", raising=False)
+    monkeypatch.chdir(root)
+    box = Toolbox(Boundary(root))
+    for run_id in ("r1", "r2"):
+        answer = call(box, "toy", {"name": "toy-tool"}, context(run_id))
+        assert answer.structured["verdict"]["status"] == "pass" and "notes" not in answer.structured
+    call(box, "run", {}, context("r3"))
+    with sqlite3.connect(root / "reports" / "history.sqlite") as db:
+        rows = sorted(db.execute("SELECT run_id, definition, definition_hash FROM verdicts").fetchall())
+    assert [(r[0], r[1]) for r in rows] == [("r1", "toy-tool"), ("r2", "toy-tool"), ("r3", "toy-suite")]
+    assert rows[0][2] == rows[1][2] is not None  # the same call: the same series
+    series = call(box, "history", {"patterns": "toy-tool"}).structured["history"]["series"]
+    assert [s["runs"] for s in series] == [2]
+    # a store that cannot be written is a note on the answer, and the verdict still comes back
+    monkeypatch.setenv("GLMFB_HISTORY", f"sqlite:///{tmp_path}/no/such/folder/h.sqlite")
+    (tmp_path / "no").write_text("a file where the folder would be")
+    answer = call(box, "toy", {"name": "toy-tool"}, context("r4"))
+    assert answer.structured["verdict"]["status"] == "pass"
+    assert any("not recorded in the history" in note for note in answer.structured["notes"])

@@ -113,14 +113,11 @@ def record_history(url: str | None, run: Run, origins: Callable[[], Any]) -> Non
     origin by name). Recording never fails the run: whatever goes wrong is one warning line."""
     if url is None:
         return
-    from glmfb.history.store import describe
+    from glmfb.history.record import record_or_warn
 
-    try:
-        from glmfb.history.record import record_run
-
-        record_run(url, run, origins())
-    except Exception as exc:  # a store that refuses, a full disk, a missing driver: a warning only
-        sys.stderr.write(f"glmfb: warning: the verdicts were not recorded in the history {describe(url)}: {exc}\n")
+    warning = record_or_warn(url, run, origins)
+    if warning is not None:
+        sys.stderr.write(f"glmfb: warning: {warning}\n")
 
 
 def record_shards(url: str | None, run: Run, sources: Any) -> None:

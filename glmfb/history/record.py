@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import platform
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,6 +156,20 @@ def record_run(url: str, run: Run, origins: Mapping[str, Origin]) -> int:
     rows = records_of(run, origins)
     with open_store(url) as store:
         return store.record(rows)
+
+
+def record_or_warn(url: str | None, run: Run, origins: Callable[[], Mapping[str, Origin]]) -> str | None:
+    """Append ``run``'s verdicts to the store at ``url`` (None: recording is off); what went wrong,
+    as one warning line, or None. Recording never fails a run, so nothing here raises."""
+    if url is None:
+        return None
+    from glmfb.history.store import describe
+
+    try:
+        record_run(url, run, origins())
+    except Exception as exc:  # a store that refuses, a full disk, a missing driver: a warning only
+        return f"the verdicts were not recorded in the history {describe(url)}: {exc}"
+    return None
 
 
 def suite_origins(definitions: Sequence[Any]) -> dict[str, Origin]:

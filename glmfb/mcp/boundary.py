@@ -44,6 +44,14 @@ class Boundary:
         """Where runs go: ``<root>/reports``, as with the CLI run in the root."""
         return self.root / "reports"
 
+    @property
+    def history(self) -> str:
+        """The history store the tools record into: ``$GLMFB_HISTORY``, else
+        ``<root>/reports/history.sqlite``, as with the CLI run in the root."""
+        from glmfb.history.store import chosen_url
+
+        return chosen_url(None, self.reports, os.environ)
+
     def relative(self, path: Path) -> str:
         """``path`` (under the root) as written relative to it."""
         rel = path.relative_to(self.root)

@@ -225,7 +225,17 @@ class ProbeTool:
         run = Run(id=ctx.run_id, started=started, finished=utc_now(), verdicts=(verdict,),
                   interrupted=ctx.cancel.is_set())
         write_json_atomic(report_dir / RUN_FILE, run.to_dict())
-        return self.answer(verdict, ctx.run_id, notes)
+        warning = self._record(spec, run)
+        return self.answer(verdict, ctx.run_id, (*notes, warning) if warning else notes)
+
+    def _record(self, spec: ProbeSpec, run: Run) -> str | None:
+        """The verdict into the history, as the probe's command records it (its origin: the
+        spec's hash, the root's repository); a warning when the store fails."""
+        from glmfb.history.record import Origin, canonical_hash, record_or_warn, spec_content
+
+        root = self.box.boundary.root
+        return record_or_warn(self.box.boundary.history, run, lambda: {
+            spec.name: Origin(canonical_hash(spec_content(spec, self.probe.config_type)), root)})
 
     def answer(self, verdict: Verdict, run_id: str, notes: Sequence[str] = ()) -> Answer:
         """The tool's result for one verdict."""

@@ -130,6 +130,8 @@ class RunTool:
         from glmfb.clock import utc_now
         from glmfb.env import fingerprint
         from glmfb.gate import evaluate
+        from glmfb.history.record import record_or_warn, suite_origins
+        from glmfb.history.series import history_of_run
         from glmfb.io import write_json_atomic, write_text_atomic
         from glmfb.report.html import REPORT_NAME, write_html
         from glmfb.report.junit import render_junit
@@ -145,7 +147,15 @@ class RunTool:
         run = Run(id=ctx.run_id, started=started, finished=utc_now(), verdicts=tuple(verdicts), env=fingerprint(),
                   interrupted=ctx.cancel.is_set())
         write_json_atomic(report_dir / RUN_FILE, run.to_dict())
-        write_html(run, report_dir)
+        history = self.box.boundary.history
+        warning = record_or_warn(history, run, lambda: suite_origins(chosen))
+        if warning is not None:
+            notes = (*notes, warning)
+        try:
+            series = history_of_run(history, run.id)
+        except Exception as exc:  # the report is written whatever the store does
+            series, notes = [], (*notes, f"the report shows no history: {exc}")
+        write_html(run, report_dir, history=series)
         write_text_atomic(report_dir / "junit.xml", render_junit(evaluate(run)))
         structured: dict[str, Any] = {
             "run": run.to_dict(), "ref": run_ref(self.box.boundary, ctx.run_id),
