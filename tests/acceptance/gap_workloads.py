@@ -20,8 +20,11 @@ prepares a layer is the case:
 - ``"sync"``: the same write as ``"bulk"``, reported as a synchronous phase of its own
   (``{"prefill_s", "send_s", "send_bytes"}``, no busy time): prefill, then send the KV and
   wait for the acknowledgement, on the critical path;
-- ``"sleep"``: a 60 ms wait per layer before the write (an acknowledgement round trip): the
-  prefill waits for its KV, and neither the GIL nor a CPU is the cause.
+- ``"sleep"``: a wait per layer before the write (an acknowledgement round trip) twice as long as
+  that layer took to compute, so the gap it plants is the same share of the prefill on a quiet
+  host and on a loaded one (a fixed 60 ms wait read +37% [+20, +57] at load 4 and +23.5% at load
+  5-9 against a 50% threshold: the slower prefill hid more of it): the prefill waits for its KV, and
+  neither the GIL nor a CPU is the cause.
 
 By default the prefill runs on a thread of its own, ``prefill``, which pins itself and then
 starts the sender (and Mooncake's threads), so they inherit its CPU mask and the calling process
@@ -51,7 +54,7 @@ from typing import Any
 
 import torch
 
-SLEEP_PER_LAYER_S = 0.06  # the "sleep" sender waits this long per layer before it writes
+ACK_PER_LAYER = 2.0  # the "sleep" sender waits this many times the layer's compute time before it writes
 SENDERS = ("none", "plain", "pickle", "zlib", "bulk", "sync", "sleep")
 ONE_WRITE = ("bulk", "sync")  # senders that write one buffer after the prefill
 PER_LAYER = ("plain", "pickle", "zlib", "sleep")  # senders that ship each layer from a thread
@@ -159,6 +162,8 @@ class PrefillKV:
             raise ValueError(f"thread_per {thread_per!r}: use one of {', '.join(THREAD_PER)}")
         self.thread_per = thread_per
         self.layer_senders: list[threading.Thread] = []
+        self.layer_s = [0.0] * layers  # each layer's compute time in this iteration (the "sleep" sender's wait)
+        self.layer_done = 0.0
         self.pinned = False
         self.thread: threading.Thread | None = None
         if on_caller:
@@ -219,6 +224,9 @@ class PrefillKV:
 
         def hook(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> None:
             self.pool[index, part].copy_(output[0])
+            if part == 1:  # the layer's compute time: since the previous layer's V (or the iteration's start)
+                now = time.perf_counter()
+                self.layer_s[index], self.layer_done = now - self.layer_done, now
             if part == 1 and self.thread_per == "layer":
                 sender = threading.Thread(target=self._send_layer, args=(index,), daemon=True)
                 sender.start()  # unnamed: "Thread-N (_send_layer)", joined at the iteration's end
@@ -230,6 +238,7 @@ class PrefillKV:
 
     def _iteration(self) -> dict[str, float]:
         started = time.perf_counter()
+        self.layer_done = started
         sender: threading.Thread | None = None
         if self.thread_per == "iteration" and self.sender in PER_LAYER:
             # A sender for this iteration only, started unnamed (Python calls it
@@ -287,7 +296,7 @@ class PrefillKV:
                 for _ in range(self.pickles_per_layer):
                     pickle.dumps(self.page_table, pickle.HIGHEST_PROTOCOL)
             elif self.sender == "sleep":
-                time.sleep(SLEEP_PER_LAYER_S)  # an acknowledgement round trip per layer
+                time.sleep(ACK_PER_LAYER * self.layer_s[index])  # an acknowledgement round trip per layer
             elif self.sender == "zlib":
                 zlib.compress(self.pool[index].numpy().tobytes(), self.zlib_level)
             self.link.write(index * self.layer_bytes, self.layer_bytes)
