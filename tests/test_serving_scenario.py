@@ -26,8 +26,8 @@ from glmfb.cli import app
 from glmfb.commandline import argv
 from glmfb.diff.config import DiffConfig
 from glmfb.diff.endpoint import ServingRequest
-from glmfb.diff.serving import MODULE_DIFF_REQUESTS, next_steps
 from glmfb.diff.servers import parse_command
+from glmfb.diff.serving import MODULE_DIFF_REQUESTS, next_steps
 from glmfb.options import options_of, options_schema
 from glmfb.probe import ProbeContext
 from glmfb.step import Step
@@ -49,7 +49,7 @@ def glmfb(*args: str) -> Any:
 
 def verdict_of(result: Any) -> dict[str, Any]:
     data = json.loads(result.stdout)
-    return data["verdict"] if "verdict" in data else data
+    return data.get("verdict", data)
 
 
 # ---- fast: options, refusals, next steps ---------------------------------------------------
@@ -196,7 +196,7 @@ def test_the_bundled_definitions_meet_their_expectations_and_the_next_step_names
     (step,) = (Step.from_json(s) for s in bug["next"])
     assert step.command == "diff"
     # followed as the verdict gives it: the in-process module diff names the planted module
-    words = argv(step)[1:] + ["--out", str(tmp_path / "followed"), "--json", "--no-history"]
+    words = [*argv(step)[1:], "--out", str(tmp_path / "followed"), "--json", "--no-history"]
     followed = verdict_of(glmfb(*words))
     assert followed["status"] == "fail" and followed["where"]["module"] == "model.layers.1.mlp.down_proj"
     assert followed["where"]["request"] == "serve-68"

@@ -11,6 +11,7 @@ from typing import Any
 
 from glmfb.diff.metrics import DEFAULT_CHUNK_ELEMENTS, Tolerances
 from glmfb.diff.requests import DEFAULT_MAX_ELEMENTS
+from glmfb.errors import TargetError
 from glmfb.options import (
     BOOL,
     FILE,
@@ -22,7 +23,6 @@ from glmfb.options import (
     nonnegative_float,
     option,
 )
-from glmfb.errors import TargetError
 from glmfb.units import OptionValueError, parse_number, parse_str
 
 PerTap = tuple[tuple[str, float | None, float | None], ...]

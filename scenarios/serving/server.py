@@ -156,13 +156,13 @@ def make_handler(model: Model, name: str) -> type[BaseHTTPRequestHandler]:
         def _error(self, status: int, message: str) -> None:
             self._send(status, {"error": {"message": message, "type": "invalid_request_error", "code": status}})
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             if self.path.rstrip("/") == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "glmfb"}]})
             else:
                 self._error(404, f"no such path {self.path}")
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length)
             if self.path.rstrip("/") != "/v1/completions":
@@ -176,7 +176,7 @@ def make_handler(model: Model, name: str) -> type[BaseHTTPRequestHandler]:
             except (BadRequest, TypeError, ValueError) as exc:
                 self._error(400, str(exc))
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
+        def log_message(self, format: str, *args: Any) -> None:
             pass  # quiet: the log holds the start line and errors only
 
     return Handler
