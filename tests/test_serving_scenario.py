@@ -200,3 +200,83 @@ def test_the_bundled_definitions_meet_their_expectations_and_the_next_step_names
     followed = verdict_of(glmfb(*words))
     assert followed["status"] == "fail" and followed["where"]["module"] == "model.layers.1.mlp.down_proj"
     assert followed["where"]["request"] == "serve-68"
+
+
+# ---- slow: the MCP server's diff tool --------------------------------------------------------
+
+
+def _mcp_root(tmp_path: Path) -> Path:
+    import shutil
+
+    project = tmp_path / "project"
+    for scenario in ("serving", "numerics"):
+        shutil.copytree(ROOT / "scenarios" / scenario, project / "scenarios" / scenario,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    return project
+
+
+def _server(factory: str, *args: str) -> list[str]:
+    command = ["{python}", "scenarios/serving/server.py", f"scenarios/numerics/llama.py:{factory}", "--port", "{port}",
+               "--arg", "init_std=1.0"]
+    for arg in args:
+        command += ["--arg", arg]
+    return command
+
+
+def _serve(root: Path, session: Any, *extra: str) -> None:
+    import anyio
+    from mcp import Client, StdioServerParameters
+
+    params = StdioServerParameters(command=sys.executable, args=["-m", "glmfb", "mcp", "--root", str(root), *extra],
+                                   env=dict(os.environ), cwd=str(root.parent))
+
+    async def main() -> None:
+        async with Client(params) as client:
+            await session(client)
+
+    anyio.run(main)
+
+
+def _structured(result: Any) -> dict[str, Any]:
+    assert not result.is_error, result.content[0].text
+    data = result.structured_content
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.mark.slow
+def test_the_mcp_diff_tool_takes_servers_and_its_next_call_is_the_module_diff(tmp_path: Path) -> None:
+    pytest.importorskip("mcp")
+    pytest.importorskip("transformers")
+    root = _mcp_root(tmp_path)
+    bug = {"baseline": URL, "candidate": URL, "requests": "scenarios/serving/requests.jsonl",
+           "baseline_args": {"init_std": 1.0}, "candidate_args": {"init_std": 1.0, "module": "model.layers.1.mlp.down_proj"},
+           "baseline_server": _server("clean"),
+           "candidate_server": _server("bf16_output", "module=model.layers.1.mlp.down_proj"),
+           "baseline_model": "scenarios/numerics/llama.py:clean",
+           "candidate_model": "scenarios/numerics/llama.py:bf16_output"}
+
+    async def without_commands(client: Any) -> None:
+        refused = await client.call_tool("diff", bug)
+        text = refused.content[0].text
+        assert refused.is_error and "argument 'baseline_server'" in text and "--allow-commands" in text, text
+        # an endpoint side is taken (no server started): nothing listens there, an error verdict says so
+        unreachable = _structured(await client.call_tool("diff", {
+            "baseline": "openai:http://127.0.0.1:9/v1", "candidate": "openai:http://127.0.0.1:9/v1",
+            "requests": "scenarios/serving/requests.jsonl", "retries": 0}))
+        assert unreachable["verdict"]["status"] == "error"
+        assert "http://127.0.0.1:9/v1/models could not be reached" in unreachable["verdict"]["why"]
+
+    async def with_commands(client: Any) -> None:
+        first = _structured(await client.call_tool("diff", bug))
+        verdict = first["verdict"]
+        assert verdict["status"] == "fail", verdict["why"]
+        assert (verdict["where"]["request"], verdict["where"]["position"]) == ("serve-68", 3)
+        (call,) = first["next_calls"]
+        assert call["tool"] == "diff" and "error" not in call, call
+        followed = _structured(await client.call_tool(call["tool"], call["arguments"]))
+        assert followed["verdict"]["status"] == "fail"
+        assert followed["verdict"]["where"]["module"] == "model.layers.1.mlp.down_proj"
+
+    _serve(root, without_commands)
+    _serve(root, with_commands, "--allow-commands")
