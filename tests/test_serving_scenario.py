@@ -170,6 +170,38 @@ def test_a_server_that_never_answers_is_an_error_verdict_and_is_stopped(tmp_path
     assert not _alive(pid), "the server glmfb started is stopped when the diff ends"
 
 
+DIES_ON_FIRST_COMPLETION = """
+import http.server, os, sys
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b'{"object": "list", "data": [{"id": "m"}]}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        print("dying on the first completion", flush=True)
+        os._exit(7)
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+@pytest.mark.slow
+def test_a_started_server_that_dies_mid_run_is_an_error_verdict_saying_how_it_ended(tmp_path: Path) -> None:
+    script = tmp_path / "dies.py"
+    script.write_text(DIES_ON_FIRST_COMPLETION)
+    command = shlex.join([sys.executable, str(script), "{port}"])
+    verdict = _diff(tmp_path, "--baseline-server", command, "--candidate-server", command, "--retries", "0")
+    assert (verdict["status"], verdict["layer"]) == ("error", "harness")
+    assert verdict["why"].startswith("the baseline server raised EndpointError"), verdict["why"]
+    assert "the baseline's server had exited with status 7" in verdict["why"]
+    assert "dying on the first completion" in verdict["why"]
+    assert Path(verdict["artifacts"]["baseline_server_log"]).is_file()
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,14 +165,21 @@ def wait_ready(servers: Sequence[StartedServer], startup_s: float) -> None:
 
 @contextmanager
 def started_servers(commands: Mapping[str, Sequence[str]], endpoints: Mapping[str, str], logs: Mapping[str, Path],
-                    cwd: Path | None, startup_s: float) -> Iterator[dict[str, StartedServer]]:
+                    cwd: Path | None, startup_s: float,
+                    progress: Callable[[str], None] | None = None) -> Iterator[dict[str, StartedServer]]:
     """Every side's server started (all at once), ready, and stopped on the way out, whatever
     happens in between."""
     servers: dict[str, StartedServer] = {}
     try:
         for side, command in commands.items():
             servers[side] = start(side, command, endpoints[side], logs[side], cwd)
+            if progress is not None:
+                progress(f"{side}: started its server ({shlex.join(servers[side].command)})")
+        started = time.monotonic()
         wait_ready(list(servers.values()), startup_s)
+        if progress is not None and servers:
+            progress(f"{', '.join(servers)}: server{'s' if len(servers) > 1 else ''} answering after "
+                     f"{time.monotonic() - started:.1f} s")
         yield servers
     finally:
         for server in servers.values():

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
@@ -53,6 +54,7 @@ from glmfb.diff.evidence import (
     ServingThroughput,
     SideRun,
 )
+from glmfb.diff.servers import ServerStartFailed, StartedServer, started_servers
 from glmfb.errors import TargetFailed, UsageError
 from glmfb.evidence import Evidence
 from glmfb.probe import ProbeContext
@@ -515,8 +517,6 @@ def run_serving_diff(config: Any, ctx: ProbeContext) -> Verdict:
     host makes it an error verdict). A side with a server command (``baseline_server``) is
     served by a server started here first (:mod:`glmfb.diff.servers`) and stopped at the end;
     one that does not come up is an error verdict naming the side, the command and its output."""
-    from glmfb.diff.servers import ServerStartFailed, started_servers
-
     if config.requests is None:
         raise UsageError("a serving endpoint side needs --requests FILE")
     refs = {"baseline": config.baseline, "candidate": config.candidate}
@@ -525,7 +525,7 @@ def run_serving_diff(config: Any, ctx: ProbeContext) -> Verdict:
     logs = {side: ctx.artifact(f"{side}-server.log") for side in commands}
     log_artifacts = {f"{side}_server_log": str(path) for side, path in logs.items()}
     try:
-        with started_servers(commands, refs, logs, config.base_dir, config.server_startup_s) as servers:
+        with started_servers(commands, refs, logs, config.base_dir, config.server_startup_s, ctx.progress) as servers:
             live = {**refs, **{side: server.endpoint for side, server in servers.items()}}
             try:
                 verdict = _serving_verdict(config, ctx, live)
@@ -536,7 +536,7 @@ def run_serving_diff(config: Any, ctx: ProbeContext) -> Verdict:
     return dataclasses.replace(verdict, artifacts={**verdict.artifacts, **log_artifacts})
 
 
-def _side_failed(config: Any, failure: TargetFailed, servers: Mapping[str, Any],
+def _side_failed(config: Any, failure: TargetFailed, servers: Mapping[str, StartedServer],
                  log_artifacts: Mapping[str, str]) -> Verdict:
     """A server that failed mid-run (the host's error verdict for it); where glmfb started that
     server and it has exited, the why says so, with the tail of its log."""
@@ -547,7 +547,10 @@ def _side_failed(config: Any, failure: TargetFailed, servers: Mapping[str, Any],
     side = failure.side.removesuffix(" server")
     server = servers.get(side)
     if server is not None:
-        code = server.process.poll()
+        try:
+            code: int | None = server.process.wait(timeout=1.0)  # a server that is going down: let it end
+        except subprocess.TimeoutExpired:
+            code = None
         if code is not None:
             tail = server.tail()
             verdict = dataclasses.replace(verdict, why=f"{verdict.why}; the {side}'s server had {describe_returncode(code)}"
@@ -555,7 +558,7 @@ def _side_failed(config: Any, failure: TargetFailed, servers: Mapping[str, Any],
     return dataclasses.replace(verdict, artifacts={**verdict.artifacts, **log_artifacts})
 
 
-def _server_failed(config: Any, failed: Any, log_artifacts: Mapping[str, str]) -> Verdict:
+def _server_failed(config: Any, failed: ServerStartFailed, log_artifacts: Mapping[str, str]) -> Verdict:
     """The error verdict of a server glmfb started that did not come up."""
     import shlex
 
