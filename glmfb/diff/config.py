@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 from glmfb.diff.metrics import DEFAULT_CHUNK_ELEMENTS, Tolerances
 from glmfb.diff.requests import DEFAULT_MAX_ELEMENTS
+from glmfb.errors import TargetError
 from glmfb.options import (
     BOOL,
     FILE,
@@ -21,7 +23,7 @@ from glmfb.options import (
     nonnegative_float,
     option,
 )
-from glmfb.units import OptionValueError, parse_number
+from glmfb.units import OptionValueError, parse_number, parse_str
 
 PerTap = tuple[tuple[str, float | None, float | None], ...]
 
@@ -88,6 +90,35 @@ PER_TAP = ValueType("tolerance", "GLOB=RTOL,ATOL", str, lambda v: "none" if not 
 TOLERANCE = nonnegative_float("tolerance")
 
 
+def _parse_command(raw: Any) -> tuple[str, ...]:
+    from glmfb.diff.servers import parse_command
+
+    return parse_command(raw)
+
+
+def _parse_target(raw: Any) -> str:
+    from glmfb.targets import split_ref
+
+    text = parse_str(raw).strip()
+    try:
+        split_ref(text)
+    except TargetError as exc:
+        raise OptionValueError(exc.message, exc.hint or "") from None
+    return text
+
+
+# A command line: a string (split as a shell would) or a list of strings. The MCP server runs
+# none unless it allows commands (glmfb/mcp/tools/probes.py checks the type's name).
+COMMAND = ValueType("command", "COMMAND", _parse_command, lambda v: shlex.join(v) if v else "none",
+                    {"type": ["string", "array"], "items": {"type": "string"},
+                     "description": "a command line: a string split as a shell would, or a list of strings; {port} "
+                                    "is a free loopback port (also in the side's URL), {python} this interpreter"},
+                    write=lambda v: list(v) if v else None)
+# A torch factory (path/file.py:attr or package.module:attr), resolved like a diff target.
+TARGET_REF = ValueType("target", "TARGET", _parse_target, lambda v: v or "none",
+                       {"type": "string", "description": "path/file.py:attr or package.module:attr"})
+
+
 @dataclass(frozen=True)
 class DiffConfig:
     """Everything one diff needs. Sides are capture directories or target references."""
@@ -136,6 +167,20 @@ class DiffConfig:
     retries: int = option(2, NONNEGATIVE_INT, "Serving endpoints: retries of a call after a connection error, a "
                           "timeout or a 5xx answer (with exponential backoff).")
     concurrency: int = option(4, POSITIVE_INT, "Serving endpoints: requests in flight per server.")
+    baseline_server: tuple[str, ...] = option(
+        (), COMMAND, "Serving endpoints: a command that starts the baseline's server, which glmfb waits for (GET "
+        "<base>/models answering 200) and stops at the end; run in the definition's folder.")
+    candidate_server: tuple[str, ...] = option(
+        (), COMMAND, "Serving endpoints: a command that starts the candidate's server (as --baseline-server).")
+    server_startup_s: float = option(120.0, SECONDS, "Serving endpoints: longest a started server may take to "
+                                     "answer GET <base>/models with 200.", key="server_startup")
+    baseline_model: str | None = option(
+        None, TARGET_REF, "Serving endpoints: the torch factory the baseline's server serves (its keyword arguments: "
+        "baseline_args); with candidate_model, a failing serving diff offers the module-level diff of the two on the "
+        "failing request as its next step.")
+    candidate_model: str | None = option(
+        None, TARGET_REF, "Serving endpoints: the torch factory the candidate's server serves (its keyword "
+        "arguments: candidate_args).")
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
 
     @property

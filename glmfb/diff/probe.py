@@ -50,12 +50,52 @@ def _serving_config(spec: ProbeSpec, baseline_args: Any, candidate_args: Any, op
                              "(glmfb capture openai:... --out DIR)")
         parse_endpoint(ref)
         refs.append(ref)
+    _check_servers(spec, options)
+    _check_models(spec, options)
     if options.get("requests") is None:
         raise UsageError(f"{spec.label}: a serving endpoint side needs requests (--requests FILE, TOML options.requests)",
                          'one JSON object per line: {"id": "r1", "prompt": "text", "max_tokens": 16}')
     read_serving_requests(options["requests"], options.get("max_tokens", 16))  # checked now
     return DiffConfig(name=spec.name, baseline=refs[0], candidate=refs[1], baseline_args=baseline_args,
                       candidate_args=candidate_args, base_dir=spec.base_dir, **options)
+
+
+def _check_servers(spec: ProbeSpec, options: dict[str, Any]) -> None:
+    """A server command goes with a server side whose URL it serves: ``{port}`` in the one is
+    ``{port}`` in the other."""
+    from glmfb.diff.endpoint import is_endpoint
+    from glmfb.diff.servers import PORT
+
+    for side, ref in (("baseline", spec.baseline), ("candidate", spec.candidate)):
+        assert ref is not None
+        command = options.get(f"{side}_server") or ()
+        flag = f"--{side}-server ({side}_server)"
+        if command and not is_endpoint(ref):
+            raise UsageError(f"{spec.label}: {flag} starts a server, but the {side} {ref!r} is not a serving endpoint",
+                             f"give the {side} as openai:http://127.0.0.1:{PORT}/v1")
+        if not command and PORT in ref:
+            raise UsageError(f"{spec.label}: the {side} {ref!r} has {PORT}, which only a server glmfb starts fills in",
+                             f"give {flag}, or the server's real port")
+        if command and any(PORT in word for word in command) and PORT not in ref:
+            raise UsageError(f"{spec.label}: {flag} takes {PORT}, but the {side}'s URL {ref!r} does not, so it "
+                             "would not reach that server", f"write the URL as openai:http://127.0.0.1:{PORT}/v1")
+
+
+def _check_models(spec: ProbeSpec, options: dict[str, Any]) -> None:
+    """``baseline_model`` and ``candidate_model`` come together, each a target that exists."""
+    from glmfb.errors import TargetError
+    from glmfb.targets import Target
+
+    given = [side for side in ("baseline", "candidate") if options.get(f"{side}_model")]
+    if len(given) == 1:
+        other = "candidate" if given[0] == "baseline" else "baseline"
+        raise UsageError(f"{spec.label}: {given[0]}_model is given but not {other}_model; the module-level diff "
+                         "needs both", f"give {other}_model (the factory the {other}'s server serves), or neither")
+    for side in given:
+        try:
+            Target(options[f"{side}_model"], {}, spec.base_dir).check()
+        except TargetError as exc:
+            raise TargetError(f"{spec.label}: {side}_model: {exc.message}", exc.hint) from None
 
 
 def _is_serving_capture(ref: str, spec: ProbeSpec) -> bool:
@@ -119,6 +159,11 @@ class DiffProbe(BaseProbe):
 
         if any(is_endpoint(ref) or _is_serving_capture(ref, spec) for ref in sides):
             return _serving_config(spec, baseline_args, candidate_args, options)
+        serving_only = [key for key in ("baseline_server", "candidate_server", "baseline_model", "candidate_model")
+                        if options.get(key)]
+        if serving_only:
+            raise UsageError(f"{spec.label}: {serving_only[0]} is for serving endpoint sides, and neither side is one",
+                             "give a side as openai:http://127.0.0.1:{port}/v1, or leave the option out")
         refs = [str(spec.resolve_path(ref)) if _is_capture_dir(ref, spec) else ref for ref in sides]
         targets = [ref for ref in sides if not _is_capture_dir(ref, spec)]
         if targets and options.get("requests") is None:

@@ -22,7 +22,10 @@ answered then, with the noise of that repeat.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
@@ -51,7 +54,8 @@ from glmfb.diff.evidence import (
     ServingThroughput,
     SideRun,
 )
-from glmfb.errors import UsageError
+from glmfb.diff.servers import ServerStartFailed, StartedServer, started_servers
+from glmfb.errors import TargetFailed, UsageError
 from glmfb.evidence import Evidence
 from glmfb.probe import ProbeContext
 from glmfb.rules import Diagnosis, Rule, diagnose
@@ -241,6 +245,7 @@ class ServingFindings:
     floor: float
     logprob_tolerance: float
     kl_tolerance: float
+    next_steps: tuple[Step, ...] = ()  # what a failing verdict offers (built by the run, which knows the models)
 
     @property
     def first_failing(self) -> RequestComparison | None:
@@ -331,7 +336,7 @@ def _drifted(f: ServingFindings) -> Diagnosis | None:
            f"(tolerance {f.kl_tolerance:g}); {_drift_text(c)}")
     if c.divergence is not None:
         why += f"; then {_divergence_text(c, f)}, a tie flip"
-    return Diagnosis(Status.FAIL, why, _next_steps(), {"request": c.request, "position": worst.position})
+    return Diagnosis(Status.FAIL, why, f.next_steps, {"request": c.request, "position": worst.position})
 
 
 def _diverged(f: ServingFindings) -> Diagnosis | None:
@@ -342,15 +347,41 @@ def _diverged(f: ServingFindings) -> Diagnosis | None:
     why = (f"{_divergence_text(c, f)}, so the greedy outputs part for more than noise; {_drift_text(c)}")
     where = {"request": c.request, "position": d.position,
              "baseline_token": d.baseline_token, "candidate_token": d.candidate_token}
-    return Diagnosis(Status.FAIL, why, _next_steps(), where)
+    return Diagnosis(Status.FAIL, why, f.next_steps, where)
 
 
-def _next_steps() -> tuple[Step, ...]:
-    return (
-        Step("load both models in-process and run the module-level diff (glmfb diff on two torch factories) on the "
-             "failing request, to find the module where the error starts"),
-        Step("rerun with --keep-captures to keep both servers' answers (serving-answers.json) for a look at every token"),
-    )
+MODULE_DIFF_REQUESTS = "module-diff-requests.jsonl"
+
+
+def next_steps(config: Any, ctx: ProbeContext, request: ServingRequest) -> tuple[Step, ...]:
+    """What a failing serving diff offers: the module-level diff of the two models in-process on
+    the failing request. With ``baseline_model`` and ``candidate_model`` and a request of token
+    ids, a ``diff`` command (the request written among the artifacts as a requests file for it);
+    else what that takes, in words. (Both servers' answers are kept already: a failing diff
+    writes them.)"""
+    baseline, candidate = getattr(config, "baseline_model", None), getattr(config, "candidate_model", None)
+    if not baseline or not candidate:
+        return (Step(f"load both models in-process and run the module-level diff (glmfb diff on two torch factories) "
+                     f"on request {request.id}, to find the module where the error starts; give baseline_model and "
+                     "candidate_model (the factories the servers serve) and the verdict offers that diff as a "
+                     "command"),)
+    if isinstance(request.prompt, str):
+        return (Step(f"request {request.id} gives a text prompt, which glmfb cannot turn into the token ids the "
+                     f"module-level diff takes (it has no tokenizer of the servers): tokenize it as the servers do, "
+                     f"write the ids as a request's input_ids, and run glmfb diff {baseline} {candidate} --requests "
+                     "FILE; or give the serving requests as input_ids"),)
+    from glmfb.commandline import rerun_step
+    from glmfb.diff.config import DiffConfig
+    from glmfb.io import write_text_atomic
+
+    path = ctx.artifact(MODULE_DIFF_REQUESTS)
+    write_text_atomic(path, json.dumps({"id": request.id, "input_ids": list(request.prompt)}) + "\n")
+    module_diff = DiffConfig(name=f"{config.name}-modules", baseline=baseline, candidate=candidate,
+                             baseline_args=dict(config.baseline_args), candidate_args=dict(config.candidate_args),
+                             base_dir=config.base_dir, requests=path)
+    why = (f"run the module-level diff of the two models in-process on request {request.id} (its {len(request.prompt)} "
+           "prompt tokens), to find the module where the error starts")
+    return (rerun_step("diff", module_diff, why, name=module_diff.name),)
 
 
 SERVING_RULES: tuple[Rule[ServingFindings], ...] = (
@@ -483,12 +514,72 @@ def _saved_side(saved: SavedAnswers, side: str, folder: str, requests: Sequence[
 def run_serving_diff(config: Any, ctx: ProbeContext) -> Verdict:
     """The verdict of two serving endpoints over ``config.requests``; a server that cannot be
     reached or answers with an error raises :class:`~glmfb.errors.TargetFailed` naming it (the
-    host makes it an error verdict)."""
+    host makes it an error verdict). A side with a server command (``baseline_server``) is
+    served by a server started here first (:mod:`glmfb.diff.servers`) and stopped at the end;
+    one that does not come up is an error verdict naming the side, the command and its output."""
     if config.requests is None:
         raise UsageError("a serving endpoint side needs --requests FILE")
+    refs = {"baseline": config.baseline, "candidate": config.candidate}
+    commands = {side: tuple(getattr(config, f"{side}_server", ()) or ()) for side in SIDES}
+    commands = {side: command for side, command in commands.items() if command}
+    logs = {side: ctx.artifact(f"{side}-server.log") for side in commands}
+    log_artifacts = {f"{side}_server_log": str(path) for side, path in logs.items()}
+    try:
+        with started_servers(commands, refs, logs, config.base_dir, config.server_startup_s, ctx.progress) as servers:
+            live = {**refs, **{side: server.endpoint for side, server in servers.items()}}
+            try:
+                verdict = _serving_verdict(config, ctx, live)
+            except TargetFailed as failure:
+                return _side_failed(config, failure, servers, log_artifacts)
+    except ServerStartFailed as failed:
+        return _server_failed(config, failed, log_artifacts)
+    return dataclasses.replace(verdict, artifacts={**verdict.artifacts, **log_artifacts})
+
+
+def _side_failed(config: Any, failure: TargetFailed, servers: Mapping[str, StartedServer],
+                 log_artifacts: Mapping[str, str]) -> Verdict:
+    """A server that failed mid-run (the host's error verdict for it); where glmfb started that
+    server and it has exited, the why says so, with the tail of its log."""
+    from glmfb.host import target_failed_verdict
+    from glmfb.process import describe_returncode
+
+    verdict = target_failed_verdict("diff", config.name, failure)
+    side = failure.side.removesuffix(" server")
+    server = servers.get(side)
+    if server is not None:
+        try:
+            code: int | None = server.process.wait(timeout=1.0)  # a server that is going down: let it end
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is not None:
+            tail = server.tail()
+            verdict = dataclasses.replace(verdict, why=f"{verdict.why}; the {side}'s server had {describe_returncode(code)}"
+                                                      + (f", its last output: {tail!r}" if tail else ""))
+    return dataclasses.replace(verdict, artifacts={**verdict.artifacts, **log_artifacts})
+
+
+def _server_failed(config: Any, failed: ServerStartFailed, log_artifacts: Mapping[str, str]) -> Verdict:
+    """The error verdict of a server glmfb started that did not come up."""
+    import shlex
+
+    from glmfb.evidence import ProcessExit, TargetError
+    from glmfb.process import describe_returncode
+
+    evidence = [TargetError(side=failed.side, stage="while starting its server", error=failed.problem),
+                ProcessExit(returncode=failed.returncode,
+                            description=describe_returncode(failed.returncode) if failed.returncode is not None else None,
+                            stdout_tail=failed.tail or None, stdout=str(failed.log))]
+    verdict = Verdict.harness_error(
+        "diff", config.name, str(failed), evidence=evidence,
+        next=(Step(f"read {failed.log}, and run the {failed.side}'s server command alone to see it start: "
+                   f"{shlex.join(failed.command)}"),))
+    return dataclasses.replace(verdict, artifacts=dict(log_artifacts))
+
+
+def _serving_verdict(config: Any, ctx: ProbeContext, refs: Mapping[str, str]) -> Verdict:
+    """The serving diff of ``refs`` (each side a server, its port filled in, or a saved capture)."""
     options = ServingOptions.of(config)
     requests = read_serving_requests(config.requests, options.max_tokens)
-    refs = {"baseline": config.baseline, "candidate": config.candidate}
     saved = {side: SavedAnswers.read(Path(ref)) for side, ref in refs.items() if not is_endpoint(ref)}
     for side, answers_saved in saved.items():
         _saved_side(answers_saved, side, refs[side], requests)
@@ -517,6 +608,9 @@ def run_serving_diff(config: Any, ctx: ProbeContext) -> Verdict:
     timing.wall_s = time.perf_counter() - started
     findings = ServingFindings(len(requests), comparisons, noise, options.noise_floor, options.logprob_tolerance,
                                options.kl_tolerance)
+    if findings.first_failing is not None:
+        by_id = {r.id: r for r in requests}
+        findings = dataclasses.replace(findings, next_steps=next_steps(config, ctx, by_id[findings.first_failing.request]))
     outcome = diagnose(SERVING_RULES, findings)
     evidence: list[Evidence] = [_requests_evidence(comparisons)]
     failing = findings.first_failing or next((c for c in comparisons if c.divergence is not None), None)
@@ -529,6 +623,8 @@ def run_serving_diff(config: Any, ctx: ProbeContext) -> Verdict:
     evidence += [SideRun(side=side, target=refs[side] if side in saved else endpoints[side].ref) for side in SIDES]
     evidence.append(outcome.record)
     artifacts = _write_answers(config, ctx, answers, repeats, findings)
+    if any(step.command == "diff" for step in findings.next_steps):
+        artifacts["module_diff_requests"] = str(ctx.artifact(MODULE_DIFF_REQUESTS))
     worst_lp = max((c.logprob_diff_max for c in comparisons), default=0.0)
     return Verdict(
         probe="diff", name=config.name, status=outcome.diagnosis.status, layer=Layer.NUMERICS,

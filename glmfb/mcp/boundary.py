@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from glmfb.errors import InputError
+from glmfb.errors import InputError, UsageError
 from glmfb.probe import TIMEOUT, parse_timeout
 
 DEFAULT_MAX_CALL_S: float = TIMEOUT.default  # the default probe timeout (15 min)
@@ -89,6 +89,14 @@ class Boundary:
         a file or folder under the root (a saved result, a capture directory; ``#side``
         suffix kept). Returned as written relative to the root where it is a path."""
         text = _string(value, argument, "a target (file.py:factory) or a path")
+        if text.startswith("openai:"):  # a serving endpoint: a URL, not a path under the root
+            from glmfb.diff.endpoint import parse_endpoint
+
+            try:
+                parse_endpoint(text)
+            except UsageError as exc:
+                raise InputError(f"argument {argument!r}: {exc.message}", exc.hint) from None
+            return text
         path_part, sep, suffix = text.partition("#")
         as_path = Path(path_part)
         if path_part and (as_path if as_path.is_absolute() else self.root / as_path).exists():

@@ -151,9 +151,17 @@ class ProbeTool:
         fixed = set(self.definition.input_schema["properties"]) - {spec.key for spec in options_of(config_type)}
         option_keys = {spec.key for spec in options_of(config_type) if spec.toml} - fixed
         options = parse_table(config_type, {k: v for k, v in arguments.items() if k in option_keys}, self.label)
+        boundary = self.box.boundary
         for option in options_of(config_type):
-            if option.type.name == "path" and options.get(option.attr) is not None:
-                options[option.attr] = self.box.boundary.path(str(options[option.attr]), option.key)
+            value = options.get(option.attr)
+            if value is None or value == ():
+                continue
+            if option.type.name == "path":
+                options[option.attr] = boundary.path(str(value), option.key)
+            elif option.type.name == "command":  # a command line to run (a server): only where commands are allowed
+                options[option.attr] = boundary.command(list(value), option.key)
+            elif option.type.name == "target":  # a target an option names: under the root, as a side
+                options[option.attr] = boundary.side(value, option.key)
         return options
 
     def _sides(self, arguments: dict[str, Any]) -> dict[str, Any]:
