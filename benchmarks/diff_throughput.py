@@ -105,11 +105,12 @@ def tensor_pairs(root: Path) -> tuple[Any, Any, list[tuple[Any, Any]]]:
     return baseline, candidate, pairs
 
 
-def copy_pass(baseline: Any, candidate: Any, pairs: list[tuple[Any, Any]]) -> str:
-    """Read every pair's bytes into one reused buffer, in the comparer's read size."""
+def copy_pass(baseline: Any, candidate: Any, pairs: list[tuple[Any, Any]], advise: bool = True) -> str:
+    """Read every pair's bytes into one reused buffer, in the comparer's read size, with the
+    same sequential-read advice to the kernel as the comparer gives."""
     import torch
 
-    from glmfb.diff.metrics import DEFAULT_CHUNK_ELEMENTS
+    from glmfb.diff.metrics import DEFAULT_CHUNK_ELEMENTS, advise_sequential
     from glmfb.diff.store import read_exact
 
     step = DEFAULT_CHUNK_ELEMENTS * 4
@@ -117,6 +118,8 @@ def copy_pass(baseline: Any, candidate: Any, pairs: list[tuple[Any, Any]]) -> st
     for tap_b, tap_c in pairs:
         for location in (baseline.locate(tap_b), candidate.locate(tap_c)):
             with open(location.path, "rb", buffering=0) as handle:
+                if advise:
+                    advise_sequential(handle.fileno(), location.offset, location.nbytes)
                 handle.seek(location.offset)
                 for done in range(0, location.nbytes, step):
                     read_exact(handle, buffer, min(step, location.nbytes - done))
