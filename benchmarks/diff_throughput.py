@@ -11,8 +11,8 @@ candidate, checks or copies them, and drops them, so each reads the same bytes f
 files, and its time is that of the whole pass, reads included:
 
 - copy: the I/O ceiling. Each tensor's bytes are read from its file into one reused buffer,
-  in reads of the size glmfb's comparer reads (4 MiB per side for float32), and nothing else
-  is done with them. No method that reads those bytes can be faster.
+  in reads of the size glmfb's comparer reads (4 MiB per side for float32) and with the same
+  sequential-read advice to the kernel (``posix_fadvise``), and nothing else is done with them. No method that reads those bytes can be faster.
 - glmfb: ``compare_captures`` (every metric, one fused chunked pass per pair, a reader thread
   reading the next chunks while torch computes on one thread).
 - assert_close: ``CaptureReader.load`` of both tensors of a pair (each whole, in memory),
