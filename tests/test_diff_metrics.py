@@ -158,3 +158,62 @@ def test_token_metrics_on_planted_argmax_flip() -> None:
     assert got.argmax_agreement == pytest.approx(19 / 20)
     same = token_metrics(logits, logits.clone(), dim=1)
     assert same.first_argmax_diff is None and same.kl_max == 0.0 and same.topk_overlap_min == 1.0
+
+
+def float32_pass(baseline: torch.Tensor, candidate: torch.Tensor, rtol: float, atol: float) -> tuple[int, float, float]:
+    """The fused pass's element-wise quantities, in torch ops alone on whole float32 tensors:
+    the outside count, max_abs and max_rel as the pass computed them before it counted with
+    numpy (they do not depend on the chunking, so a chunked pass must equal them exactly)."""
+    d = (candidate - baseline).abs()
+    absb = baseline.abs()
+    outside = int(torch.count_nonzero(torch.gt(torch.add(d, absb, alpha=-rtol), atol)))
+    max_rel = float(torch.max(d / absb.clamp_min(torch.finfo(torch.float32).tiny)))
+    return outside, float(torch.max(d)), max_rel
+
+
+@pytest.mark.parametrize("atol", [1e-5, 1.0000000204e-05, 0.0])  # 1.0000000204e-05 rounds up in float32
+def test_outside_count_at_the_tolerance_boundary_equals_torch(tmp_path: Path, atol: float) -> None:
+    """Differences on the float32 value of atol and its neighbours where the baseline is zero
+    (so that ``|c - b| - rtol |b|`` is exactly that value), beside subnormal and ordinary
+    baselines: the count from files equals torch's count exactly."""
+    generator = torch.Generator().manual_seed(3)
+    base = torch.randn(20_000, generator=generator)
+    base[::11] = 1e-40
+    cand = base + 1e-4 * torch.randn(20_000, generator=generator)
+    near = torch.tensor(atol, dtype=torch.float32)
+    planted = torch.stack([torch.nextafter(near, torch.tensor(-1.0)), near, torch.nextafter(near, torch.tensor(1.0))])
+    base[::7] = 0.0
+    cand[::7] = planted[torch.arange(0, 20_000, 7) % 3]
+    rtol = 1e-3
+    with PairComparer(chunk_elements=3001) as comparer:
+        got = comparer.compare_files(stored(tmp_path, "b", base), stored(tmp_path, "c", cand), Tolerance(rtol, atol))
+    assert (got.outside, got.max_abs, got.max_rel) == float32_pass(base, cand, rtol, atol)
+
+
+def test_read_ahead_depth_does_not_change_a_metric(tmp_path: Path) -> None:
+    generator = torch.Generator().manual_seed(4)
+    base = torch.randn(50_001, generator=generator)
+    cand = base * (1 + 1e-3 * torch.randn(50_001, generator=generator))
+    cand[12_345] += 0.5
+    b, c = stored(tmp_path, "b", base), stored(tmp_path, "c", cand)
+    results = []
+    for depth in (2, 3, 4, 9):
+        with PairComparer(chunk_elements=4096, read_ahead=depth) as comparer:  # 13 chunks
+            results.append(comparer.compare_files(b, c, Tolerance(1e-2, 1e-5)))
+    assert all(result == results[0] for result in results)
+    assert results[0].worst_index == (12_345,) and results[0].outside == 1
+
+
+def test_a_truncated_file_fails_with_reads_in_flight(tmp_path: Path) -> None:
+    """A file cut short under the reader: an InputError, and the comparer still works."""
+    from glmfb.errors import InputError
+
+    base = torch.randn(40_000)
+    b, c = stored(tmp_path, "b", base), stored(tmp_path, "c", base + 1e-3)
+    with open(c.path, "r+b") as handle:
+        handle.truncate(c.offset + c.nbytes // 2)
+    with PairComparer(chunk_elements=1000, read_ahead=4) as comparer:
+        with pytest.raises(InputError, match="truncated"):
+            comparer.compare_files(b, c, Tolerance(1e-2, 1e-5))
+        again = comparer.compare_files(b, b, Tolerance(1e-2, 1e-5))
+    assert again.max_abs == 0.0

@@ -15,8 +15,11 @@ a slow path that counts and masks them.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import math
+import os
+from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ if TYPE_CHECKING:
     from glmfb.diff.store import TensorLocation
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 20  # 1 Mi elements: 4 MiB of float32 per side
+READ_AHEAD_CHUNKS = 4  # chunks in flight per pair: being computed on, read, or waiting
 
 # Default tolerances by dtype (those of torch.testing.assert_close), as (rtol, atol).
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
@@ -140,14 +144,18 @@ class _Accumulator:
 class PairComparer:
     """Compares tensor pairs chunk by chunk with buffers allocated once and reused."""
 
-    def __init__(self, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> None:
+    def __init__(self, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS, read_ahead: int = READ_AHEAD_CHUNKS) -> None:
         import torch
 
         self.chunk = chunk_elements
-        # two slots of (baseline, candidate) raw buffers: one being read, one being computed on
-        self._raw = [torch.empty(chunk_elements * 8, dtype=torch.uint8) for _ in range(4)]
+        # ``read_ahead`` slots of (baseline, candidate) raw buffers: one being computed on, the
+        # others being read or read (so that a stall of the disk or of the reader thread, whose
+        # core other processes share, does not stall the computation at once)
+        self.slots = max(2, read_ahead)
+        self._raw = [torch.empty(chunk_elements * 8, dtype=torch.uint8) for _ in range(2 * self.slots)]
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="glmfb-diff-read")
         self._work: dict[torch.dtype, dict[str, torch.Tensor]] = {}
+        self._numpy: dict[torch.dtype, tuple[np.ndarray, np.ndarray]] = {}  # views of each "tmp" and "mask"
 
     def close(self) -> None:
         self._reader.shutdown(wait=True)
@@ -167,6 +175,8 @@ class PairComparer:
                 "a": torch.empty(n, dtype=dtype), "b": torch.empty(n, dtype=dtype),
                 "tmp": torch.empty(n, dtype=dtype), "mask": torch.empty(n, dtype=torch.bool),
             }
+            work = self._work[dtype]
+            self._numpy[dtype] = (work["tmp"].numpy(), work["mask"].numpy())
         return self._work[dtype]
 
     # ---- entry points -----------------------------------------------------------------------
@@ -175,8 +185,9 @@ class PairComparer:
         """Stream two stored tensors (same shape; their dtypes may differ, then both are read
         into the wider compute dtype) through the fused pass.
 
-        A reader thread fills the next pair of raw buffers while this thread computes on the
-        current pair (file reads and torch ops both release the GIL)."""
+        A reader thread fills the next pairs of raw buffers (up to ``read_ahead - 1`` chunks
+        ahead) while this thread computes on the current pair (file reads and torch ops both
+        release the GIL)."""
         import torch
 
         from glmfb.diff.store import read_exact
@@ -191,23 +202,33 @@ class PairComparer:
         with open(baseline.path, "rb", buffering=0) as file_b, open(candidate.path, "rb", buffering=0) as file_c:
             file_b.seek(baseline.offset)
             file_c.seek(candidate.offset)
+            # both files are read front to back: a larger kernel read-ahead window for each
+            # (measured on a cold page cache: faster in 5 of 6 paired runs)
+            advise_sequential(file_b.fileno(), baseline.offset, baseline.nbytes)
+            advise_sequential(file_c.fileno(), candidate.offset, candidate.nbytes)
 
             def read(slot: int, count: int) -> int:
                 read_exact(file_b, self._raw[2 * slot], count * size_b)
                 read_exact(file_c, self._raw[2 * slot + 1], count * size_c)
                 return slot
 
-            pending = self._reader.submit(read, 0, spans[0][1]) if spans else None
-            for number, (start, count) in enumerate(spans):
-                assert pending is not None
-                slot = pending.result()
-                if number + 1 < len(spans):
-                    pending = self._reader.submit(read, 1 - slot, spans[number + 1][1])
-                raw_b = self._raw[2 * slot][:count * size_b].view(stored_b)
-                raw_c = self._raw[2 * slot + 1][:count * size_c].view(stored_c)
-                b = raw_b if stored_b == compute else work["a"][:count].copy_(raw_b)
-                c = raw_c if stored_c == compute else work["b"][:count].copy_(raw_c)
-                self._chunk(acc, b, c, work, count, start, tolerance)
+            # the single reader thread runs the reads in order, so each file is read sequentially
+            pending = deque(self._reader.submit(read, number % self.slots, count)
+                            for number, (_, count) in enumerate(spans[:self.slots - 1]))
+            try:
+                for number, (start, count) in enumerate(spans):
+                    slot = pending.popleft().result()
+                    ahead = number + self.slots - 1  # into the slot the previous chunk was computed in
+                    if ahead < len(spans):
+                        pending.append(self._reader.submit(read, ahead % self.slots, spans[ahead][1]))
+                    raw_b = self._raw[2 * slot][:count * size_b].view(stored_b)
+                    raw_c = self._raw[2 * slot + 1][:count * size_c].view(stored_c)
+                    b = raw_b if stored_b == compute else work["a"][:count].copy_(raw_b)
+                    c = raw_c if stored_c == compute else work["b"][:count].copy_(raw_c)
+                    self._chunk(acc, b, c, work, count, start, tolerance)
+            finally:  # a failed read or chunk: let the reads in flight end before the files close
+                for future in pending:
+                    future.cancel() or future.exception()
         return _finish(acc, total, baseline.shape, tolerance)
 
     def compare_tensors(self, baseline: torch.Tensor, candidate: torch.Tensor, tolerance: Tolerance) -> TensorMetrics:
@@ -233,6 +254,7 @@ class PairComparer:
 
     def _chunk(self, acc: _Accumulator, b: torch.Tensor, c: torch.Tensor, work: Mapping[str, torch.Tensor],
                count: int, start: int, tolerance: Tolerance) -> None:
+        import numpy as np
         import torch
 
         bc = float(torch.dot(b, c))
@@ -247,7 +269,8 @@ class PairComparer:
         # b and c are scratch buffers (raw read slots or converted copies): work in place.
         d = c.sub_(b)
         acc.dd += float(torch.dot(d, d))
-        low, high = (float(x) for x in torch.aminmax(d))
+        # amin and amax, not aminmax or max: torch's full reductions to one value ran slower
+        low, high = float(torch.amin(d)), float(torch.amax(d))
         largest = max(-low, high) + 0.0  # + 0.0: no error reads 0.0, never -0.0
         if largest > acc.max_abs:
             index = int(torch.argmin(d)) if -low > high else int(torch.argmax(d))  # when the maximum moves
@@ -257,14 +280,17 @@ class PairComparer:
             return
         d.abs_()
         absb = b.abs_()
-        tmp, mask = work["tmp"][:count], work["mask"][:count]
+        tmp = work["tmp"][:count]
         if largest > tolerance.atol:
             torch.add(d, absb, alpha=-tolerance.rtol, out=tmp)  # |c - b| - rtol |b|
-            torch.gt(tmp, tolerance.atol, out=mask)
-            acc.outside += int(torch.count_nonzero(mask))
+            # counted by numpy on views of the same buffers (torch's gt into a bool tensor and
+            # its count_nonzero took longer than the rest of the chunk); atol is cast to the
+            # compute dtype, as torch.gt casts it, so the count is the same
+            tmp_np, mask_np = (array[:count] for array in self._numpy[b.dtype])
+            acc.outside += int(np.count_nonzero(np.greater(tmp_np, tmp_np.dtype.type(tolerance.atol), out=mask_np)))
         absb.clamp_min_(torch.finfo(b.dtype).tiny)
         torch.div(d, absb, out=tmp)
-        acc.max_rel = max(acc.max_rel, float(torch.max(tmp)))
+        acc.max_rel = max(acc.max_rel, float(torch.amax(tmp)))
 
     def _chunk_nonfinite(self, acc: _Accumulator, b: torch.Tensor, c: torch.Tensor,
                          work: Mapping[str, torch.Tensor], count: int, start: int, tolerance: Tolerance) -> None:
@@ -293,6 +319,14 @@ class PairComparer:
             acc.worst_values = (float(b[index]), float(c[index]))
         rel = score / (bf.abs() + torch.finfo(torch.float64).tiny)
         acc.max_rel = max(acc.max_rel, float(rel.max()))
+
+
+def advise_sequential(descriptor: int, offset: int, length: int) -> None:
+    """Tell the kernel a file range will be read sequentially (where it can be told)."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is not None:
+        with contextlib.suppress(OSError):  # a file system that does not take it reads as it did
+            advise(descriptor, offset, length, os.POSIX_FADV_SEQUENTIAL)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
