@@ -47,7 +47,7 @@ class Signature:
 
 RUN = Signature("run", positional=("paths",), flags={"select": "-k", "timeout": "--timeout", "shard": "--shard",
                                                   "history": "--history"})
-GATE = Signature("gate", positional=("source",), flags={"policy": "--policy"})
+GATE = Signature("gate", positional=("source",), flags={"policy": "--policy", "history": "--history"})
 BISECT = Signature("bisect", positional=("good", "bad", "definition"),
                    flags={"select": "-k", "setup": "--setup", "max_evaluations": "--max-evaluations",
                           "timeout": "--timeout"})

@@ -329,13 +329,14 @@ def test_the_history_records_the_shards_as_one_run_once(runs: Runs) -> None:
 
     whole = rows(runs.root / "reports-all" / "history.sqlite")
     assert sorted(r[2] for r in whole) == sorted(SUITE_NAMES)
+    ids = [json.loads(runs.run_file(f"reports-{k}").read_text())["id"] for k in (1, 2, 3)]
     for k in (1, 2, 3):  # a shard records nothing itself (its run.json keeps each verdict's origin)
         folder = runs.root / f"reports-{k}"
-        assert not (folder / "history.sqlite").exists() or rows(folder / "history.sqlite") == []
+        if (folder / "history.sqlite").exists():  # only a gate over the shards (another test's) wrote there
+            assert {r[0] for r in rows(folder / "history.sqlite")} <= {"+".join(ids)}
         origins = json.loads(runs.run_file(f"reports-{k}").read_text())["shard"]["origins"]
         assert set(origins) == set(json.loads(runs.run_file(f"reports-{k}").read_text())["shard"]["names"])
     store = runs.root / "shards-history.sqlite"
-    ids = [json.loads(runs.run_file(f"reports-{k}").read_text())["id"] for k in (1, 2, 3)]
     first = glmfb("gate", "reports-1", "reports-2", "reports-3", "--history", f"sqlite:///{store}", cwd=runs.root)
     assert first.returncode == 1 and "the 3 shards' 5 verdicts recorded as one run in the history" in first.stderr
     recorded = rows(store)
