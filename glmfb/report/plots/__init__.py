@@ -116,22 +116,48 @@ def draw_job(job: PlotJob) -> list[Outcome]:
 
 
 def default_workers() -> int:
-    """Worker processes for a page: ``$GLMFB_REPORT_WORKERS``, else one per core but the one
-    this process draws on."""
+    """Worker processes for a page: ``$GLMFB_REPORT_WORKERS``, else one per core that is idle
+    now (:func:`idle_cores`) but the one this process draws on. A worker costs a few CPU
+    seconds of its own before it draws (an interpreter, matplotlib, its font and text caches:
+    9.9 CPU s drawn here alone against 14 here and in one worker, for the bundled suite's page),
+    so on a machine whose cores are busy it only slows the page down (13.7 s alone, 16-28 s
+    with a worker at load 5 on 2 cores); on idle cores it overlaps the drawing."""
     raw = os.environ.get(WORKERS_ENV, "").strip()
     if raw.isdigit():
         return int(raw)
-    return machine_cores() - 1
+    return max(0, min(machine_cores() - 1, int(idle_cores() + 0.25) - 1))
+
+
+def idle_cores(window_s: float = 0.25) -> float:
+    """How many of the machine's cores were idle over the next ``window_s`` (``/proc/stat``);
+    0 where that cannot be read (then the page is drawn here alone)."""
+    import time
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)  # all, idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(window_s)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    if total1 <= total0:
+        return 0.0
+    return (os.cpu_count() or 1) * (idle1 - idle0) / (total1 - total0)
 
 
 def draw_plots(jobs: Sequence[PlotJob], workers: int | None = None) -> list[list[Drawn]]:
-    """Every job's plots, in job order. With ``workers`` (default :func:`default_workers`)
-    and enough jobs, worker processes (spawned: a fresh interpreter, no state forked from
+    """Every job's plots, in job order. With ``workers`` (default :func:`default_workers`:
+    as many as there are idle cores, but one) and enough jobs, worker processes (spawned: a fresh interpreter, no state forked from
     this one) take jobs from the front while this process takes them from the back, so
     neither waits while the other has work; a worker that fails leaves its jobs to this
     process. The outcomes are the same either way."""
-    workers = default_workers() if workers is None else workers
-    if workers <= 0 or len(jobs) < MIN_PARALLEL_JOBS:
+    if len(jobs) >= MIN_PARALLEL_JOBS and workers is None:
+        workers = default_workers()
+    if not workers or len(jobs) < MIN_PARALLEL_JOBS:
         outcomes = [draw_job(job) for job in jobs]
     else:
         outcomes = _draw_beside_workers(jobs, workers)
