@@ -14,7 +14,11 @@ object that satisfies :class:`Probe`:
 - ``run(config, ctx) -> Verdict``: the engine. It never prints, never exits, and raises
   :class:`~glmfb.errors.TargetFailed` when the target breaks; the host boundary
   (:mod:`glmfb.host`) turns that and anything unexpected into an error verdict;
-- ``evidence_types`` and ``rules()``: its typed evidence kinds and its ordered rules.
+- ``evidence_types`` and ``rules()``: its typed evidence kinds and its ordered rules;
+- ``timing`` and ``cores(config)``: how a run of it shares the machine in a suite. A timing
+  probe (its verdict rests on wall times: bench, gil, gap) runs with the machine to itself; a
+  numerics probe (diff: its verdict is the same however loaded the host is) may run beside
+  other numerics probes, occupying ``cores(config)`` of the machine's cores.
 
 Built-in probes are listed once, in :data:`BUILTIN_PROBES`; other packages add probes through
 the entry-point group ``glmfb.probes`` (entry name = the kind, value = ``module:attr`` naming a
@@ -273,14 +277,48 @@ class Probe(Protocol):
     report: ReportSection
     agent_hint: str  # one line for agents: when to reach for this probe (the MCP server's instructions)
     commands: tuple[ProbeCommand, ...]
+    timing: bool  # its verdict rests on wall times: in a suite it runs with the machine to itself
 
     def default_name(self, spec: ProbeSpec) -> str: ...
+
+    def cores(self, config: Any) -> int: ...
 
     def rules(self) -> Sequence[Rule[Any]]: ...
 
     def build(self, spec: ProbeSpec) -> Any: ...
 
     def run(self, config: Any, ctx: ProbeContext) -> Verdict: ...
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How one probe run shares the machine in a suite (:func:`placement`): ``exclusive``, it
+    has the machine to itself; else it occupies ``cores`` of it, beside other such runs."""
+
+    exclusive: bool
+    cores: int
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def placement(probe: Any, config: Any, capacity: int) -> Placement:
+    """How a run of ``probe`` on ``config`` shares a machine of ``capacity`` cores: a timing
+    probe (``timing`` true, or not said: a probe from another package that predates it) has
+    the machine to itself, and so has a run that occupies every core or whose ``cores``
+    breaks; any other occupies ``cores(config)`` of them."""
+    if getattr(probe, "timing", True) is not False:
+        return Placement(True, capacity)
+    try:
+        cores = max(1, int(probe.cores(config)))
+    except Exception:  # a probe's broken cores() must not stop the suite: it runs alone
+        return Placement(True, capacity)
+    return Placement(cores >= capacity, min(cores, capacity))
 
 
 class BaseProbe:
@@ -300,10 +338,16 @@ class BaseProbe:
     report: ClassVar[ReportSection] = ReportSection()
     agent_hint: ClassVar[str] = ""
     commands: ClassVar[tuple[ProbeCommand, ...]] = ()
+    timing: ClassVar[bool] = True  # the safe default: a probe that does not say runs alone
 
     def default_name(self, spec: ProbeSpec) -> str:
         """The verdict's name when none is given: the kind."""
         return self.kind
+
+    def cores(self, config: Any) -> int:
+        """How many cores a run on ``config`` occupies (read only when ``timing`` is False):
+        one, unless the probe says more."""
+        return 1
 
     def rules(self) -> Sequence[Rule[Any]]:
         return self.builtin_rules

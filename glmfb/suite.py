@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import queue
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -37,11 +38,14 @@ from glmfb.errors import InputError, UsageError
 from glmfb.options import parse_table
 from glmfb.probe import (
     TIMEOUT,
+    Placement,
     ProbeContext,
     ProbeSpec,
     get_probe,
     known_kinds,
+    machine_cores,
     parse_timeout,
+    placement,
     safe_component,
 )
 from glmfb.shards import shard_record
@@ -328,17 +332,43 @@ def run_suite(
     on_start: Callable[[ProbeDefinition], None] | None = None,
     on_done: Callable[[ProbeDefinition, Verdict], None] | None = None,
     shard: Shard | None = None,
+    capacity: int | None = None,
 ) -> Run:
-    """Run every definition in order (``shard``: they are that shard of a suite, recorded on
-    the run). Ctrl-C keeps what finished and marks the rest as error."""
+    """Run every definition (``shard``: they are that shard of a suite, recorded on the run).
+
+    Each probe runs in a supervised child. A timing probe has the machine to itself; numerics
+    probes run side by side, as many as fit in ``capacity`` cores (default: this machine's),
+    each occupying what :func:`glmfb.probe.placement` says (:func:`next_startable` picks which
+    starts next). The verdicts stay in definition order, and ``on_done`` is called in that
+    order too (``on_start`` as each starts); every callback runs in the calling thread. In
+    process (``context.isolate`` false) the probes run one after another. Ctrl-C or SIGTERM
+    stops every running probe and its processes, keeps what finished and marks the rest as
+    error."""
     from glmfb.env import fingerprint
 
     started = utc_now()
+    if context.isolate:
+        verdicts, interrupted = _run_scheduled(definitions, context, on_start, on_done, capacity)
+    else:
+        verdicts, interrupted = _run_in_order(definitions, context, on_start, on_done)
+    return Run(id=context.run_id, started=started, finished=utc_now(), verdicts=tuple(verdicts),
+               env=fingerprint(), interrupted=interrupted, shard=shard)
+
+
+POLL_S = 0.2  # how often the scheduler looks at the cancellation event while it waits
+RUNNING_WHY = "interrupted ({signal}) while running; its processes were stopped"
+NOT_RUN_WHY = "not run: the run was interrupted"
+
+
+def _run_in_order(definitions: Sequence[ProbeDefinition], context: SuiteContext,
+                  on_start: Callable[[ProbeDefinition], None] | None,
+                  on_done: Callable[[ProbeDefinition, Verdict], None] | None) -> tuple[list[Verdict], bool]:
+    """Every definition in order, in this thread (in process: a Ctrl-C reaches the probe)."""
     verdicts: list[Verdict] = []
     interrupted = False
     for definition in definitions:
         if interrupted:
-            verdict = _interrupted_verdict(definition, "not run: the run was interrupted")
+            verdict = _interrupted_verdict(definition, NOT_RUN_WHY)
         else:
             if on_start is not None:
                 on_start(definition)
@@ -346,17 +376,127 @@ def run_suite(
                 verdict = run_definition(definition, context)
             except KeyboardInterrupt as exc:
                 interrupted = True
-                signal_name = getattr(exc, "signal_name", "SIGINT")
-                verdict = _interrupted_verdict(definition, f"interrupted ({signal_name}) while running; "
-                                                           "its processes were stopped")
+                verdict = _interrupted_verdict(
+                    definition, RUNNING_WHY.format(signal=getattr(exc, "signal_name", "SIGINT")))
         verdicts.append(verdict)
         if on_done is not None:
             on_done(definition, verdict)
-    return Run(id=context.run_id, started=started, finished=utc_now(), verdicts=tuple(verdicts),
-               env=fingerprint(), interrupted=interrupted, shard=shard)
+    return verdicts, interrupted
+
+
+def definition_placement(definition: ProbeDefinition, capacity: int) -> Placement:
+    """How a definition's run shares a machine of ``capacity`` cores (:func:`glmfb.probe.placement`)."""
+    return placement(get_probe(definition.probe), definition.config, capacity)
+
+
+def next_startable(places: Sequence[Placement], pending: Sequence[int], running: Iterable[Placement],
+                   capacity: int) -> int | None:
+    """Which of the ``pending`` definitions (indexes into ``places``, in definition order) may
+    start beside the ``running`` ones, or None: nothing starts beside an exclusive run (a
+    timing probe); an exclusive one starts only when nothing runs; any other when its cores
+    fit in what the running ones leave of ``capacity``. The first that may start is taken,
+    so a numerics probe may start before an earlier one that waits for the whole machine
+    (the verdicts stay in definition order all the same)."""
+    running = list(running)
+    if any(place.exclusive for place in running):
+        return None
+    busy = sum(place.cores for place in running)
+    for index in pending:
+        place = places[index]
+        if (not running) if place.exclusive else busy + place.cores <= capacity:
+            return index
+    return None
+
+
+def _run_scheduled(definitions: Sequence[ProbeDefinition], context: SuiteContext,
+                   on_start: Callable[[ProbeDefinition], None] | None,
+                   on_done: Callable[[ProbeDefinition, Verdict], None] | None,
+                   capacity: int | None) -> tuple[list[Verdict], bool]:
+    """The scheduler of :func:`run_suite`: each started probe's supervision in a thread of
+    its own, this thread starting, collecting and reporting."""
+    capacity = max(1, capacity or machine_cores())
+    places = [definition_placement(d, capacity) for d in definitions]
+    shared = sum(1 for place in places if not place.exclusive) > 1
+    stop = threading.Event()  # set: every running probe is stopped (Ctrl-C, or context.cancel)
+    finished: queue.Queue[tuple[int, Verdict | BaseException]] = queue.Queue()
+    pending = list(range(len(definitions)))
+    running: dict[int, Placement] = {}  # started, its verdict not yet collected
+    threads: list[threading.Thread] = []
+    results: dict[int, Verdict] = {}
+    failure: BaseException | None = None
+    interrupted = False
+    signal_name = "SIGINT"
+    reported = 0  # on_done has been called for definitions[:reported]
+
+    def work(index: int, run_context: SuiteContext) -> None:
+        try:
+            finished.put((index, run_definition(definitions[index], run_context)))
+        except BaseException as exc:  # handed to the scheduler's thread
+            finished.put((index, exc))
+
+    def start(index: int) -> None:
+        definition = definitions[index]
+        run_context = replace(context, cancel=stop)
+        if shared and not places[index].exclusive and context.on_progress is not None:
+            report = context.on_progress  # beside another probe: say whose progress it is
+            run_context = replace(run_context, on_progress=lambda message: report(f"{definition.name}: {message}"))
+        if on_start is not None:
+            on_start(definition)
+        pending.remove(index)
+        running[index] = places[index]
+        thread = threading.Thread(target=work, args=(index, run_context), name=f"glmfb-run-{index}", daemon=True)
+        threads.append(thread)
+        thread.start()
+
+    def collect(index: int, outcome: Verdict | BaseException) -> None:
+        nonlocal failure, interrupted, signal_name, reported
+        running.pop(index, None)
+        if isinstance(outcome, BaseException):
+            if isinstance(outcome, KeyboardInterrupt):  # raised in a probe's thread: the run is interrupted
+                interrupted, signal_name = True, getattr(outcome, "signal_name", "SIGINT")
+            elif failure is None:  # glmfb's own failure (not a verdict): raised once the others stopped
+                failure = outcome
+            stop.set()
+            outcome = _interrupted_verdict(definitions[index], RUNNING_WHY.format(signal=signal_name))
+        elif interrupted:  # it came back after the interruption: it was stopped, not finished
+            outcome = _interrupted_verdict(definitions[index], RUNNING_WHY.format(signal=signal_name))
+        results[index] = outcome
+        while reported in results:
+            if on_done is not None:
+                on_done(definitions[reported], results[reported])
+            reported += 1
+
+    while running or (pending and not (interrupted or failure)):
+        try:
+            while pending and not (interrupted or failure):
+                index = next_startable(places, pending, running.values(), capacity)
+                if index is None:
+                    break
+                start(index)
+            try:
+                collect(*finished.get(timeout=POLL_S))
+            except queue.Empty:
+                if context.cancel is not None and context.cancel.is_set():
+                    stop.set()
+                if not any(thread.is_alive() for thread in threads) and finished.empty():
+                    running.clear()  # interrupted between being marked running and its thread's start
+                    # (every thread puts its outcome before it ends, so none is lost here)
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: stop what runs, start nothing more
+            if not interrupted:
+                interrupted, signal_name = True, getattr(exc, "signal_name", "SIGINT")
+            stop.set()
+    if failure is not None:
+        raise failure
+    for index in range(len(definitions)):
+        results.setdefault(index, _interrupted_verdict(definitions[index], NOT_RUN_WHY))
+    for index in range(reported, len(definitions)):
+        if on_done is not None:
+            on_done(definitions[index], results[index])
+    return [results[index] for index in range(len(definitions))], interrupted
 
 
 def _interrupted_verdict(definition: ProbeDefinition, why: str) -> Verdict:
+    """The error verdict of a definition the interruption stopped or never started."""
     verdict = Verdict.harness_error(definition.probe, definition.name, why,
                                     next=[run_step([definition.name])])
     if definition.expect is not None:  # an interrupted probe never meets its expectation

@@ -92,6 +92,27 @@ def not_callable() -> int:
     return 42
 
 
+class SlowClose:
+    """An iteration whose ``close()`` takes a second (a build that waits for its own process
+    to end) and writes when it started and ended into ``folder``."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.work = spin(2_000)
+
+    def __call__(self) -> dict[str, float]:
+        return self.work()
+
+    def close(self) -> None:
+        started = time.time()
+        time.sleep(1.0)
+        (self.folder / f"{id(self)}-{started}.json").write_text(json.dumps([started, time.time()]))
+
+
+def slow_close(folder: str) -> SlowClose:
+    return SlowClose(folder)
+
+
 def run_gap(config: GapConfig, folder: Path) -> Verdict:
     from helpers import run
 
@@ -131,6 +152,21 @@ def test_planted_2x_slowdown_fails_with_the_phase_that_grew(tmp_path: Path) -> N
     assert gap["stopped_by"] == "decided"
     assert len(gap["baseline_samples_s"]) == len(gap["candidate_samples_s"]) == gap["iterations_per_side"]
     assert Verdict.from_dict(verdict.to_dict()) == verdict
+
+
+def test_every_build_is_closed_at_once(tmp_path: Path) -> None:
+    """12 builds (6 a side), each closing in 1 s: closed one after another they would take 12 s;
+    at once, every close has begun before any has ended."""
+    folder = tmp_path / "closes"
+    folder.mkdir()
+    side = Target(f"{THIS}:slow_close", {"folder": str(folder)})
+    verdict = run_gap(config("spin", baseline=side, candidate=side, repeats=48, threshold=0.5), tmp_path)
+    assert verdict.status is not Status.ERROR, verdict.why
+    spans = sorted(json.loads(f.read_text()) for f in folder.iterdir())
+    assert len(spans) == 12
+    extra, first = spans[:10], spans[10:]  # closed by the measurement, then the first two by the engine
+    for batch in (extra, first):
+        assert max(start for start, _ in batch) < min(end for _, end in batch)
 
 
 def test_same_work_passes_a_wide_threshold(tmp_path: Path) -> None:

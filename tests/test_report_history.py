@@ -97,3 +97,27 @@ def test_a_probe_command_draws_the_history_from_its_second_run(tmp_path: Path, t
     assert 'data-plot="history"' not in pages[0]  # one run: no history yet
     assert 'data-plot="history" data-state="drawn" data-verdict="toy-h"' in pages[1]
     assert "history-current" in pages[1] and "No change point." in pages[1]
+
+
+def test_the_page_is_the_same_byte_for_byte_drawn_here_or_beside_workers(tmp_path: Path) -> None:
+    """A page of 8 verdicts (one with history, 7 gap verdicts with their plots) drawn by this
+    process alone and beside two spawned workers: the same page."""
+    from test_report_html import run_document as gap_run
+
+    from glmfb.report.plots import MIN_PARALLEL_JOBS
+    from glmfb.verdict import load_document
+
+    url = planted_store(tmp_path)
+    run_id = f"run-{CURRENT:03d}"
+    document = run_document(run_id, 0.12)
+    gap = load_document(gap_run(tmp_path / run_id)).to_dict()["verdicts"][0]  # glmfb.verdict/2
+    document["verdicts"] += [{**gap, "name": f"gap-case-{i}", "metric": {**gap["metric"], "value": 0.1 + i / 50}}
+                             for i in range(7)]
+    document["summary"]["fail"] = len(document["verdicts"])
+    assert len(document["verdicts"]) >= MIN_PARALLEL_JOBS
+    series = history_of_run(url, run_id)
+    alone = render_html(document, tmp_path / run_id, history=series, workers=0)
+    beside = render_html(document, tmp_path / run_id, history=series, workers=2)
+    assert alone == beside
+    assert alone.count('data-plot="history" data-state="drawn"') == 1
+    assert alone.count('data-plot="gap-phases" data-state="drawn"') == 7

@@ -20,6 +20,7 @@ from glmfb.probe import (
     ProbeSpec,
     ReportSection,
     imported,
+    machine_cores,
 )
 from glmfb.verdict import Layer, Verdict
 
@@ -145,6 +146,19 @@ class DiffProbe(BaseProbe):
         " module and token position where the error starts, and its cause"
     )
     commands: ClassVar[tuple[ProbeCommand, ...]] = (CAPTURE,)
+    timing: ClassVar[bool] = False  # tensors compared, never timed: a loaded host changes no verdict
+
+    def cores(self, config: DiffConfig) -> int:
+        """The cores a diff occupies: its ranks (the sides run one after the other, each on
+        ``*_nproc`` ranks in lockstep, which slow down 2-3x beside another process), and the
+        whole machine for serving endpoints (the servers it asks may share this host, and its
+        calls have wall-clock timeouts)."""
+        from glmfb.diff.endpoint import is_endpoint
+
+        sides = (config.baseline, config.candidate)
+        if any(is_endpoint(ref) or (Path(ref) / "serving-capture.json").is_file() for ref in sides):
+            return machine_cores()
+        return max(1, config.baseline_nproc, config.candidate_nproc)
 
     def build(self, spec: ProbeSpec) -> Any:
         if not spec.baseline or not spec.candidate:

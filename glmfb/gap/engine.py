@@ -9,7 +9,6 @@ an error verdict, with what each side said about its transfer).
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -23,7 +22,7 @@ from glmfb.gap.config import GapConfig
 from glmfb.gap.evidence import Bandwidth, GapMeasurement, GilAttribution, Phase, TransferInfo
 from glmfb.gap.phases import compare_phases, grown_phases
 from glmfb.gap.rules import RULES, GapFindings
-from glmfb.gap.runner import Measurement, measure
+from glmfb.gap.runner import Measurement, close_all, measure
 from glmfb.probe import ProbeContext
 from glmfb.rules import diagnose
 from glmfb.step import Step
@@ -57,8 +56,7 @@ def run_gap(config: GapConfig, ctx: ProbeContext) -> Verdict:
         verdict = target_failed_verdict("gap", config.name, failure, next=(_alone(config, failure.side),))
         verdict = replace(verdict, evidence=(*verdict.evidence, *_transfers(sides)))
     finally:
-        for side in sides:
-            _close(side)
+        close_all(sides)
     env = {**fingerprint(), **_transfer_env(sides)}
     return replace(verdict, env=env, duration_s=ctx.clock.monotonic() - started)
 
@@ -101,13 +99,6 @@ def _build(label: str, factory: Callable[..., Any], target: Target, report: Prog
         raise TargetFailed(label, "while building", TypeError(
             f"{target.ref} returned a {type(built).__name__}, not a zero-argument callable"))
     return built
-
-
-def _close(side: Any) -> None:
-    close = getattr(side, "close", None)
-    if callable(close):
-        with contextlib.suppress(Exception):  # closing must not hide the verdict
-            close()
 
 
 def _describe(side: Any) -> dict[str, Any]:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,6 +121,24 @@ def _close(side: Any) -> None:
             close()
 
 
+def close_all(instances: Sequence[Any]) -> None:
+    """Close every build (its ``close()``, when it has one) at once, each in a thread of its
+    own, and wait for all: a build's close waits for what it started to end (the bundled
+    scenario's receiver process exits), so closing 12 builds one after another adds up those
+    waits (5.3 s measured), and at once they overlap. After the measurement, so no timing
+    sees it; a close that fails is ignored, as one at a time."""
+    if len(instances) <= 1:
+        for instance in instances:
+            _close(instance)
+        return
+    threads = [threading.Thread(target=_close, args=(instance,), name="glmfb-gap-close", daemon=True)
+               for instance in instances]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def measure(
     config: GapConfig,
     baseline: Callable[[], Any],
@@ -163,8 +182,7 @@ def measure(
                         call_side(label, instance, f"in the warm-up of build {j + 1}", timer)
         return _measure(config, functions, progress, started, clock, timer, build is not None)
     finally:
-        for instance in extra:
-            _close(instance)
+        close_all(extra)
 
 
 def _measure(

@@ -23,11 +23,12 @@ import re
 from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from glmfb.commandline import shell_line
 from glmfb.documents import load_document
 from glmfb.probe import report_order, report_section
+from glmfb.report.plots import Drawn, PlotJob, draw_plots
 from glmfb.report.text import (
     expectation_text,
     expected_label,
@@ -36,9 +37,6 @@ from glmfb.report.text import (
     status_label,
 )
 from glmfb.verdict import Run, Verdict
-
-if TYPE_CHECKING:
-    from glmfb.report.plots import Drawn
 
 REPORT_NAME = "report.html"
 _CSS = """
@@ -178,17 +176,7 @@ def _evidence_block(label: str, items: list[Any]) -> str:
     )
 
 
-def _section(index: int, verdict: Verdict, data: Mapping[str, Any], links: _Links,
-             history: Sequence[Mapping[str, Any]] = ()) -> str:
-    from glmfb.report.plots import VerdictView, draw, specs_for
-
-    view = VerdictView(data, run_dir=links.run_dir, run_id=links.run_id)
-    specs = list(specs_for(verdict.probe))
-    if history and links.run_id:
-        from glmfb.report.plots.history import history_spec, series_for
-
-        specs += [history_spec(series, links.run_id) for series in series_for(history, data, links.run_id)]
-    drawn = [draw(spec, view, prefix=f"v{index}p{n}") for n, spec in enumerate(specs)]
+def _section(index: int, verdict: Verdict, data: Mapping[str, Any], links: _Links, drawn: Sequence[Drawn]) -> str:
     shown = [d for d in drawn if not (d.state == "missing" and d.spec.optional)]
     figures = "".join(_figure(d, verdict.name) for d in shown if d.state != "missing")
     notes = "".join(_figure(d, verdict.name) for d in shown if d.state == "missing")
@@ -212,12 +200,25 @@ def _section(index: int, verdict: Verdict, data: Mapping[str, Any], links: _Link
     )
 
 
+def _plot_job(index: int, probe: str, data: Mapping[str, Any], links: _Links,
+              history: Sequence[Mapping[str, Any]]) -> PlotJob:
+    """What drawing one verdict's plots takes, as plain data (it may cross to a worker)."""
+    series: list[Mapping[str, Any]] = []
+    if history and links.run_id:
+        from glmfb.report.plots.history import series_for
+
+        series = series_for(history, data, links.run_id)
+    run_dir = str(links.run_dir) if links.run_dir is not None else None
+    return PlotJob(index, probe, data, run_dir, links.run_id, tuple(series))
+
+
 def render_html(
     run: Run | Verdict | Mapping[str, Any],
     report_dir: Path | None = None,
     page_path: Path | None = None,
     folders: Mapping[str, tuple[Path, str]] | None = None,
     history: Sequence[Mapping[str, Any]] = (),
+    workers: int | None = None,
 ) -> str:
     """The page for a run: a :class:`Run`, one :class:`Verdict` (a probe given ``--out``), or
     their ``glmfb.run/2`` / ``glmfb.verdict/2`` JSON.
@@ -227,8 +228,10 @@ def render_html(
     ``folders`` gives, by verdict name, the folder and id of the run that holds it, for a page
     of several runs (the shards of a suite, made one run). ``history`` is the series
     (``glmfb.history/1`` series documents) the runs' verdicts belong to, each drawn in its
-    verdict's section with its run marked. A document that is not a run or verdict raises
-    :class:`~glmfb.verdict.SchemaError`.
+    verdict's section with its run marked. ``workers``: processes that draw the plots beside
+    this one (:func:`glmfb.report.plots.draw_plots`; default one per core but this one, 0:
+    all here); the page is the same byte for byte however many draw it. A document that is
+    not a run or verdict raises :class:`~glmfb.verdict.SchemaError`.
     """
     run_obj, document = _as_run(run)
     page_dir = (page_path.parent if page_path is not None else report_dir) or Path.cwd()
@@ -251,14 +254,19 @@ def render_html(
     )
     pairs = list(zip(run_obj.verdicts, document["verdicts"], strict=True))
     probes = report_order(v.probe for v, _ in pairs)
+    placed = [(verdict, data, links.of(verdict.name)) for probe in probes for verdict, data in pairs
+              if verdict.probe == probe]  # page order: each probe's section, its verdicts in run order
+    drawn = draw_plots([_plot_job(index, verdict.probe, data, where, history)
+                        for index, (verdict, data, where) in enumerate(placed)], workers)
     groups = []
     index = 0
     for probe in probes:
         sections = []
-        for verdict, data in pairs:
-            if verdict.probe == probe:
-                sections.append(_section(index, verdict, data, links.of(verdict.name), history))
-                index += 1
+        for verdict, data, where in placed[index:]:
+            if verdict.probe != probe:
+                break
+            sections.append(_section(index, verdict, data, where, drawn[index]))
+            index += 1
         section = report_section(probe)
         question = section.question if section is not None else ""
         groups.append(
@@ -290,6 +298,7 @@ def render_html(
 def write_html(
     run: Run | Verdict | Mapping[str, Any], report_dir: Path | None, out: Path | None = None, *,
     folders: Mapping[str, tuple[Path, str]] | None = None, history: Sequence[Mapping[str, Any]] = (),
+    workers: int | None = None,
 ) -> Path:
     """Render the run's page and write it atomically (default ``report_dir/report.html``;
     ``report_dir`` None: a page of several runs, ``out`` and ``folders`` given); ``history`` as
@@ -302,5 +311,5 @@ def write_html(
         path = report_dir / REPORT_NAME
     else:
         raise ValueError("write_html needs the run's folder or the page's path")
-    write_text_atomic(path, render_html(run, report_dir, path, folders, history))
+    write_text_atomic(path, render_html(run, report_dir, path, folders, history, workers))
     return path

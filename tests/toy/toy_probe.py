@@ -6,17 +6,21 @@ lists it and ``glmfb toy --help`` exists, with no file of glmfb edited; and that
 takes what it needs from the probe: report.html its section (its order, its question, its plot,
 :mod:`toy_plots`), ``glmfb mcp`` its tool, its hint in the instructions and its next steps as
 calls. Its reading is scripted by its options, so it also serves as a stand-in probe for
-suite tests.
+suite tests: ``sleep`` makes a run take that long, and its reading says when it started and
+finished (wall-clock seconds), so a test sees which runs overlapped. ``TOY_NUMERICS`` is the
+same probe as a numerics probe (``timing`` false, occupying its ``cores`` option), for the
+suite's scheduling tests, which install it under a kind of their own.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from glmfb.errors import TargetFailed
 from glmfb.evidence import Evidence, evidence_kind
-from glmfb.options import FRACTION, STR, choice, option
+from glmfb.options import FRACTION, NONNEGATIVE_INT, SECONDS_OR_ZERO, STR, choice, option
 from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ReportSection
 from glmfb.rules import Diagnosis, Rule, diagnose
 from glmfb.step import Step
@@ -32,6 +36,8 @@ class ToyReading(Evidence):
     kind: ClassVar[str] = "toy_reading"
     value: float
     outcome: str
+    started: float | None = None  # time.time() when the run began and ended
+    finished: float | None = None
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,8 @@ class ToyConfig:
                           "The verdict to script.")
     kernel: str = option("", STR, "The where.kernel to report.")
     threshold: float = option(0.05, FRACTION, "A fraction option, to check units.")
+    sleep_s: float = option(0.0, SECONDS_OR_ZERO, "How long the run takes (it sleeps).", key="sleep")
+    cores: int = option(1, NONNEGATIVE_INT, "The cores a run occupies (the numerics toy's placement).")
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,10 @@ class ToyProbe(BaseProbe):
     agent_hint: ClassVar[str] = "a stand-in probe for glmfb's own tests: it says what its outcome option tells it"
 
     def run(self, config: ToyConfig, ctx: ProbeContext) -> Verdict:
+        started = time.time()
+        if config.sleep_s:
+            ctx.progress(f"sleeping {config.sleep_s:g} s")
+            time.sleep(config.sleep_s)
         if config.outcome == "raise":
             raise RuntimeError("engine exploded")
         if config.outcome == "interrupt":
@@ -88,11 +100,24 @@ class ToyProbe(BaseProbe):
         return Verdict(
             probe=self.kind, name=config.name, status=outcome.diagnosis.status, layer=self.layer,
             why=outcome.diagnosis.why, where=where, next=outcome.diagnosis.next, metric=Metric("value", 0.5, "fraction", config.threshold),
-            evidence=(ToyReading(value=0.5, outcome=config.outcome), outcome.record),
+            evidence=(ToyReading(value=0.5, outcome=config.outcome, started=started, finished=time.time()),
+                      outcome.record),
         )
 
 
+class ToyNumericsProbe(ToyProbe):
+    """The toy as a numerics probe: it may run beside others, on its ``cores`` option."""
+
+    kind: ClassVar[str] = "toy-numerics"
+    layer: ClassVar[Layer] = Layer.NUMERICS
+    timing: ClassVar[bool] = False
+
+    def cores(self, config: ToyConfig) -> int:
+        return config.cores
+
+
 PROBE = ToyProbe()
+TOY_NUMERICS = ToyNumericsProbe()
 
 
 def _known_kernel(f: ToyFindings) -> Diagnosis | None:
