@@ -76,6 +76,7 @@ class GilFindings:
     observed_s: float | None = None
     waiter: WaitingThread | None = None  # the program thread that waited for the GIL most
     wait_holder: GilHolder | None = None  # who held it meanwhile (not the waiter itself)
+    own_p99_ms: float | None = None  # the p99 net of the heartbeat's own CPU waits only (p99_ms: of the holder's too)
 
     @property
     def idle_share(self) -> float:
@@ -290,6 +291,23 @@ def _calm(f: GilFindings) -> str:
     return f"heartbeat p99 {f.p99_ms:.1f} ms <= {f.threshold_ms:g} ms"
 
 
+def _busy_host(f: GilFindings) -> Diagnosis | None:
+    """Not starved only once the GIL holder's own waits for a CPU are taken out of the late
+    wake-ups. A holder descheduled with the GIL held keeps every other thread waiting all the
+    same; on a host this busy, the lateness the GIL causes cannot be told from the machine's, and
+    a pass would turn a GIL hold green. Inconclusive."""
+    if f.starved or f.p99_ms is None or f.own_p99_ms is None or f.own_p99_ms <= f.threshold_ms:
+        return None
+    holder = f" ({_named(f.holder)})" if f.holder is not None else ""
+    why = (f"Not decided: the heartbeat woke p99 {f.own_p99_ms:.1f} ms late, over the {f.threshold_ms:g} ms "
+           f"threshold, and {f.p99_ms:.1f} ms once the times the GIL holder{holder} itself waited for a CPU are "
+           "taken out: on a host this busy, a thread that holds the GIL while it waits for a CPU cannot be told "
+           "from CPU contention.")
+    return Diagnosis(Status.INCONCLUSIVE, why,
+                     (Step("rerun with the machine to itself (nothing else running), or with a longer --duration"),),
+                     _holder_where(f))
+
+
 def _signal_missing(f: GilFindings) -> Diagnosis | None:
     if not f.missing:
         return None
@@ -323,6 +341,7 @@ RULES: tuple[Rule[GilFindings], ...] = (
     Rule("holder-unknown", KIND, _holder_unknown, "starved, no holder sampling: inconclusive"),
     Rule("cpu-not-gil", KIND, _cpu_not_gil, "starved, but nobody held the GIL for long: inconclusive"),
     Rule("not-measured", KIND, _not_measured, "no usable heartbeat: inconclusive"),
+    Rule("busy-host", KIND, _busy_host, "starved only counting the holder's own waits for a CPU: inconclusive"),
     Rule("signal-missing", KIND, _signal_missing, "not starved, a signal missing: warn"),
     Rule("idle-holder", KIND, _idle_holder, "not starved, a holder idle in a native call: warn"),
     Rule("pass", KIND, _pass, "no thread starved"),

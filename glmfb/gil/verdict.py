@@ -273,7 +273,7 @@ def _findings(observations: Observations, starvation: _Starvation, holders: _Hol
         reproduce_trace=observations.reproduce_trace,
         stall_ms=1e3 * stall_s if stall_s is not None else None, stall_gil_share=starvation.stall_share,
         stalled=starvation.stalled, observed_s=observations.observed_s, waiter=holders.waiter,
-        wait_holder=holders.wait_holder,
+        wait_holder=holders.wait_holder, own_p99_ms=observations.own_p99_ms,
     )
 
 
