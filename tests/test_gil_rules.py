@@ -81,6 +81,12 @@ TABLE = [
      ["woke p99 34.5 ms late, over the 10 ms threshold", "8.2 ms once the times the GIL holder",
       "cannot be told from CPU contention"]),
     (findings(p99_ms=3.0, own_p99_ms=6.0, holder=SORTER), "pass", Status.PASS, ["p99 wake-up lateness 3.0 ms"]),
+    # a thread that waited for the GIL 80% of its little time off the run queue (3.5% of wall time, at load 5-6)
+    (findings(p99_ms=8.5, holder=SORTER, waiter=WaitingThread(thread="ticker", tid=2, waiting_share=0.035,
+                                                              of_runnable_share=0.8, of_runnable_ci=(0.7, 0.88))),
+     "busy-waiter", Status.INCONCLUSIVE,
+     ["thread ticker waited for the GIL 80% of the time it was not waiting for a CPU",
+      "off the run queue only 4% of wall time", "the heartbeat's p99: 8.5 ms"]),
 ]
 
 

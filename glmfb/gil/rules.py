@@ -244,6 +244,29 @@ def _wait_share(f: GilFindings) -> Diagnosis | None:
     return Diagnosis(Status.FAIL, why, steps, _where_of(holder))
 
 
+def _busy_waiter(f: GilFindings) -> Diagnosis | None:
+    """A thread waited for the GIL a large share of the time it was not waiting for a CPU, but
+    that was under :data:`MIN_WAIT_WALL_SHARE` of wall time: on a host where a thread spends
+    most of its time waiting for a CPU, its few moments off the run queue cannot say whether the
+    GIL starves it. Not a pass: inconclusive."""
+    waiter = f.waiter
+    if (f.starved or waiter is None or waiter.of_runnable_share is None or f.waits_a_lot
+            or waiter.waiting_share >= MIN_WAIT_WALL_SHARE):
+        return None
+    low = waiter.of_runnable_ci[0] if waiter.of_runnable_ci else waiter.of_runnable_share
+    if waiter.of_runnable_share < WAIT_SHARE_FAIL or low < WAIT_SHARE_LOW:
+        return None
+    off_cpu = waiter.waiting_share / waiter.of_runnable_share  # the share of wall time it was not waiting for a CPU
+    calm = f" (the heartbeat's p99: {f.p99_ms:.1f} ms)" if f.p99_ms is not None else ""
+    why = (f"Not decided: thread {waiter.thread} waited for the GIL {_pct(waiter.of_runnable_share)} of the time it "
+           f"was not waiting for a CPU, but it was off the run queue only {_pct(off_cpu)} of wall time "
+           f"({_pct(waiter.waiting_share)} of wall time waiting for the GIL): on a host this busy, so little time "
+           f"does not show whether the GIL starves it{calm}.")
+    return Diagnosis(Status.INCONCLUSIVE, why,
+                     (Step("rerun with the machine to itself (nothing else running), or with a longer --duration"),),
+                     _holder_where(f))
+
+
 def _overlap_note(f: GilFindings) -> str:
     top = f.top_overlap
     return f" The trace ranks {top.function} on thread {top.thread} first by overlap." if top else ""
@@ -338,6 +361,8 @@ RULES: tuple[Rule[GilFindings], ...] = (
     Rule("gil-hold-compute", KIND, _hold_compute, "starved beside a holder computing with the GIL"),
     Rule("gil-hold", KIND, _hold_unknown_split, "starved beside a holder, active/idle split unknown"),
     Rule("gil-wait-share", KIND, _wait_share, "not starved, but a thread waits for the GIL a large share of its time"),
+    Rule("busy-waiter", KIND, _busy_waiter, "not starved, but a thread waited for the GIL much of its little "
+         "time off the run queue: inconclusive"),
     Rule("holder-unknown", KIND, _holder_unknown, "starved, no holder sampling: inconclusive"),
     Rule("cpu-not-gil", KIND, _cpu_not_gil, "starved, but nobody held the GIL for long: inconclusive"),
     Rule("not-measured", KIND, _not_measured, "no usable heartbeat: inconclusive"),
