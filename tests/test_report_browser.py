@@ -241,6 +241,8 @@ def _expected_plots(verdict: Mapping[str, Any]) -> set[str]:
         expected |= {"diff-error-growth"} if {"error_shape", "requests"} & set(kinds) else set()
         expected |= {"diff-module-errors"} if "local_error" in kinds else set()
         expected |= {"diff-counterfactual"} if "counterfactual" in kinds else set()
+        expected |= {"diff-serving-requests"} if "serving_requests" in kinds else set()
+        expected |= {"diff-serving-drift"} if "serving_drift" in kinds else set()
     elif verdict["probe"] == "bench":
         expected |= {"bench-forest"} if any(e["kind"] == "shape" and "change" in e for e in verdict["evidence"]) else set()
         expected |= {"bench-op-diff"} if "op_diff" in kinds else set()

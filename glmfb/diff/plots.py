@@ -354,10 +354,84 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
+def serving_requests(view: VerdictView) -> Plot:
+    """Two servers, per request: the largest difference of the chosen token's logprob before the
+    outputs part, against the tolerance; a request that parts (or drifts) in red, at a tie flip grey."""
+    item = view.require("serving_requests")
+    rows = [r for r in item.get("rows") or [] if isinstance(r, Mapping)]
+    if not rows:
+        raise NoData("the serving_requests evidence holds no request")
+    metric = view.data.get("metric") or {}
+    tolerance = number(metric.get("threshold")) if isinstance(metric, Mapping) else None
+    names = [short(str(r.get("request")), 18) for r in rows]
+    values = [abs(number(r.get("logprob_diff_max")) or 0.0) for r in rows]
+    colors = [FAIL_COLOR if r.get("status") in ("diverged", "drift") else MUTED_COLOR if r.get("status") == "tie"
+              else PASS_COLOR for r in rows]
+    figure, axes = new_axes(6.4, 3.0)
+    for index, (patch, row) in enumerate(zip(axes.bar(range(len(rows)), values, color=colors), rows, strict=False)):
+        patch.set_gid(element_id("serving-request", row.get("request") or index))
+    if tolerance is not None:
+        axes.axhline(tolerance, color=FAIL_COLOR, linestyle="--", linewidth=1.2, label=f"tolerance {tolerance:g} nats")
+        axes.legend(loc="upper right")
+    axes.set_xticks(range(len(rows)), names, rotation=30 if len(rows) > 6 else 0, ha="right" if len(rows) > 6 else "center")
+    axes.set_ylabel("largest |logprob diff| (nats)")
+    axes.set_title("Chosen token's logprob, baseline against candidate")
+    parted = [r for r in rows if r.get("first_divergent") is not None]
+    caption = (f"Per request ({len(rows)}), the largest difference of the chosen token's logprob over the tokens both "
+               "servers generated alike, before their outputs part.")
+    if parted:
+        caption += " Parted: " + "; ".join(
+            f"{r.get('request')} at token {r.get('first_divergent')} ({r.get('status')})" for r in parted[:6]) + "."
+    else:
+        caption += " No request's outputs part."
+    return Plot(figure, caption)
+
+
+def serving_drift(view: VerdictView) -> Plot:
+    """Before two servers part: per position, the chosen token's logprob difference and the KL of
+    the top-k distributions on their shared support, with the first divergent position marked."""
+    item = view.require("serving_drift")
+    rows = [r for r in item.get("rows") or [] if isinstance(r, Mapping)]
+    positions = [number(r.get("position")) for r in rows]
+    diffs = [number(r.get("logprob_diff")) for r in rows]
+    kls = [number(r.get("kl_shared")) for r in rows]
+    figure, axes = new_axes(6.4, 3.0)
+    points = [(x, y) for x, y in zip(positions, diffs, strict=False) if x is not None and y is not None]
+    kl_points = [(x, y) for x, y in zip(positions, kls, strict=False) if x is not None and y is not None]
+    if points:
+        axes.plot([x for x, _ in points], [y for _, y in points], color=CANDIDATE_COLOR, marker="o", markersize=3,
+                  linewidth=1.4, label="logprob diff (candidate - baseline)", gid="serving-logprob-diff")
+    if kl_points:
+        axes.plot([x for x, _ in kl_points], [y for _, y in kl_points], color=BASELINE_COLOR, marker="s",
+                  markersize=3, linewidth=1.0, label="KL on the shared top-k", gid="serving-kl")
+    divergence = view.first("serving_divergence")
+    request = item.get("request")
+    caption = f"Request {request}: each token both servers generated alike"
+    if divergence is not None and divergence.get("request") == request:
+        at = number(divergence.get("position"))
+        if at is not None:
+            axes.axvline(at, color=FAIL_COLOR, linestyle="--", linewidth=1.4, label="first divergent token",
+                         gid="serving-divergence")
+            caption += (f", up to token {int(at)}, where the baseline generated {divergence.get('baseline_token')!r}"
+                        f" and the candidate {divergence.get('candidate_token')!r}")
+    if not points and not kl_points and divergence is None:
+        raise NoData("the serving_drift evidence holds no position")
+    axes.axhline(0.0, color=MUTED_COLOR, linewidth=0.8)
+    axes.set_xlabel("generated token")
+    axes.set_ylabel("nats")
+    axes.set_title("How the distributions drifted before the outputs part")
+    axes.legend(loc="best")
+    return Plot(figure, caption + ".")
+
+
 PLOTS = (
     PlotSpec("diff-error-by-position", "error by position", ("error_by_position",), error_by_position),
     PlotSpec("diff-error-growth", "error against context length", ("error_shape", "requests"), error_growth),
     PlotSpec("diff-module-errors", "own against inherited error by module", ("local_error", "modules"), module_errors),
     PlotSpec("diff-counterfactual", "counterfactual precision", ("counterfactual",), counterfactuals,
              optional=True),
+    PlotSpec("diff-serving-requests", "two servers, per request", ("serving_requests",), serving_requests,
+             optional=True),
+    PlotSpec("diff-serving-drift", "drift before the outputs part", ("serving_drift", "serving_divergence"),
+             serving_drift, optional=True),
 )
