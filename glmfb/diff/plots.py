@@ -416,7 +416,10 @@ def serving_drift(view: VerdictView) -> Plot:
                         f" and the candidate {divergence.get('candidate_token')!r}")
     if not points and not kl_points and divergence is None:
         raise NoData("the serving_drift evidence holds no position")
+    from matplotlib.ticker import MaxNLocator
+
     axes.axhline(0.0, color=MUTED_COLOR, linewidth=0.8)
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # token positions
     axes.set_xlabel("generated token")
     axes.set_ylabel("nats")
     axes.set_title("How the distributions drifted before the outputs part")
