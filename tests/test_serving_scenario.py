@@ -255,31 +255,12 @@ def _server(factory: str, *args: str) -> list[str]:
     return command
 
 
-def _serve(root: Path, session: Any, *extra: str) -> None:
-    import anyio
-    from mcp import Client, StdioServerParameters
-
-    params = StdioServerParameters(command=sys.executable, args=["-m", "glmfb", "mcp", "--root", str(root), *extra],
-                                   env=dict(os.environ), cwd=str(root.parent))
-
-    async def main() -> None:
-        async with Client(params) as client:
-            await session(client)
-
-    anyio.run(main)
-
-
-def _structured(result: Any) -> dict[str, Any]:
-    assert not result.is_error, result.content[0].text
-    data = result.structured_content
-    assert isinstance(data, dict)
-    return data
-
-
 @pytest.mark.slow
 def test_the_mcp_diff_tool_takes_servers_and_its_next_call_is_the_module_diff(tmp_path: Path) -> None:
     pytest.importorskip("mcp")
     pytest.importorskip("transformers")
+    from test_mcp_server import serve, stdio, structured
+
     root = _mcp_root(tmp_path)
     bug = {"baseline": URL, "candidate": URL, "requests": "scenarios/serving/requests.jsonl",
            "baseline_args": {"init_std": 1.0}, "candidate_args": {"init_std": 1.0, "module": "model.layers.1.mlp.down_proj"},
@@ -293,22 +274,22 @@ def test_the_mcp_diff_tool_takes_servers_and_its_next_call_is_the_module_diff(tm
         text = refused.content[0].text
         assert refused.is_error and "argument 'baseline_server'" in text and "--allow-commands" in text, text
         # an endpoint side is taken (no server started): nothing listens there, an error verdict says so
-        unreachable = _structured(await client.call_tool("diff", {
+        unreachable = structured(await client.call_tool("diff", {
             "baseline": "openai:http://127.0.0.1:9/v1", "candidate": "openai:http://127.0.0.1:9/v1",
             "requests": "scenarios/serving/requests.jsonl", "retries": 0}))
         assert unreachable["verdict"]["status"] == "error"
         assert "http://127.0.0.1:9/v1/models could not be reached" in unreachable["verdict"]["why"]
 
     async def with_commands(client: Any) -> None:
-        first = _structured(await client.call_tool("diff", bug))
+        first = structured(await client.call_tool("diff", bug))
         verdict = first["verdict"]
         assert verdict["status"] == "fail", verdict["why"]
         assert (verdict["where"]["request"], verdict["where"]["position"]) == ("serve-68", 3)
         (call,) = first["next_calls"]
         assert call["tool"] == "diff" and "error" not in call, call
-        followed = _structured(await client.call_tool(call["tool"], call["arguments"]))
+        followed = structured(await client.call_tool(call["tool"], call["arguments"]))
         assert followed["verdict"]["status"] == "fail"
         assert followed["verdict"]["where"]["module"] == "model.layers.1.mlp.down_proj"
 
-    _serve(root, without_commands)
-    _serve(root, with_commands, "--allow-commands")
+    serve(stdio(root), without_commands)
+    serve(stdio(root, "--allow-commands"), with_commands)
