@@ -128,9 +128,9 @@ def record_shards(url: str | None, run: Run, sources: Any) -> None:
     from glmfb.history.store import describe
 
     try:
-        from glmfb.history.record import record_once, shard_origins
+        from glmfb.history.record import record_run, shard_origins
 
-        written = record_once(url, run, shard_origins([s.run for s in sources]))
+        written = record_run(url, run, shard_origins([s.run for s in sources]), once=True)
     except Exception as exc:  # the gate's exit code is the verdicts', whatever the store does
         sys.stderr.write(f"glmfb: warning: the shards were not recorded in the history {describe(url)}: {exc}\n")
         return

@@ -151,11 +151,13 @@ def records_of(run: Run, origins: Mapping[str, Origin]) -> list[Record]:
     return [record_of(run, verdict, origins.get(verdict.name)) for verdict in run.verdicts]
 
 
-def record_run(url: str, run: Run, origins: Mapping[str, Origin]) -> int:
-    """Append ``run``'s verdicts to the store at ``url``; returns how many rows."""
+def record_run(url: str, run: Run, origins: Mapping[str, Origin], *, once: bool = False) -> int:
+    """Append ``run``'s verdicts to the store at ``url``; returns how many rows. ``once``: not
+    when the store already holds run ``run.id`` (the shards of one suite gated twice are one run,
+    recorded once)."""
     rows = records_of(run, origins)
     with open_store(url) as store:
-        return store.record(rows)
+        return store.record(rows, once=once)
 
 
 def record_or_warn(url: str | None, run: Run, origins: Callable[[], Mapping[str, Origin]]) -> str | None:
@@ -181,13 +183,6 @@ def shard_origins(runs: Sequence[Run]) -> dict[str, Origin]:
     """The origin of each verdict of the shards ``runs``, by name, as each shard recorded it."""
     return {name: Origin.from_dict(data) for run in runs if run.shard is not None
             for name, data in run.shard.origins.items()}
-
-
-def record_once(url: str, run: Run, origins: Mapping[str, Origin]) -> int:
-    """Append ``run``'s verdicts unless the store already holds run ``run.id`` (the shards of one
-    suite gated twice are one run, recorded once); returns how many rows were written."""
-    with open_store(url) as store:
-        return store.record(records_of(run, origins), once=True)
 
 
 def command_origin(spec: ProbeSpec, config_type: type) -> Origin:
