@@ -263,7 +263,7 @@ def _busy_waiter(f: GilFindings) -> Diagnosis | None:
            f"({_pct(waiter.waiting_share)} of wall time waiting for the GIL): on a host this busy, so little time "
            f"does not show whether the GIL starves it{calm}.")
     return Diagnosis(Status.INCONCLUSIVE, why,
-                     (Step("rerun with the machine to itself (nothing else running), or with a longer --duration"),),
+                     (QUIETER_HOST,),
                      _holder_where(f))
 
 
@@ -314,6 +314,10 @@ def _calm(f: GilFindings) -> str:
     return f"heartbeat p99 {f.p99_ms:.1f} ms <= {f.threshold_ms:g} ms"
 
 
+# What a run undecided on a busy host offers (rules busy-host and busy-waiter).
+QUIETER_HOST = Step("rerun with the machine to itself (nothing else running), or with a longer --duration")
+
+
 def _busy_host(f: GilFindings) -> Diagnosis | None:
     """Not starved only once the GIL holder's own waits for a CPU are taken out of the late
     wake-ups. A holder descheduled with the GIL held keeps every other thread waiting all the
@@ -327,7 +331,7 @@ def _busy_host(f: GilFindings) -> Diagnosis | None:
            "taken out: on a host this busy, a thread that holds the GIL while it waits for a CPU cannot be told "
            "from CPU contention.")
     return Diagnosis(Status.INCONCLUSIVE, why,
-                     (Step("rerun with the machine to itself (nothing else running), or with a longer --duration"),),
+                     (QUIETER_HOST,),
                      _holder_where(f))
 
 
