@@ -289,6 +289,55 @@ def test_bandwidth_against_ceiling_and_page_rate() -> None:
     assert check_bandwidth(lambda: None, [{"compute_s": 1.0}]) is None
 
 
+class _NoisyCeiling(_Transfers):
+    """A link whose one-shot ceiling is as noisy as a loaded host's: each call answers the next
+    rate of a list."""
+
+    def __init__(self, ceilings: list[float]) -> None:
+        super().__init__(ceilings[0], ceilings[0])
+        self.rates = iter(ceilings)
+        self.calls = 0
+
+    def measure_ceiling(self) -> float:
+        self.calls += 1
+        return next(self.rates)
+
+
+def test_the_ceiling_is_the_median_of_several_measurements() -> None:
+    """Measured here under load: one 128 MiB write read 877 MB/s, the next 1.10 GB/s, for
+    iterations that moved 888 MB/s; one call decided bound or not by which came first."""
+    samples = [{"kv_bytes": 888e6, "transfer_busy_s": 1.0}] * 5
+    target = _NoisyCeiling([1.10e9, 877e6, 0.95e9, 1.02e9, 0.90e9, 5e9])
+    check = check_bandwidth(target, samples)
+    assert check is not None and target.calls == 5  # quick calls: CEILING_CALLS of them
+    assert check.ceiling_samples == (1.10e9, 877e6, 0.95e9, 1.02e9, 0.90e9)
+    assert check.ceiling_bytes_per_s == pytest.approx(0.95e9) and check.bandwidth_bound
+    assert "median of 5 measurements, 877 MB/s to 1.10 GB/s" in check.summary()
+    assert check.to_evidence()["ceiling_samples"] == list(check.ceiling_samples)
+
+
+def test_a_share_the_ceilings_spread_decides_is_not_called_either_way() -> None:
+    samples = [{"kv_bytes": 900e6, "transfer_busy_s": 1.0}] * 5
+    unsettled = check_bandwidth(_NoisyCeiling([1.0e9, 1.2e9, 1.3e9, 1.25e9, 1.2e9]), samples)
+    assert unsettled is not None and not unsettled.bandwidth_bound and unsettled.bound_unsettled
+    clear = check_bandwidth(_NoisyCeiling([1.5e9, 1.6e9, 1.55e9, 1.5e9, 1.6e9]), samples)
+    assert clear is not None and not clear.bandwidth_bound and not clear.bound_unsettled
+
+
+def test_slow_ceiling_calls_stop_after_the_first_three_once_the_budget_is_spent() -> None:
+    from glmfb.gap.bandwidth import CEILING_BUDGET_S, _optional_rates
+
+    now = [0.0]
+
+    class Slow:
+        def measure_ceiling(self) -> float:
+            now[0] += CEILING_BUDGET_S / 2  # each call takes half the budget
+            return 1e9
+
+    assert _optional_rates(Slow(), "measure_ceiling", clock=lambda: now[0]) == (1e9,) * 3
+    assert _optional_rates(object(), "measure_ceiling") == ()
+
+
 def test_a_synchronous_phase_pairs_with_its_bytes_by_name() -> None:
     """A target that prefills, then sends and waits for the acknowledgement, reports send_s
     and send_bytes (no *_busy_s): the bytes pair with send_s, and a send at the link's

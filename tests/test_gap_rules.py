@@ -67,6 +67,18 @@ TABLE = [
     # A helper that waits for the GIL a little (noisy interval) beside a computing prefill: not the GIL.
     (findings(1.0, 0.9, 1.1, gil=replace(COMPRESSING, starved_thread="kv-sender", starved_of_runnable=0.19,
                                          starved_of_runnable_ci=(0.01, 0.37))), "cpu-contention", Status.FAIL, []),
+    # Measured under load: the short-lived zlib senders waited for the GIL the CPU-starved prefill
+    # held (its attention code); their GIL wait follows from the CPU contention, the gap is the CPU's.
+    (findings(1.0, 0.9, 1.1, gil=replace(COMPRESSING, holder_function="sdpa_attention_forward",
+                                         starved_thread="Thread-N (_send_layer)", starved_of_runnable=0.31,
+                                         starved_of_runnable_ci=(0.18, 0.44), competitor_thread="Thread-N (_send_layer)",
+                                         competitor_thread_count=95)), "cpu-contention", Status.FAIL,
+     ["95 short-lived threads Thread-N (_send_layer) (taken as one) waited for the GIL 31% of the time it was not "
+      "waiting for a CPU, held by prefill, the thread the contention slowed: CPU contention, not the GIL"]),
+    # The same waits when the holder is not the thread the contention slowed: the GIL's.
+    (findings(1.0, 0.9, 1.1, gil=replace(COMPRESSING, holder_thread="kv-sender", starved_thread="prefill",
+                                         starved_of_runnable=0.31, starved_of_runnable_ci=(0.18, 0.44))),
+     "gil-starved-sender", Status.FAIL, []),
     # A competitor that took little of the CPU, or a victim that mostly waited for the GIL: no CPU contention.
     (findings(1.0, 0.9, 1.1, gil=replace(COMPRESSING, competitor_cpu_fraction=0.1)), "over-threshold",
      Status.FAIL, []),
@@ -208,3 +220,15 @@ def test_a_thread_that_barely_waited_for_the_gil_is_not_starved_and_no_holder_is
     # the same thread waiting 30% of its time off the run queue is starved, and its holder named
     starved = replace(quiet, starved_waiting_share=0.3, starved_of_runnable=0.3, starved_of_runnable_ci=(0.2, 0.4))
     assert starved.starved and "held by _register_model_output_pytree_node" in starved.sentence()
+
+
+def test_an_unsettled_bandwidth_share_is_not_called_the_link_not_the_limit() -> None:
+    """The achieved rate is under 80% of the median ceiling but over 80% of the lowest one: the
+    why says the ceiling's spread decides, never "the link was not the limit"."""
+    unsettled = BandwidthCheck("mooncake", 9e8, 9e8, 1.2e9, None, ceiling_samples=(1.0e9, 1.2e9, 1.3e9))
+    clear = BandwidthCheck("mooncake", 9e8, 9e8, 1.55e9, None, ceiling_samples=(1.5e9, 1.55e9, 1.6e9))
+    outcome = diagnose(RULES, findings(1.0, 0.8, 1.2, bandwidth=unsettled))
+    assert outcome.rule.name == "over-threshold"
+    assert "whether the link was the limit is not settled" in outcome.diagnosis.why
+    assert "the link was not the limit" not in outcome.diagnosis.why
+    assert "the link was not the limit" in diagnose(RULES, findings(1.0, 0.8, 1.2, bandwidth=clear)).diagnosis.why

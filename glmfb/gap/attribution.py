@@ -128,6 +128,17 @@ class GilFinding:
         return share >= GIL_WAIT_SHARE and low >= GIL_WAIT_LOW
 
     @property
+    def gil_wait_follows_cpu_wait(self) -> bool:
+        """The thread that waited for the GIL waited for a thread that was itself the one slowed
+        by CPU contention, and is (or stands among) the threads that took its CPU: the holder
+        keeps the GIL while it waits for a CPU, so the waiter's GIL wait follows from the
+        contention, and the gap is the CPU's (measured under load here: short-lived zlib
+        senders waited 20%+ of their time for the GIL the CPU-starved prefill held, and the gap
+        read gil-starved-sender, blaming the prefill's own attention code)."""
+        return (self.gil_bound and self.cpu_bound and self.cpu_victim == self.holder_thread
+                and self.starved_thread is not None and self.starved_thread == self.competitor_thread)
+
+    @property
     def cpu_bound(self) -> bool:
         """A thread waited for a CPU a large share of its time while another thread of the
         candidate ran on the same CPUs, and the GIL does not explain the wait."""
@@ -153,7 +164,15 @@ class GilFinding:
                 f"{competitor_before} ran{runs} on the "
                 f"same CPUs{cpus}, taking {self.competitor_cpu_fraction or 0.0:.0%} of the CPU time the candidate's "
                 f"threads got there; the GIL does not explain it ({self.cpu_victim} waited for the GIL "
-                f"{self.cpu_victim_gil_share or 0.0:.0%} of the time): CPU contention, not the GIL.")
+                f"{self.cpu_victim_gil_share or 0.0:.0%} of the time){self._follows_phrase()}: CPU contention, "
+            "not the GIL.")
+
+    def _follows_phrase(self) -> str:
+        if not self.gil_wait_follows_cpu_wait or self.starved_of_runnable is None:
+            return ""
+        return (f"; {describe(self.competitor_thread or '', self.competitor_thread_count)} waited for the GIL "
+                f"{self.starved_of_runnable:.0%} of the time it was not waiting for a CPU, held by "
+                f"{self.cpu_victim}, the thread the contention slowed")
 
     def sentence(self) -> str:
         """The finding in one sentence, in the terms of its evidence."""

@@ -91,6 +91,8 @@ class Bandwidth(Evidence):
     page_rate_share: float | None = None
     error: str | None = None
     timed_by: tuple[str, ...] = ()  # the phases the bytes moved in (X_busy_s beside, X_s on the critical path)
+    ceiling_samples: tuple[float, ...] = ()  # each measure_ceiling() call; the ceiling is their median
+    page_rate_samples: tuple[float, ...] = ()  # each measure_page_rate() call
 
 
 @evidence_kind

@@ -8,7 +8,9 @@ undecided              the interval straddles the threshold when the budget or r
 pass                   the whole interval lies below the threshold
 gil-starved-sender     over the threshold; the gil probe saw a thread of the candidate wait for
                        the GIL a large share of its time beside a holder on another thread (a
-                       missing GIL release when the holder idles in a native call); fail
+                       missing GIL release when the holder idles in a native call), unless the
+                       holder is the thread CPU contention slowed and the waiter what took its
+                       CPU (then the GIL wait follows from the contention); fail
 bandwidth-bound        over the threshold; the transfer runs at the link's ceiling
 cpu-contention         over the threshold; a thread of the candidate waited for a CPU a large
                        share of its time while another of its threads ran on the same CPUs,
@@ -104,6 +106,8 @@ def _failure_sentences(f: GapFindings, cpu: bool = False) -> list[str]:
     if bandwidth is not None and bandwidth.achieved_bytes_per_s is not None:
         on_link = ("the link is saturated: bandwidth, not the interpreter, limits the transfer"
                    if bandwidth.bandwidth_bound else
+                   "whether the link was the limit is not settled: the ceiling's own spread decides it"
+                   if bandwidth.bound_unsettled else
                    "the sender was held back, not the link" if bandwidth.starved else "the link was not the limit")
         sentences.append(f"{_capital(bandwidth.summary())}: {on_link}.")
     elif bandwidth is not None and bandwidth.error:
@@ -161,7 +165,7 @@ def _within(f: GapFindings) -> Diagnosis | None:
 
 def _gil_starved_sender(f: GapFindings) -> Diagnosis | None:
     gil = f.gil
-    if not (f.over and gil is not None and gil.gil_bound):
+    if not (f.over and gil is not None and gil.gil_bound) or gil.gil_wait_follows_cpu_wait:
         return None
     sentences = _failure_sentences(f)
     if gil.idle_in_native:

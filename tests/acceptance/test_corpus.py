@@ -5,9 +5,11 @@ checks). It fails on every case glmfb gets wrong; it runs in CI with the slow te
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -45,9 +47,24 @@ def context(tmp_path_factory: pytest.TempPathFactory) -> object:
     return accuracy.new_context(tmp_path_factory.mktemp("acceptance"))
 
 
+EVIDENCE_CHARS = 1500  # an evidence item longer than this is named, not printed
+
+
+def _evidence_text(verdict: dict[str, Any]) -> str:
+    """The verdict's evidence for a failure message: a wrong case under a CI host's load is
+    diagnosed from the log alone (pytest's temporary folder, with the verdict, is gone)."""
+    lines = []
+    for item in verdict.get("evidence") or ():
+        text = json.dumps(item, default=str)
+        kind = item.get("kind") if isinstance(item, dict) else None
+        lines.append(f"  {text}" if len(text) <= EVIDENCE_CHARS else f"  {{'kind': {kind!r}, ...}} ({len(text)} chars)")
+    return "\n".join(lines)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_case(case: object, context: object) -> None:
     result = accuracy.run_case(case, context)
     assert result.right, (
         f"{result.case.name}: " + "; ".join(result.wrong) + f"\n  why: {result.verdict['why']}"
+        + f"\n  evidence:\n{_evidence_text(result.verdict)}"
     )
