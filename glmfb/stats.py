@@ -115,6 +115,37 @@ def _median_ratio_estimate(
     return Estimate(point, float(low), float(high), confidence)
 
 
+def block_quantile(
+    values: Sequence[float] | np.ndarray,
+    q: float,
+    *,
+    blocks: int = 40,
+    confidence: float = 0.95,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> Estimate:
+    """The nearest-rank ``q`` quantile (0-1) of a time series with a block-bootstrap interval:
+    the series is cut into ``blocks`` contiguous stretches, and each replicate draws as many
+    stretches with replacement. Neighbouring values of a time series are not independent (one
+    stall makes many late samples in a row); resampling whole stretches keeps that, where
+    resampling single values would make the interval too narrow."""
+    import numpy as np
+
+    series = _as_array(values)
+    count = min(blocks, series.size)
+    if count < 2:
+        raise ValueError("a block bootstrap needs at least 2 values")
+    stretches = np.array_split(series, count)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, count, size=(resamples, count))
+    replicates = np.array([np.quantile(np.concatenate([stretches[i] for i in row]), q, method="inverted_cdf")
+                           for row in picks])
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(replicates, [tail, 1.0 - tail])
+    point = float(np.quantile(series, q, method="inverted_cdf"))
+    return Estimate(point, float(low), float(high), confidence)
+
+
 def benjamini_hochberg(pvalues: Sequence[float], alpha: float = 0.05) -> list[bool]:
     """Which hypotheses are rejected at false discovery rate ``alpha`` (step-up procedure)."""
     m = len(pvalues)

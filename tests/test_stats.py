@@ -7,6 +7,7 @@ from glmfb.stats import (
     Decision,
     Estimate,
     benjamini_hochberg,
+    block_quantile,
     decide,
     geometric_mean,
     median_ratio,
@@ -32,6 +33,23 @@ def test_paired_bootstrap_cancels_shared_noise() -> None:
     paired = paired_median_ratio(baseline, candidate)
     unpaired = median_ratio(baseline, candidate)
     assert paired.high - paired.low < unpaired.high - unpaired.low
+
+
+def test_block_quantile_keeps_bursts_together() -> None:
+    """A p99 driven by a few bursts (runs of late samples): resampling stretches of the series
+    gives a wider, honest interval than resampling single values would; and the point is the
+    nearest-rank quantile."""
+    rng = np.random.default_rng(3)
+    series = rng.exponential(1.0, 4000)
+    for start in (500, 1700, 3100):  # three bursts of 30 late samples each
+        series[start:start + 30] += 10.0
+    estimate = block_quantile(series, 0.99, resamples=300)
+    assert estimate.value == sorted(series)[int(np.ceil(0.99 * series.size)) - 1]
+    assert estimate.low <= estimate.value <= estimate.high
+    independent = block_quantile(series, 0.99, blocks=series.size, resamples=300)
+    assert estimate.high - estimate.low > independent.high - independent.low
+    with pytest.raises(ValueError, match="at least 2"):
+        block_quantile([1.0], 0.99)
 
 
 @pytest.mark.parametrize(

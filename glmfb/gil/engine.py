@@ -22,7 +22,7 @@ from glmfb.evidence import ProcessExit
 from glmfb.gil import heartbeat as hb
 from glmfb.gil import pyspy
 from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
-from glmfb.gil.groups import ThreadGroups, thread_groups
+from glmfb.gil.groups import ThreadGroups, thread_groups, unnamed
 from glmfb.gil.process import Launched, wait_until
 from glmfb.gil.procwatch import GilWaitSampler, ThreadTime
 from glmfb.gil.rules import RULES
@@ -729,7 +729,7 @@ def _gil_waiters(sampler: GilWaitSampler, heartbeat_tid: int, times: dict[int, T
             continue
         of_runnable = account.of_runnable_share
         waiting.append({
-            "thread": names.get(tid, f"thread {tid}"), "tid": tid,
+            "thread": names.get(tid, unnamed(tid)), "tid": tid,
             "waiting_share": round(account.gil_wait_share, 4),
             "waiting_ci": tuple(round(x, 4) for x in account.gil_wait_ci),
             "of_runnable_share": round(of_runnable, 4) if of_runnable is not None else None,
@@ -760,7 +760,7 @@ def _starved_windows(config: GilConfig, beat: hb.Heartbeat, sampler: GilWaitSamp
             "duration_ms": round(1e3 * window.duration_s, 2),
             "max_lateness_ms": round(1e3 * window.max_lateness_s, 2),
             "waiting_threads": [
-                names.get(t, f"thread {t}") for t, _ in seen.most_common(4)
+                names.get(t, unnamed(t)) for t, _ in seen.most_common(4)
             ],
         }
         beat_states = sampler.states_between(

@@ -65,6 +65,7 @@ class Starvation(Evidence):
     stall_start_s: float | None = None  # from the window's start
     stall_gil_share: float | None = None  # of that stretch, the share it waited for the GIL
     stall_holder: str | None = None
+    p99_interval_ms: tuple[float, ...] | None = None  # the p99's 95% interval (block bootstrap over the run)
     recorded_p99_ms: float | None = None  # p99 net of the heartbeat's own CPU waits only
     holder_cpu_wait_ms: float | None = None  # the GIL holder's CPU waits, also taken out
     startup_excluded_s: float | None = None  # left out at the start: the imports until they settled

@@ -88,6 +88,17 @@ def thread_groups(names: Mapping[int, str], tids: Iterable[int], short_lived: It
     return ThreadGroups(members, group_names, of)
 
 
+UNNAMED = "thread "  # how a thread without a name is labelled: ``thread <tid>``
+
+
+def unnamed(tid: int) -> str:
+    """The label of a thread whose name is unknown."""
+    return f"{UNNAMED}{tid}"
+
+
 def describe(thread: str, count: int) -> str:
-    """``thread X``, or ``41 short-lived threads X`` for a group (taken as one)."""
-    return f"thread {thread}" if count <= 1 else f"{count} short-lived threads {thread} (taken as one)"
+    """``thread X``, or ``41 short-lived threads X`` for a group (taken as one). An unnamed
+    thread is already labelled ``thread <tid>`` (:data:`UNNAMED`): not ``thread thread <tid>``."""
+    if count <= 1:
+        return thread if thread.startswith(UNNAMED) else f"{UNNAMED}{thread}"
+    return f"{count} short-lived threads {thread} (taken as one)"

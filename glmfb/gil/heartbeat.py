@@ -15,6 +15,8 @@ SITE_DIR = Path(__file__).resolve().parent / "_site"
 ENV_PREFIX = "GLMFB_GIL_HEARTBEAT"
 MAX_PLAUSIBLE_LATENESS_S = 3600.0
 MAX_RUN_S = 7 * 24 * 3600.0
+MIN_INTERVAL_TICKS = 200  # a p99's interval needs a tail of a few wake-ups in each stretch
+INTERVAL_RESAMPLES = 500
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,17 @@ class Heartbeat:
         ordered = sorted(values)
         index = min(len(ordered) - 1, max(0, math.ceil(q / 100.0 * len(ordered)) - 1))
         return 1e3 * max(0.0, ordered[index])
+
+    def percentile_interval_ms(self, q: float) -> tuple[float, float] | None:
+        """A 95% interval of :meth:`percentile_ms` (net of CPU waits) from a block bootstrap over
+        stretches of the run (see :func:`glmfb.stats.block_quantile`); None with under
+        :data:`MIN_INTERVAL_TICKS` wake-ups, too few for a tail's interval."""
+        if self.ticks < MIN_INTERVAL_TICKS:
+            return None
+        from glmfb.stats import block_quantile
+
+        estimate = block_quantile(self.gil_lateness_s, q / 100.0, resamples=INTERVAL_RESAMPLES)
+        return (1e3 * max(0.0, estimate.low), 1e3 * max(0.0, estimate.high))
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from glmfb.gil.groups import unnamed
+
 # Native functions in which a thread is blocked (not on a CPU).
 BLOCKING_NATIVE = frozenset(
     {
@@ -241,7 +243,7 @@ def profile_holders(
     for sample in samples:
         # The names the program's threads recorded as they started (or the heartbeat read since)
         # first: py-spy can show a new thread under the name of an ended one.
-        name = names.get(sample.thread_id) or sample.thread_name or f"thread {sample.thread_id}"
+        name = names.get(sample.thread_id) or sample.thread_name or unnamed(sample.thread_id)
         record = per_thread.setdefault(
             sample.thread_id, {"thread": name, "tid": sample.thread_id, "samples": 0, "idle": 0}
         )

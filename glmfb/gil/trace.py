@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from glmfb.gil.groups import unnamed
+
 
 @dataclass
 class Slice:
@@ -142,7 +144,7 @@ def overlap_blame(
     ranked = sorted(credit.items(), key=lambda kv: -kv[1])[:limit]
     return [
         {
-            "thread": names.get(tid, f"thread {tid}"),
+            "thread": names.get(tid, unnamed(tid)),
             "function": name,
             "overlap_ms": round(us / 1e3, 3),
             "share_of_starved_time": round(us / total_waiting_us, 4) if total_waiting_us else None,

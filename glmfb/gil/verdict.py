@@ -28,6 +28,7 @@ from glmfb.gil.evidence import (
     TraceOverlap,
     WaitingThread,
 )
+from glmfb.gil.groups import unnamed
 from glmfb.gil.heartbeat import Heartbeat, lateness_series
 from glmfb.gil.holders import holder_evidence, holder_site
 from glmfb.gil.pyspy import CallSite, HolderProfile
@@ -125,6 +126,7 @@ class _Starvation:
     stalled: bool
     stall_s: float | None
     stall_share: float | None
+    p99_interval_ms: tuple[float, float] | None = None  # the p99's 95% interval (block bootstrap)
 
 
 def _starvation(observations: Observations) -> _Starvation:
@@ -144,7 +146,8 @@ def _starvation(observations: Observations) -> _Starvation:
         beat_ok, starved = True, True
         p99_ms = max(p99_ms or 0.0, _stall_p99_ms(stall_s, stall_share, observations.observed_s or stall_s,
                                                   heartbeat.period_s))
-    return _Starvation(beat_ok, p99_ms, starved, stalled, stall_s, stall_share)
+    interval = heartbeat.percentile_interval_ms(99) if beat_ok and heartbeat is not None and not stalled else None
+    return _Starvation(beat_ok, p99_ms, starved, stalled, stall_s, stall_share, interval)
 
 
 @dataclass(frozen=True)
@@ -249,6 +252,7 @@ def _starvation_evidence(observations: Observations, heartbeat: Heartbeat, starv
         stall_start_s=round(stall["start_s"], 4) if "start_s" in stall else None,
         stall_gil_share=round(stall_share, 4) if stall_share is not None else None,
         stall_holder=stall.get("holder"),
+        p99_interval_ms=tuple(round(x, 3) for x in starvation.p99_interval_ms) if starvation.p99_interval_ms else None,
         recorded_p99_ms=round(recorded_p99, 3) if recorded_p99 is not None else None,
         holder_cpu_wait_ms=round(1e3 * observations.holder_cpu_wait_s, 1),
         startup_excluded_s=round(observations.startup_excluded_s, 3) if observations.startup_excluded_s else None,
@@ -274,6 +278,7 @@ def _findings(observations: Observations, starvation: _Starvation, holders: _Hol
         stall_ms=1e3 * stall_s if stall_s is not None else None, stall_gil_share=starvation.stall_share,
         stalled=starvation.stalled, observed_s=observations.observed_s, waiter=holders.waiter,
         wait_holder=holders.wait_holder, own_p99_ms=observations.own_p99_ms,
+        p99_interval_ms=starvation.p99_interval_ms,
     )
 
 
@@ -343,7 +348,7 @@ def _thread_times(observations: Observations) -> ThreadTimes | None:
         named = Counter({k[0]: v for k, v in votes.items() if k[0]})
         top = named.most_common(1)[0] if named else None
         runnable = account.wall_s - account.runqueue_s
-        name = names.get(tid, f"thread {tid}")
+        name = names.get(tid, unnamed(tid))
         rows.append(ThreadTimeRow(
             thread=name, tid=tid, cpu_share=round(account.cpu_share, 4),
             runqueue_share=round(account.runqueue_share, 4), gil_wait_share=round(account.gil_wait_share, 4),
@@ -367,5 +372,5 @@ def _timeline(observations: Observations) -> GilTimeline | None:
         return None
     names = observations.thread_names
     return GilTimeline(observed_s=round(observations.observed_s or 0.0, 4), threads=tuple(
-        TimelineThread(thread=names.get(tid, f"thread {tid}"), tid=tid, spans=tuple(spans))
+        TimelineThread(thread=names.get(tid, unnamed(tid)), tid=tid, spans=tuple(spans))
         for tid, spans in observations.timeline.items()))
