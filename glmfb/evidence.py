@@ -481,6 +481,21 @@ class StoppedProcesses(Evidence):
 
 @evidence_kind
 @dataclass(frozen=True, kw_only=True)
+class HostActivity(Evidence):
+    """How busy the host was while a probe measured (:mod:`glmfb.measure.hostload`): CPUs
+    busy on average over the window, the whole host's, this probe's process tree's, and the
+    rest (other processes, and CPU time a hypervisor gave to other machines)."""
+
+    kind: ClassVar[str] = "host_load"
+    window_s: float
+    cpus: int
+    host_busy_cpus: float
+    own_busy_cpus: float
+    other_busy_cpus: float
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
 class MissingSignal(Evidence):
     """A signal a probe could not collect, and why: the verdict says less because of it."""
 

@@ -105,7 +105,7 @@ def test_same_kernel_is_equivalent() -> None:
 def test_planted_regression_tiled_vs_fused_names_the_repeated_reductions() -> None:
     verdict = run_bench(config(
         Target(f"{KERNELS}:gated_norm_fused"), Target(f"{KERNELS}:gated_norm_tiled"),
-        shapes=((8, 4096), (32, 1024)), budget_s=4.0,
+        shapes=((8, 4096), (32, 1024)), budget_s=12.0,  # decided in 2-4 s when quiet; room for a loaded host
     ))
     assert verdict.status is Status.FAIL, verdict.why
     assert verdict.where["kernel"] == "gated_norm_tiled"
@@ -132,7 +132,7 @@ def test_planted_regression_tiled_vs_fused_names_the_repeated_reductions() -> No
 def test_fused_vs_tiled_is_an_improvement() -> None:
     verdict = run_bench(config(
         Target(f"{KERNELS}:gated_norm_tiled"), Target(f"{KERNELS}:gated_norm_fused"), shapes=((8, 4096),),
-        budget_s=3.0,
+        budget_s=12.0,
     ))
     assert verdict.status is Status.PASS, verdict.why
     assert "faster" in verdict.why and "speed-up" in verdict.why
@@ -187,8 +187,10 @@ def cli(*args: str) -> Any:
 
 @pytest.mark.slow
 def test_cli_json_fail_and_exit_code() -> None:
+    # The budget is a ceiling, not a cost: a planted 2x is decided in a few seconds on a quiet
+    # host; a CI run on a loaded one read +60% [-16, +207] after 3 s (inconclusive, exit 4).
     result = cli(f"{HERE}:doubled", f"{HERE}:doubled", "--candidate-arg", "times=2",
-                 "--shape", "64x1024", "--budget", "3", "--json", "--no-profile")
+                 "--shape", "64x1024", "--budget", "20", "--json", "--no-profile")
     assert result.exit_code == 1, result.output
     data = json.loads(result.stdout)
     assert data["status"] == "fail" and data["where"]["shape"] == "64x1024"

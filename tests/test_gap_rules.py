@@ -79,6 +79,26 @@ TABLE = [
     (findings(1.0, 0.9, 1.1, gil=replace(COMPRESSING, holder_thread="kv-sender", starved_thread="prefill",
                                          starved_of_runnable=0.31, starved_of_runnable_ci=(0.18, 0.44))),
      "gil-starved-sender", Status.FAIL, []),
+    # A CI run of gap-sender-zlib-cpu-contention on a loaded host: the prefill waited 33% of the
+    # time for its one CPU (1% in the baseline's run) and 18% for the GIL, an unsettled share
+    # ([0.4%, 56%] of its time off the run queue); the sender ran zlib.compress there 49% of the
+    # time. It read over-threshold ("neither explains"); the CPU wait is the larger, decided part.
+    (findings(2.18, 1.65, 2.82, gil=replace(
+        COMPRESSING, holder_thread="kv-sender", holder_function="torch::autograd::THPVariable_numpy",
+        starved_thread="prefill", starved_waiting_share=0.1847, starved_of_runnable=0.2766,
+        starved_of_runnable_ci=(0.0039, 0.5614), cpu_victim_runqueue_share=0.3323, cpu_victim_cpu_share=0.3061,
+        cpu_victim_gil_share=0.1847, cpu_victim_gil_of_runnable=0.2766, competitor_cpu_share=0.4918,
+        competitor_cpu_fraction=0.6081, baseline_compared=True, cpu_victim_baseline_runqueue_share=0.0113)),
+     "cpu-contention", Status.FAIL,
+     ["The prefill thread waited for a CPU 33% of the time against 1% in the baseline's run",
+      "the GIL explains less of it: prefill waited for the GIL 18% of the time, less than for a CPU, and that "
+      "share is not settled (0% to 56% of its time off the run queue)", "CPU contention, not the GIL"]),
+    # The same run with the GIL wait settled (its interval clear of 10%, the share over 20%): the
+    # GIL rule decides it, as before.
+    (findings(2.18, 1.65, 2.82, gil=replace(
+        COMPRESSING, holder_thread="kv-sender", starved_thread="prefill", starved_of_runnable=0.2766,
+        starved_of_runnable_ci=(0.15, 0.4), cpu_victim_runqueue_share=0.3323, cpu_victim_gil_share=0.1847)),
+     "gil-starved-sender", Status.FAIL, []),
     # A competitor that took little of the CPU, or a victim that mostly waited for the GIL: no CPU contention.
     (findings(1.0, 0.9, 1.1, gil=replace(COMPRESSING, competitor_cpu_fraction=0.1)), "over-threshold",
      Status.FAIL, []),
@@ -232,3 +252,15 @@ def test_an_unsettled_bandwidth_share_is_not_called_the_link_not_the_limit() -> 
     assert "whether the link was the limit is not settled" in outcome.diagnosis.why
     assert "the link was not the limit" not in outcome.diagnosis.why
     assert "the link was not the limit" in diagnose(RULES, findings(1.0, 0.8, 1.2, bandwidth=clear)).diagnosis.why
+
+
+def test_undecided_on_a_busy_host_says_how_busy_it_was() -> None:
+    from glmfb.measure.hostload import HostLoad
+
+    # A CI run of the bundled releasing case: +5.8% [+0.6%, +11.4%] against 5% on a loaded host.
+    busy = HostLoad(window_s=40.0, cpus=2, host_busy_s=76.0, own_busy_s=24.0)
+    why = diagnose(RULES, findings(0.058, 0.006, 0.114, stopped_by="budget", host_load=busy)).diagnosis.why
+    assert why.endswith("The host was busy: other processes kept 1.3 of the host's 2 CPUs busy while it measured.")
+    quiet = HostLoad(window_s=40.0, cpus=2, host_busy_s=26.0, own_busy_s=24.0)
+    why = diagnose(RULES, findings(0.058, 0.006, 0.114, stopped_by="budget", host_load=quiet)).diagnosis.why
+    assert "busy" not in why

@@ -159,6 +159,8 @@ def _judge(config: GapConfig, measurement: Measurement, candidate: Any, ctx: Pro
                 ci=c.ci, concurrent=c.concurrent, order=_phase_order(measurement).get(c.name),
                 within="iteration" if c.concurrent else None) for c in phases),
     ]
+    if measurement.host_load is not None:
+        evidence.append(measurement.host_load.evidence())
     info = _describe(candidate)
     if info:
         evidence.append(_transfer_info("candidate", candidate))
@@ -171,6 +173,7 @@ def _judge(config: GapConfig, measurement: Measurement, candidate: Any, ctx: Pro
         gap=estimate.value, low=estimate.low, high=estimate.high, threshold=threshold, iterations=n,
         stopped_by=measurement.stopped_by, budget_s=config.budget_s, repeats=config.repeats,
         grown=tuple(grown_phases(phases, threshold)), bandwidth=bandwidth, gil=gil, attribute=config.attribute,
+        host_load=measurement.host_load,
         **next_steps(config, attributed=gil is not None),
     )
     outcome = diagnose(ctx.rules("gap", RULES), findings)

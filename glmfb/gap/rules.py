@@ -27,11 +27,15 @@ from typing import Any
 from glmfb.gap.attribution import GilFinding
 from glmfb.gap.bandwidth import BandwidthCheck
 from glmfb.gap.phases import PhaseChange
+from glmfb.measure.hostload import HostLoad
 from glmfb.rules import Diagnosis, Rule
 from glmfb.step import Step
 from glmfb.verdict import Status
 
 KIND = "gap"
+# Other processes busy on average on this many CPUs or more while the gap was measured make a
+# busy host, which an undecided verdict names (a quiet 2-core host here reads 0.02-0.1).
+BUSY_HOST_CPUS = 0.25
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,11 @@ class GapFindings:
     rerun: Step | None = None  # the same gap, to run after a fix
     more_evidence: Step | None = None  # the gap with more repeats and budget
     gil_rerun: Step | None = None  # the gil probe on the candidate, sampled longer
+    host_load: HostLoad | None = None  # the rest of the host while the iterations ran
+
+    @property
+    def busy_host(self) -> bool:
+        return self.host_load is not None and self.host_load.other_cpus >= BUSY_HOST_CPUS
 
     @property
     def gap_text(self) -> str:
@@ -67,6 +76,8 @@ class GapFindings:
         seen: dict[str, Any] = {"gap": self.gap, "ci": [self.low, self.high], "threshold": self.threshold,
                                 "iterations": self.iterations, "stopped_by": self.stopped_by,
                                 "grown_phases": [c.name for c in self.grown]}
+        if self.host_load is not None:
+            seen["other_busy_cpus"] = round(self.host_load.other_cpus, 3)
         if self.bandwidth is not None:
             seen.update(bandwidth_bound=self.bandwidth.bandwidth_bound, ceiling_share=self.bandwidth.ceiling_share,
                         page_rate_share=self.bandwidth.page_rate_share)
@@ -151,6 +162,8 @@ def _undecided(f: GapFindings) -> Diagnosis | None:
     ran_out = {"budget": f"the {f.budget_s:g} s budget", "repeats": f"{f.repeats} repeats"}
     why = (f"Not decided: {f.gap_text}; the interval straddles the threshold and "
            f"{ran_out.get(f.stopped_by, 'the limits')} ran out.")
+    if f.host_load is not None and f.busy_host:
+        why += f" The host was busy: {f.host_load.phrase()}."
     return Diagnosis(Status.INCONCLUSIVE, why, (f.more_evidence,) if f.more_evidence is not None else ())
 
 

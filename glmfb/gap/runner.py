@@ -27,6 +27,7 @@ from typing import Any
 from glmfb.errors import TargetFailed
 from glmfb.gap.config import GapConfig
 from glmfb.measure import Arm, Comparison, Look, Pair, Settings, compare
+from glmfb.measure.hostload import HostLoad, HostLoadMeter
 from glmfb.stats import Decision, Estimate, decide
 
 BYTES_SUFFIX = "_bytes"
@@ -65,6 +66,7 @@ class Measurement:
     allocations: int = 1
     looks: tuple[Look, ...] = ()
     rounds: int = 0
+    host_load: HostLoad | None = None  # the rest of the host over the interleaved iterations
 
     def evidence(self) -> dict[str, Any]:
         """What the measurement adds to the verdict's ``gap`` evidence."""
@@ -217,13 +219,15 @@ def _measure(
         stop=lambda estimate, _decision: settled(estimate, config.threshold),
         first_look_rounds=max(1, math.ceil(config.min_repeats / pairs_count)),
     )
+    meter = HostLoadMeter()
     comparison = compare(pairs, settings, clock, progress)
-    return _result(config, comparison, sides, clock() - started, len(functions["baseline"]) if distinct else 1)
+    return _result(config, comparison, sides, clock() - started, len(functions["baseline"]) if distinct else 1,
+                   meter.stop())
 
 
 def _result(
     config: GapConfig, comparison: Comparison, sides: Mapping[str, SideSamples], elapsed_s: float,
-    allocations: int,
+    allocations: int, host_load: HostLoad | None = None,
 ) -> Measurement:
     final = comparison.final
     if final is not None:
@@ -234,5 +238,5 @@ def _result(
         baseline=sides["baseline"], candidate=sides["candidate"], estimate=estimate,
         decision=decide(estimate, config.threshold), stopped_by=comparison.stopped_by,
         elapsed_s=elapsed_s, allocations=allocations, looks=tuple(comparison.looks),
-        rounds=comparison.rounds,
+        rounds=comparison.rounds, host_load=host_load,
     )

@@ -1,0 +1,118 @@
+"""How busy the rest of the host was while a probe measured.
+
+A timing probe compares two sides interleaved, so load from other processes falls on both
+sides alike; but it widens the interval, and it slows a side that runs more threads than the
+other (a candidate with a sender thread beside its prefill competes for CPUs the baseline
+leaves idle). An undecided verdict should say so when it happened, from a measurement, not
+from a guess: :class:`HostLoadMeter` reads the host's busy CPU time (``/proc/stat``: user,
+nice, system, irq, softirq and steal, which counts CPU time a hypervisor gave to other
+machines) at the start and the end of a window, and subtracts what this process and its
+descendants used meanwhile (psutil), which leaves what every other process (and, with steal,
+every other virtual machine) used.
+
+A descendant that exited and was reaped inside the window is counted in its parent's
+``children_*`` times only when that parent is this process; one reaped by another descendant
+is lost, which errs towards calling the host busier than it was. Unavailable (no ``/proc``,
+no psutil): :meth:`HostLoadMeter.stop` returns None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from glmfb.evidence import HostActivity
+
+BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system [idle iowait] irq softirq steal (guest is in user)
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """Busy CPU seconds over a window: the host's, and this process tree's."""
+
+    window_s: float
+    cpus: int  # CPUs online on the host
+    host_busy_s: float
+    own_busy_s: float
+
+    @property
+    def other_cpus(self) -> float:
+        """CPUs other processes kept busy, on average over the window."""
+        if self.window_s <= 0:
+            return 0.0
+        return max(0.0, self.host_busy_s - self.own_busy_s) / self.window_s
+
+    def evidence(self) -> HostActivity:
+        """The ``host_load`` evidence item."""
+        from glmfb.evidence import HostActivity
+
+        per_s = 1.0 / self.window_s if self.window_s > 0 else 0.0
+        return HostActivity(window_s=round(self.window_s, 3), cpus=self.cpus,
+                            host_busy_cpus=round(self.host_busy_s * per_s, 3),
+                            own_busy_cpus=round(self.own_busy_s * per_s, 3), other_busy_cpus=round(self.other_cpus, 3))
+
+    def phrase(self) -> str:
+        """``other processes kept 1.3 of the host's 2 CPUs busy while it measured``."""
+        return (f"other processes kept {self.other_cpus:.1f} of the host's {self.cpus} CPUs busy while it "
+                "measured")
+
+
+def _host_busy_s() -> float | None:
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = stat.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    values = [int(v) for v in fields[1:]]
+    ticks = os.sysconf("SC_CLK_TCK")
+    return sum(values[i] for i in BUSY_FIELDS if i < len(values)) / ticks
+
+
+def _tree_busy_s() -> tuple[float, dict[int, tuple[float, float]]] | None:
+    """This process's CPU time (with its reaped children's) and each live descendant's
+    (pid -> (create time, CPU seconds))."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    try:
+        me = psutil.Process()
+        times = me.cpu_times()
+        own = times.user + times.system + times.children_user + times.children_system
+        descendants: dict[int, tuple[float, float]] = {}
+        for child in me.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child_times = child.cpu_times()
+                descendants[child.pid] = (child.create_time(), child_times.user + child_times.system)
+    except psutil.Error:
+        return None
+    return own, descendants
+
+
+class HostLoadMeter:
+    """Started at construction; :meth:`stop` gives the window's :class:`HostLoad`."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.host = _host_busy_s()
+        self.tree = _tree_busy_s()
+
+    def stop(self) -> HostLoad | None:
+        host, tree = _host_busy_s(), _tree_busy_s()
+        window_s = time.monotonic() - self.started
+        if self.host is None or host is None or self.tree is None or tree is None or window_s <= 0:
+            return None
+        own_before, before = self.tree
+        own_after, after = tree
+        own = own_after - own_before
+        for pid, (created, busy) in after.items():
+            then = before.get(pid)
+            own += busy - then[1] if then is not None and abs(then[0] - created) < 0.01 else busy
+        return HostLoad(window_s=window_s, cpus=os.cpu_count() or 1, host_busy_s=host - self.host,
+                        own_busy_s=max(0.0, own))
