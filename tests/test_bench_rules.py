@@ -275,3 +275,14 @@ def test_a_layout_change_is_named_without_advice_the_profile_does_not_back() -> 
     assert "on inputs with other strides (float32[1024, 1024], against float32[1024, 1024] strides (1, 1024)" \
         in diagnosis.why
     assert "only the strides differ" in diagnosis.next[0].why and "contiguous input" not in diagnosis.next[0].why
+
+
+def test_undecided_on_a_busy_host_says_how_busy_it_was() -> None:
+    from glmfb.measure.hostload import HostLoad
+
+    busy = HostLoad(window_s=3.0, cpus=2, host_busy_s=6.0, own_busy_s=1.2)
+    why = diagnose(RULES, findings("undecided", change=0.09, host_load=busy)).diagnosis.why
+    assert "would decide it. The host was busy: other processes kept 1.6 of the host's 2 CPUs busy while it measured." \
+        in why, why
+    quiet = HostLoad(window_s=3.0, cpus=2, host_busy_s=1.3, own_busy_s=1.2)
+    assert "busy" not in diagnose(RULES, findings("undecided", change=0.09, host_load=quiet)).diagnosis.why

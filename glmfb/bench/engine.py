@@ -55,6 +55,7 @@ from glmfb.commandline import rerun_step
 from glmfb.env import differences, fingerprint
 from glmfb.errors import InputError, UsageError
 from glmfb.evidence import EnvDifferences, Evidence
+from glmfb.measure.hostload import HostLoadMeter
 from glmfb.probe import ProbeContext
 from glmfb.rules import diagnose
 from glmfb.stats import Decision
@@ -234,11 +235,13 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
     assert config.candidate is not None
     results: list[ShapeResult] = []
     spent_s = 0.0
+    meter = HostLoadMeter()
     for index, shape in enumerate(config.shapes):
         # A shape decided early leaves its budget to the shapes after it.
         share_s = (config.budget_s - spent_s) / (len(config.shapes) - index)
         results.append(_measure_shape(config, ctx, timer, shape, share_s, config.seed + 7 * index))
         spent_s += min(share_s, results[-1].measuring_s)
+    host_load = meter.stop()
     baseline_name = kernel_name(config.baseline.ref)
     candidate_name = kernel_name(config.candidate.ref)
     artifacts = _save(config, ctx, timer, env, results)
@@ -275,7 +278,7 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
         geomean_low=geomean.low if geomean is not None else None,
         geomean_high=geomean.high if geomean is not None else None,
         focus=focus.shape if focus is not None else None, op_diff=op_diff, device=timer.device,
-        reproduce=steps["reproduce"], more_evidence=steps["more_evidence"],
+        reproduce=steps["reproduce"], more_evidence=steps["more_evidence"], host_load=host_load,
     )
     outcome = diagnose(ctx.rules("bench", RULES), findings)
     diagnosis = outcome.diagnosis
@@ -301,6 +304,8 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
         **timer.describe(), threads=env.get("threads"), input_sets=config.input_sets, sample_s=config.sample_s,
         order="independent allocation pairs, each in randomized balanced ABBA/BAAB blocks, rounds in random pair order", budget_s=config.budget_s,
     ))
+    if host_load is not None:
+        evidence.append(host_load.evidence())
     evidence.append(outcome.record)
 
     metric = None

@@ -42,6 +42,7 @@ from typing import Any
 
 from glmfb.bench.evidence import InputRow, OpDiff, OpRow
 from glmfb.bench.opdiff import REPEATED, SAME_CALLS, call_ratio, repeated_input
+from glmfb.measure.hostload import HostLoad
 from glmfb.rules import Diagnosis, Rule
 from glmfb.step import Step
 from glmfb.verdict import Status
@@ -94,6 +95,7 @@ class BenchFindings:
     unit: str = "shape"  # what the comparisons are of: "shape", or "benchmark" (pytest-benchmark)
     env_differences: tuple[str, ...] = ()  # "python: 3.11.7 vs 3.12.1", when the sides' environments differ
     approximate: int = 0  # saved comparisons made from summaries only (no raw samples)
+    host_load: HostLoad | None = None  # the rest of the host while the shapes were measured
 
     # ---- derived ---------------------------------------------------------------------------
 
@@ -609,6 +611,8 @@ def _undecided(f: BenchFindings) -> Diagnosis | None:
         why = f"{head}; measure both sides in one process to decide it"
     else:
         why = f"{head}; the change sits on the threshold, so no sample size decides it (move the threshold)"
+    if f.host_load is not None and f.host_load.busy:
+        why += f". The host was busy: {f.host_load.phrase()}"
     return Diagnosis(Status.INCONCLUSIVE, why + "." + _notes(f), _more(f),
                      where={"kernel": f.candidate, "shape": first.shape})
 

@@ -33,9 +33,6 @@ from glmfb.step import Step
 from glmfb.verdict import Status
 
 KIND = "gap"
-# Other processes busy on average on this many CPUs or more while the gap was measured make a
-# busy host, which an undecided verdict names (a quiet 2-core host here reads 0.02-0.1).
-BUSY_HOST_CPUS = 0.25
 
 
 @dataclass(frozen=True)
@@ -61,7 +58,7 @@ class GapFindings:
 
     @property
     def busy_host(self) -> bool:
-        return self.host_load is not None and self.host_load.other_cpus >= BUSY_HOST_CPUS
+        return self.host_load is not None and self.host_load.busy
 
     @property
     def gap_text(self) -> str:
@@ -209,7 +206,10 @@ def _bandwidth_bound(f: GapFindings) -> Diagnosis | None:
 
 
 def _over(f: GapFindings) -> Diagnosis | None:
-    return Diagnosis(Status.FAIL, " ".join(_failure_sentences(f)), (*_gil_next(f), *_after_fix(f)), {})
+    sentences = _failure_sentences(f)
+    if f.host_load is not None and f.busy_host:  # attribution on a busy host: say how busy
+        sentences.append(f"The host was busy: {f.host_load.phrase()}.")
+    return Diagnosis(Status.FAIL, " ".join(sentences), (*_gil_next(f), *_after_fix(f)), {})
 
 
 RULES: tuple[Rule[GapFindings], ...] = (

@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from glmfb.evidence import HostActivity
 
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system [idle iowait] irq softirq steal (guest is in user)
+# Other processes busy on average on this many CPUs or more make a busy host, which an
+# undecided verdict names (a quiet 2-core host here reads 0.02-0.1 while a probe measures).
+BUSY_OTHER_CPUS = 0.25
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,10 @@ class HostLoad:
         return HostActivity(window_s=round(self.window_s, 3), cpus=self.cpus,
                             host_busy_cpus=round(self.host_busy_s * per_s, 3),
                             own_busy_cpus=round(self.own_busy_s * per_s, 3), other_busy_cpus=round(self.other_cpus, 3))
+
+    @property
+    def busy(self) -> bool:
+        return self.other_cpus >= BUSY_OTHER_CPUS
 
     def phrase(self) -> str:
         """``other processes kept 1.3 of the host's 2 CPUs busy while it measured``."""
