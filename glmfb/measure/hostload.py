@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system [idle iowait] irq softirq steal (guest is in user)
 # Other processes busy on average on this many CPUs or more make a busy host, which an
-# undecided verdict names (a quiet 2-core host here reads 0.02-0.1 while a probe measures).
+# undecided verdict names (a quiet 2-core development host read 0.017-0.046 while bench measured;
+# two busy loops beside a gap read 1.75).
 BUSY_OTHER_CPUS = 0.25
 
 
