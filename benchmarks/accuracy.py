@@ -22,7 +22,11 @@ fired rule is read from an evidence item of kind ``diagnosis`` with a ``rule`` f
 rule names that name one of the corpus's classes are read as that class: :data:`RENAMED`);
 for verdicts that do not record one, from what older verdicts carry (diff's
 ``diagnosis_rule``, bench's ``op_diff`` and decisions), else inferred from the why (gil, gap).
-The JSON says where each rule was read (``rule_source``). Exit code 0 when every case is right, 1
+The JSON says where each rule was read (``rule_source``). A case whose verdict is inconclusive
+on a busy host (evidence ``host_load``: other processes kept 0.25 CPUs or more busy while it
+measured; or the gil probe's busy-host rules) is neither right nor wrong: the table says
+"undecided: busy host" and the summary counts it apart (``busy_host`` in the JSON), and the
+corpus's pytest skips it with the verdict's why. Exit code 0 when every case is right, 1
 otherwise, 2 for a corpus that does not parse.
 
 ``--smoke`` runs two fast cases (:data:`SMOKE_CASES`: a diff with a planted bug and a gil clean
@@ -161,6 +165,10 @@ def load_cases(corpus: Path = CORPUS, patterns: Sequence[str] = ()) -> list[Case
 # --------------------------------------------------------------------------------------------
 
 
+BUSY_OTHER_CPUS = 0.25  # as glmfb.measure.hostload.BUSY_OTHER_CPUS (this script reads verdict JSON)
+BUSY_HOST_RULES = ("busy-host", "busy-waiter")  # the gil probe's inconclusive rules for a loaded host
+
+
 def _evidence(verdict: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     return next((item for item in verdict["evidence"] if item.get("kind") == kind), None)
 
@@ -248,6 +256,22 @@ class Score:
     def right(self) -> bool:
         return not self.wrong
 
+    @property
+    def busy_host(self) -> str | None:
+        """Why this case's verdict is an undecided one on a busy host, else None: inconclusive,
+        and either other processes kept :data:`BUSY_OTHER_CPUS` or more busy while it measured
+        (evidence ``host_load``) or the gil probe's own busy-host rules fired. Such a case is not
+        right, and not wrong either: the probe said it could not decide, and why."""
+        if self.verdict["status"] != "inconclusive":
+            return None
+        load = _evidence(self.verdict, "host_load")
+        if load is not None and float(load.get("other_busy_cpus") or 0.0) >= BUSY_OTHER_CPUS:
+            return f"other processes kept {float(load['other_busy_cpus']):.1f} of {load.get('cpus')} CPUs busy"
+        diagnosis = _evidence(self.verdict, "diagnosis")
+        if diagnosis is not None and diagnosis.get("rule") in BUSY_HOST_RULES:
+            return f"the gil probe's rule {diagnosis['rule']}"
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         verdict = self.verdict
         return {
@@ -264,6 +288,7 @@ class Score:
             },
             "right": self.right,
             "wrong": list(self.wrong),
+            "busy_host": self.busy_host,
             "seconds": round(self.seconds, 2),
         }
 
@@ -365,7 +390,8 @@ def rows(scores: Sequence[Score]) -> list[tuple[str, str, str, str, str]]:
             s.case.name,
             f"{expected['status']}/{expected['layer']} {_where_text(expected['where'])} [{s.case.rule}]",
             f"{got['status']}/{got['layer']} {_where_text(got['where'])} [{_rule_text(s)}]",
-            "right" if s.right else "WRONG: " + ", ".join(w.split(":")[0] for w in s.wrong),
+            "right" if s.right else "undecided: busy host" if s.busy_host else
+            "WRONG: " + ", ".join(w.split(":")[0] for w in s.wrong),
             f"{s.seconds:.1f}",
         ))
     return table
@@ -395,8 +421,11 @@ def summary(scores: Sequence[Score]) -> str:
         for kind in kinds
     )
     twins = [s for s in scores if s.case.rule in ("pass", "equivalent")]
+    busy = sum(1 for s in scores if not s.right and s.busy_host)
     return (f"right: {sum(s.right for s in scores)}/{len(scores)} ({per_kind}); clean twins "
-            f"{sum(s.right for s in twins)}/{len(twins)}; {sum(s.seconds for s in scores):.0f} s of probes")
+            f"{sum(s.right for s in twins)}/{len(twins)}"
+            + (f"; undecided on a busy host (neither right nor wrong): {busy}" if busy else "")
+            + f"; {sum(s.seconds for s in scores):.0f} s of probes")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -156,7 +156,8 @@ def _gil_where(f: GapFindings) -> dict[str, Any]:
 def _undecided(f: GapFindings) -> Diagnosis | None:
     if f.over or f.high < f.threshold:
         return None
-    ran_out = {"budget": f"the {f.budget_s:g} s budget", "repeats": f"{f.repeats} repeats"}
+    ran_out = {"budget": f"the {f.budget_s:g} s budget",
+               "repeats": f"the repeats (at most {f.repeats} a side, in whole rounds over the builds)"}
     why = (f"Not decided: {f.gap_text}; the interval straddles the threshold and "
            f"{ran_out.get(f.stopped_by, 'the limits')} ran out.")
     if f.host_load is not None and f.busy_host:
