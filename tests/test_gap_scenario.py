@@ -217,8 +217,15 @@ def test_releasing_dispatch_passes_within_5_percent(tmp_path: Path) -> None:
     # The fix is never called a regression. Its gap is a few percent on a quiet host; on a busy
     # one the candidate's transfer thread competes for CPUs other processes already hold, and a
     # CI run read +5.8% [+0.6%, +11.4%] there: undecided, which the verdict must then explain.
-    if load.other_busy_cpus >= BUSY_OTHER_CPUS and verdict.status is Status.INCONCLUSIVE:
-        assert "The host was busy: other processes kept" in verdict.why, verdict.why
+    # On a quiet host too its gap sits near the threshold: a fresh-clone run read +2.5%
+    # [-0.1%, +5.1%] after the 45 s budget (other processes 0.18 CPUs). Undecided is then the
+    # right answer; a fail never is, nor an undecided interval that lies above the threshold.
+    assert verdict.status is not Status.FAIL, verdict.why
+    if verdict.status is Status.INCONCLUSIVE:
+        assert verdict.metric is not None and verdict.metric.ci is not None
+        assert verdict.metric.ci[0] < 0.05 < verdict.metric.ci[1], verdict.why
+        if load.other_busy_cpus >= BUSY_OTHER_CPUS:
+            assert "The host was busy: other processes kept" in verdict.why, verdict.why
         return
     assert verdict.status is Status.PASS, (verdict.why, load)
     assert verdict.metric is not None and verdict.metric.ci is not None and verdict.metric.ci[1] < 0.05

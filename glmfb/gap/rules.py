@@ -156,10 +156,11 @@ def _gil_where(f: GapFindings) -> dict[str, Any]:
 def _undecided(f: GapFindings) -> Diagnosis | None:
     if f.over or f.high < f.threshold:
         return None
-    ran_out = {"budget": f"the {f.budget_s:g} s budget",
-               "repeats": f"the repeats (at most {f.repeats} a side, in whole rounds over the builds)"}
+    ran_out_text = (f"the repeats ran out (at most {f.repeats} a side, in whole rounds over the builds)"
+                    if f.stopped_by == "repeats" else
+                    f"the {f.budget_s:g} s budget ran out" if f.stopped_by == "budget" else "the limits ran out")
     why = (f"Not decided: {f.gap_text}; the interval straddles the threshold and "
-           f"{ran_out.get(f.stopped_by, 'the limits')} ran out.")
+           f"{ran_out_text}.")
     if f.host_load is not None and f.busy_host:
         why += f" The host was busy: {f.host_load.phrase()}."
     return Diagnosis(Status.INCONCLUSIVE, why, (f.more_evidence,) if f.more_evidence is not None else ())
