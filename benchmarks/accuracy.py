@@ -165,7 +165,8 @@ def load_cases(corpus: Path = CORPUS, patterns: Sequence[str] = ()) -> list[Case
 # --------------------------------------------------------------------------------------------
 
 
-BUSY_OTHER_CPUS = 0.25  # as glmfb.measure.hostload.BUSY_OTHER_CPUS (this script reads verdict JSON)
+from glmfb.measure.hostload import BUSY_OTHER_CPUS  # noqa: E402  (what a probe's why calls a busy host)
+
 BUSY_HOST_RULES = ("busy-host", "busy-waiter")  # the gil probe's inconclusive rules for a loaded host
 
 

@@ -42,7 +42,7 @@ from typing import Any
 
 from glmfb.bench.evidence import InputRow, OpDiff, OpRow
 from glmfb.bench.opdiff import REPEATED, SAME_CALLS, call_ratio, repeated_input
-from glmfb.measure.hostload import HostLoad
+from glmfb.measure.hostload import HostLoad, busy_note
 from glmfb.rules import Diagnosis, Rule
 from glmfb.step import Step
 from glmfb.verdict import Status
@@ -611,9 +611,7 @@ def _undecided(f: BenchFindings) -> Diagnosis | None:
         why = f"{head}; measure both sides in one process to decide it"
     else:
         why = f"{head}; the change sits on the threshold, so no sample size decides it (move the threshold)"
-    if f.host_load is not None and f.host_load.busy:
-        why += f". The host was busy: {f.host_load.phrase()}"
-    return Diagnosis(Status.INCONCLUSIVE, why + "." + _notes(f), _more(f),
+    return Diagnosis(Status.INCONCLUSIVE, why + "." + busy_note(f.host_load) + _notes(f), _more(f),
                      where={"kernel": f.candidate, "shape": first.shape})
 
 

@@ -157,11 +157,14 @@ class GilFinding:
         loaded CI host: a prefill sharing its one core with a zlib sender waited 33% of the time
         for a CPU (1% in the baseline's run) and 18% for the GIL, [0.4%, 56%] of its time off
         the run queue; the 2x test alone left the gap unexplained."""
-        runqueue = self.cpu_victim_runqueue_share or 0.0
         gil = self.cpu_victim_gil_share or 0.0
-        if gil < runqueue / 2:
-            return True
-        return gil < runqueue and self.victim_gil_wait_unsettled
+        return self._gil_wait_under_half or (gil < (self.cpu_victim_runqueue_share or 0.0)
+                                             and self.victim_gil_wait_unsettled)
+
+    @property
+    def _gil_wait_under_half(self) -> bool:
+        """The victim waited for the GIL under half as long as for a CPU."""
+        return (self.cpu_victim_gil_share or 0.0) < (self.cpu_victim_runqueue_share or 0.0) / 2
 
     @property
     def victim_gil_wait_unsettled(self) -> bool:
@@ -189,8 +192,7 @@ class GilFinding:
 
     def _gil_part_phrase(self) -> str:
         gil = self.cpu_victim_gil_share or 0.0
-        runqueue = self.cpu_victim_runqueue_share or 0.0
-        if gil < runqueue / 2 or not self.victim_gil_wait_unsettled:
+        if self._gil_wait_under_half or not self.victim_gil_wait_unsettled:
             return f"the GIL does not explain it ({self.cpu_victim} waited for the GIL {gil:.0%} of the time)"
         low, high = self.starved_of_runnable_ci[0], self.starved_of_runnable_ci[-1]
         return (f"the GIL explains less of it: {self.cpu_victim} waited for the GIL {gil:.0%} of the time, less "

@@ -27,7 +27,7 @@ from typing import Any
 from glmfb.gap.attribution import GilFinding
 from glmfb.gap.bandwidth import BandwidthCheck
 from glmfb.gap.phases import PhaseChange
-from glmfb.measure.hostload import HostLoad
+from glmfb.measure.hostload import HostLoad, busy_note
 from glmfb.rules import Diagnosis, Rule
 from glmfb.step import Step
 from glmfb.verdict import Status
@@ -55,10 +55,6 @@ class GapFindings:
     more_evidence: Step | None = None  # the gap with more repeats and budget
     gil_rerun: Step | None = None  # the gil probe on the candidate, sampled longer
     host_load: HostLoad | None = None  # the rest of the host while the iterations ran
-
-    @property
-    def busy_host(self) -> bool:
-        return self.host_load is not None and self.host_load.busy
 
     @property
     def gap_text(self) -> str:
@@ -160,9 +156,7 @@ def _undecided(f: GapFindings) -> Diagnosis | None:
                     if f.stopped_by == "repeats" else
                     f"the {f.budget_s:g} s budget ran out" if f.stopped_by == "budget" else "the limits ran out")
     why = (f"Not decided: {f.gap_text}; the interval straddles the threshold and "
-           f"{ran_out_text}.")
-    if f.host_load is not None and f.busy_host:
-        why += f" The host was busy: {f.host_load.phrase()}."
+           f"{ran_out_text}.") + busy_note(f.host_load)
     return Diagnosis(Status.INCONCLUSIVE, why, (f.more_evidence,) if f.more_evidence is not None else ())
 
 
@@ -208,10 +202,8 @@ def _bandwidth_bound(f: GapFindings) -> Diagnosis | None:
 
 
 def _over(f: GapFindings) -> Diagnosis | None:
-    sentences = _failure_sentences(f)
-    if f.host_load is not None and f.busy_host:  # attribution on a busy host: say how busy
-        sentences.append(f"The host was busy: {f.host_load.phrase()}.")
-    return Diagnosis(Status.FAIL, " ".join(sentences), (*_gil_next(f), *_after_fix(f)), {})
+    why = " ".join(_failure_sentences(f)) + busy_note(f.host_load)  # attribution on a busy host: say how busy
+    return Diagnosis(Status.FAIL, why, (*_gil_next(f), *_after_fix(f)), {})
 
 
 RULES: tuple[Rule[GapFindings], ...] = (

@@ -69,17 +69,30 @@ class HostLoad:
                 "measured")
 
 
-def _host_busy_s() -> float | None:
+def busy_note(load: HostLoad | None) -> str:
+    """`` The host was busy: other processes kept ...`` for a why, or "" (no load measured, or
+    a quiet host)."""
+    return f" The host was busy: {load.phrase()}." if load is not None and load.busy else ""
+
+
+def cpu_ticks() -> list[int] | None:
+    """The host's CPU time by state since boot (``/proc/stat``'s ``cpu`` line, in clock ticks:
+    user nice system idle iowait irq softirq steal ...), or None where it cannot be read."""
     try:
         with open("/proc/stat", encoding="ascii") as stat:
             fields = stat.readline().split()
-    except OSError:
+        if not fields or fields[0] != "cpu":
+            return None
+        return [int(v) for v in fields[1:]]
+    except (OSError, ValueError):
         return None
-    if not fields or fields[0] != "cpu":
+
+
+def _host_busy_s() -> float | None:
+    values = cpu_ticks()
+    if values is None:
         return None
-    values = [int(v) for v in fields[1:]]
-    ticks = os.sysconf("SC_CLK_TCK")
-    return sum(values[i] for i in BUSY_FIELDS if i < len(values)) / ticks
+    return sum(values[i] for i in BUSY_FIELDS if i < len(values)) / os.sysconf("SC_CLK_TCK")
 
 
 def _tree_busy_s() -> tuple[float, dict[int, tuple[float, float]]] | None:

@@ -133,9 +133,12 @@ def idle_cores(window_s: float = 0.25) -> float:
     0 where that cannot be read (then the page is drawn here alone)."""
     import time
 
+    from glmfb.measure.hostload import cpu_ticks
+
     def sample() -> tuple[int, int]:
-        with open("/proc/stat", encoding="ascii") as stat:
-            fields = [int(x) for x in stat.readline().split()[1:]]
+        fields = cpu_ticks()
+        if fields is None:
+            raise OSError("/proc/stat")
         return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)  # all, idle + iowait
 
     try:
