@@ -20,6 +20,7 @@ from glmfb.gil.native import (
 )
 from glmfb.gil.procwatch import GIL_SPAN_AFTER, GIL_SPAN_BEFORE, Tick, account, gil_region
 from glmfb.gil.rules import RULES, GilFindings
+from glmfb.measure.hostload import HostLoad
 from glmfb.rules import diagnose
 from glmfb.verdict import Status
 
@@ -49,6 +50,9 @@ def findings(**kwargs: Any) -> GilFindings:
 # while blocked on the GIL (the ticks that never came).
 STALLED = dict(starved=True, stalled=True, ticks=2, p99_ms=2060.0, stall_ms=2100.0, stall_gil_share=0.93,
                starved_threads=("MainThread", "glmfb-heartbeat"))
+
+BUSY = HostLoad(window_s=4.0, cpus=2, host_busy_s=7.6, own_busy_s=2.0)  # others kept 1.4 CPUs busy
+QUIET = HostLoad(window_s=4.0, cpus=2, host_busy_s=2.2, own_busy_s=2.0)  # 0.05
 
 TABLE = [
     (findings(**STALLED, holder=SORTER), "gil-hold-compute", Status.FAIL,
@@ -83,6 +87,22 @@ TABLE = [
               wait_holder=PICKLER), "pass", Status.PASS, ["MainThread, waited 4%"]),
     (findings(holder=PICKLER, waiter=replace(MAIN_WAITS, of_runnable_share=0.3, of_runnable_ci=(0.0, 0.9)),
               wait_holder=PICKLER), "pass", Status.PASS, []),
+    # ... but on a busy host a wait whose interval reaches the share that fails is not a pass:
+    # there planted short holds read 19% [13%, 27%] (54% [50%, 58%] on a quiet host)
+    (findings(holder=PICKLER, waiter=replace(MAIN_WAITS, of_runnable_share=0.3, of_runnable_ci=(0.0, 0.9)),
+              wait_holder=PICKLER, host_load=BUSY), "undecided-wait-share", Status.INCONCLUSIVE,
+     ["Not decided: thread MainThread waited for the GIL 30% [0%, 90%]",
+      "not a pass, since that interval reaches 20% (the share that fails), and not a fail"]),
+    (findings(p99_ms=3.0, holder=PICKLER, waiter=replace(MAIN_WAITS, of_runnable_share=0.19, of_runnable_ci=(0.12, 0.26)),
+              wait_holder=PICKLER, host_load=QUIET), "pass", Status.PASS, ["waited 19%"]),
+    (findings(p99_ms=3.0, holder=PICKLER, waiter=replace(MAIN_WAITS, of_runnable_share=0.19, of_runnable_ci=(0.12, 0.26)),
+              wait_holder=PICKLER, host_load=BUSY),
+     "undecided-wait-share", Status.INCONCLUSIVE,
+     ["19% [12%, 26%]", "while pickle.dumps (C _pickle_dumps)", "(the heartbeat's p99: 3.0 ms)",
+      "The host was busy: other processes kept 1.4 of the host's 2 CPUs busy while it measured."]),
+    (findings(p99_ms=3.8, holder=PICKLER, waiter=replace(MAIN_WAITS, thread="serializer", of_runnable_share=0.05,
+                                                          of_runnable_ci=(0.007, 0.102)),
+              wait_holder=PICKLER, host_load=BUSY), "pass", Status.PASS, ["waited 5% of the time"]),
     (findings(waiter=MAIN_WAITS, holder_sampled=False, holder=None,
               missing=()), "holder-unknown", Status.INCONCLUSIVE, ["GIL holder is unknown"]),
     (findings(starved=True, p99_ms=40.0, holder=None), "cpu-not-gil", Status.INCONCLUSIVE, ["not the GIL"]),

@@ -28,6 +28,7 @@ from glmfb.gil.procwatch import GilWaitSampler, ThreadTime
 from glmfb.gil.rules import RULES
 from glmfb.gil.runner import READY_ENV
 from glmfb.gil.verdict import MIN_WAITING_SHARE, Observations, decide
+from glmfb.measure.hostload import HostLoad, HostLoadMeter
 from glmfb.probe import ProbeContext
 from glmfb.process import describe_returncode
 from glmfb.step import Step
@@ -472,6 +473,7 @@ class _Session:
         self.progress = progress
         self.missing: list[dict[str, str]] = []  # the signals this trace could not get, in order
         self.recordings = _Recordings(config, self.files, self.missing)
+        self.host_load: HostLoad | None = None
         self.files.remove_stale()
 
     def run(self) -> Verdict:
@@ -561,6 +563,9 @@ class _Session:
         if header is not None:
             sampler.skip_native.add(int(header["heartbeat_tid"]))  # glmfb's own thread
         sampler.start()
+        # how busy the rest of the host was while sampling ran (a program attached by --pid is
+        # not this process's descendant: its own CPU time would read as the rest of the host's)
+        meter = HostLoadMeter() if launched is not None else None
         sampling_started = time.monotonic()
         self.recordings.start(python_pid)
         self.progress(f"sampling for {config.duration_s:g} s")
@@ -571,6 +576,7 @@ class _Session:
             wait_until(lambda: not os.path.isdir(f"/proc/{pid}"), remaining_s, poll_s=0.05)
             sampling_ended = time.monotonic()
         sampler.stop()
+        self.host_load = meter.stop() if meter is not None else None
         return sampler, sampling_started, sampling_ended
 
     def _decide(self, sampler: GilWaitSampler, started_s: float, launched: Launched | None) -> Verdict:
@@ -616,6 +622,7 @@ class _Session:
                 own_p99_ms=own_p99_ms, holder_cpu_wait_s=holder_cpu_wait_s,
                 thread_counts={tid: len(members) for tid, members in groups.members.items()},
                 startup=self.recordings.startup, startup_excluded_s=started_s - sampling_started_s,
+                host_load=self.host_load,
             ),
             self.ctx.rules("gil", RULES),
         )

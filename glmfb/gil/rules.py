@@ -13,6 +13,9 @@ gil-wait-share           not starved by the p99 (or over it by less than the p99
                          its interval reaches down to the threshold), but a program thread
                          waited for the GIL a large share of the time it was not waiting for a
                          CPU (many short holds that add up), beside a holder: fail
+undecided-wait-share     not starved on a busy host (other processes kept 0.25 CPUs busy), and a
+                         thread's GIL-wait share is not decisive either way: its interval
+                         reaches 20% (a pass there needs all of it under): inconclusive
 holder-unknown           starved (or waiting), but no holder sampling (py-spy missing or
                          refused): inconclusive
 cpu-not-gil              starved, but nobody held the GIL for long: the CPU, not the GIL;
@@ -35,6 +38,7 @@ from glmfb.gil.config import HEARTBEAT_THREAD
 from glmfb.gil.evidence import GilHolder, OverlapRow, WaitingThread
 from glmfb.gil.groups import describe
 from glmfb.gil.holders import glmfb_file
+from glmfb.measure.hostload import HostLoad, busy_note
 from glmfb.rules import Diagnosis, Rule
 from glmfb.step import Step
 from glmfb.verdict import Status
@@ -79,6 +83,7 @@ class GilFindings:
     wait_holder: GilHolder | None = None  # who held it meanwhile (not the waiter itself)
     own_p99_ms: float | None = None  # the p99 net of the heartbeat's own CPU waits only (p99_ms: of the holder's too)
     p99_interval_ms: tuple[float, float] | None = None  # the p99's 95% interval over stretches of the run
+    host_load: HostLoad | None = None  # the rest of the host while sampling ran
 
     @property
     def idle_share(self) -> float:
@@ -289,10 +294,34 @@ def _busy_waiter(f: GilFindings) -> Diagnosis | None:
     why = (f"Not decided: {describe(waiter.thread, 1)} waited for the GIL {_pct(waiter.of_runnable_share)} of the time it "
            f"was not waiting for a CPU, but it was off the run queue only {_pct(off_cpu)} of wall time "
            f"({_pct(waiter.waiting_share)} of wall time waiting for the GIL): on a host this busy, so little time "
-           f"does not show whether the GIL starves it{calm}.")
+           f"does not show whether the GIL starves it{calm}.") + busy_note(f.host_load)
     return Diagnosis(Status.INCONCLUSIVE, why,
                      (QUIETER_HOST,),
                      _holder_where(f))
+
+
+def _undecided_wait(f: GilFindings) -> Diagnosis | None:
+    """Not starved, on a busy host (evidence ``host_load``), and a program thread's GIL wait is
+    neither decisive (:attr:`GilFindings.waits_a_lot`) nor decisively under
+    :data:`WAIT_SHARE_FAIL`: its interval reaches the share that fails. On a busy host the wait
+    share reads low: planted short holds that a quiet host reads at 54% [50%, 58%] read 19%
+    [13%, 27%] beside two busy loops (every thread waits for a CPU, the holder too, so there are
+    fewer hand-overs), and a pass turned them green. Inconclusive there. On a quiet host the
+    rule does not apply: a clean twin's interval there reached 15% and, in 1 run of 6, 20%."""
+    waiter = f.waiter
+    if (f.starved or f.host_load is None or not f.host_load.busy or waiter is None
+            or waiter.of_runnable_share is None or f.waits_a_lot
+            or len(waiter.of_runnable_ci) != 2 or waiter.of_runnable_ci[1] < WAIT_SHARE_FAIL):
+        return None
+    low, high = waiter.of_runnable_ci
+    held = f", while {_named(f.wait_holder)} on {_thread(f.wait_holder)} held it" if f.wait_holder is not None else ""
+    calm = f" (the heartbeat's p99: {f.p99_ms:.1f} ms)" if f.p99_ms is not None else ""
+    why = (f"Not decided: {describe(waiter.thread, 1)} waited for the GIL {_pct(waiter.of_runnable_share)} "
+           f"[{_pct(low)}, {_pct(high)}] of the time it was not waiting for a CPU{held}: not a pass, since that "
+           f"interval reaches {_pct(WAIT_SHARE_FAIL)} (the share that fails), and not a fail, which needs "
+           f"{_pct(WAIT_SHARE_FAIL)} or more with the interval's low end at {_pct(WAIT_SHARE_LOW)} or more"
+           f"{calm}.") + busy_note(f.host_load)
+    return Diagnosis(Status.INCONCLUSIVE, why, (QUIETER_HOST,), _holder_where(f))
 
 
 def _overlap_note(f: GilFindings) -> str:
@@ -357,7 +386,7 @@ def _busy_host(f: GilFindings) -> Diagnosis | None:
     why = (f"Not decided: the heartbeat woke p99 {f.own_p99_ms:.1f} ms late, over the {f.threshold_ms:g} ms "
            f"threshold, and {f.p99_ms:.1f} ms once the times the GIL holder{holder} itself waited for a CPU are "
            "taken out: on a host this busy, a thread that holds the GIL while it waits for a CPU cannot be told "
-           "from CPU contention.")
+           "from CPU contention.") + busy_note(f.host_load)
     return Diagnosis(Status.INCONCLUSIVE, why,
                      (QUIETER_HOST,),
                      _holder_where(f))
@@ -395,6 +424,8 @@ RULES: tuple[Rule[GilFindings], ...] = (
     Rule("gil-wait-share", KIND, _wait_share, "not starved, but a thread waits for the GIL a large share of its time"),
     Rule("busy-waiter", KIND, _busy_waiter, "not starved, but a thread waited for the GIL much of its little "
          "time off the run queue: inconclusive"),
+    Rule("undecided-wait-share", KIND, _undecided_wait, "not starved on a busy host, but a thread's GIL wait share "
+         "reaches the share that fails: inconclusive"),
     Rule("holder-unknown", KIND, _holder_unknown, "starved, no holder sampling: inconclusive"),
     Rule("cpu-not-gil", KIND, _cpu_not_gil, "starved, but nobody held the GIL for long: inconclusive"),
     Rule("not-measured", KIND, _not_measured, "no usable heartbeat: inconclusive"),

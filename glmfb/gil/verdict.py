@@ -33,6 +33,7 @@ from glmfb.gil.heartbeat import Heartbeat, lateness_series
 from glmfb.gil.holders import holder_evidence, holder_site
 from glmfb.gil.pyspy import CallSite, HolderProfile
 from glmfb.gil.rules import RULES, GilFindings
+from glmfb.measure.hostload import HostLoad
 from glmfb.rules import Rule, diagnose
 from glmfb.step import Step
 from glmfb.verdict import Layer, Metric, Verdict
@@ -82,6 +83,7 @@ class Observations:
     thread_counts: dict[int, int] = field(default_factory=dict)
     startup: HolderProfile | None = None  # who held the GIL inside imports (start-up), apart
     startup_excluded_s: float = 0.0  # seconds at the window's start left out: imports until they settled
+    host_load: HostLoad | None = None  # the rest of the host while sampling ran (None: attached by --pid)
 
 
 def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None) -> Verdict:
@@ -215,6 +217,8 @@ def _evidence(observations: Observations, starvation: _Starvation, holders: _Hol
         evidence.append(timeline)
     if overlaps is not None:
         evidence.append(TraceOverlap(functions=overlaps))
+    if observations.host_load is not None:
+        evidence.append(observations.host_load.evidence())
     evidence.extend(missing)
     return evidence
 
@@ -278,7 +282,7 @@ def _findings(observations: Observations, starvation: _Starvation, holders: _Hol
         stall_ms=1e3 * stall_s if stall_s is not None else None, stall_gil_share=starvation.stall_share,
         stalled=starvation.stalled, observed_s=observations.observed_s, waiter=holders.waiter,
         wait_holder=holders.wait_holder, own_p99_ms=observations.own_p99_ms,
-        p99_interval_ms=starvation.p99_interval_ms,
+        p99_interval_ms=starvation.p99_interval_ms, host_load=observations.host_load,
     )
 
 
