@@ -224,9 +224,9 @@ def compare_captures(baseline: CaptureReader, candidate: CaptureReader, toleranc
     """Metrics of every shared tap of every request, streaming one tensor pair at a time
     (:func:`compare_and_match` also returns what the captures do not share).
 
-    Torch computes on one thread here while the comparer's reader thread reads ahead: two
-    busy threads for the two streams of work. Torch's own intra-op threads on top of the
-    reader oversubscribe small machines and, when other processes compete for the cores,
+    Torch computes on one thread here while the comparer's reader threads (one per side) read
+    ahead, mostly waiting on the disk. Torch's own intra-op threads on top of the readers
+    oversubscribe small machines and, when other processes compete for the cores,
     made the pass several times slower in measurements (benchmarks/diff_throughput.py)."""
     return compare_and_match(baseline, candidate, tolerances, comparer, progress)[0]
 
