@@ -112,25 +112,37 @@ def tensor_pairs(root: Path) -> tuple[Any, Any, list[tuple[Any, Any]]]:
     return baseline, candidate, pairs
 
 
-def copy_pass(baseline: Any, candidate: Any, pairs: list[tuple[Any, Any]], advise: bool = True) -> str:
-    """Read every pair's bytes into one reused buffer, in the comparer's read size, with the
-    same sequential-read advice to the kernel as the comparer gives."""
-    import torch
+def read_step() -> int:
+    """The comparer's read size in bytes for float32 (4 MiB)."""
+    from glmfb.diff.metrics import DEFAULT_CHUNK_ELEMENTS
 
-    from glmfb.diff.metrics import DEFAULT_CHUNK_ELEMENTS, advise_sequential
+    return DEFAULT_CHUNK_ELEMENTS * 4
+
+
+def read_location(location: Any, buffer: Any, advise: bool = True) -> None:
+    """Read one stored tensor's bytes into ``buffer``, in the comparer's read size, with the
+    same sequential-read advice to the kernel as the comparer gives."""
+    from glmfb.diff.metrics import advise_sequential
     from glmfb.diff.store import read_exact
 
-    step = DEFAULT_CHUNK_ELEMENTS * 4
-    buffer = torch.empty(step, dtype=torch.uint8)
+    step = read_step()
+    with open(location.path, "rb", buffering=0) as handle:
+        if advise:
+            advise_sequential(handle.fileno(), location.offset, location.nbytes)
+        handle.seek(location.offset)
+        for done in range(0, location.nbytes, step):
+            read_exact(handle, buffer, min(step, location.nbytes - done))
+
+
+def copy_pass(baseline: Any, candidate: Any, pairs: list[tuple[Any, Any]], advise: bool = True) -> str:
+    """Read every pair's bytes into one reused buffer, one side after the other."""
+    import torch
+
+    buffer = torch.empty(read_step(), dtype=torch.uint8)
     for tap_b, tap_c in pairs:
         for location in (baseline.locate(tap_b), candidate.locate(tap_c)):
-            with open(location.path, "rb", buffering=0) as handle:
-                if advise:
-                    advise_sequential(handle.fileno(), location.offset, location.nbytes)
-                handle.seek(location.offset)
-                for done in range(0, location.nbytes, step):
-                    read_exact(handle, buffer, min(step, location.nbytes - done))
-    return f"1 reader, {step >> 20} MiB reads"
+            read_location(location, buffer, advise)
+    return f"1 reader, {read_step() >> 20} MiB reads"
 
 
 def copy2_pass(baseline: Any, candidate: Any, pairs: list[tuple[Any, Any]]) -> str:
@@ -139,26 +151,14 @@ def copy2_pass(baseline: Any, candidate: Any, pairs: list[tuple[Any, Any]]) -> s
 
     import torch
 
-    from glmfb.diff.metrics import DEFAULT_CHUNK_ELEMENTS, advise_sequential
-    from glmfb.diff.store import read_exact
-
-    step = DEFAULT_CHUNK_ELEMENTS * 4
-
-    def read_all(location: Any, buffer: Any) -> None:
-        with open(location.path, "rb", buffering=0) as handle:
-            advise_sequential(handle.fileno(), location.offset, location.nbytes)
-            handle.seek(location.offset)
-            for done in range(0, location.nbytes, step):
-                read_exact(handle, buffer, min(step, location.nbytes - done))
-
-    buffers = [torch.empty(step, dtype=torch.uint8) for _ in range(2)]
+    buffers = [torch.empty(read_step(), dtype=torch.uint8) for _ in range(2)]
     with ThreadPoolExecutor(max_workers=2) as readers:
         for tap_b, tap_c in pairs:
-            futures = [readers.submit(read_all, location, buffer)
+            futures = [readers.submit(read_location, location, buffer)
                        for location, buffer in zip((baseline.locate(tap_b), candidate.locate(tap_c)), buffers, strict=True)]
             for future in futures:
                 future.result()
-    return f"2 readers, {step >> 20} MiB reads"
+    return f"2 readers, {read_step() >> 20} MiB reads"
 
 
 def glmfb_pass(baseline: Any, candidate: Any) -> str:
