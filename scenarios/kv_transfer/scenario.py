@@ -42,6 +42,8 @@ TRANSFER_THREAD_NAME = "kv-transfer"
 # transfer_sync_write here, so its pages are smaller to keep the same per-layer share of Python
 # submissions (calibrated with benchmarks/gap_kv_transfer.py).
 DEFAULT_PAGE_TOKENS = {"mooncake": 8, "socket": 4}
+# how long a failed write waits for the receiver to be reaped before blaming the write alone
+RECEIVER_EXIT_WAIT_S = 2.0
 
 
 class TinyPrefillModel:
@@ -219,7 +221,8 @@ class PrefillIteration:
                     f"{thread.delivered_bytes} of {self.total_bytes} bytes delivered"
                 )
         if thread.error is not None:
-            reason = self._receiver.exit_reason()
+            # a failed write most often means the receiver died: name that when it did
+            reason = self._receiver.exit_reason(wait_s=RECEIVER_EXIT_WAIT_S)
             raise TransferError(f"{thread.error}" + (f" ({reason})" if reason else ""))
 
     # ---- checks ------------------------------------------------------------------------------

@@ -111,9 +111,14 @@ class ReceiverProcess:
         useful = [line for line in lines if line.strip() and not GLOG_LINE.match(line)]
         return useful[-1].strip() if useful else ""
 
-    def exit_reason(self) -> str | None:
-        """None while the receiver runs; else how it ended."""
-        code = self.process.poll()
+    def exit_reason(self, wait_s: float = 0.0) -> str | None:
+        """None while the receiver runs; else how it ended. ``wait_s`` gives a receiver that
+        is going down that long to be reaped: a write to a peer killed a moment ago can fail
+        before the kernel has reported the peer's exit."""
+        try:
+            code = self.process.wait(timeout=wait_s) if wait_s > 0 else self.process.poll()
+        except subprocess.TimeoutExpired:
+            return None
         if code is None:
             return None
         if code < 0:
