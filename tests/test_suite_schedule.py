@@ -11,7 +11,8 @@ verdicts; the sleeps are seconds long, far beyond the host's noise.
 
 from __future__ import annotations
 
-import os
+import faulthandler
+import gc
 import signal
 import threading
 import time
@@ -138,10 +139,15 @@ def test_an_error_and_a_timeout_beside_another_probe(toys: Path, tmp_path: Path)
 def test_ctrl_c_stops_every_running_probe(toys: Path, tmp_path: Path) -> None:
     chosen = definitions(tmp_path, numerics("x", 60), numerics("y", 60) + "\nexpect = { status = 'pass' }",
                          timing("later", 0))
-    # Ctrl-C 2 s after the second probe has started, so both are running when it comes (with a
-    # fixed 4 s from the test's start, one CI run took 60 s: the interrupt was not taken; why is
-    # not known)
-    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+    # Ctrl-C 2 s after the second probe has started, so both are running when it comes. Two CI
+    # runs of the whole suite took 60 s here, the probes' full sleep (alone it takes 2.2 s, also
+    # beside two busy loops; not reproduced). Suspected, not shown: this thread held in native
+    # code, where no Python handler runs, e.g. a destructor of an earlier test's object run by a
+    # collection. So earlier garbage is collected first, the signal goes to this thread as a
+    # terminal's Ctrl-C does, and past 20 s every thread's stack goes to stderr (shown with a
+    # failure), and the assertions say whether the interrupt was taken or its stop was slow.
+    gc.collect()
+    timer = threading.Timer(2.0, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
     begun: list[str] = []
 
     def on_start(definition: suite.ProbeDefinition) -> None:
@@ -150,12 +156,15 @@ def test_ctrl_c_stops_every_running_probe(toys: Path, tmp_path: Path) -> None:
             timer.start()
 
     started = time.monotonic()
+    faulthandler.dump_traceback_later(20)
     try:
         run = suite.run_suite(chosen, SuiteContext("r", tmp_path / "reports"), capacity=2, on_start=on_start)
     finally:
+        faulthandler.cancel_dump_traceback_later()
         timer.cancel()
-    assert time.monotonic() - started < 40  # stopped, not waited for
-    assert run.interrupted and int(run.exit_code) == 3
+    took = time.monotonic() - started
+    assert run.interrupted and int(run.exit_code) == 3, f"the interrupt was not taken ({took:.1f} s)"
+    assert took < 40, f"interrupted, but its probes ran on: {[v.why for v in run.verdicts]}"  # stopped, not waited for
     x, y, later = run.verdicts
     assert x.why == y.why == "interrupted (SIGINT) while running; its processes were stopped"
     assert y.expect_met is False

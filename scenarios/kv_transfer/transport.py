@@ -169,7 +169,7 @@ class MooncakeSender:
     def __init__(self, source_address: int, size: int, receiver: ReceiverProcess) -> None:
         from mooncake.engine import TransferEngine
 
-        self.engine = TransferEngine()
+        self.engine: Any = TransferEngine()
         if self.engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
             raise TransferError("mooncake: initialize failed")
         if self.engine.register_memory(source_address, size) != 0:
@@ -186,8 +186,14 @@ class MooncakeSender:
             raise TransferError(f"mooncake transfer_sync_write returned {status} at offset {offset}")
 
     def close(self) -> None:
+        """Unregister the source and drop the engine, so its native shutdown (a second or so
+        of peer bookkeeping) runs here, not in whichever thread a later garbage collection
+        happens to run in."""
+        if self.engine is None:
+            return
         with contextlib.suppress(Exception):
             self.engine.unregister_memory(self.source_address)
+        self.engine = None
 
 
 class SocketSender:
