@@ -25,6 +25,8 @@ HOLDER_IDLE = GilFinding(available=True, status="fail", holder_thread="MainThrea
 HOLDER_BUSY = GilFinding(available=True, status="fail", holder_thread="sender", holder_function="dumps",
                          holder_file="x.py", holder_line=3, holder_idle_share=0.05, starved_thread="MainThread")
 SATURATED = BandwidthCheck("mooncake", 1e8, 9.5e8, 1e9, 1e9)
+BULK_HELD_BACK = BandwidthCheck("mooncake", 134217728, 491029198, 1175335769, 1198408577,
+                                ceiling_samples=(926736778, 1158116343, 1179977906, 1176973542, 1175335769))
 PICKLING = GilFinding(available=True, status="fail", holder_thread="kv-sender", holder_function="pickle.dumps",
                       holder_c_function="pickle.dumps", holder_python_function="PrefillKV._send_loop",
                       holder_file="gap_workloads.py", holder_line=244, holder_idle_share=0.0,
@@ -104,6 +106,24 @@ TABLE = [
      Status.FAIL, []),
     (findings(1.0, 0.9, 1.1, gil=replace(COMPRESSING, cpu_victim_gil_share=0.4)), "over-threshold", Status.FAIL, []),
     (findings(0.4, 0.3, 0.5, bandwidth=SATURATED), "bandwidth-bound", Status.FAIL, ["the link is saturated"]),
+    # A CI run of gap-bulk-transfer-bandwidth-bound (one 128 MiB write after the prefill, all on
+    # one CPU): 7 of 12 iterations moved it at a quarter of the ceiling, so the transfer read 42%
+    # of it, and the CPU wait the gil probe saw read cpu-contention. At the fastest ceiling
+    # measured the bytes alone take 114 ms, more than a whole iteration may (72 ms): the link's.
+    (findings(5.60, 4.48, 6.94, threshold=0.5, gil=replace(COMPRESSING, competitor_function=None),
+              baseline_median_s=0.0481, bandwidth=BULK_HELD_BACK),
+     "bandwidth-bound", Status.FAIL,
+     ["42% of the mooncake ceiling", "the sender was held back, yet the bytes alone keep it over the threshold: at "
+      "the fastest ceiling measured (1.18 GB/s) an iteration's 134 MB take 114 ms, longer than the 72 ms the "
+      "threshold allows a whole iteration (the baseline's 48 ms + 50%)"]),
+    # Its twin: 1 MiB held back the same way (0.9 ms at the ceiling): the CPU's.
+    (findings(5.60, 4.48, 6.94, threshold=0.5, gil=COMPRESSING, baseline_median_s=0.0481,
+              bandwidth=replace(BULK_HELD_BACK, bytes_per_iteration=2**20)), "cpu-contention", Status.FAIL, []),
+    # The bytes at the ceiling (80 ms) over the 75 ms a whole iteration may take, by less than
+    # the gap's interval reaches below the gap: not shown, so not the link's.
+    (findings(1.0, 0.6, 1.4, threshold=0.5, baseline_median_s=0.05,
+              bandwidth=BandwidthCheck("mooncake", 8e7, 5e8, 1e9, None, ceiling_samples=(1e9,))),
+     "over-threshold", Status.FAIL, ["the link was not the limit"]),
     (findings(0.4, 0.3, 0.5, gil=GilFinding(available=False, reason="py-spy missing")), "over-threshold",
      Status.FAIL, ["The GIL signal is missing: py-spy missing"]),
 ]

@@ -81,6 +81,26 @@ class BandwidthCheck:
         return self.achieved_bytes_per_s / min(self.ceiling_samples) >= BANDWIDTH_BOUND_SHARE
 
     @property
+    def fastest_ceiling(self) -> float | None:
+        """The fastest ceiling measured (the median where no single call was kept)."""
+        return max(self.ceiling_samples) if self.ceiling_samples else self.ceiling_bytes_per_s
+
+    @property
+    def seconds_at_ceiling(self) -> float | None:
+        """What an iteration's bytes take at :attr:`fastest_ceiling`."""
+        fastest = self.fastest_ceiling
+        return self.bytes_per_iteration / fastest if fastest and self.bytes_per_iteration > 0 else None
+
+    def at_ceiling_phrase(self) -> str:
+        """What the bytes take at the fastest ceiling, in words."""
+        fastest, floor = self.fastest_ceiling, self.seconds_at_ceiling
+        if not fastest or floor is None:
+            return "no ceiling was measured"
+        took = f"{1e3 * floor:.0f} ms" if floor >= 0.0095 else f"{1e3 * floor:.1f} ms"
+        return (f"at the fastest ceiling measured ({_rate(fastest)}) an iteration's "
+                f"{self.bytes_per_iteration / 1e6:.0f} MB take {took}")
+
+    @property
     def starved(self) -> bool:
         share = self.page_rate_share
         return share is not None and share < STARVED_SHARE

@@ -173,7 +173,7 @@ def _judge(config: GapConfig, measurement: Measurement, candidate: Any, ctx: Pro
         gap=estimate.value, low=estimate.low, high=estimate.high, threshold=threshold, iterations=n,
         stopped_by=measurement.stopped_by, budget_s=config.budget_s, repeats=config.repeats,
         grown=tuple(grown_phases(phases, threshold)), bandwidth=bandwidth, gil=gil, attribute=config.attribute,
-        host_load=measurement.host_load,
+        host_load=measurement.host_load, baseline_median_s=statistics.median(measurement.baseline.times_s),
         **next_steps(config, attributed=gil is not None),
     )
     outcome = diagnose(ctx.rules("gap", RULES), findings)

@@ -11,7 +11,9 @@ gil-starved-sender     over the threshold; the gil probe saw a thread of the can
                        missing GIL release when the holder idles in a native call), unless the
                        holder is the thread CPU contention slowed and the waiter what took its
                        CPU (then the GIL wait follows from the contention); fail
-bandwidth-bound        over the threshold; the transfer runs at the link's ceiling
+bandwidth-bound        over the threshold; the transfer runs at the link's ceiling, or its bytes
+                       alone, at the fastest ceiling measured, take longer than the threshold
+                       allows a whole iteration
 cpu-contention         over the threshold; a thread of the candidate waited for a CPU a large
                        share of its time while another of its threads ran on the same CPUs,
                        and the GIL does not explain it; fail
@@ -55,6 +57,7 @@ class GapFindings:
     more_evidence: Step | None = None  # the gap with more repeats and budget
     gil_rerun: Step | None = None  # the gil probe on the candidate, sampled longer
     host_load: HostLoad | None = None  # the rest of the host while the iterations ran
+    baseline_median_s: float | None = None  # the baseline's median iteration time
 
     @property
     def gap_text(self) -> str:
@@ -65,6 +68,21 @@ class GapFindings:
     def over(self) -> bool:
         return self.low > self.threshold
 
+    @property
+    def bytes_alone(self) -> float | None:
+        """What an iteration's bytes take at the link's fastest measured ceiling, as a multiple
+        of the baseline's median iteration."""
+        floor = self.bandwidth.seconds_at_ceiling if self.bandwidth is not None else None
+        return floor / self.baseline_median_s if floor is not None and self.baseline_median_s else None
+
+    @property
+    def bytes_keep_over(self) -> bool:
+        """The bytes alone, moved at the link's fastest measured ceiling, take longer than the
+        threshold allows a whole iteration (an iteration waits for its transfer), by more than
+        the gap's own interval reaches below the gap (as a factor)."""
+        alone = self.bytes_alone
+        return alone is not None and alone * (1 + self.low) / (1 + self.gap) > 1 + self.threshold
+
     def saw(self) -> dict[str, Any]:
         seen: dict[str, Any] = {"gap": self.gap, "ci": [self.low, self.high], "threshold": self.threshold,
                                 "iterations": self.iterations, "stopped_by": self.stopped_by,
@@ -73,7 +91,7 @@ class GapFindings:
             seen["other_busy_cpus"] = round(self.host_load.other_cpus, 3)
         if self.bandwidth is not None:
             seen.update(bandwidth_bound=self.bandwidth.bandwidth_bound, ceiling_share=self.bandwidth.ceiling_share,
-                        page_rate_share=self.bandwidth.page_rate_share)
+                        page_rate_share=self.bandwidth.page_rate_share, bytes_alone=self.bytes_alone)
         if self.gil is not None:
             seen.update(gil_available=self.gil.available, gil_status=self.gil.status,
                         holder_function=self.gil.holder_function, holder_idle_share=self.gil.holder_idle_share,
@@ -113,6 +131,13 @@ def _failure_sentences(f: GapFindings, cpu: bool = False) -> list[str]:
                    "whether the link was the limit is not settled: the ceiling's own spread decides it"
                    if bandwidth.bound_unsettled else
                    "the sender was held back, not the link" if bandwidth.starved else "the link was not the limit")
+        if f.bytes_keep_over and not bandwidth.bandwidth_bound:
+            assert f.baseline_median_s is not None
+            allowed = (1 + f.threshold) * f.baseline_median_s
+            on_link = (f"{'the sender was held back' if bandwidth.starved else 'the link was not the limit'}, "
+                       f"yet the bytes alone keep it over the threshold: {bandwidth.at_ceiling_phrase()}, longer "
+                       f"than the {_ms(allowed)} the threshold allows a whole iteration (the baseline's "
+                       f"{_ms(f.baseline_median_s)} + {f.threshold:.0%})")
         sentences.append(f"{_capital(bandwidth.summary())}: {on_link}.")
     elif bandwidth is not None and bandwidth.error:
         sentences.append(f"Bandwidth unknown ({bandwidth.error}).")
@@ -194,7 +219,7 @@ def _cpu_contention(f: GapFindings) -> Diagnosis | None:
 
 
 def _bandwidth_bound(f: GapFindings) -> Diagnosis | None:
-    if not (f.over and f.bandwidth is not None and f.bandwidth.bandwidth_bound):
+    if not (f.over and f.bandwidth is not None and (f.bandwidth.bandwidth_bound or f.bytes_keep_over)):
         return None
     return Diagnosis(Status.FAIL, " ".join(_failure_sentences(f)), (
         *_gil_next(f), Step("cut the bytes moved (KV precision, fewer layers sent) or add bandwidth"), *_after_fix(f)),
