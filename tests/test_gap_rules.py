@@ -274,6 +274,28 @@ def test_an_unsettled_bandwidth_share_is_not_called_the_link_not_the_limit() -> 
     assert "the link was not the limit" in diagnose(RULES, findings(1.0, 0.8, 1.2, bandwidth=clear)).diagnosis.why
 
 
+def test_an_unexplained_gap_on_a_busy_host_is_not_decided() -> None:
+    from glmfb.measure.hostload import HostLoad
+
+    # A fresh-clone run of the bundled releasing case (the fix): +199.7% [+104.7%, +338.6%] against
+    # 5%, nothing measured explaining it, other processes keeping 0.7 of the 2 CPUs busy; 3 runs
+    # on the quiet host read +0.7%, +31% (undecided) and +99%.
+    busy = HostLoad(window_s=40.0, cpus=2, host_busy_s=68.0, own_busy_s=40.0)
+    outcome = diagnose(RULES, findings(1.997, 1.047, 3.386, host_load=busy))
+    assert outcome.rule.name == "undecided-busy-host" and outcome.diagnosis.status is Status.INCONCLUSIVE
+    assert outcome.diagnosis.why.startswith(
+        "Not decided: the candidate takes +199.7% [+104.7%, +338.6%] against the baseline (20 interleaved "
+        "iterations a side, threshold 5%), over the threshold as measured, but nothing measured explains the gap "
+        "and the host was busy, so it may be the other processes' doing. The time went to kv_wait_s")
+    assert outcome.diagnosis.why.endswith("other processes kept 0.7 of the host's 2 CPUs busy while it measured.")
+    assert outcome.diagnosis.next[0].why == "more evidence, on a quieter machine"
+    # the same on a quiet host: a regression; and explained on a busy one: decided by its rule
+    quiet = HostLoad(window_s=40.0, cpus=2, host_busy_s=42.0, own_busy_s=40.0)
+    assert diagnose(RULES, findings(1.997, 1.047, 3.386, host_load=quiet)).rule.name == "over-threshold"
+    assert diagnose(RULES, findings(1.997, 1.047, 3.386, host_load=busy, gil=COMPRESSING)).rule.name == "cpu-contention"
+    assert diagnose(RULES, findings(0.4, 0.3, 0.5, host_load=busy, bandwidth=SATURATED)).rule.name == "bandwidth-bound"
+
+
 def test_undecided_on_a_busy_host_says_how_busy_it_was() -> None:
     from glmfb.measure.hostload import HostLoad
 

@@ -220,12 +220,16 @@ def test_releasing_dispatch_passes_within_5_percent(tmp_path: Path) -> None:
     # On a quiet host too its gap sits near the threshold: a fresh-clone run read +2.5%
     # [-0.1%, +5.1%] after the 45 s budget (other processes 0.18 CPUs). Undecided is then the
     # right answer; a fail never is, nor an undecided interval that lies above the threshold.
+    # A fresh-clone run read +199.7% [+104.7%, +338.6%] with other processes keeping 0.7 of the 2
+    # CPUs busy: the transfer thread did not get its CPU. Over the threshold with nothing
+    # measured explaining it, on a busy host, is undecided (rule undecided-busy-host), not a fail.
     assert verdict.status is not Status.FAIL, verdict.why
     if verdict.status is Status.INCONCLUSIVE:
         assert verdict.metric is not None and verdict.metric.ci is not None
-        assert verdict.metric.ci[0] < 0.05 < verdict.metric.ci[1], verdict.why
         if load.other_busy_cpus >= BUSY_OTHER_CPUS:
             assert "The host was busy: other processes kept" in verdict.why, verdict.why
+        else:
+            assert verdict.metric.ci[0] < 0.05 < verdict.metric.ci[1], verdict.why
         return
     assert verdict.status is Status.PASS, (verdict.why, load)
     assert verdict.metric is not None and verdict.metric.ci is not None and verdict.metric.ci[1] < 0.05

@@ -17,6 +17,8 @@ bandwidth-bound        over the threshold; the transfer runs at the link's ceili
 cpu-contention         over the threshold; a thread of the candidate waited for a CPU a large
                        share of its time while another of its threads ran on the same CPUs,
                        and the GIL does not explain it; fail
+undecided-busy-host    over the threshold, no attribution explains it, and other processes kept
+                       a quarter of a CPU or more busy while it measured: inconclusive
 over-threshold         over the threshold, no attribution explains it
 =====================  ========================================================================
 """
@@ -226,9 +228,20 @@ def _bandwidth_bound(f: GapFindings) -> Diagnosis | None:
         {})
 
 
+def _unexplained_on_busy_host(f: GapFindings) -> Diagnosis | None:
+    load = f.host_load
+    if not (f.over and load is not None and load.busy):
+        return None
+    sentences = _failure_sentences(f)
+    sentences[0] = (f"Not decided: {f.gap_text}, over the threshold as measured, but nothing measured explains "
+                    "the gap and the host was busy, so it may be the other processes' doing.")
+    why = " ".join(sentences) + busy_note(load)
+    more = (f.more_evidence,) if f.more_evidence is not None else ()
+    return Diagnosis(Status.INCONCLUSIVE, why, (*more, *_gil_next(f)), {})
+
+
 def _over(f: GapFindings) -> Diagnosis | None:
-    why = " ".join(_failure_sentences(f)) + busy_note(f.host_load)  # attribution on a busy host: say how busy
-    return Diagnosis(Status.FAIL, why, (*_gil_next(f), *_after_fix(f)), {})
+    return Diagnosis(Status.FAIL, " ".join(_failure_sentences(f)), (*_gil_next(f), *_after_fix(f)), {})
 
 
 RULES: tuple[Rule[GapFindings], ...] = (
@@ -237,5 +250,7 @@ RULES: tuple[Rule[GapFindings], ...] = (
     Rule("gil-starved-sender", KIND, _gil_starved_sender, "a thread of the candidate waits for the GIL held by another"),
     Rule("bandwidth-bound", KIND, _bandwidth_bound, "the transfer runs at the link's ceiling"),
     Rule("cpu-contention", KIND, _cpu_contention, "a thread of the candidate waits for a CPU another of its threads uses"),
+    Rule("undecided-busy-host", KIND, _unexplained_on_busy_host,
+         "over the threshold, unexplained, on a busy host: inconclusive"),
     Rule("over-threshold", KIND, _over, "over the threshold, unexplained"),
 )
