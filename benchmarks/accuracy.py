@@ -349,12 +349,18 @@ def score(case: Case, verdict: Any, seconds: float) -> Score:
 
 
 def run_case(case: Case, context: Any) -> Score:
-    """Run one case through glmfb (the suite's Python API) and score its verdict."""
+    """Run one case through glmfb (the suite's Python API) and score its verdict, which is kept
+    as ``verdict.json`` beside the case's artifacts (a wrong case can be read after the run)."""
+    from glmfb.io import write_json_atomic
     from glmfb.suite import run_definition
 
     started = time.perf_counter()
     verdict = run_definition(case.definition, context)
-    return score(case, verdict, time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    folder = context.probe_context(case.definition).artifact_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(folder / "verdict.json", verdict.to_dict())
+    return score(case, verdict, elapsed)
 
 
 def new_context(out: Path, progress: bool = False) -> Any:

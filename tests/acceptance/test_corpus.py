@@ -64,6 +64,8 @@ def _evidence_text(verdict: dict[str, Any]) -> str:
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_case(case: object, context: object) -> None:
     result = accuracy.run_case(case, context)
+    kept = context.probe_context(result.case.definition).artifact_dir / "verdict.json"  # type: ignore[attr-defined]
+    assert json.loads(kept.read_text())["why"] == result.verdict["why"]
     if not result.right and result.busy_host:
         # The probe could not decide on a loaded host and said so (a CI host beside other jobs):
         # not a wrong verdict, and not a right one; benchmarks/accuracy.py counts it apart.
