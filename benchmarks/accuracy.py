@@ -24,7 +24,7 @@ for verdicts that do not record one, from what older verdicts carry (diff's
 ``diagnosis_rule``, bench's ``op_diff`` and decisions), else inferred from the why (gil, gap).
 The JSON says where each rule was read (``rule_source``). A case whose verdict is inconclusive
 on a busy host (evidence ``host_load``: other processes kept 0.25 CPUs or more busy while it
-measured; or the gil probe's busy-host rules) is neither right nor wrong: the table says
+measured; or a probe's busy-host rule) is neither right nor wrong: the table says
 "undecided: busy host" and the summary counts it apart (``busy_host`` in the JSON), and the
 corpus's pytest skips it with the verdict's why. Exit code 0 when every case is right, 1
 otherwise, 2 for a corpus that does not parse.
@@ -167,7 +167,7 @@ def load_cases(corpus: Path = CORPUS, patterns: Sequence[str] = ()) -> list[Case
 
 from glmfb.measure.hostload import BUSY_OTHER_CPUS  # noqa: E402  (what a probe's why calls a busy host)
 
-BUSY_HOST_RULES = ("busy-host", "busy-waiter")  # the gil probe's inconclusive rules for a loaded host
+BUSY_HOST_RULES = ("busy-host", "busy-waiter", "undecided-wait-share", "undecided-busy-host")  # inconclusive rules for a loaded host (gil, gap)
 
 
 def _evidence(verdict: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -261,16 +261,17 @@ class Score:
     def busy_host(self) -> str | None:
         """Why this case's verdict is an undecided one on a busy host, else None: inconclusive,
         and either other processes kept :data:`BUSY_OTHER_CPUS` or more busy while it measured
-        (evidence ``host_load``) or the gil probe's own busy-host rules fired. Such a case is not
+        (evidence ``host_load``, the probe's ``busy`` reading where it has one) or a probe's busy-host rule fired. Such a case is not
         right, and not wrong either: the probe said it could not decide, and why."""
         if self.verdict["status"] != "inconclusive":
             return None
         load = _evidence(self.verdict, "host_load")
-        if load is not None and float(load.get("other_busy_cpus") or 0.0) >= BUSY_OTHER_CPUS:
+        busy = load.get("busy") if load is not None else None  # the probe's reading (older verdicts: none)
+        if load is not None and (busy if busy is not None else float(load.get("other_busy_cpus") or 0.0) >= BUSY_OTHER_CPUS):
             return f"other processes kept {float(load['other_busy_cpus']):.1f} of {load.get('cpus')} CPUs busy"
         diagnosis = _evidence(self.verdict, "diagnosis")
         if diagnosis is not None and diagnosis.get("rule") in BUSY_HOST_RULES:
-            return f"the gil probe's rule {diagnosis['rule']}"
+            return f"the probe's busy-host rule {diagnosis['rule']}"
         return None
 
     def to_dict(self) -> dict[str, Any]:

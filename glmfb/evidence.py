@@ -492,6 +492,7 @@ class HostActivity(Evidence):
     host_busy_cpus: float
     own_busy_cpus: float
     other_busy_cpus: float
+    busy: bool | None = None  # the probe's reading: others busy beyond the counters' resolution
 
 
 @evidence_kind

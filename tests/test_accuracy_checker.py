@@ -39,7 +39,12 @@ def test_an_undecided_case_on_a_busy_host_is_counted_apart_never_right() -> None
     assert accuracy.rows([busy])[0][3] == "undecided: busy host"
     assert "undecided on a busy host (neither right nor wrong): 1" in accuracy.summary([busy])
     gil = _score("inconclusive", {"kind": "diagnosis", "rule": "busy-host"})
-    assert gil.busy_host == "the gil probe's rule busy-host"
+    assert gil.busy_host == "the probe's busy-host rule busy-host"
+    gap = _score("inconclusive", {"kind": "diagnosis", "rule": "undecided-busy-host"})
+    assert gap.busy_host == "the probe's busy-host rule undecided-busy-host"
+    # the probe's own reading, where the verdict has one: a short window's 0.3 CPUs is not busy
+    short = _score("inconclusive", {"kind": "host_load", "other_busy_cpus": 0.3, "cpus": 2, "busy": False})
+    assert short.busy_host is None
     # quiet, or not inconclusive: wrong as before
     assert _score("inconclusive", {"kind": "host_load", "other_busy_cpus": 0.05, "cpus": 2}).busy_host is None
     assert _score("fail", {"kind": "host_load", "other_busy_cpus": 1.3, "cpus": 2}).busy_host is None

@@ -57,11 +57,23 @@ class HostLoad:
         per_s = 1.0 / self.window_s if self.window_s > 0 else 0.0
         return HostActivity(window_s=round(self.window_s, 3), cpus=self.cpus,
                             host_busy_cpus=round(self.host_busy_s * per_s, 3),
-                            own_busy_cpus=round(self.own_busy_s * per_s, 3), other_busy_cpus=round(self.other_cpus, 3))
+                            own_busy_cpus=round(self.own_busy_s * per_s, 3), other_busy_cpus=round(self.other_cpus, 3),
+                            busy=self.busy)
+
+    @property
+    def resolution_cpus(self) -> float:
+        """How far :attr:`other_cpus` may be off from the counters' clock ticks alone: each
+        CPU's busy time and this tree's are counted in whole ticks, at both ends of the window
+        (a 0.12 s window of a 2-core host: 0.67 CPUs; a 5 s one: 0.016)."""
+        if self.window_s <= 0:
+            return float("inf")
+        return 2 * (self.cpus + 1) / os.sysconf("SC_CLK_TCK") / self.window_s
 
     @property
     def busy(self) -> bool:
-        return self.other_cpus >= BUSY_OTHER_CPUS
+        """Other processes kept :data:`BUSY_OTHER_CPUS` or more busy, beyond the counters'
+        resolution (a window of a few ticks says nothing either way)."""
+        return self.other_cpus - self.resolution_cpus >= BUSY_OTHER_CPUS
 
     def phrase(self) -> str:
         """``other processes kept 1.3 of the host's 2 CPUs busy while it measured``."""
