@@ -167,7 +167,8 @@ def load_cases(corpus: Path = CORPUS, patterns: Sequence[str] = ()) -> list[Case
 
 from glmfb.measure.hostload import BUSY_OTHER_CPUS  # noqa: E402  (what a probe's why calls a busy host)
 
-BUSY_HOST_RULES = ("busy-host", "busy-waiter", "undecided-wait-share", "undecided-busy-host")  # inconclusive rules for a loaded host (gil, gap)
+# the inconclusive rules for a loaded host: the gil probe's, then the gap probe's
+BUSY_HOST_RULES = ("busy-host", "busy-waiter", "undecided-wait-share", "undecided-busy-host")
 
 
 def _evidence(verdict: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -261,14 +262,17 @@ class Score:
     def busy_host(self) -> str | None:
         """Why this case's verdict is an undecided one on a busy host, else None: inconclusive,
         and either other processes kept :data:`BUSY_OTHER_CPUS` or more busy while it measured
-        (evidence ``host_load``, the probe's ``busy`` reading where it has one) or a probe's busy-host rule fired. Such a case is not
-        right, and not wrong either: the probe said it could not decide, and why."""
+        (evidence ``host_load``, the probe's ``busy`` reading where it has one) or a probe's
+        busy-host rule fired. Such a case is not right, and not wrong either: the probe said it could not decide, and why."""
         if self.verdict["status"] != "inconclusive":
             return None
         load = _evidence(self.verdict, "host_load")
-        busy = load.get("busy") if load is not None else None  # the probe's reading (older verdicts: none)
-        if load is not None and (busy if busy is not None else float(load.get("other_busy_cpus") or 0.0) >= BUSY_OTHER_CPUS):
-            return f"other processes kept {float(load['other_busy_cpus']):.1f} of {load.get('cpus')} CPUs busy"
+        if load is not None:
+            busy = load.get("busy")  # the probe's own reading; older verdicts have none
+            if busy is None:
+                busy = float(load.get("other_busy_cpus") or 0.0) >= BUSY_OTHER_CPUS
+            if busy:
+                return f"other processes kept {float(load['other_busy_cpus']):.1f} of {load.get('cpus')} CPUs busy"
         diagnosis = _evidence(self.verdict, "diagnosis")
         if diagnosis is not None and diagnosis.get("rule") in BUSY_HOST_RULES:
             return f"the probe's busy-host rule {diagnosis['rule']}"

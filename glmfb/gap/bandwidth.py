@@ -1,7 +1,7 @@
 """The transfer bandwidth an iteration achieved, against what the path moves alone on this host.
 
 A target may offer (docs/gap.md): ``measure_ceiling() -> bytes/s`` (one big write, nothing
-else running: the engine's own ceiling), ``measure_page_rate() -> bytes/s`` (the same bytes in
+else running: the engine's own ceiling), ``measure_pagerate_text() -> bytes/s`` (the same bytes in
 the iteration's page-sized writes, alone), and ``transfer_path`` (which path ran).
 
 The achieved bandwidth is the bytes an iteration moved over the time it took to move them. A
@@ -32,7 +32,7 @@ from glmfb.gap.phases import BUSY_SUFFIX, BYTES_SUFFIX
 
 BANDWIDTH_BOUND_SHARE = 0.8  # at or above this share of the ceiling the link is the limit
 STARVED_SHARE = 0.5  # below this share of the page rate alone, the sender was held back
-CEILING_CALLS = 5  # calls of measure_ceiling() / measure_page_rate() at most, median taken
+CEILING_CALLS = 5  # calls of measure_ceiling() / measure_pagerate_text() at most, median taken
 MIN_CEILING_CALLS = 3  # calls made whatever they take
 CEILING_BUDGET_S = 3.0  # beyond the first calls, further calls while this much time is not spent
 
@@ -91,15 +91,6 @@ class BandwidthCheck:
         fastest = self.fastest_ceiling
         return self.bytes_per_iteration / fastest if fastest and self.bytes_per_iteration > 0 else None
 
-    def at_ceiling_phrase(self) -> str:
-        """What the bytes take at the fastest ceiling, in words."""
-        fastest, floor = self.fastest_ceiling, self.seconds_at_ceiling
-        if not fastest or floor is None:
-            return "no ceiling was measured"
-        took = f"{1e3 * floor:.0f} ms" if floor >= 0.0095 else f"{1e3 * floor:.1f} ms"
-        return (f"at the fastest ceiling measured ({_rate(fastest)}) an iteration's "
-                f"{self.bytes_per_iteration / 1e6:.0f} MB take {took}")
-
     @property
     def starved(self) -> bool:
         share = self.page_rate_share
@@ -113,17 +104,17 @@ class BandwidthCheck:
             while_ = f"during {' and '.join(self.timed_by)}, on the critical path"
         else:
             while_ = "while busy"
-        parts = [f"the transfer moved {_rate(self.achieved_bytes_per_s)} {while_}"]
+        parts = [f"the transfer moved {rate_text(self.achieved_bytes_per_s)} {while_}"]
         if self.ceiling_share is not None and self.ceiling_bytes_per_s is not None:
             spread = ""
             if len(self.ceiling_samples) > 1:
                 spread = (f" (median of {len(self.ceiling_samples)} measurements, "
-                          f"{_rate(min(self.ceiling_samples))} to {_rate(max(self.ceiling_samples))})")
+                          f"{rate_text(min(self.ceiling_samples))} to {rate_text(max(self.ceiling_samples))})")
             parts.append(f"{self.ceiling_share:.0%} of the {self.transfer_path or 'engine'} ceiling "
-                         f"of {_rate(self.ceiling_bytes_per_s)} on this host{spread}")
+                         f"of {rate_text(self.ceiling_bytes_per_s)} on this host{spread}")
         if self.page_rate_share is not None and self.page_rate_bytes_per_s is not None:
             parts.append(f"{self.page_rate_share:.0%} of its page-by-page rate alone "
-                         f"({_rate(self.page_rate_bytes_per_s)})")
+                         f"({rate_text(self.page_rate_bytes_per_s)})")
         return ", ".join(parts)
 
     def to_evidence(self) -> dict[str, Any]:
@@ -145,7 +136,7 @@ class BandwidthCheck:
         }
 
 
-def _rate(bytes_per_s: float) -> str:
+def rate_text(bytes_per_s: float) -> str:
     return f"{bytes_per_s / 1e6:.0f} MB/s" if bytes_per_s < 1e9 else f"{bytes_per_s / 1e9:.2f} GB/s"
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from glmfb.gap.attribution import GilFinding
-from glmfb.gap.bandwidth import BandwidthCheck
+from glmfb.gap.bandwidth import BandwidthCheck, rate_text
 from glmfb.gap.phases import PhaseChange
 from glmfb.measure.hostload import HostLoad, busy_note
 from glmfb.rules import Diagnosis, Rule
@@ -120,6 +120,24 @@ def _capital(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
+def _link_phrase(f: GapFindings, bandwidth: BandwidthCheck) -> str:
+    """Whether the link was the limit, and when not, whether its bytes alone keep the gap over."""
+    if bandwidth.bandwidth_bound:
+        return "the link is saturated: bandwidth, not the interpreter, limits the transfer"
+    if bandwidth.bound_unsettled:
+        phrase = "whether the link was the limit is not settled: the ceiling's own spread decides it"
+    else:
+        phrase = "the sender was held back" if bandwidth.starved else "the link was not the limit"
+    floor = bandwidth.seconds_at_ceiling
+    if not f.bytes_keep_over or floor is None or f.baseline_median_s is None or bandwidth.fastest_ceiling is None:
+        return phrase + (", not the link" if bandwidth.starved and not bandwidth.bound_unsettled else "")
+    allowed = (1 + f.threshold) * f.baseline_median_s
+    return (f"{phrase}, yet the bytes alone keep it over the threshold: at the fastest ceiling measured "
+            f"({rate_text(bandwidth.fastest_ceiling)}) an iteration's {bandwidth.bytes_per_iteration / 1e6:.0f} MB "
+            f"take {_ms(floor)}, longer than the {_ms(allowed)} the threshold allows a whole iteration (the "
+            f"baseline's {_ms(f.baseline_median_s)} + {f.threshold:.0%})")
+
+
 def _failure_sentences(f: GapFindings, cpu: bool = False) -> list[str]:
     sentences = [f"Over the threshold: {f.gap_text}."]
     if f.grown:
@@ -128,18 +146,7 @@ def _failure_sentences(f: GapFindings, cpu: bool = False) -> list[str]:
         sentences.append("No single reported phase grew beyond noise.")
     bandwidth = f.bandwidth
     if bandwidth is not None and bandwidth.achieved_bytes_per_s is not None:
-        on_link = ("the link is saturated: bandwidth, not the interpreter, limits the transfer"
-                   if bandwidth.bandwidth_bound else
-                   "whether the link was the limit is not settled: the ceiling's own spread decides it"
-                   if bandwidth.bound_unsettled else
-                   "the sender was held back, not the link" if bandwidth.starved else "the link was not the limit")
-        if f.bytes_keep_over and not bandwidth.bandwidth_bound:
-            assert f.baseline_median_s is not None
-            allowed = (1 + f.threshold) * f.baseline_median_s
-            on_link = (f"{'the sender was held back' if bandwidth.starved else 'the link was not the limit'}, "
-                       f"yet the bytes alone keep it over the threshold: {bandwidth.at_ceiling_phrase()}, longer "
-                       f"than the {_ms(allowed)} the threshold allows a whole iteration (the baseline's "
-                       f"{_ms(f.baseline_median_s)} + {f.threshold:.0%})")
+        on_link = _link_phrase(f, bandwidth)
         sentences.append(f"{_capital(bandwidth.summary())}: {on_link}.")
     elif bandwidth is not None and bandwidth.error:
         sentences.append(f"Bandwidth unknown ({bandwidth.error}).")
