@@ -136,6 +136,17 @@ TABLE = [
 ]
 
 
+def test_a_c_function_named_from_the_source_line_says_so() -> None:
+    from dataclasses import replace
+
+    from glmfb.gil.holders import SOURCE_LINE
+
+    sentence = replace(PICKLING, holder_c_source=SOURCE_LINE).sentence()
+    assert "held by pickle.dumps, called from PrefillKV._send_loop (gap_workloads.py:244) (named from that line's " \
+           "only call, a C function: no native frame of it was sampled), on thread kv-sender" in sentence
+    assert "named from" not in PICKLING.sentence()
+
+
 @pytest.mark.parametrize(("case", "rule", "status", "phrases"), TABLE, ids=[row[1] for row in TABLE])
 def test_rule_table(case: GapFindings, rule: str, status: Status, phrases: list[str]) -> None:
     outcome = diagnose(RULES, case)

@@ -307,3 +307,24 @@ def test_a_python_named_c_function_is_kept_over_a_library_frame_the_line_names(t
     foreign = Counter({"compress": 20, "deflate": 20})
     site = _site(tmp_path, "zlib.compress(data)")
     assert c_function_of(site, votes, foreign)[0] == "zlib.compress"
+
+
+def test_with_no_native_frame_a_line_whose_only_call_is_a_c_function_names_it(tmp_path: Any) -> None:
+    from glmfb.gil.holders import SOURCE_LINE, c_function_of, only_c_call
+
+    # py-spy --native never sampled the site (split_samples 0) and no snapshot voted: the
+    # line's only call, a C function of Python's own library, is named, and said to be named so.
+    assert c_function_of(_site(tmp_path, "pickle.dumps(self.table, pickle.HIGHEST_PROTOCOL)"), None) == (
+        "pickle.dumps", None, SOURCE_LINE)
+    assert c_function_of(_site(tmp_path, "out = sorted(rows)  # by key"), None)[0] == "sorted"
+    # Anything that could be another call, or Python code, names nothing.
+    for text in ("json.dumps(table)",  # a Python function: py-spy would have sampled its frames
+                 "pk.dumps(table)",  # an alias the line does not resolve
+                 "zlib.compress(self.pool[i].numpy().tobytes())",  # several calls
+                 "total = sorted(a) + sorted(b)", "self.work()", "usleep(20_000)"):
+        assert c_function_of(_site(tmp_path, text), None) == (None, None, None), text
+    # Native evidence that names no C function is an answer: the line is not read then.
+    sampled = _site(tmp_path, "pickle.dumps(table)")
+    sampled.split_samples = 10
+    assert c_function_of(sampled, None) == (None, None, None)
+    assert only_c_call(str(tmp_path / "missing.py"), 3) is None

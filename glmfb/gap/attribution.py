@@ -17,6 +17,7 @@ from typing import Any
 
 from glmfb.commandline import rerun_step
 from glmfb.errors import InputError
+from glmfb.evidence import MissingSignal
 from glmfb.gap.config import GapConfig
 from glmfb.gil.evidence import (
     GilHolder,
@@ -27,6 +28,7 @@ from glmfb.gil.evidence import (
     ThreadTimes,
 )
 from glmfb.gil.groups import describe
+from glmfb.gil.holders import SOURCE_LINE
 from glmfb.io import write_json_atomic
 from glmfb.probe import ProbeContext, get_probe
 from glmfb.step import Step
@@ -68,6 +70,7 @@ class GilFinding:
     starved_of_runnable_ci: tuple[float, ...] = ()
     holder_c_function: str | None = None  # the C function the holder held the GIL in (pickle.dumps)
     holder_python_function: str | None = None  # its Python caller
+    holder_c_source: str | None = None  # what named the C function (py-spy --native, the line's only call)
     cpu_victim: str | None = None  # the thread that waited most for a CPU
     cpu_victim_runqueue_share: float | None = None
     cpu_victim_cpu_share: float | None = None
@@ -90,6 +93,7 @@ class GilFinding:
     canary_max_ms: float | None = None
     holder_source: str | None = None  # which gil evidence the holder comes from
     gil_why: str | None = None
+    gil_missing: tuple[str, ...] = ()  # "signal: reason" of what the gil probe could not collect
     next: tuple[Step, ...] = ()  # the gil verdict's next steps
     artifacts: Mapping[str, str] = field(default_factory=dict)
 
@@ -231,7 +235,9 @@ class GilFinding:
             waited = f"a canary thread woke p99 {self.canary_p99_ms:.0f} ms late"
         location = f"{self.holder_file}:{self.holder_line}" if self.holder_file else "glmfb's target runner"
         if self.holder_c_function and self.holder_python_function:
-            held = (f"held by {self.holder_c_function}, called from {self.holder_python_function} ({location}), "
+            named = (" (named from that line's only call, a C function: no native frame of it was sampled)"
+                     if self.holder_c_source == SOURCE_LINE else "")
+            held = (f"held by {self.holder_c_function}, called from {self.holder_python_function} ({location}){named}, "
                     f"on {describe(self.holder_thread or '', self.holder_thread_count)}")
         else:
             held = (f"held by {self.holder_function} ({location}) on "
@@ -266,6 +272,7 @@ class GilFinding:
             "starved_of_runnable": self.starved_of_runnable,
             "starved_of_runnable_ci": self.starved_of_runnable_ci,
             "holder_c_function": self.holder_c_function,
+            "holder_c_source": self.holder_c_source,
             "cpu_victim": self.cpu_victim,
             "cpu_victim_runqueue_share": self.cpu_victim_runqueue_share,
             "cpu_victim_cpu_share": self.cpu_victim_cpu_share,
@@ -285,6 +292,7 @@ class GilFinding:
             "canary_p99_ms": self.canary_p99_ms,
             "canary_max_ms": self.canary_max_ms,
             "gil_why": self.gil_why,
+            "gil_missing": list(self.gil_missing),
         }
 
 
@@ -457,6 +465,7 @@ def finding_from_verdict(verdict: Verdict, baseline: Verdict | None = None) -> G
         holder_function=(c_function or holder.function) if holder else None,
         holder_c_function=c_function,
         holder_python_function=holder.qualname if holder and c_function else None,
+        holder_c_source=holder.c_source if holder and c_function else None,
         holder_file=holder.file if holder and not _glmfb_file(holder.file) else None,
         holder_line=holder.line if holder and not _glmfb_file(holder.file) else None,
         holder_idle_share=holder.idle_share if holder else None,
@@ -471,6 +480,7 @@ def finding_from_verdict(verdict: Verdict, baseline: Verdict | None = None) -> G
         canary_p99_ms=_lateness_ms(starvation.p99_ms) if starvation else None,
         canary_max_ms=_lateness_ms(starvation.max_ms) if starvation else None,
         gil_why=verdict.why,
+        gil_missing=tuple(f"{m.signal}: {m.reason}" for m in verdict.find_all(MissingSignal)),
         next=tuple(verdict.next),
         artifacts=dict(verdict.artifacts),
     )

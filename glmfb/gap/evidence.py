@@ -118,6 +118,7 @@ class GilAttribution(Evidence):
     starved_of_runnable: float | None = None
     starved_of_runnable_ci: tuple[float, ...] = ()
     holder_c_function: str | None = None
+    holder_c_source: str | None = None
     cpu_victim: str | None = None
     cpu_victim_runqueue_share: float | None = None
     cpu_victim_cpu_share: float | None = None
@@ -137,6 +138,7 @@ class GilAttribution(Evidence):
     canary_p99_ms: float | None = None
     canary_max_ms: float | None = None
     gil_why: str | None = None
+    gil_missing: tuple[str, ...] = ()  # signals the gil probe could not collect, and why
 
 
 EVIDENCE_TYPES: tuple[type[Evidence], ...] = (GapMeasurement, Phase, TransferInfo, Bandwidth, GilAttribution)

@@ -4,9 +4,13 @@ the native snapshots of each thread."""
 
 from __future__ import annotations
 
+import builtins
+import importlib
 import linecache
 import re
+import sys
 import sysconfig
+import types
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -56,6 +60,39 @@ def _names_callee(file: str, line: int, symbol: str) -> bool:
     return bool(wanted) and any(wanted in callee.lower() for callee in callees)
 
 
+# How a C function was named when no native frame of the site was sampled: the site's line
+# calls one function, and that name resolves to a C function of Python's own library.
+SOURCE_LINE = "the line's only call"
+_KEYWORDS = frozenset({"if", "elif", "while", "for", "in", "not", "and", "or", "return", "assert",
+                       "yield", "await", "lambda", "with"})
+_IMPORT_HAS_EFFECTS = frozenset({"antigravity", "this", "turtle", "tkinter", "idlelib"})  # never imported to look
+
+
+def only_c_call(file: str, line: int) -> str | None:
+    """The function the source line calls, when it calls exactly one and that one is a C
+    function of Python's own library under the name written (``pickle.dumps``, ``sorted``):
+    a thread sampled holding the GIL on that line with no Python frame below it was inside
+    that call (or in the line's own bytecode, which takes nanoseconds). None for anything
+    else: a call through a variable or an alias, a library outside the standard one, a line
+    with two calls."""
+    text = linecache.getline(file, line) if file and line else ""
+    code = text.split("#", 1)[0]
+    callees = [c for c in re.findall(r"([A-Za-z_][\w.]*)\s*\(", code) if c not in _KEYWORDS]
+    if len(callees) != 1 or code.count("(") != 1:
+        return None
+    parts = callees[0].split(".")
+    if len(parts) == 1:
+        target = getattr(builtins, parts[0], None)
+    elif len(parts) == 2 and parts[0] in sys.stdlib_module_names and parts[0] not in _IMPORT_HAS_EFFECTS:
+        try:
+            target = getattr(importlib.import_module(parts[0]), parts[1], None)
+        except Exception:  # a module this interpreter cannot import names nothing
+            return None
+    else:
+        return None
+    return callees[0] if isinstance(target, types.BuiltinFunctionType) else None
+
+
 def c_function_of(site: CallSite, votes: Counter[tuple[str, str]] | None,
                   foreign: Counter[str] | None = None) -> tuple[str | None, str | None, str | None]:
     """``(python name, C symbol, source)`` of the C function the site held the GIL in: from
@@ -70,7 +107,11 @@ def c_function_of(site: CallSite, votes: Counter[tuple[str, str]] | None,
     ``clock_gettime`` an earlier call left in a slot the foreign call's frames did not
     overwrite) can sit above the function really called. So a library function that the
     site's own line calls and that is below Python in most snapshots (``foreign``) is taken
-    before the outermost library frame the votes name."""
+    before the outermost library frame the votes name.
+
+    With no native evidence at all (py-spy --native never sampled the site, no snapshot of
+    its thread), the name comes from the site's source line when :func:`only_c_call` finds one
+    (source :data:`SOURCE_LINE`)."""
     from glmfb.gil.native import ENTRY_NAMES
 
     found: tuple[str, str, str] | None = None
@@ -88,6 +129,10 @@ def c_function_of(site: CallSite, votes: Counter[tuple[str, str]] | None,
                 if seen >= 0.5 * total and _names_callee(site.file, site.line, called):
                     return None, called, "native snapshots"
     if found is None:
+        if not site.split_samples and not votes and not glmfb_file(site.file):
+            written = only_c_call(site.file, site.line)
+            if written is not None:
+                return written, None, SOURCE_LINE
         return None, None, None
     name, symbol, source = found
     library = name == symbol and symbol not in ENTRY_NAMES

@@ -37,7 +37,7 @@ from glmfb.evidence import MissingSignal
 from glmfb.gil.config import HEARTBEAT_THREAD
 from glmfb.gil.evidence import GilHolder, OverlapRow, WaitingThread
 from glmfb.gil.groups import describe
-from glmfb.gil.holders import glmfb_file
+from glmfb.gil.holders import SOURCE_LINE, glmfb_file
 from glmfb.measure.hostload import HostLoad, busy_note
 from glmfb.rules import Diagnosis, Rule
 from glmfb.step import Step
@@ -169,6 +169,9 @@ def _named(holder: GilHolder) -> str:
         return holder.function
     symbol = f" (C {holder.c_symbol})" if holder.c_symbol and holder.c_symbol != holder.c_function else ""
     caller = "glmfb's target runner" if glmfb_file(holder.file) else f"{holder.qualname} ({holder.file}:{holder.line})"
+    if holder.c_source == SOURCE_LINE:
+        return (f"{holder.c_function}, called from {caller} (named from that line's only call, a C function: "
+                "no native frame of it was sampled),")
     return f"{holder.c_function}{symbol}, called from {caller},"
 
 

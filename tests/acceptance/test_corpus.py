@@ -50,6 +50,14 @@ def context(tmp_path_factory: pytest.TempPathFactory) -> object:
 EVIDENCE_CHARS = 1500  # an evidence item longer than this is named, not printed
 
 
+def _shortened(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > 160:
+        return value[:150] + f"... ({len(value)} chars)"
+    if isinstance(value, list) and len(value) > 8:
+        return [*value[:8], f"... ({len(value)} items)"]
+    return value
+
+
 def _evidence_text(verdict: dict[str, Any]) -> str:
     """The verdict's evidence for a failure message: a wrong case under a CI host's load is
     diagnosed from the log alone (pytest's temporary folder, with the verdict, is gone)."""
@@ -57,7 +65,9 @@ def _evidence_text(verdict: dict[str, Any]) -> str:
     for item in verdict.get("evidence") or ():
         text = json.dumps(item, default=str)
         kind = item.get("kind") if isinstance(item, dict) else None
-        lines.append(f"  {text}" if len(text) <= EVIDENCE_CHARS else f"  {{'kind': {kind!r}, ...}} ({len(text)} chars)")
+        if len(text) > EVIDENCE_CHARS and isinstance(item, dict):  # its figures, without long prose and lists
+            text = json.dumps({key: _shortened(value) for key, value in item.items()}, default=str)
+        lines.append(f"  {text}" if len(text) <= 2 * EVIDENCE_CHARS else f"  {{'kind': {kind!r}, ...}} ({len(text)} chars)")
     return "\n".join(lines)
 
 
