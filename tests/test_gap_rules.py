@@ -143,7 +143,7 @@ def test_a_c_function_named_from_the_source_line_says_so() -> None:
 
     sentence = replace(PICKLING, holder_c_source=SOURCE_LINE).sentence()
     assert "held by pickle.dumps, called from PrefillKV._send_loop (gap_workloads.py:244) (named from that line's " \
-           "only call, a C function: no native frame of it was sampled), on thread kv-sender" in sentence
+           "only call, a C function; py-spy --native sampled no frame below it), on thread kv-sender" in sentence
     assert "named from" not in PICKLING.sentence()
 
 

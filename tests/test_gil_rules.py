@@ -310,6 +310,8 @@ def test_a_python_named_c_function_is_kept_over_a_library_frame_the_line_names(t
 
 
 def test_with_no_native_frame_a_line_whose_only_call_is_a_c_function_names_it(tmp_path: Any) -> None:
+    from collections import Counter
+
     from glmfb.gil.holders import SOURCE_LINE, c_function_of, only_c_call
 
     # py-spy --native never sampled the site (split_samples 0) and no snapshot voted: the
@@ -323,6 +325,14 @@ def test_with_no_native_frame_a_line_whose_only_call_is_a_c_function_names_it(tm
                  "zlib.compress(self.pool[i].numpy().tobytes())",  # several calls
                  "total = sorted(a) + sorted(b)", "self.work()", "usleep(20_000)"):
         assert c_function_of(_site(tmp_path, text), None) == (None, None, None), text
+    # Snapshots that name the written call most often, if in under half of them (a loaded
+    # host: 4 of 9 in a CI run, the rest unnamed or stale), agree with the line; snapshots
+    # that name another function more often leave the name unknown.
+    split = Counter({("pickle.dumps", "_pickle_dumps"): 4, ("", ""): 3, ("time.sleep", "time_sleep"): 2})
+    assert c_function_of(_site(tmp_path, "pickle.dumps(table)"), split) == (
+        "pickle.dumps", "_pickle_dumps", SOURCE_LINE)
+    other = Counter({("zlib.compress", "zlib_compress"): 4, ("pickle.dumps", "_pickle_dumps"): 3, ("", ""): 3})
+    assert c_function_of(_site(tmp_path, "pickle.dumps(table)"), other) == (None, None, None)
     # Native evidence that names no C function is an answer: the line is not read then.
     sampled = _site(tmp_path, "pickle.dumps(table)")
     sampled.split_samples = 10

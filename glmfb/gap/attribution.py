@@ -235,7 +235,7 @@ class GilFinding:
             waited = f"a canary thread woke p99 {self.canary_p99_ms:.0f} ms late"
         location = f"{self.holder_file}:{self.holder_line}" if self.holder_file else "glmfb's target runner"
         if self.holder_c_function and self.holder_python_function:
-            named = (" (named from that line's only call, a C function: no native frame of it was sampled)"
+            named = (" (named from that line's only call, a C function; py-spy --native sampled no frame below it)"
                      if self.holder_c_source == SOURCE_LINE else "")
             held = (f"held by {self.holder_c_function}, called from {self.holder_python_function} ({location}){named}, "
                     f"on {describe(self.holder_thread or '', self.holder_thread_count)}")

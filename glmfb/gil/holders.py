@@ -109,9 +109,11 @@ def c_function_of(site: CallSite, votes: Counter[tuple[str, str]] | None,
     site's own line calls and that is below Python in most snapshots (``foreign``) is taken
     before the outermost library frame the votes name.
 
-    With no native evidence at all (py-spy --native never sampled the site, no snapshot of
-    its thread), the name comes from the site's source line when :func:`only_c_call` finds one
-    (source :data:`SOURCE_LINE`)."""
+    When py-spy --native never sampled the site and the snapshots name no C function in half
+    of them, the name comes from the site's source line when :func:`only_c_call` finds one
+    and no snapshot names another function more often (source :data:`SOURCE_LINE`): a loaded
+    host can leave the --native sampler without a sample and the snapshots split between
+    the call and the stale frames around it."""
     from glmfb.gil.native import ENTRY_NAMES
 
     found: tuple[str, str, str] | None = None
@@ -129,10 +131,10 @@ def c_function_of(site: CallSite, votes: Counter[tuple[str, str]] | None,
                 if seen >= 0.5 * total and _names_callee(site.file, site.line, called):
                     return None, called, "native snapshots"
     if found is None:
-        if not site.split_samples and not votes and not glmfb_file(site.file):
-            written = only_c_call(site.file, site.line)
-            if written is not None:
-                return written, None, SOURCE_LINE
+        written = None if site.split_samples or glmfb_file(site.file) else only_c_call(site.file, site.line)
+        named = Counter({key: n for key, n in (votes or Counter()).items() if key[0]})
+        if written is not None and (not named or named.most_common(1)[0][0][0] == written):
+            return written, named.most_common(1)[0][0][1] if named else None, SOURCE_LINE
         return None, None, None
     name, symbol, source = found
     library = name == symbol and symbol not in ENTRY_NAMES

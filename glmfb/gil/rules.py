@@ -171,7 +171,7 @@ def _named(holder: GilHolder) -> str:
     caller = "glmfb's target runner" if glmfb_file(holder.file) else f"{holder.qualname} ({holder.file}:{holder.line})"
     if holder.c_source == SOURCE_LINE:
         return (f"{holder.c_function}, called from {caller} (named from that line's only call, a C function: "
-                "no native frame of it was sampled),")
+                "py-spy --native sampled no frame below it),")
     return f"{holder.c_function}{symbol}, called from {caller},"
 
 
