@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from glmfb.gil.evidence import GilHolder, WaitingThread
+from glmfb.gil.evidence import GilHolder, GilStartup, WaitingThread
 from glmfb.gil.native import (
     NativeStack,
     Symbol,
@@ -22,6 +22,7 @@ from glmfb.gil.procwatch import GIL_SPAN_AFTER, GIL_SPAN_BEFORE, Tick, account, 
 from glmfb.gil.rules import RULES, GilFindings
 from glmfb.measure.hostload import HostLoad
 from glmfb.rules import diagnose
+from glmfb.step import Step
 from glmfb.verdict import Status
 
 LIBPYTHON = "/usr/lib/libpython3.11.so.1.0"
@@ -54,7 +55,27 @@ STALLED = dict(starved=True, stalled=True, ticks=2, p99_ms=2060.0, stall_ms=2100
 BUSY = HostLoad(window_s=4.0, cpus=2, host_busy_s=7.6, own_busy_s=2.0)  # others kept 1.4 CPUs busy
 QUIET = HostLoad(window_s=4.0, cpus=2, host_busy_s=2.2, own_busy_s=2.0)  # 0.05
 
+# The top import site of a run whose window ended inside `import torch` (a cold disk: ctypes
+# loading torch's libraries, sys.modules still for seconds).
+IMPORTING = GilStartup(thread="MainThread", tid=1, function="_call_with_frames_removed",
+                       qualname="_call_with_frames_removed", file="<frozen importlib._bootstrap>", line=241,
+                       samples=661, share_of_time=0.66, caller="<module> (tolist_ticker.py:18)", samples_total=661)
+
 TABLE = [
+    (findings(startup_settled=False, startup=IMPORTING, sample_instants=1001, observed_s=10.0, holder=None,
+              rerun_longer=Step("samples long enough", "glmfb gil --duration 30s -- python prog.py")),
+     "still-starting", Status.INCONCLUSIVE,
+     ["No steady state was sampled: the program was still importing when the 10 s window ended", "66% of sample",
+      "_call_with_frames_removed, under <module> (tolist_ticker.py:18) on MainThread"]),
+    # Starved by the imports' own holds, no steady-state holder: not the CPU's fault either.
+    (findings(starved=True, p99_ms=20.9, starved_threads=("MainThread",), startup_settled=False, startup=IMPORTING,
+              sample_instants=1001, observed_s=4.0), "still-starting", Status.INCONCLUSIVE,
+     ["still importing when the 4 s window ended", "p99 wake-up lateness, 20.9 ms, is the start-up's"]),
+    # Imports that settled, or no heartbeat to tell: the pass stands.
+    (findings(startup_settled=True, startup=IMPORTING, sample_instants=1001), "pass", Status.PASS, []),
+    (findings(startup_settled=None, startup=IMPORTING, sample_instants=1001), "pass", Status.PASS, []),
+    # Starved while still importing: the starvation is the answer.
+    (findings(**STALLED, holder=SORTER, startup_settled=False, startup=IMPORTING), "gil-hold-compute", Status.FAIL, []),
     (findings(**STALLED, holder=SORTER), "gil-hold-compute", Status.FAIL,
      ["sorted (C builtin_sorted), called from Worker.loop (w.py:105)", "could not run for 2.10 s",
       "while sorter held the GIL", "blocked on the GIL 93% of that time"]),

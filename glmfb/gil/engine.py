@@ -115,6 +115,15 @@ def trace_step(config: GilConfig) -> Step | None:
     return rerun_step("gil", config, "ranks what overlaps the starved slices", trace=True)
 
 
+def longer_step(config: GilConfig) -> Step | None:
+    """The step that reruns this probe with a window long enough to reach the program's steady
+    state (twice this one, 30 s at least); None when it attached to a pid."""
+    if config.pid is not None:
+        return None
+    seconds = max(30.0, 2 * config.duration_s)
+    return rerun_step("gil", config, "samples long enough to reach the program's steady state", duration=seconds)
+
+
 @dataclass(frozen=True)
 class _Files:
     """Where one trace writes in its artifact folder (files a previous trace left are removed
@@ -474,6 +483,8 @@ class _Session:
         self.missing: list[dict[str, str]] = []  # the signals this trace could not get, in order
         self.recordings = _Recordings(config, self.files, self.missing)
         self.host_load: HostLoad | None = None
+        # Whether the program's start-up imports settled inside the window (None: no heartbeat).
+        self.startup_settled: bool | None = None
         self.files.remove_stale()
 
     def run(self) -> Verdict:
@@ -615,6 +626,7 @@ class _Session:
                 config=config, heartbeat=beat, holders=holders, waiting=seen.waiting, windows=seen.windows,
                 window_summary=seen.window_summary, blame=blame, missing=self.missing, artifacts=artifacts,
                 reproduce_trace=trace_step(config),
+                rerun_longer=longer_step(config) if self.startup_settled is False else None,
                 observed_s=max(0.0, end_s - started_s), window_start_s=started_s, thread_times=seen.times,
                 thread_names=names, cpus=dict(sampler.cpus), native_votes=seen.native_votes,
                 native_foreign=seen.native_foreign, native_error=sampler.native_error,
@@ -622,6 +634,7 @@ class _Session:
                 own_p99_ms=own_p99_ms, holder_cpu_wait_s=holder_cpu_wait_s,
                 thread_counts={tid: len(members) for tid, members in groups.members.items()},
                 startup=self.recordings.startup, startup_excluded_s=started_s - sampling_started_s,
+                startup_settled=self.startup_settled,
                 host_load=self.host_load,
             ),
             self.ctx.rules("gil", RULES),
@@ -634,6 +647,8 @@ class _Session:
         least ``MIN_STEADY_S`` of the window is kept."""
         header = hb.read_header(self.files.heartbeat_prefix) if self.config.heartbeat else None
         settled = header.get("imports_settled_s") if header is not None else None
+        if header is not None:  # whether the program got past its start-up inside the window
+            self.startup_settled = isinstance(settled, (int, float)) and settled <= end_s
         if isinstance(settled, (int, float)) and started_s < settled <= end_s - MIN_STEADY_S:
             return float(settled)
         return started_s

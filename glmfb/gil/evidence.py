@@ -69,6 +69,7 @@ class Starvation(Evidence):
     recorded_p99_ms: float | None = None  # p99 net of the heartbeat's own CPU waits only
     holder_cpu_wait_ms: float | None = None  # the GIL holder's CPU waits, also taken out
     startup_excluded_s: float | None = None  # left out at the start: the imports until they settled
+    startup_settled: bool | None = None  # the start-up imports settled inside the window (None: unknown)
     lateness_series: tuple[Any, ...] = ()  # [t_s, lateness_ms] (<= 2000, the max per bin)
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:

@@ -35,7 +35,7 @@ from typing import Any
 
 from glmfb.evidence import MissingSignal
 from glmfb.gil.config import HEARTBEAT_THREAD
-from glmfb.gil.evidence import GilHolder, OverlapRow, WaitingThread
+from glmfb.gil.evidence import GilHolder, GilStartup, OverlapRow, WaitingThread
 from glmfb.gil.groups import describe
 from glmfb.gil.holders import SOURCE_LINE, glmfb_file
 from glmfb.measure.hostload import HostLoad, busy_note
@@ -84,6 +84,9 @@ class GilFindings:
     own_p99_ms: float | None = None  # the p99 net of the heartbeat's own CPU waits only (p99_ms: of the holder's too)
     p99_interval_ms: tuple[float, float] | None = None  # the p99's 95% interval over stretches of the run
     host_load: HostLoad | None = None  # the rest of the host while sampling ran
+    startup_settled: bool | None = None  # the program's start-up imports settled inside the window
+    startup: GilStartup | None = None  # the top site that held the GIL inside imports
+    rerun_longer: Step | None = None  # the rerun with a window long enough to get past start-up
 
     @property
     def idle_share(self) -> float:
@@ -395,6 +398,29 @@ def _busy_host(f: GilFindings) -> Diagnosis | None:
                      _holder_where(f))
 
 
+def _still_starting(f: GilFindings) -> Diagnosis | None:
+    """Nobody starved, but the program was still inside its start-up imports when the window
+    ended (the import system held a module lock at the last look), and imports held the GIL
+    in the window: what was sampled is start-up, not the steady state a pass would speak of."""
+    if (f.starved and f.holder is not None) or f.startup_settled is not False or f.startup is None:
+        return None
+    if not f.sample_instants or f.p99_ms is None:
+        return None
+    startup = f.startup
+    share = startup.samples_total / f.sample_instants
+    window = f"the {f.observed_s:.0f} s window" if f.observed_s else "the window"
+    caller = f", under {startup.caller}" if startup.caller else ""
+    why = (f"No steady state was sampled: the program was still importing when {window} ended (imports held "
+           f"the GIL in {_pct(share)} of sample instants, most in {startup.function}{caller} on {startup.thread}). ")
+    if f.starved:  # by the imports' holds: no thread held it outside them often enough to be named
+        why += (f"The heartbeat's p99 wake-up lateness, {f.p99_ms:.1f} ms, is the start-up's, not the "
+                "program's once started.")
+    else:
+        why += f"No thread was starved meanwhile ({_calm(f)}), which says nothing of the program once started."
+    steps = (f.rerun_longer,) if f.rerun_longer is not None else ()
+    return Diagnosis(Status.INCONCLUSIVE, why, steps, {})
+
+
 def _signal_missing(f: GilFindings) -> Diagnosis | None:
     if not f.missing:
         return None
@@ -429,6 +455,8 @@ RULES: tuple[Rule[GilFindings], ...] = (
          "time off the run queue: inconclusive"),
     Rule("undecided-wait-share", KIND, _undecided_wait, "not starved on a busy host, but a thread's GIL wait share "
          "reaches the share that fails: inconclusive"),
+    Rule("still-starting", KIND, _still_starting, "not starved (or starved with no steady-state holder), but "
+         "the window ended inside the program's start-up imports: inconclusive"),
     Rule("holder-unknown", KIND, _holder_unknown, "starved, no holder sampling: inconclusive"),
     Rule("cpu-not-gil", KIND, _cpu_not_gil, "starved, but nobody held the GIL for long: inconclusive"),
     Rule("not-measured", KIND, _not_measured, "no usable heartbeat: inconclusive"),

@@ -83,6 +83,8 @@ class Observations:
     thread_counts: dict[int, int] = field(default_factory=dict)
     startup: HolderProfile | None = None  # who held the GIL inside imports (start-up), apart
     startup_excluded_s: float = 0.0  # seconds at the window's start left out: imports until they settled
+    startup_settled: bool | None = None  # the start-up imports settled inside the window (None: no heartbeat)
+    rerun_longer: Step | None = None  # the step that reruns with a window long enough to get past start-up
     host_load: HostLoad | None = None  # the rest of the host while sampling ran (None: attached by --pid)
 
 
@@ -260,6 +262,7 @@ def _starvation_evidence(observations: Observations, heartbeat: Heartbeat, starv
         recorded_p99_ms=round(recorded_p99, 3) if recorded_p99 is not None else None,
         holder_cpu_wait_ms=round(1e3 * observations.holder_cpu_wait_s, 1),
         startup_excluded_s=round(observations.startup_excluded_s, 3) if observations.startup_excluded_s else None,
+        startup_settled=observations.startup_settled,
         lateness_series=tuple(lateness_series(heartbeat, start, start + observed))
         if start is not None and observed else (),
     )
@@ -283,6 +286,8 @@ def _findings(observations: Observations, starvation: _Starvation, holders: _Hol
         stalled=starvation.stalled, observed_s=observations.observed_s, waiter=holders.waiter,
         wait_holder=holders.wait_holder, own_p99_ms=observations.own_p99_ms,
         p99_interval_ms=starvation.p99_interval_ms, host_load=observations.host_load,
+        startup_settled=observations.startup_settled, startup=_startup_evidence(observations),
+        rerun_longer=observations.rerun_longer,
     )
 
 

@@ -28,6 +28,15 @@ _LATE_S = 0.0005  # read the run-queue time only after a wake-up at least this l
 _SETTLED_CHECKS = 5
 
 
+def _importing() -> bool:
+    """Whether some thread is inside an import: the import system keeps a lock per module
+    being imported (weakly, so it leaves when that import ends). A long native load inside an
+    import (``import torch`` loading its libraries through ctypes, which releases the GIL)
+    adds no module for seconds: without this, that was taken for settled imports."""
+    bootstrap = sys.modules.get("_frozen_importlib")
+    return bool(getattr(bootstrap, "_module_locks", None))
+
+
 def _start(prefix: str) -> None:
     import atexit
     import io
@@ -124,7 +133,7 @@ def _start(prefix: str) -> None:
                 current = thread_names()
                 settled = False
                 if not settled_s:
-                    if len(sys.modules) != imports["count"]:
+                    if len(sys.modules) != imports["count"] or _importing():
                         imports.update(count=len(sys.modules), quiet=0)
                         last_import_s[0] = after
                     else:
