@@ -533,3 +533,34 @@ def test_a_group_of_short_lived_senders_reads_as_one_holder_and_one_competitor()
     assert "while 58 short-lived threads Thread-N (_send_layer) (taken as one) ran in zlib.compress" in (
         finding.cpu_sentence())
     assert finding.to_evidence()["holder_thread_count"] == 58
+
+
+def test_the_cpu_victims_own_gil_wait_interval_is_read_when_another_thread_is_named_starved() -> None:
+    """The gil probe names the prefill the holder and the per-layer senders the most starved
+    thread; the prefill, slowed by CPU contention, also waited for the GIL. Whether that wait is
+    settled is read from the prefill's own interval, not the senders' (a fresh-clone run read
+    over-threshold for want of it)."""
+    holder = GilHolder(thread="prefill", tid=2, function="forward", qualname="Linear.forward", file="linear.py",
+                       line=134, samples=60, idle_share=0.0, share_of_time=0.03,
+                       c_function="torch::autograd::THPVariable_linear")
+    starvation = Starvation(
+        threads=("glmfb-heartbeat",), canary="glmfb-heartbeat", threshold_ms=10.0, starved=True,
+        ticks=400, period_ms=1.0, p50_ms=0.1, p99_ms=37.0, max_ms=106.0, wall_p99_ms=46.0, cpu_wait_total_ms=0.0,
+        waiting_for_gil=(WaitingThread(thread="prefill", tid=2, waiting_share=0.22, of_runnable_share=0.33,
+                                       of_runnable_ci=(0.08, 0.55)),
+                         WaitingThread(thread="Thread-N (_send_layer)", tid=7, waiting_share=0.044,
+                                       of_runnable_share=0.084, of_runnable_ci=(0.016, 0.25))))
+    times = ThreadTimes(observed_s=4.0, threads=(
+        ThreadTimeRow(thread="prefill", tid=2, cpu_share=0.22, runqueue_share=0.33, gil_wait_share=0.22,
+                      other_wait_share=0.23, cpus="0", gil_wait_of_runnable=0.33),
+        ThreadTimeRow(thread="Thread-N (_send_layer)", tid=7, cpu_share=0.31, runqueue_share=0.48,
+                      gil_wait_share=0.044, other_wait_share=0.17, cpus="0", c_function="zlib.compress",
+                      thread_count=49)))
+    verdict = Verdict(probe="gil", name="g", status=Status.FAIL, layer=Layer.RUNTIME, why="w",
+                      evidence=(starvation, holder, times))
+    finding = finding_from_verdict(verdict)
+    assert finding.starved_thread == "Thread-N (_send_layer)" and finding.cpu_victim == "prefill"
+    assert finding.cpu_victim_gil_of_runnable_ci == (0.08, 0.55)
+    assert finding.victim_gil_wait_unsettled and finding.cpu_bound and not finding.gil_bound
+    assert "that share is not settled (8% to 55% of its time off the run queue)" in finding.cpu_sentence()
+    assert finding.to_evidence()["cpu_victim_gil_of_runnable_ci"] == [0.08, 0.55]

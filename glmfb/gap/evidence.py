@@ -124,6 +124,7 @@ class GilAttribution(Evidence):
     cpu_victim_cpu_share: float | None = None
     cpu_victim_gil_of_runnable: float | None = None
     cpu_victim_gil_share: float | None = None
+    cpu_victim_gil_of_runnable_ci: tuple[float, ...] = ()
     competitor_thread: str | None = None
     competitor_thread_count: int = 1
     competitor_function: str | None = None
