@@ -75,7 +75,12 @@ def main() -> None:
     if options.smoke:
         options.rounds, options.rows = 1, 200
         print("smoke run (--smoke): 1 round into a store of 200 rows; its figures are not the benchmark's")
-    folder = Path(tempfile.mkdtemp(prefix="glmfb-history-cost-"))
+    with tempfile.TemporaryDirectory(prefix="glmfb-history-cost-") as scratch:
+        measure(options, Path(scratch))
+
+
+def measure(options: argparse.Namespace, folder: Path) -> None:
+    """Time ``options.rounds`` runs with and without the record step, the store in ``folder``."""
     store = f"sqlite:///{folder / 'grown.sqlite'}"
     python("-c", GROW, store, str(options.rows))
     definition = next(p for p in sorted((ROOT / "probes").glob("*.toml")) if options.select in p.read_text())

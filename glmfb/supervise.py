@@ -140,6 +140,27 @@ def _tail(path: Path, lines: int = 8, limit: int = 1200) -> str:
     return "\n".join(kept[-lines:])[-limit:]
 
 
+def call_isolated_scratch(function: str, config: Any, *, name: str, progress: Callable[[str], None],
+                          timeout_s: float | None = None, cancel: threading.Event | None = None) -> Any:
+    """:func:`call_isolated` with the child's stdout and stderr in a temporary folder
+    (``glmfb-<name>-*``) that is removed unless the child ended without answering: then the
+    :class:`HarnessError` names the stderr file in it, and the folder stays for the user to read."""
+    import shutil
+    import tempfile
+
+    logs = Path(tempfile.mkdtemp(prefix=f"glmfb-{name}-"))
+    keep = False
+    try:
+        return call_isolated(function, config, artifact_dir=logs, progress=progress, timeout_s=timeout_s,
+                             cancel=cancel)
+    except HarnessError:
+        keep = True
+        raise
+    finally:
+        if not keep:
+            shutil.rmtree(logs, ignore_errors=True)
+
+
 def call_isolated(function: str, config: Any, *, artifact_dir: Path, progress: Callable[[str], None],
                   timeout_s: float | None = None, cancel: threading.Event | None = None) -> Any:
     """Run ``function`` (``module:function`` taking ``(config, progress)`` and returning JSON

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +65,28 @@ def config(baseline: Target, candidate: Target | None, **kwargs: Any) -> BenchCo
     return BenchConfig(name="t", baseline=baseline, candidate=candidate, **kwargs)
 
 
-def run_bench(config: BenchConfig, folder: Path | None = None) -> Verdict:
-    """The bench probe through the host boundary, as glmfb bench runs it."""
+@pytest.fixture(autouse=True)
+def _scratch(tmp_path: Path) -> Iterator[None]:
+    """The test's own folder for the reports that :func:`run_bench` and :func:`cli` write."""
+    SCRATCH.append(tmp_path)
+    yield
+    SCRATCH.pop()
+
+
+SCRATCH: list[Path] = []
+
+
+def scratch(prefix: str) -> Path:
     import tempfile
 
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=SCRATCH[-1]))
+
+
+def run_bench(config: BenchConfig, folder: Path | None = None) -> Verdict:
+    """The bench probe through the host boundary, as glmfb bench runs it."""
     from helpers import run
 
-    return run("bench", config, folder or Path(tempfile.mkdtemp(prefix="glmfb-bench-")))
+    return run("bench", config, folder or scratch("bench-"))
 
 
 def roundtrip(verdict: Verdict) -> None:
@@ -180,9 +196,7 @@ def test_threads_are_restored() -> None:
 
 
 def cli(*args: str) -> Any:
-    import tempfile
-
-    return runner.invoke(app, ["bench", *args, "--out", tempfile.mkdtemp(prefix="glmfb-bench-cli-")])
+    return runner.invoke(app, ["bench", *args, "--out", str(scratch("bench-cli-"))])
 
 
 @pytest.mark.slow

@@ -104,6 +104,16 @@ def explode(**kwargs: Any) -> nn.Module:
     return Broken()
 
 
+def exits(**kwargs: Any) -> nn.Module:
+    class Exits(nn.Module):
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            import os
+
+            os._exit(7)  # the process ends without answering
+
+    return Exits()
+
+
 # ---- helpers ------------------------------------------------------------------------------------
 
 
@@ -465,6 +475,28 @@ def test_a_target_that_fails_half_way_leaves_no_capture(tmp_path: Path, requests
     result = runner.invoke(app, ["capture", f"{HERE}:explode", "--requests", str(requests_file), "--out", str(out)])
     assert result.exit_code == 3
     assert not out.exists() and not list(tmp_path.glob(".cap.partial-*"))
+
+
+def test_capture_leaves_its_child_logs_only_when_the_child_ended_without_answering(
+        tmp_path: Path, requests_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
+    monkeypatch.setenv("TMPDIR", str(system_tmp))
+    monkeypatch.setenv("GLMFB_ISOLATE", "1")  # through the supervised child, as a user runs it
+    for target, code in (("toy", 0), ("explode", 3)):
+        result = runner.invoke(app, ["capture", f"{HERE}:{target}", "--requests", str(requests_file),
+                                     "--out", str(tmp_path / target)])
+        assert result.exit_code == code, result.stderr
+        assert list(system_tmp.iterdir()) == [], f"capture of {target} left its child's logs behind"
+    result = runner.invoke(app, ["capture", f"{HERE}:exits", "--requests", str(requests_file),
+                                 "--out", str(tmp_path / "exits")])
+    assert result.exit_code == 3
+    kept = list(system_tmp.iterdir())
+    assert [p.name.startswith("glmfb-capture-") for p in kept] == [True]
+    assert str(kept[0] / "probe-stderr.txt") in result.stderr  # the error says where to read
 
 
 def test_an_incomplete_capture_is_refused(tmp_path: Path, requests_file: Path) -> None:

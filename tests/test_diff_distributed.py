@@ -325,11 +325,12 @@ def test_a_hung_ranks_stack_is_asked_for_again_and_its_absence_said(tmp_path: Pa
 
 
 def test_launch_goes_through_torch_distributed_run() -> None:
-    command = launch_command("python", 4, Path("spec.json"))
+    command = launch_command("python", 4, Path(".ranks/spec.json"))
     assert command[:3] == ["python", "-m", "torch.distributed.run"]
     assert command[command.index("--nproc-per-node") + 1] == "4"
     assert command[command.index("--max-restarts") + 1] == "0"
-    assert command[-3:] == ["-m", "glmfb.diff.rank_worker", "spec.json"]
+    assert command[command.index("--log-dir") + 1] == str(Path(".ranks/torchelastic"))
+    assert command[-3:] == ["-m", "glmfb.diff.rank_worker", str(Path(".ranks/spec.json"))]
 
 
 def test_bad_input_is_refused_before_any_launch(tmp_path: Path) -> None:
@@ -404,9 +405,13 @@ def test_capture_on_ranks_unshards_to_the_single_process_capture(layout: str, tm
 
 
 @pytest.mark.slow
-def test_a_target_provided_unshard_function(tmp_path: Path, out_dir: Path) -> None:
+def test_a_target_provided_unshard_function(tmp_path: Path, out_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     requests = write_requests(tmp_path)
+    system_tmp = tmp_path / "system-tmp"  # the launch's temporary directory: it must stay empty
+    system_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(system_tmp))
     run_distributed_capture(DistributedCaptureConfig(f"{HERE}:stacked", requests, out_dir, 2, timeout_s=120))
+    assert [p.name for p in system_tmp.iterdir()] == [], "the launch left files in the temporary directory"
     reader = CaptureReader(out_dir)
     tap = reader.requests[0].taps[-1]
     assert tap.name == "output" and tap.layout is not None and tap.layout["kind"] == "function"

@@ -71,9 +71,8 @@ def register_command(app: typer.Typer, command: ProbeCommand) -> None:
 
     def run_command(**values: Any) -> None:
         import os
-        import tempfile
 
-        from glmfb.supervise import call_isolated
+        from glmfb.supervise import call_isolated_scratch
 
         config = build_config(command, values)
         timeout_s = parse_timeout(values.get("timeout"))
@@ -81,9 +80,8 @@ def register_command(app: typer.Typer, command: ProbeCommand) -> None:
             if os.environ.get("GLMFB_ISOLATE", "1") == "0":  # debugging: in this process
                 result = import_ref(command.job)(config, progress)
             else:
-                logs = Path(tempfile.mkdtemp(prefix=f"glmfb-{command.name}-"))  # the child's stdout and stderr
-                result = call_isolated(command.job, config, artifact_dir=logs, progress=progress,
-                                       timeout_s=timeout_s)
+                result = call_isolated_scratch(command.job, config, name=command.name, progress=progress,
+                                               timeout_s=timeout_s)
         if command.done:
             console(stderr=True).print(command.done.format(**{**values, **result}))
 

@@ -379,9 +379,12 @@ def default_backend() -> str:
 
 def launch_command(python: str, nproc: int, spec: Path) -> list[str]:
     """The torchrun command line that starts the ranks (``--max-restarts 0``: a failing rank
-    ends the launch instead of restarting the group)."""
+    ends the launch instead of restarting the group). Its log directory is beside ``spec``:
+    without ``--log-dir`` torchrun makes a ``torchelastic_*`` directory in the system's temporary
+    directory on every launch and never removes it."""
     return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-            "--max-restarts", "0", "--monitor-interval", "0.1", "-m", "glmfb.diff.rank_worker", str(spec)]
+            "--max-restarts", "0", "--monitor-interval", "0.1", "--log-dir", str(spec.parent / "torchelastic"),
+            "-m", "glmfb.diff.rank_worker", str(spec)]
 
 
 def run_distributed_capture(config: DistributedCaptureConfig, progress: Progress | None = None) -> Manifest:

@@ -137,19 +137,15 @@ class CommandTool:
 
     def _run(self, config: Any, shown: dict[str, str], ctx: CallContext, notes: tuple[str, ...]) -> Answer:
         """The job in a supervised child (when the slot is free); its result as the answer."""
-        import tempfile
-        from pathlib import Path
-
-        from glmfb.supervise import call_isolated
+        from glmfb.supervise import call_isolated_scratch
 
         command = self.command
         refused = ctx.take_slot()
         if refused is not None:
             raise InputError(f"{self.label}: not run: {refused}")
         try:
-            logs = Path(tempfile.mkdtemp(prefix=f"glmfb-{command.name}-"))  # the child's stdout and stderr
-            result = call_isolated(command.job, config, artifact_dir=logs, progress=ctx.progress,
-                                   timeout_s=max(ctx.remaining_s(), 0.1), cancel=ctx.cancel)
+            result = call_isolated_scratch(command.job, config, name=command.name, progress=ctx.progress,
+                                           timeout_s=max(ctx.remaining_s(), 0.1), cancel=ctx.cancel)
         finally:
             ctx.slot.release()
         structured: dict[str, Any] = {**{name: shown[name] for name in command.paths if name in shown},
