@@ -82,7 +82,7 @@ CASES: list[tuple[str, DiffFindings, str, Status, list[str], str | None]] = [
      ["match exactly"], None),
     ("pass with trees that differ", DiffFindings(failed=False, requests=3, failing_requests=0, output_rel_l2=2.7e-7,
                                                  tree=TREE_ATTN),
-     "pass", Status.PASS, ["every tap both sides share", "module trees differ", "1 taps are in the baseline only"], None),
+     "pass", Status.PASS, ["every tap both sides share", "module trees differ", "1 tap is in the baseline only"], None),
     ("non-finite", failing(shape=ErrorShape.NON_FINITE, nonfinite_tap="m.down_proj"), "non-finite", Status.FAIL,
      ["NaN or Inf", "m.down_proj"], None),
     ("a mask built in the parent's forward", failing(module="model", local=False, entry=ENTRY, profile=WINDOW,

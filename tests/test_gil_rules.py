@@ -71,6 +71,10 @@ TABLE = [
     (findings(starved=True, p99_ms=20.9, starved_threads=("MainThread",), startup_settled=False, startup=IMPORTING,
               sample_instants=1001, observed_s=4.0), "still-starting", Status.INCONCLUSIVE,
      ["still importing when the 4 s window ended", "p99 wake-up lateness, 20.9 ms, is the start-up's"]),
+    # Two threads importing at once: their samples outnumber the estimated instants; never over 100%.
+    (findings(startup_settled=False, startup=replace(IMPORTING, samples_total=1500), sample_instants=1001,
+              observed_s=10.0, holder=None), "still-starting", Status.INCONCLUSIVE,
+     ["imports held the GIL in 100% of sample instants"]),
     # Imports that settled, or no heartbeat to tell: the pass stands.
     (findings(startup_settled=True, startup=IMPORTING, sample_instants=1001), "pass", Status.PASS, []),
     (findings(startup_settled=None, startup=IMPORTING, sample_instants=1001), "pass", Status.PASS, []),

@@ -229,17 +229,22 @@ def _tree_phrase(f: DiffFindings) -> str:
     parts = []
     if tree.baseline_only or tree.candidate_only:
         examples = [*tree.baseline_only[:2], *tree.candidate_only[:2]][:2]
-        parts.append(f"{len(tree.baseline_only)} taps are in the baseline only and {len(tree.candidate_only)} in the "
+        b, c = len(tree.baseline_only), len(tree.candidate_only)
+        parts.append(f"{b} {'tap is' if b == 1 else 'taps are'} in the baseline only and {c} in the "
                      f"candidate only (not compared, listed in evidence; e.g. {', '.join(examples)})")
     if tree.shapes:
-        parts.append(f"{len(tree.shapes)} shared taps differ in shape (not compared)")
+        n = len(tree.shapes)
+        parts.append(f"{n} shared {'tap differs' if n == 1 else 'taps differ'} in shape (not compared)")
     if tree.dtypes:
-        name, b, c = tree.dtypes[0]
-        parts.append(f"{len(tree.dtypes)} shared taps differ in dtype and were compared in a common one "
-                     f"({name}: {b} in the baseline, {c} in the candidate)")
+        name, b_dtype, c_dtype = tree.dtypes[0]
+        n = len(tree.dtypes)
+        parts.append(f"{n} shared {'tap differs' if n == 1 else 'taps differ'} in dtype and "
+                     f"{'was' if n == 1 else 'were'} compared in a common one "
+                     f"({name}: {b_dtype} in the baseline, {c_dtype} in the candidate)")
     if tree.order_differs:
         parts.append("the shared taps run in another order in the candidate (compared by name)")
-    return (f" The two paths' module trees differ: glmfb compared the {tree.shared} taps both sides share; "
+    shared = "the one tap" if tree.shared == 1 else f"the {tree.shared} taps"
+    return (f" The two paths' module trees differ: glmfb compared {shared} both sides share; "
             + "; ".join(parts) + ".")
 
 

@@ -407,7 +407,9 @@ def _still_starting(f: GilFindings) -> Diagnosis | None:
     if not f.sample_instants or f.p99_ms is None:
         return None
     startup = f.startup
-    share = startup.samples_total / f.sample_instants
+    # sample_instants is rate x time sampled, an estimate: samples of two importing threads that
+    # py-spy both read as holding the GIL can outnumber it
+    share = min(1.0, startup.samples_total / f.sample_instants)
     window = f"the {f.observed_s:.0f} s window" if f.observed_s else "the window"
     caller = f", under {startup.caller}" if startup.caller else ""
     why = (f"No steady state was sampled: the program was still importing when {window} ended (imports held "
