@@ -58,6 +58,7 @@ def loglog_fit(lengths: list[float], errors: list[float]) -> tuple[float, float]
 def launch(world_size: int, layout: str, lengths: str, directory: Path) -> tuple[dict[str, Any], float]:
     out = directory / f"kda-{world_size}-{layout}.json"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size),
+               "--log-dir", str(directory / "torchelastic"),  # else torchrun leaves a folder in /tmp
                str(CHECK), "--lengths", lengths, "--precisions", ",".join(PRECISIONS), "--layout", layout,
                "--out", str(out)]
     started = time.perf_counter()

@@ -274,6 +274,7 @@ def run_check(world_size: int, layout: str, lengths: str, tmp_path: Path, precis
               timeout_s: float = 300) -> dict[str, Any]:
     out = tmp_path / f"check-{world_size}-{layout}.json"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size),
+               "--log-dir", str(tmp_path / "torchelastic"),  # else torchrun leaves a folder in /tmp
                str(CHECK), "--lengths", lengths, "--precisions", precisions, "--layout", layout, "--out", str(out)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
                             env=os.environ.copy())
