@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,27 +65,20 @@ def config(baseline: Target, candidate: Target | None, **kwargs: Any) -> BenchCo
 
 
 @pytest.fixture(autouse=True)
-def _scratch(tmp_path: Path) -> Iterator[None]:
-    """The test's own folder for the reports that :func:`run_bench` and :func:`cli` write."""
-    SCRATCH.append(tmp_path)
-    yield
-    SCRATCH.pop()
-
-
-SCRATCH: list[Path] = []
-
-
-def scratch(prefix: str) -> Path:
+def _temporary_folders_in_the_tests_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reports that :func:`run_bench` and :func:`cli` write land in the test's own folder."""
     import tempfile
 
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=SCRATCH[-1]))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 def run_bench(config: BenchConfig, folder: Path | None = None) -> Verdict:
     """The bench probe through the host boundary, as glmfb bench runs it."""
+    import tempfile
+
     from helpers import run
 
-    return run("bench", config, folder or scratch("bench-"))
+    return run("bench", config, folder or Path(tempfile.mkdtemp(prefix="glmfb-bench-")))
 
 
 def roundtrip(verdict: Verdict) -> None:
@@ -196,7 +188,9 @@ def test_threads_are_restored() -> None:
 
 
 def cli(*args: str) -> Any:
-    return runner.invoke(app, ["bench", *args, "--out", str(scratch("bench-cli-"))])
+    import tempfile
+
+    return runner.invoke(app, ["bench", *args, "--out", tempfile.mkdtemp(prefix="glmfb-bench-cli-")])
 
 
 @pytest.mark.slow
