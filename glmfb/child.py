@@ -44,6 +44,7 @@ def main() -> None:
     from glmfb.host import run_probe
     from glmfb.probe import ProbeContext, get_probe
     from glmfb.supervise import decode
+    from glmfb.targets import ImportFence
     from glmfb.verdict import Verdict
 
     if "call" in job:  # not a probe: a function of glmfb's (glmfb capture), run the same way
@@ -58,6 +59,7 @@ def main() -> None:
             run_id=job["run_id"], artifact_dir=Path(job["artifact_dir"]),
             progress=lambda message: send({"progress": message}),
             rules_files=tuple(Path(p) for p in job["rules_files"]),
+            fence=ImportFence.from_dict(job["fence"]) if job.get("fence") else None,
         )
         verdict = run_probe(probe, config, ctx, usage_errors=job["usage_errors"])
     except UsageError as exc:

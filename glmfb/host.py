@@ -44,6 +44,7 @@ def run_probe(probe: Probe, config: Any, ctx: ProbeContext, *, usage_errors: boo
         verdict = run_isolated(
             probe.kind, name, config, run_id=ctx.run_id, artifact_dir=ctx.artifact_dir, progress=ctx.progress,
             rules_files=ctx.rules_files, usage_errors=usage_errors, timeout_s=timeout_s, cancel=cancel,
+            workdir=ctx.workdir, fence=ctx.fence,
         )
         return finish(verdict, ctx.clock.monotonic() - started)
     try:
@@ -62,6 +63,9 @@ def run_probe(probe: Probe, config: Any, ctx: ProbeContext, *, usage_errors: boo
             evidence=[traceback_evidence(exc)],
             next=["rerun with GLMFB_DEBUG=1 and report the traceback"],
         )
+    breach = ctx.fence.breach() if ctx.fence is not None else None
+    if breach is not None:  # whatever the probe answered, it did not run the code it was asked to
+        verdict = Verdict.harness_error(probe.kind, name, f"glmfb {probe.kind}: {breach}")
     return finish(verdict, ctx.clock.monotonic() - started)
 
 

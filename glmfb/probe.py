@@ -50,7 +50,7 @@ from glmfb.verdict import Layer, Verdict
 if TYPE_CHECKING:
     from glmfb.evidence import Evidence
     from glmfb.rules import Rule
-    from glmfb.targets import Target
+    from glmfb.targets import ImportFence, Target
 
 ENTRY_POINT_GROUP = "glmfb.probes"
 
@@ -123,13 +123,17 @@ def _ignore(message: str) -> None:
 @dataclass(frozen=True)
 class ProbeContext:
     """What a probe gets besides its config: where its artifacts go, a progress callback,
-    the clock, and the user's rules files."""
+    the clock, and the user's rules files. ``workdir`` and ``fence`` are for a supervised run
+    of a checkout that is not the user's (``glmfb bisect``): the child's working folder, and
+    where its imports may not come from (an import past the fence makes the verdict an error)."""
 
     run_id: str
     artifact_dir: Path
     progress: Callable[[str], None] = field(default=_ignore, compare=False)
     clock: Clock = SYSTEM_CLOCK
     rules_files: tuple[Path, ...] = ()
+    workdir: Path | None = None
+    fence: ImportFence | None = None
 
     def artifact(self, name: str) -> Path:
         """A path for one artifact of this probe (its folder is created on first use)."""

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from glmfb.clock import SYSTEM_CLOCK, Clock, utc_now
 from glmfb.commandline import run_step
@@ -50,6 +50,9 @@ from glmfb.probe import (
 )
 from glmfb.shards import shard_record
 from glmfb.verdict import Expectation, Layer, Run, Shard, Status, Verdict
+
+if TYPE_CHECKING:
+    from glmfb.targets import ImportFence
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -299,6 +302,8 @@ class SuiteContext:
     timeout_s: float | None = None  # per probe, unless a definition says otherwise
     isolate: bool = True  # each probe in a supervised child process
     cancel: threading.Event | None = field(default=None, compare=False)  # set: stop the running probe
+    workdir: Path | None = None  # the probe's child runs here (bisect: the worktree's folder)
+    fence: ImportFence | None = None  # where its imports may not come from (bisect: the user's checkout)
 
     def probe_context(self, definition: ProbeDefinition) -> ProbeContext:
         return ProbeContext(
@@ -307,6 +312,8 @@ class SuiteContext:
             progress=self.on_progress or (lambda message: None),
             clock=self.clock,
             rules_files=definition.rules_files,
+            workdir=self.workdir,
+            fence=self.fence,
         )
 
 

@@ -40,13 +40,16 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from glmfb.errors import HarnessError, UsageError
 from glmfb.evidence import ProcessExit, StoppedProcess, StoppedProcesses
 from glmfb.probe import TIMEOUT
 from glmfb.process import COOKIE_ENV, ProcessTree, describe_returncode, new_cookie
 from glmfb.verdict import ExitCode, Verdict
+
+if TYPE_CHECKING:
+    from glmfb.targets import ImportFence
 
 RESULT_FD_ENV = "GLMFB_RESULT_FD"
 STDOUT_NAME = "probe-stdout.txt"
@@ -192,7 +195,8 @@ def call_isolated(function: str, config: Any, *, artifact_dir: Path, progress: C
 
 
 def _supervise(job: dict[str, Any], artifact_dir: Path, progress: Callable[[str], None], timeout_s: float | None,
-               cancel: threading.Event | None) -> tuple[list[dict[str, Any]], int | None, str]:
+               cancel: threading.Event | None,
+               workdir: Path | None = None) -> tuple[list[dict[str, Any]], int | None, str]:
     """Start ``python -m glmfb.child`` on ``job``; collect its messages until it answers,
     times out or is cancelled; stop its process tree. ``(messages, returncode, outcome)``."""
     timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
@@ -206,7 +210,7 @@ def _supervise(job: dict[str, Any], artifact_dir: Path, progress: Callable[[str]
         try:
             child = subprocess.Popen(
                 [sys.executable, "-m", "glmfb.child"], stdin=subprocess.PIPE, stdout=stdout, stderr=stderr,
-                pass_fds=(write_fd,), start_new_session=True, env=env, close_fds=True,
+                pass_fds=(write_fd,), start_new_session=True, env=env, close_fds=True, cwd=workdir,
             )
         except OSError as exc:
             os.close(read_fd)
@@ -285,8 +289,12 @@ def run_isolated(
     usage_errors: bool = True,
     timeout_s: float | None = None,
     cancel: threading.Event | None = None,
+    workdir: Path | None = None,
+    fence: ImportFence | None = None,
 ) -> Verdict:
-    """Run probe ``kind`` on ``config`` in a supervised child and return its verdict.
+    """Run probe ``kind`` on ``config`` in a supervised child and return its verdict. The child
+    runs in ``workdir`` (default: this process's folder) and checks its imports against
+    ``fence`` (:class:`~glmfb.probe.ProbeContext`).
 
     Raises :class:`~glmfb.errors.UsageError` when the child reports one (and
     ``usage_errors``), and :class:`KeyboardInterrupt` after stopping the child when glmfb
@@ -295,10 +303,10 @@ def run_isolated(
     job = {
         "kind": kind, "config": encode(config), "run_id": run_id, "artifact_dir": str(artifact_dir),
         "rules_files": [str(p) for p in rules_files], "usage_errors": usage_errors,
-        "sys_path": [p for p in sys.path if p],
+        "sys_path": [p for p in sys.path if p], "fence": fence.to_dict() if fence is not None else None,
     }
     started = time.monotonic()
-    messages, returncode, outcome = _supervise(job, artifact_dir, progress, timeout_s, cancel)
+    messages, returncode, outcome = _supervise(job, artifact_dir, progress, timeout_s, cancel, workdir)
     elapsed_s = time.monotonic() - started
     if outcome != "answered":
         limit = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s

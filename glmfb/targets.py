@@ -12,7 +12,7 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -84,10 +84,10 @@ def portable_ref(ref: str, base_dir: Path | None) -> str:
     location, sep, attr = ref.rpartition(":")
     if not sep or base_dir is None or not is_file_ref(location) or Path(location).is_absolute():
         return ref
-    if (Path.cwd() / location).is_file():
-        return ref
     beside = base_dir / location
     if not beside.is_file():
+        return ref
+    if (Path.cwd() / location).resolve() == beside.resolve():
         return ref
     return f"{os.path.relpath(beside.resolve())}:{attr}"
 
@@ -136,8 +136,8 @@ def resolve(ref: str, *, base_dir: Path | None = None) -> Callable[..., Any]:
 def _find_file(location: str, base_dir: Path | None) -> Path:
     path = Path(location)
     candidates = [path] if path.is_absolute() else [Path.cwd() / path]
-    if base_dir is not None and not path.is_absolute():
-        candidates.append(base_dir / path)
+    if base_dir is not None and not path.is_absolute():  # a definition's paths are relative to it first
+        candidates.insert(0, base_dir / path)
     for candidate in candidates:
         if candidate.is_file():
             return candidate.resolve()
@@ -197,7 +197,7 @@ def _import_file(path: Path, ref: str) -> ModuleType:
         _append_path(str(root))
         return _import_module(dotted, ref)
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
-    module_name = f"glmfb_target_{path.stem}_{digest}"
+    module_name = f"{TARGET_MODULE_PREFIX}{path.stem}_{digest}"
     if module_name in sys.modules:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, path)
@@ -212,3 +212,68 @@ def _import_file(path: Path, ref: str) -> ModuleType:
         del sys.modules[module_name]
         raise TargetError(f"importing {path} failed: {_import_error_line(exc)}") from exc
     return module
+
+
+@dataclass(frozen=True)
+class ImportFence:
+    """Where the code a probe imports may come from, when it evaluates a checkout that is not
+    the user's (``glmfb bisect`` runs each commit in a worktree of its own).
+
+    Nothing may come from ``checkout`` (the user's working copy: an editable install of it, a
+    folder of it on the import path). And when the two sides of a pair live in two worktrees
+    (``sides``: label and folder), a module other than a target file is imported once for both:
+    if its file differs between the two worktrees, one side ran the other's version. Target
+    files are loaded by path under a name of their own, so each side gets its own."""
+
+    checkout: str
+    sides: tuple[tuple[str, str], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"checkout": self.checkout, "sides": [list(side) for side in self.sides]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ImportFence:
+        return cls(str(data["checkout"]), tuple((str(label), str(folder)) for label, folder in data.get("sides", ())))
+
+    def breach(self, modules: Mapping[str, Any] | None = None) -> str | None:
+        """Why the modules imported so far (``sys.modules``) break the fence, in one sentence
+        naming the module and its file, or None."""
+        checkout = Path(self.checkout).resolve()
+        sides = [(label, Path(folder).resolve()) for label, folder in self.sides]
+        for name, module in sorted((modules if modules is not None else sys.modules).items()):
+            filename = getattr(module, "__file__", None)
+            if not isinstance(filename, str) or not os.path.isabs(filename):
+                continue  # a name without a place (torch.classes says "_classes.py")
+            path = Path(filename).resolve()
+            if any(path.is_relative_to(folder) for _, folder in sides):
+                problem = self._other_version(name, path, sides)
+                if problem is not None:
+                    return problem
+            elif path.is_relative_to(checkout):
+                return (f"{_module_label(name)} was imported from your checkout ({path}), not from the commit's "
+                        "worktree, so the commit's code was not what ran; make the target load its code by a path "
+                        "relative to itself, or install the package from the worktree with --setup")
+        return None
+
+    @staticmethod
+    def _other_version(name: str, path: Path, sides: Sequence[tuple[str, Path]]) -> str | None:
+        if name.startswith(TARGET_MODULE_PREFIX):
+            return None  # a target file, loaded once per side
+        here = next((label, folder) for label, folder in sides if path.is_relative_to(folder))
+        relative = path.relative_to(here[1])
+        for label, folder in sides:
+            if folder == here[1]:
+                continue
+            other = folder / relative
+            if not other.is_file() or other.read_bytes() != path.read_bytes():
+                return (f"{_module_label(name)} ({relative}) was imported once, from {here[0]}'s worktree, for both "
+                        f"sides, and {label}'s version differs: both sides ran {here[0]}'s; keep the code under test "
+                        "in the target files, which are loaded once per side")
+        return None
+
+
+TARGET_MODULE_PREFIX = "glmfb_target_"
+
+
+def _module_label(name: str) -> str:
+    return "a target file" if name.startswith(TARGET_MODULE_PREFIX) else f"module {name!r}"

@@ -45,7 +45,7 @@ from glmfb.evidence import BisectEvaluation, Bisection, BisectVerdict
 from glmfb.probe import ProbeForm, ProbeSpec, get_probe
 from glmfb.step import Step
 from glmfb.suite import ProbeDefinition, SuiteContext, load_definitions, run_definition, select
-from glmfb.targets import is_file_ref
+from glmfb.targets import ImportFence, is_file_ref
 from glmfb.verdict import Layer, Status, Verdict
 
 MAX_ATTEMPTS = 3  # an inconclusive evaluation is run again with 2x, then 4x the budget
@@ -253,7 +253,8 @@ class _Session:
                 config = dataclasses.replace(config, **{budget_field: getattr(config, budget_field) * 2 ** (attempt - 1)})
             number = len(self.rows) + 1
             context = SuiteContext(self.run_id, self.report_dir / EVALUATIONS_DIR / f"{number:02d}-{commit.short}",
-                                   timeout_s=self.request.timeout_s, on_progress=None, cancel=self.cancel)
+                                   timeout_s=self.request.timeout_s, on_progress=None, cancel=self.cancel,
+                                   workdir=self._workdir(tree), fence=self._fence(commit, tree, good_tree))
             self.progress(f"evaluation {number}: {commit.describe()}"
                           + (f" (try {attempt}, {self._budget(config, budget_field)})" if attempt > 1 else ""))
             limit = self._time_limit(definition.timeout_s if definition.timeout_s is not None
@@ -269,6 +270,24 @@ class _Session:
                 break
         assert verdict is not None
         return _Judged(_commit_outcome(verdict.status), verdict)
+
+    def _workdir(self, tree: Path) -> Path:
+        """Where the commit's probe runs: the worktree's counterpart of the folder glmfb was
+        started in when that is inside the repository (a path the definition writes relative
+        to the working folder then means the same file of the commit), else the worktree's top."""
+        assert self.repo is not None
+        here = Path.cwd().resolve()
+        if not here.is_relative_to(self.repo):
+            return tree
+        counterpart = tree / here.relative_to(self.repo)
+        return counterpart if counterpart.is_dir() else tree
+
+    def _fence(self, commit: Commit, tree: Path, good_tree: Path) -> ImportFence:
+        """Nothing the probe imports may come from the user's checkout; a pair's two worktrees
+        may share no module whose file differs between them."""
+        assert self.repo is not None and self.good is not None
+        sides = (("GOOD", str(good_tree)), (commit.short, str(tree))) if self.paired and tree != good_tree else ()
+        return ImportFence(str(self.repo), sides)
 
     def _set_up(self, tree: Path, commit: Commit) -> None:
         if not self.request.setup:
