@@ -25,9 +25,9 @@ from glmfb.commands.common import (
     history_url,
     interactive,
     parse_timeout,
-    record_history,
     record_shards,
     run_history,
+    show_finished,
 )
 from glmfb.errors import GlmfbError, UsageError
 from glmfb.probe import TIMEOUT
@@ -212,12 +212,10 @@ def run_command(
 ) -> None:
     """Run the probe definitions of a suite and write reports/<run-id>/run.json."""
     from glmfb import suite
-    from glmfb.clock import new_run_id
-    from glmfb.io import write_json_atomic
-    from glmfb.runs import start_run
+    from glmfb.invocation import begin
 
-    run_id = new_run_id()
-    report_dir = start_run(out, run_id)  # the gate's pointer, before anything can fail
+    invocation = begin(out)  # the gate's pointer, before anything can fail (bad input included)
+    run_id, report_dir = invocation.run_id, invocation.report_dir
     timeout_s = parse_timeout(timeout)
     store = history_url(history, out, no_history)
     search = paths or ["probes"]
@@ -263,48 +261,15 @@ def run_command(
             on_done=lambda d, v: notes.print(f"{status_label(v):>24}  {d.probe:<5} {d.name}"),
             shard=part,
         )
-    run_file = report_dir / "run.json"
-    if part is not None and part.count > 1:
-        # a shard is a part of one run: it keeps its verdicts' origins, and the gate that puts the
-        # N shards together records them in the history as one run
-        run = _with_origins(run, definitions)
-        write_json_atomic(run_file, run.to_dict())
-        if store is not None:
-            notes.print(f"shard {part.label}: its verdicts go into the history when glmfb gate takes the "
-                        f"{part.count} shards as one run")
-    else:
-        write_json_atomic(run_file, run.to_dict())
-        record_history(store, run, lambda: _history_origins(definitions))
-    _write_run_reports(run, report_dir, store)
-    notes.print(f"run written to {run_file} (report.html, junit.xml beside it)")
-    emit_run(run, as_json, verbose=verbose, folder_size=folder_size(report_dir))
-
-
-def _with_origins(run: Any, definitions: Any) -> Any:
-    """A shard's run with each definition's history origin (its hash and git state, taken here)."""
-    from dataclasses import replace
-
-    origins = _history_origins(definitions)
-    return replace(run, shard=replace(run.shard, origins={name: o.to_dict() for name, o in origins.items()}))
-
-
-def _history_origins(definitions: Any) -> Any:
-    """Each definition's origin for the history (its hash, its repository)."""
     from glmfb.history.record import suite_origins
 
-    return suite_origins(definitions)
-
-
-def _write_run_reports(run: Any, report_dir: Path, store: str | None) -> None:
-    """report.html (with the history of the run's verdicts from ``store``) and junit.xml
-    (default gate policy) beside run.json."""
-    from glmfb.gate import evaluate
-    from glmfb.io import write_text_atomic
-    from glmfb.report.html import write_html
-    from glmfb.report.junit import render_junit
-
-    write_html(run, report_dir, history=run_history(store, run.id))
-    write_text_atomic(report_dir / "junit.xml", render_junit(evaluate(run)))
+    finished = invocation.finish(run.verdicts, interrupted=run.interrupted, shard=run.shard, env=run.env,
+                                 history=store, origins=lambda: suite_origins(definitions))
+    if part is not None and part.count > 1 and store is not None:
+        notes.print(f"shard {part.label}: its verdicts go into the history when glmfb gate takes the "
+                    f"{part.count} shards as one run")
+    show_finished(finished)
+    emit_run(finished.run, as_json, verbose=verbose, folder_size=folder_size(report_dir))
 
 
 @app.command("gate", cls=Command)

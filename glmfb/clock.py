@@ -42,7 +42,18 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+_last_run_id = ""
+
+
 def new_run_id(now: datetime | None = None) -> str:
-    """``20261201-083800-1a2b``: sortable by time, unique within a second."""
-    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
-    return f"{stamp}-{time.monotonic_ns() % 0xFFFF:04x}"
+    """``20261201-083800-f3a2``: ordered by time as text (the suffix counts 16 µs steps within
+    the second, so the gate can tell which of two run folders is newer), and never the same
+    twice in one process (a second id in the same step takes the next one)."""
+    global _last_run_id
+    moment = now or datetime.now(timezone.utc)
+    stamp, tick = moment.strftime("%Y%m%d-%H%M%S"), moment.microsecond // 16  # at most 0xf423
+    run_id = f"{stamp}-{tick:04x}"
+    if run_id <= _last_run_id and _last_run_id.startswith(stamp):
+        run_id = f"{stamp}-{int(_last_run_id.rpartition('-')[2], 16) + 1:04x}"
+    _last_run_id = run_id
+    return run_id

@@ -1,46 +1,98 @@
 """Run folders: ``reports/<run-id>/run.json``, and the pointer to the latest invocation.
 
-Every ``glmfb run`` and every probe command writes ``<out>/LATEST`` (the run id) *first*,
-before any probe runs, then ``<out>/<run-id>/run.json`` when it finishes (interrupted runs
-included). ``glmfb gate`` with no path follows the pointer, so it gates the run of the latest
-invocation or refuses: it never gates an older run.json because the latest invocation stopped
-early (bad input, a crash, a kill) and wrote none.
+Every invocation (:mod:`glmfb.invocation`) removes ``<out>/LATEST`` *first*, makes its run
+folder, points ``LATEST`` at it before any probe runs, then writes
+``<out>/<run-id>/run.json`` when it finishes (interrupted runs included) and points ``LATEST``
+at it again. ``glmfb gate`` with no path follows the pointer, so it gates the run of the
+latest invocation or refuses: it never gates an older run.json because the latest invocation
+stopped early (bad input, a full disk, a crash, a kill) and wrote none, nor because code it
+ran rewrote the pointer (a run folder newer than the one named is refused too).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from glmfb.errors import HarnessError, InputError, UsageError
 
 POINTER = "LATEST"
 RUN_FILE = "run.json"
+RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")  # glmfb.clock.new_run_id
 
 
 def start_run(out: Path, run_id: str) -> Path:
-    """Point ``out/LATEST`` at ``run_id`` and create its folder; returns the folder."""
+    """Begin an invocation in ``out``: remove ``out/LATEST`` first (removing needs no space, so
+    even on a full disk the gate can no longer read the run before this one), create the run's
+    folder, then point ``LATEST`` at it. Returns the folder. What cannot be written is a
+    :class:`~glmfb.errors.HarnessError` naming the path and what to do."""
     from glmfb.io import write_text_atomic
 
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file", "give a folder for the reports (default: reports)")
+    pointer = out / POINTER
     report_dir = out / run_id
-    report_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / POINTER, run_id + "\n")
+    with writing(pointer, "remove"):
+        pointer.unlink(missing_ok=True)
+    with writing(report_dir, "create the run folder"):
+        report_dir.mkdir(parents=True, exist_ok=True)
+    with writing(pointer, "write"):
+        write_text_atomic(pointer, run_id + "\n")
     return report_dir
 
 
-def latest_run(out: Path) -> Path:
-    """The run.json of the latest invocation that wrote into ``out``."""
+def end_run(out: Path, run_id: str) -> None:
+    """Point ``out/LATEST`` at ``run_id`` again once its run.json is written: code the run ran
+    (a target) may have rewritten the pointer meanwhile."""
+    from glmfb.io import write_text_atomic
+
     pointer = out / POINTER
+    with writing(pointer, "write"):
+        if not pointer.is_file() or pointer.read_text(encoding="utf-8").strip() != run_id:
+            write_text_atomic(pointer, run_id + "\n")
+
+
+@contextlib.contextmanager
+def writing(path: Path, action: str) -> Iterator[None]:
+    """An :class:`OSError` while doing ``action`` to ``path`` as one line that says what to do
+    (a :class:`~glmfb.errors.HarnessError`, exit 3), never an internal error."""
+    try:
+        yield
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        hint = {errno.ENOSPC: "free space on that disk, or give --out a folder on another one",
+                errno.EDQUOT: "free space under your quota, or give --out another folder",
+                errno.EACCES: "give --out a folder you may write to", errno.EROFS: "give --out a writable folder",
+                }.get(exc.errno or 0, "give --out a folder glmfb can write to")
+        raise HarnessError(f"cannot {action} {path}: {reason}", hint) from None
+
+
+def latest_run(out: Path) -> Path:
+    """The run.json of the latest invocation that wrote into ``out``. Refused (never an older
+    run instead) when that invocation wrote none, when ``LATEST`` is gone (an invocation removed
+    it and could not write it: a full disk), or when a run folder newer than the one ``LATEST``
+    names exists (something rewrote the pointer, and the invocation that made the newer
+    folder did not finish: run ids are ordered by time)."""
+    pointer = out / POINTER
+    folders = _run_folders(out)
     if not pointer.is_file():
-        runs = sorted(out.glob(f"*/{RUN_FILE}")) if out.is_dir() else []
-        if runs:
-            raise UsageError(f"{out} holds runs but no {POINTER} pointer (written by glmfb 0.2 and later)",
-                             f"give the run to gate, e.g. glmfb gate {runs[-1].parent}")
+        if folders:
+            raise HarnessError(
+                f"{out} holds runs but no {POINTER} pointer: the latest invocation into it removed the pointer and "
+                "could not write a new one (a full disk, a kill), or the runs were written by glmfb 0.1",
+                f"read that invocation's output; to gate an older run on purpose, name it: glmfb gate {folders[-1]}")
         raise UsageError(f"no run given and none found under {out}/", "pass a run.json or a run folder, or - for stdin")
     run_id = pointer.read_text(encoding="utf-8").strip()
+    newer = [folder for folder in folders if folder.name > run_id]
+    if newer:
+        raise HarnessError(
+            f"{POINTER} in {out}/ names {run_id}, but a newer invocation made {newer[-1].name} after it: the pointer "
+            "was rewritten while that invocation ran, and it did not finish",
+            "read that invocation's output; glmfb gate never gates an older run instead")
     run_file = out / run_id / RUN_FILE
     if not run_file.is_file():
         raise HarnessError(
@@ -49,6 +101,13 @@ def latest_run(out: Path) -> Path:
             "read its output; glmfb gate never gates an older run instead",
         )
     return run_file
+
+
+def _run_folders(out: Path) -> list[Path]:
+    """The run folders in ``out`` (named by a run id), oldest first."""
+    if not out.is_dir():
+        return []
+    return sorted((p for p in out.iterdir() if RUN_ID.fullmatch(p.name) and p.is_dir()), key=lambda p: p.name)
 
 
 def run_file_of(source: str) -> str:

@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                    "glmfb.tables", "glmfb.stats", "glmfb.commandline", "glmfb.documents", "glmfb.runs", "glmfb.shards",
                    "glmfb.supervise", "glmfb.child", "glmfb.process", "glmfb.plotting", "glmfb.measure")),
     ("engines", ENGINES),
-    ("suite, reports, gate, agent server", ("glmfb.suite", "glmfb.report", "glmfb.gate", "glmfb.mcp",
+    ("suite, reports, gate, agent server", ("glmfb.suite", "glmfb.invocation", "glmfb.report", "glmfb.gate", "glmfb.mcp",
                                              "glmfb.history", "glmfb.bisect")),
     ("CLI", ("glmfb.cli", "glmfb.__main__", "glmfb.commands")),
 )

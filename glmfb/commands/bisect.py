@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from glmfb.commands.common import console, emit_verdict, parse_timeout
+from glmfb.commands.common import console, emit_verdict, parse_timeout, show_finished
 
 
 def bisect_command(
@@ -42,28 +42,15 @@ def bisect_command(
 ) -> None:
     """Find the commit between GOOD and BAD where a probe definition starts to fail."""
     from glmfb.bisect import BisectRequest, bisect, choose_definition
-    from glmfb.clock import new_run_id, utc_now
-    from glmfb.env import fingerprint
-    from glmfb.gate import evaluate
-    from glmfb.io import write_json_atomic, write_text_atomic
-    from glmfb.report.html import write_html
-    from glmfb.report.junit import render_junit
-    from glmfb.runs import start_run
-    from glmfb.verdict import Run
+    from glmfb.invocation import begin
 
+    invocation = begin(out)  # the gate's pointer, before anything can fail (bad input included)
     request = BisectRequest(good=good, bad=bad, definition=definition, select=tuple(select or ()), setup=setup,
                             max_evaluations=max_evaluations, timeout_s=parse_timeout(timeout))
-    choose_definition(definition, request.select)  # bad input is exit 2 before a run folder exists
-    run_id = new_run_id()
-    report_dir = start_run(out, run_id)
+    choose_definition(definition, request.select)  # bad input is exit 2
     notes = console(stderr=True)
-    started = utc_now()
-    result = bisect(request, run_id, report_dir, progress=lambda message: notes.print(message, markup=False))
-    run = Run(id=run_id, started=started, finished=utc_now(), verdicts=(result.verdict,), env=fingerprint(),
-              interrupted=result.interrupted)
-    run_file = report_dir / "run.json"
-    write_json_atomic(run_file, run.to_dict())
-    write_html(run, report_dir)
-    write_text_atomic(report_dir / "junit.xml", render_junit(evaluate(run)))
-    notes.print(f"bisection written to {run_file} (report.html, junit.xml beside it)")
-    emit_verdict(result.verdict, as_json)
+    result = bisect(request, invocation.run_id, invocation.report_dir,
+                    progress=lambda message: notes.print(message, markup=False))
+    finished = invocation.finish([result.verdict], interrupted=result.interrupted)  # a bisection records no history
+    show_finished(finished)
+    emit_verdict(finished.run.verdicts[0], as_json)

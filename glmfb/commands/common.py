@@ -16,6 +16,8 @@ from glmfb.verdict import Run, Verdict
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from glmfb.invocation import Finished
+
 
 class Command(TyperCommand):
     """A typer command whose usage line writes a required argument as click does, ``NAME``
@@ -108,16 +110,12 @@ def history_url(given: str | None, out: object, no_history: bool) -> str | None:
     return url
 
 
-def record_history(url: str | None, run: Run, origins: Callable[[], Any]) -> None:
-    """Append ``run``'s verdicts to the history at ``url`` (``origins()`` gives each verdict's
-    origin by name). Recording never fails the run: whatever goes wrong is one warning line."""
-    if url is None:
-        return
-    from glmfb.history.record import record_or_warn
-
-    warning = record_or_warn(url, run, origins)
-    if warning is not None:
+def show_finished(finished: Finished) -> None:
+    """What an invocation wrote, on stderr: its warnings (a history store that failed), then
+    where the run went and what a signal left unwritten."""
+    for warning in finished.warnings:
         sys.stderr.write(f"glmfb: warning: {warning}\n")
+    console(stderr=True).print(finished.summary(), markup=False, soft_wrap=True)
 
 
 def record_shards(url: str | None, run: Run, sources: Any) -> None:

@@ -18,13 +18,11 @@ import typer
 
 from glmfb.commands.common import (
     Command,
-    console,
     emit_verdict,
     history_url,
     parse_timeout,
     progress_messages,
-    record_history,
-    run_history,
+    show_finished,
 )
 from glmfb.errors import UsageError
 from glmfb.options import OptionSpec, options_of, parse_given
@@ -146,16 +144,12 @@ def register_probe(app: typer.Typer, probe: Probe) -> None:
     def command(**values: Any) -> None:
         import os
 
-        from glmfb.clock import new_run_id, utc_now
         from glmfb.host import run_probe
-        from glmfb.io import write_json_atomic
-        from glmfb.runs import start_run
-        from glmfb.verdict import Run, Verdict
+        from glmfb.invocation import begin
+        from glmfb.verdict import Verdict
 
         out = Path(values["out"]) if values.get("out") is not None else Path("reports")
-        run_id = new_run_id()
-        report_dir = start_run(out, run_id)  # the gate's pointer, before anything can fail
-        started = utc_now()
+        invocation = begin(out)  # the gate's pointer, before anything can fail (bad input included)
         timeout_s = parse_timeout(values.get("timeout"))
         store = history_url(values.get("history"), out, bool(values.get("no_history")))
         rules = tuple(Path(p) for p in values.get("rules") or ())
@@ -166,8 +160,8 @@ def register_probe(app: typer.Typer, probe: Probe) -> None:
         config = probe.build(spec)
         interrupted = False
         with progress_messages() as progress:
-            ctx = ProbeContext(run_id=run_id, artifact_dir=report_dir / safe_component(spec.name), progress=progress,
-                               rules_files=rules)
+            ctx = ProbeContext(run_id=invocation.run_id, artifact_dir=invocation.report_dir / safe_component(spec.name),
+                               progress=progress, rules_files=rules)
             try:
                 verdict = run_probe(probe, config, ctx, isolate=os.environ.get("GLMFB_ISOLATE", "1") != "0",
                                     timeout_s=timeout_s)
@@ -176,18 +170,14 @@ def register_probe(app: typer.Typer, probe: Probe) -> None:
                 verdict = Verdict.harness_error(
                     probe.kind, spec.name,
                     f"interrupted ({getattr(exc, 'signal_name', 'SIGINT')}) while running; its processes were stopped")
-        run = Run(id=run_id, started=started, finished=utc_now(), verdicts=(verdict,), interrupted=interrupted)
-        write_json_atomic(report_dir / "run.json", run.to_dict())
-        record_history(store, run, lambda: _history_origins(spec, probe))
-        from glmfb.report.html import write_html
-
-        write_html(run, report_dir, history=run_history(store, run_id))
-        console(stderr=True).print(f"verdict written to {report_dir / 'run.json'} (report.html beside it)")
+        finished = invocation.finish([verdict], interrupted=interrupted, history=store,
+                                     origins=lambda: _history_origins(spec, probe))
+        show_finished(finished)
         if values.get("csv") is not None:
             from glmfb.tables import write_csv
 
             write_csv(verdict, Path(values["csv"]))
-        emit_verdict(verdict, bool(values.get("as_json")))
+        emit_verdict(finished.run.verdicts[0], bool(values.get("as_json")))
 
     params = _common_parameters(probe) + option_parameters(probe.config_type)
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]

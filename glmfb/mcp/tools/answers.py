@@ -11,7 +11,18 @@ from glmfb.mcp.tools.base import ARTIFACT_URI, RUN_URI
 from glmfb.verdict import Run, Verdict
 
 if TYPE_CHECKING:
+    from glmfb.invocation import Finished
     from glmfb.mcp.boundary import Boundary
+
+
+def finished_notes(finished: Finished) -> tuple[str, ...]:
+    """What an invocation's writing has to say to the model: its warnings (a history store that
+    failed), and the files a signal left unwritten."""
+    notes = list(finished.warnings)
+    if finished.not_written:
+        notes.append(f"interrupted ({finished.stopped_by}) while writing: {', '.join(finished.not_written)} "
+                     "not written")
+    return tuple(notes)
 
 
 def run_ref(boundary: Boundary, run_id: str) -> dict[str, Any]:

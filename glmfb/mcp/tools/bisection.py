@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from glmfb.errors import InputError, UsageError
 from glmfb.mcp.boundary import strings
-from glmfb.mcp.tools.answers import run_ref, summarize
+from glmfb.mcp.tools.answers import finished_notes, run_ref, summarize
 from glmfb.mcp.tools.base import (
     ARTIFACT_URI,
     NEXT_CALL,
@@ -30,7 +30,7 @@ from glmfb.mcp.tools.base import (
     refuse_unknown,
     with_defs,
 )
-from glmfb.verdict import Run, Verdict
+from glmfb.verdict import Verdict
 
 if TYPE_CHECKING:
     from glmfb.bisect import BisectRequest
@@ -136,17 +136,11 @@ class BisectTool:
         """Run the bisection (once the slot is free) and write its run folder as glmfb bisect
         does; ``followed`` is the definition's probe kind and name."""
         from glmfb.bisect import bisect
-        from glmfb.clock import utc_now
-        from glmfb.env import fingerprint
-        from glmfb.gate import evaluate
-        from glmfb.io import write_json_atomic, write_text_atomic
-        from glmfb.report.html import REPORT_NAME, write_html
-        from glmfb.report.junit import render_junit
-        from glmfb.runs import RUN_FILE, start_run
+        from glmfb.invocation import REPORT_NAME, begin
 
         boundary = self.box.boundary
-        report_dir = start_run(boundary.reports, ctx.run_id)  # the gate's pointer, before anything can fail
-        started = utc_now()
+        invocation = begin(boundary.reports, run_id=ctx.run_id)  # the gate's pointer, before anything can fail
+        report_dir = invocation.report_dir
         evaluations, interrupted = 0, False
         refused = ctx.take_slot()
         if refused is not None:
@@ -159,11 +153,8 @@ class BisectTool:
             finally:
                 ctx.slot.release()
             verdict, evaluations, interrupted = result.verdict, result.evaluations, result.interrupted
-        run = Run(id=ctx.run_id, started=started, finished=utc_now(), verdicts=(verdict,), env=fingerprint(),
-                  interrupted=interrupted)
-        write_json_atomic(report_dir / RUN_FILE, run.to_dict())
-        write_html(run, report_dir)
-        write_text_atomic(report_dir / "junit.xml", render_junit(evaluate(run)))
+        finished = invocation.finish([verdict], interrupted=interrupted)  # a bisection records no history
+        notes = (*notes, *finished_notes(finished))
         structured: dict[str, Any] = {
             "verdict": verdict.to_dict(), "run": run_ref(boundary, ctx.run_id),
             "report": ARTIFACT_URI.format(run_id=ctx.run_id, path=REPORT_NAME),

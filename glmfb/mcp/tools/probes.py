@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from glmfb.errors import InputError, UsageError
-from glmfb.mcp.tools.answers import artifact_uris, run_ref, summarize
+from glmfb.mcp.tools.answers import artifact_uris, finished_notes, run_ref, summarize
 from glmfb.mcp.tools.base import (
     KWARGS,
     NEXT_CALL,
@@ -30,9 +30,10 @@ from glmfb.mcp.tools.base import (
 )
 from glmfb.options import options_of, options_schema, parse_table
 from glmfb.probe import Probe, ProbeForm, ProbeSpec, safe_component
-from glmfb.verdict import Run, Verdict
+from glmfb.verdict import Verdict
 
 if TYPE_CHECKING:
+    from glmfb.history.record import Origin
     from glmfb.mcp.tools import Toolbox
 
 _SIDES = ("baseline", "candidate", "target", "command")
@@ -210,15 +211,13 @@ class ProbeTool:
     def _run(self, spec: ProbeSpec, config: Any, rules: tuple[Path, ...], ctx: CallContext,
              notes: tuple[str, ...]) -> Answer:
         """Run the probe in a supervised child (when the slot is free) and write its run."""
-        from glmfb.clock import utc_now
         from glmfb.host import run_probe
-        from glmfb.io import write_json_atomic
+        from glmfb.invocation import begin
         from glmfb.probe import ProbeContext
-        from glmfb.runs import RUN_FILE, start_run
 
         probe = self.probe
-        report_dir = start_run(self.box.boundary.reports, ctx.run_id)  # the gate's pointer, before anything can fail
-        started = utc_now()
+        invocation = begin(self.box.boundary.reports, run_id=ctx.run_id)  # the gate's pointer, before anything can fail
+        report_dir = invocation.report_dir
         refused = ctx.take_slot()
         if refused is not None:
             verdict = Verdict.harness_error(probe.kind, spec.name, f"glmfb {probe.kind}: not run: {refused}")
@@ -230,20 +229,16 @@ class ProbeTool:
                                     cancel=ctx.cancel)
             finally:
                 ctx.slot.release()
-        run = Run(id=ctx.run_id, started=started, finished=utc_now(), verdicts=(verdict,),
-                  interrupted=ctx.cancel.is_set())
-        write_json_atomic(report_dir / RUN_FILE, run.to_dict())
-        warning = self._record(spec, run)
-        return self.answer(verdict, ctx.run_id, (*notes, warning) if warning else notes)
+        finished = invocation.finish([verdict], interrupted=ctx.cancel.is_set(), history=self.box.boundary.history,
+                                     origins=lambda: self._origins(spec))
+        return self.answer(finished.run.verdicts[0], ctx.run_id, (*notes, *finished_notes(finished)))
 
-    def _record(self, spec: ProbeSpec, run: Run) -> str | None:
-        """The verdict into the history, as the probe's command records it (its origin: the
-        spec's hash, the root's repository); a warning when the store fails."""
-        from glmfb.history.record import Origin, canonical_hash, record_or_warn, spec_content
+    def _origins(self, spec: ProbeSpec) -> dict[str, Origin]:
+        """The verdict's origin in the history, as the probe's command records it: the spec's
+        hash, the root's repository."""
+        from glmfb.history.record import Origin, canonical_hash, spec_content
 
-        root = self.box.boundary.root
-        return record_or_warn(self.box.boundary.history, run, lambda: {
-            spec.name: Origin(canonical_hash(spec_content(spec, self.probe.config_type)), root)})
+        return {spec.name: Origin(canonical_hash(spec_content(spec, self.probe.config_type)), self.box.boundary.root)}
 
     def answer(self, verdict: Verdict, run_id: str, notes: Sequence[str] = ()) -> Answer:
         """The tool's result for one verdict."""

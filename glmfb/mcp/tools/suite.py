@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from glmfb.commandline import run_step
 from glmfb.errors import InputError, UsageError
 from glmfb.mcp.boundary import Boundary, strings
-from glmfb.mcp.tools.answers import run_ref, summarize_run
+from glmfb.mcp.tools.answers import finished_notes, run_ref, summarize_run
 from glmfb.mcp.tools.base import (
     ARTIFACT_URI,
     NEXT_CALL,
@@ -27,7 +27,7 @@ from glmfb.mcp.tools.base import (
     refuse_unknown,
     with_defs,
 )
-from glmfb.verdict import Run, Verdict
+from glmfb.verdict import Verdict
 
 if TYPE_CHECKING:
     from glmfb.mcp.tools import Toolbox
@@ -127,36 +127,19 @@ class RunTool:
 
     def _run_suite(self, chosen: Sequence[Any], ctx: CallContext, notes: tuple[str, ...]) -> Answer:
         from glmfb import suite
-        from glmfb.clock import utc_now
-        from glmfb.env import fingerprint
-        from glmfb.gate import evaluate
-        from glmfb.history.record import record_or_warn, suite_origins
-        from glmfb.history.series import history_of_run
-        from glmfb.io import write_json_atomic, write_text_atomic
-        from glmfb.report.html import REPORT_NAME, write_html
-        from glmfb.report.junit import render_junit
-        from glmfb.runs import RUN_FILE, start_run
+        from glmfb.history.record import suite_origins
+        from glmfb.invocation import REPORT_NAME, begin
 
-        report_dir = start_run(self.box.boundary.reports, ctx.run_id)
-        started = utc_now()
-        context = suite.SuiteContext(ctx.run_id, report_dir, on_progress=ctx.progress, isolate=True,
+        invocation = begin(self.box.boundary.reports, run_id=ctx.run_id)  # the gate's pointer, first
+        context = suite.SuiteContext(ctx.run_id, invocation.report_dir, on_progress=ctx.progress, isolate=True,
                                      cancel=ctx.cancel)
         verdicts = [self._run_one(definition, context, ctx, f"{index + 1}/{len(chosen)} {definition.probe} "
                                                             f"{definition.name}")
                     for index, definition in enumerate(chosen)]
-        run = Run(id=ctx.run_id, started=started, finished=utc_now(), verdicts=tuple(verdicts), env=fingerprint(),
-                  interrupted=ctx.cancel.is_set())
-        write_json_atomic(report_dir / RUN_FILE, run.to_dict())
-        history = self.box.boundary.history
-        warning = record_or_warn(history, run, lambda: suite_origins(chosen))
-        if warning is not None:
-            notes = (*notes, warning)
-        try:
-            series = history_of_run(history, run.id)
-        except Exception as exc:  # the report is written whatever the store does
-            series, notes = [], (*notes, f"the report shows no history: {exc}")
-        write_html(run, report_dir, history=series)
-        write_text_atomic(report_dir / "junit.xml", render_junit(evaluate(run)))
+        finished = invocation.finish(verdicts, interrupted=ctx.cancel.is_set(), history=self.box.boundary.history,
+                                     origins=lambda: suite_origins(chosen))
+        run = finished.run
+        notes = (*notes, *finished_notes(finished))
         structured: dict[str, Any] = {
             "run": run.to_dict(), "ref": run_ref(self.box.boundary, ctx.run_id),
             "next_calls": self._next_calls(run.verdicts),
