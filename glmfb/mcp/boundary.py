@@ -114,6 +114,44 @@ class Boundary:
         raise InputError(f"argument {argument!r}: {text!r} is neither a target nor a file or folder under the root",
                          "write a target as path/to/file.py:factory or package.module:factory")
 
+    def definition(self, definition: Any) -> None:
+        """Every path a probe definition (:class:`glmfb.suite.ProbeDefinition`) names lies under
+        the root, as a probe tool's arguments must: its targets, its rules files, and its path
+        and target options, each resolved beside the definition file, symbolic links followed.
+        A definition that names one outside is refused, naming it and the key; nothing of it is
+        imported. (A command line it runs is the run tool's to refuse: see :meth:`commands_of`.)"""
+        from glmfb.options import options_of
+        from glmfb.probe import get_probe
+
+        spec = definition.spec
+        label = f"definition {definition.name!r}"
+        for which in ("baseline", "candidate", "target"):
+            ref = getattr(spec, which)
+            if ref:
+                self.side(_beside(ref, spec.base_dir), f"{label}: {which}")
+        for file in definition.rules_files:
+            self.path(str(file), f"{label}: rules")
+        for option in options_of(get_probe(spec.kind).config_type):
+            value = spec.options.get(option.attr)
+            if value is None or value == ():
+                continue
+            if option.type.name == "path":
+                self.path(str(spec.resolve_path(value)), f"{label}: options.{option.key}")
+            elif option.type.name == "target":
+                self.side(_beside(str(value), spec.base_dir), f"{label}: options.{option.key}")
+
+    @staticmethod
+    def commands_of(definition: Any) -> list[str]:
+        """The keys under which a probe definition runs a command line (``command``, and options
+        such as a serving diff's ``baseline_server``)."""
+        from glmfb.options import options_of
+        from glmfb.probe import get_probe
+
+        spec = definition.spec
+        keys = ["command"] if spec.command else []
+        return keys + [f"options.{option.key}" for option in options_of(get_probe(spec.kind).config_type)
+                       if option.type.name == "command" and spec.options.get(option.attr) not in (None, ())]
+
     def module(self, location: str, argument: str) -> None:
         """A dotted module name must name a module under the root (unless commands are allowed)."""
         parts = location.split(".")
@@ -160,6 +198,22 @@ def _string(value: Any, argument: str, what: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InputError(f"argument {argument!r}: expected {what} as a non-empty string, got {value!r:.80}")
     return value.strip()
+
+
+def _beside(ref: str, base_dir: Path | None) -> str:
+    """A side a definition writes (relative to its own folder), made absolute, so that the
+    root's checks see the file it names. Endpoints and module names are left as written."""
+    if base_dir is None or ref.startswith("openai:"):
+        return ref
+    path_part, sep, suffix = ref.partition("#")
+    location, colon, attr = path_part.rpartition(":")
+    if colon and location and attr:
+        if _is_file_location(location) and not Path(location).is_absolute():
+            return f"{os.path.normpath(base_dir / location)}:{attr}{sep}{suffix}"
+        return ref
+    if path_part and not Path(path_part).is_absolute() and (base_dir / path_part).exists():
+        return f"{os.path.normpath(base_dir / path_part)}{sep}{suffix}"
+    return ref
 
 
 def _is_file_location(location: str) -> bool:

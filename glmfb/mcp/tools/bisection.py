@@ -117,9 +117,14 @@ class BisectTool:
             chosen = choose_definition(path, select)
         except UsageError as exc:
             raise InputError(f"{LABEL}: {exc.message}", exc.hint) from None
-        if chosen.spec.command and not boundary.allow_commands:
-            raise InputError(f"{LABEL}: definition {chosen.name!r} runs a command line, which this server runs only "
-                             "with --allow-commands")
+        try:
+            boundary.definition(chosen)  # every path it names stays under the root, as a probe tool's
+        except InputError as exc:
+            raise InputError(f"{LABEL}: {exc.message}", exc.hint) from None
+        commands = boundary.commands_of(chosen)
+        if commands and not boundary.allow_commands:
+            raise InputError(f"{LABEL}: definition {chosen.name!r} runs a command line ({', '.join(commands)}), "
+                             "which this server runs only with --allow-commands")
         timeout_s, note = boundary.timeout(arguments.get("timeout"))
         notes = (note,) if note else ()
         request = BisectRequest(good=good, bad=bad, definition=path, select=select, setup=setup,

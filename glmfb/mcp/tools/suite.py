@@ -43,10 +43,16 @@ def definitions(boundary: Boundary, label: str, arguments: Mapping[str, Any]) ->
     paths = boundary.paths(arguments.get("paths", "probes"), "paths", must_exist=True, what="file or folder")
     select = strings(arguments.get("select", []), "select")
     try:
-        return suite.selected(suite.load_definitions(suite.discover(paths)), select,
-                              [boundary.relative(p) for p in paths])
+        chosen = suite.selected(suite.load_definitions(suite.discover(paths)), select,
+                                [boundary.relative(p) for p in paths])
     except UsageError as exc:
         raise InputError(f"{label}: {exc.message}", exc.hint) from None
+    for definition in chosen:  # every path each names stays under the root, as a probe tool's
+        try:
+            boundary.definition(definition)
+        except InputError as exc:
+            raise InputError(f"{label}: {exc.message}", exc.hint) from None
+    return chosen
 
 
 @dataclass
@@ -101,8 +107,10 @@ class RunTool:
             return "the call was cancelled"
         if ctx.remaining_s() <= 0:
             return "the call's time budget ran out"
-        if definition.spec.command and not self.box.boundary.allow_commands:
-            return "it runs a command line, which this server runs only with --allow-commands"
+        commands = self.box.boundary.commands_of(definition)
+        if commands and not self.box.boundary.allow_commands:
+            return (f"it runs a command line ({', '.join(commands)}), which this server runs only with "
+                    "--allow-commands")
         return None
 
     def _run_one(self, definition: Any, context: Any, ctx: CallContext, label: str) -> Verdict:
