@@ -45,7 +45,7 @@ from glmfb.clock import SYSTEM_CLOCK, Clock
 from glmfb.errors import InputError
 from glmfb.options import SECONDS, OptionSpec, ValueType
 from glmfb.units import OptionValueError
-from glmfb.verdict import Layer, Verdict
+from glmfb.verdict import Layer, Metric, Verdict
 
 if TYPE_CHECKING:
     from glmfb.evidence import Evidence
@@ -208,6 +208,29 @@ class ProbeSpec:
 
 
 @dataclass(frozen=True)
+class MetricSpec:
+    """A metric a probe's verdicts carry, declared by the probe, as the history reads it:
+    which way it regresses (``worse``: ``"higher"`` or ``"lower"``), whether it is already a
+    change against a baseline (``relative``: two segments of its series are compared by the
+    difference of their levels, not by ratio), its unit and what it is. A recorded name may
+    carry a qualifier in brackets (bench's ``candidate_time[8x4096]``, one series per shape):
+    it is read as the declared metric before the bracket."""
+
+    name: str
+    worse: str = "higher"
+    relative: bool = False
+    unit: str = ""
+    about: str = ""
+
+
+def metric_spec(probe: Any, name: str) -> MetricSpec | None:
+    """What ``probe`` declares of metric ``name`` (its ``metrics``; a qualifier in brackets left
+    out), or None: a probe that declares nothing, or a name it does not declare."""
+    declared = {spec.name: spec for spec in getattr(probe, "metrics", ())}
+    return declared.get(name) or declared.get(name.partition("[")[0])
+
+
+@dataclass(frozen=True)
 class ReportSection:
     """How report.html shows a probe's verdicts: where its section goes (lower first), the
     question it answers (under the section's title), and its plots: ``"module:attr"`` naming
@@ -282,8 +305,11 @@ class Probe(Protocol):
     agent_hint: str  # one line for agents: when to reach for this probe (the MCP server's instructions)
     commands: tuple[ProbeCommand, ...]
     timing: bool  # its verdict rests on wall times: in a suite it runs with the machine to itself
+    metrics: tuple[MetricSpec, ...]  # its metrics' direction and units (the history reads them)
 
     def default_name(self, spec: ProbeSpec) -> str: ...
+
+    def series(self, verdict: Verdict) -> tuple[Metric, ...]: ...
 
     def cores(self, config: Any) -> int: ...
 
@@ -343,6 +369,12 @@ class BaseProbe:
     agent_hint: ClassVar[str] = ""
     commands: ClassVar[tuple[ProbeCommand, ...]] = ()
     timing: ClassVar[bool] = True  # the safe default: a probe that does not say runs alone
+    metrics: ClassVar[tuple[MetricSpec, ...]] = ()
+
+    def series(self, verdict: Verdict) -> tuple[Metric, ...]:
+        """The secondary series of a verdict, recorded in the history beside its headline
+        metric (bench: each side's own time per call, per shape): none, unless the probe says."""
+        return ()
 
     def default_name(self, spec: ProbeSpec) -> str:
         """The verdict's name when none is given: the kind."""

@@ -215,7 +215,7 @@ def test_cli_bad_shape_is_exit_2() -> None:
 def test_cli_bad_threshold_and_missing_shape_are_exit_2() -> None:
     assert cli(f"{HERE}:doubled", f"{HERE}:doubled", "--shape", "8", "--threshold", "five").exit_code == 2
     assert cli(f"{HERE}:doubled", f"{HERE}:doubled").exit_code == 2
-    assert cli(f"{HERE}:doubled").exit_code == 2  # one target needs --save
+    assert cli(f"{HERE}:doubled").exit_code == 2  # one target alone still needs a shape
 
 
 def test_cli_factory_raises_is_exit_3_with_error_json() -> None:

@@ -66,8 +66,6 @@ class BenchConfig:
             return
         if not self.shapes:
             raise UsageError("no shape given", "pass at least one, such as --shape 8x4096 (TOML: shapes = [\"8x4096\"])")
-        if self.candidate is None and self.save is None:
-            raise UsageError("give BASELINE and CANDIDATE", "or one target with --save FILE to only measure it")
 
     @property
     def saved(self) -> bool:

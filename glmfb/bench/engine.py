@@ -385,6 +385,8 @@ def _shape_evidence(result: ShapeResult, significant: bool | None, decision: Dec
         aa_change=aa.estimate.value if aa is not None else None, aa_ci=aa.estimate.ci if aa is not None else None,
         aa_blocks=aa.samples if aa is not None else None,
         quantiles_s={side: quantiles_of(result.blocks.samples_of(side)) for side in ("baseline", "candidate")},
+        side_time_s={side: interval for side in ("baseline", "candidate")
+                     if (interval := own_time(result.blocks.samples_of(side))) is not None} or None,
         **result.extra,
     )
 
@@ -456,10 +458,30 @@ def _save(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, Any
 # --------------------------------------------------------------------------------------------
 
 
+def own_time(samples_s: Sequence[float]) -> tuple[float, float, float] | None:
+    """One run's own time per call from its samples in the order they were taken, with its
+    95% interval, (value, low, high) seconds: the batch-means statistic
+    (:func:`glmfb.measure.intervals.batch_means`: consecutive batches keep a shared host's
+    drift and bursts in the error), as the history's change points read one run. None with
+    fewer than 4 samples."""
+    from glmfb.measure.intervals import batch_means
+    from glmfb.measure.tdist import t_quantile
+
+    usable = [s for s in samples_s if math.isfinite(s) and s > 0]
+    if len(usable) < 4:
+        return None
+    run = batch_means(usable)
+    half = t_quantile(0.975, run.df) * run.se
+    return math.exp(run.log_value), math.exp(run.log_value - half), math.exp(run.log_value + half)
+
+
 def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, Any]) -> Verdict:
+    """One target alone: its own time per call on each shape, with an interval; nothing is
+    compared, so the verdict passes and says so. Its history series is that time, per commit."""
     per_shape_s = config.budget_s / len(config.shapes)
     results: list[ShapeResult] = []
     name = kernel_name(config.baseline.ref)
+    meter = HostLoadMeter()
     for shape in config.shapes:
         label = format_shape(shape)
         ctx.progress(f"bench {label}: measuring {name}")
@@ -469,20 +491,36 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
                         allocations=single.allocations)
         results.append(ShapeResult(label, single.calls_per_sample, blocks, None, Decision.UNDECIDED,
                                    None, 0.0, 0, statistics.median(single.values), math.nan))
+    host_load = meter.stop()
     artifacts = _save(config, ctx, timer, env, results)
-    saved = artifacts.get("saved", artifacts["samples"])
-    medians = ", ".join(f"{r.shape} {r.baseline_median_s * 1e6:.4g} µs" for r in results)
+    times = [own_time(r.blocks.samples_of("baseline")) for r in results]
+    first = times[0]
+    shown = ", ".join(f"{r.shape} {_us(t[0]) if t else _us(r.baseline_median_s)}"
+                      + (f" [{_us(t[1])}, {_us(t[2])}]" if t else "") for r, t in zip(results, times, strict=True))
+    saved = f"; samples saved to {artifacts['saved']}" if "saved" in artifacts else ""
+    next_steps: tuple[Step, ...] = ()
+    if "saved" in artifacts:
+        next_steps = (Step("compare with another saved run", command="bench",
+                           arguments={"baseline": "OLD.json", "candidate": artifacts["saved"]}),)
+    evidence: list[Any] = [
+        Measurement(shape=r.shape, samples=len(r.blocks.raw), calls_per_sample=r.calls_per_sample,
+                    median_s=r.baseline_median_s, time_s=t[0] if t else None, ci_s=(t[1], t[2]) if t else None)
+        for r, t in zip(results, times, strict=True)]
+    if host_load is not None:
+        evidence.append(host_load.evidence())
     return Verdict(
         probe="bench", name=config.name, status=Status.PASS, layer=Layer.KERNEL,
         where={"kernel": name},
-        why=f"measured {name} only (nothing compared): median per call {medians}; samples saved to {saved}",
-        metric=Metric("median_time", results[0].baseline_median_s, "s"),
-        evidence=tuple(Measurement(shape=r.shape, samples=len(r.blocks.raw), calls_per_sample=r.calls_per_sample,
-                                   median_s=r.baseline_median_s) for r in results),
-        next=(Step("compare with another saved run", command="bench",
-                   arguments={"baseline": "OLD.json", "candidate": saved}),),
-        artifacts=artifacts, env=env,
+        why=f"measured {name} alone (nothing compared): time per call {shown} (95% intervals, batch means of "
+            f"each shape's samples in time order){saved}",
+        metric=Metric("median_time", first[0] if first else results[0].baseline_median_s, "s",
+                      ci=(first[1], first[2]) if first else None),
+        evidence=tuple(evidence), next=next_steps, artifacts=artifacts, env=env,
     )
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.4g} µs"
 
 
 # --------------------------------------------------------------------------------------------

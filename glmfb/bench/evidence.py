@@ -75,6 +75,10 @@ class ShapeChange(Evidence):
     # Per-call seconds at the QUANTILES of each side's samples ({"baseline": [...], "candidate":
     # [...]}, from quantiles_of), so a report can draw the distribution without the samples file.
     quantiles_s: Mapping[str, tuple[float, ...]] | None = None
+    # Each side's own time per call with its 95% interval, (value, low, high) seconds: the
+    # batch-means statistic of its samples in the order they were taken (one run's own time, as
+    # the history's series of that side read it: baseline_time[SHAPE], candidate_time[SHAPE]).
+    side_time_s: Mapping[str, tuple[float, ...]] | None = None
     # How it was measured: independent allocation pairs (A/B and A/A), rounds, the looks'
     # levels, the interval's degrees of freedom and its spread between and within allocations.
     allocations_per_side: int | None = None
@@ -229,13 +233,16 @@ class BenchHarness(Evidence):
 @evidence_kind
 @dataclass(frozen=True, kw_only=True)
 class Measurement(Evidence):
-    """One target measured alone (for ``--save``): its median time per call on a shape."""
+    """One target measured alone: its time per call on a shape (the median of its samples, and
+    the batch-means statistic with its 95% interval, which its history series records)."""
 
     kind: ClassVar[str] = "measurement"
     shape: str
     samples: int
     calls_per_sample: int
     median_s: float
+    time_s: float | None = None
+    ci_s: tuple[float, ...] | None = None
 
 
 @evidence_kind

@@ -12,9 +12,17 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from glmfb.errors import UsageError
-from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec, ReportSection, imported
+from glmfb.probe import (
+    BaseProbe,
+    MetricSpec,
+    ProbeContext,
+    ProbeForm,
+    ProbeSpec,
+    ReportSection,
+    imported,
+)
 from glmfb.targets import Target
-from glmfb.verdict import Layer, Verdict
+from glmfb.verdict import Layer, Metric, Verdict
 
 if TYPE_CHECKING:
     from glmfb.bench.config import BenchConfig
@@ -30,7 +38,15 @@ class BenchProbe(BaseProbe):
     form: ClassVar[ProbeForm] = ProbeForm.PAIR
     config_type: ClassVar[type] = imported("glmfb.bench.config:BenchConfig")  # imported on first use
     evidence_types = imported("glmfb.bench.evidence:EVIDENCE_TYPES")
-    candidate_optional: ClassVar[bool] = True  # with --save, one target is measured alone
+    candidate_optional: ClassVar[bool] = True  # one target alone: its own time per call
+    metrics: ClassVar[tuple[MetricSpec, ...]] = (
+        MetricSpec("time_change", relative=True, unit="fraction", about="candidate / baseline - 1, one shape"),
+        MetricSpec("geomean_time_change", relative=True, unit="fraction", about="over the shapes"),
+        MetricSpec("median_time", unit="s", about="one target alone: its time per call (the first shape; "
+                                                  "median_time[SHAPE] per shape)"),
+        MetricSpec("baseline_time", unit="s", about="a pair's baseline: its own time per call, per shape"),
+        MetricSpec("candidate_time", unit="s", about="a pair's candidate: its own time per call, per shape"),
+    )
     builtin_rules = imported("glmfb.bench.rules:RULES")
     report: ClassVar[ReportSection] = ReportSection(
         order=20, question="kernels: which shape got slower, by how much, and why?",
@@ -75,6 +91,23 @@ class BenchProbe(BaseProbe):
         if config.save is not None and spec.base_dir is not None:
             config = dataclasses.replace(config, save=spec.resolve_path(config.save))
         return config
+
+    def series(self, verdict: Verdict) -> tuple[Metric, ...]:
+        """The series a kernel's own time is followed by across commits, whichever way the
+        definition was written: in a pair, each side's time per call per shape
+        (``baseline_time[8x4096]``, ``candidate_time[8x4096]``); one target alone, its time per
+        shape when it measured several (the headline ``median_time`` is the first shape's)."""
+        items = [e if isinstance(e, dict) else e.to_dict() for e in verdict.evidence]
+        found: list[Metric] = []
+        measured = [e for e in items if e.get("kind") == "measurement" and e.get("time_s") and e.get("ci_s")]
+        if len(measured) > 1:
+            found += [Metric(f"median_time[{e['shape']}]", e["time_s"], "s", ci=tuple(e["ci_s"])) for e in measured]
+        for item in items:
+            if item.get("kind") != "shape" or not item.get("side_time_s"):
+                continue
+            for side, (value, low, high) in sorted(item["side_time_s"].items()):
+                found.append(Metric(f"{side}_time[{item['shape']}]", value, "s", ci=(low, high)))
+        return tuple(found)
 
     def run(self, config: BenchConfig, ctx: ProbeContext) -> Verdict:
         from glmfb.bench.engine import compare_saved, run_bench

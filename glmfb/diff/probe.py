@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from glmfb.errors import UsageError
 from glmfb.probe import (
     BaseProbe,
+    MetricSpec,
     ProbeCommand,
     ProbeContext,
     ProbeForm,
@@ -129,6 +130,10 @@ CAPTURE = ProbeCommand(
 
 class DiffProbe(BaseProbe):
     kind: ClassVar[str] = "diff"
+    metrics: ClassVar[tuple[MetricSpec, ...]] = (
+        MetricSpec("output_rel_l2", about="||candidate - baseline|| / ||baseline|| of the worst request's output"),
+        MetricSpec("logprob_diff_max", unit="nats", about="two serving endpoints: the largest logprob difference"),
+    )
     layer: ClassVar[Layer] = Layer.NUMERICS
     summary: ClassVar[str] = (
         "Compare two sides per request and tap; localize the error to a module, a position and a cause."

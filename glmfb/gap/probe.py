@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec, ReportSection, imported
+from glmfb.probe import (
+    BaseProbe,
+    MetricSpec,
+    ProbeContext,
+    ProbeForm,
+    ProbeSpec,
+    ReportSection,
+    imported,
+)
 from glmfb.verdict import Layer, Verdict
 
 if TYPE_CHECKING:
@@ -22,6 +30,8 @@ class GapProbe(BaseProbe):
     layer: ClassVar[Layer] = Layer.TRANSFER
     summary: ClassVar[str] = "Is the candidate more than THRESHOLD slower than the baseline? If so, what ate the time."
     form: ClassVar[ProbeForm] = ProbeForm.PAIR
+    metrics: ClassVar[tuple[MetricSpec, ...]] = (
+        MetricSpec("gap", relative=True, unit="ratio", about="the fraction the candidate's path adds"),)
     config_type: ClassVar[type] = imported("glmfb.gap.config:GapConfig")  # imported on first use
     evidence_types = imported("glmfb.gap.evidence:EVIDENCE_TYPES")
     builtin_rules = imported("glmfb.gap.rules:RULES")

@@ -12,7 +12,15 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ProbeSpec, ReportSection, imported
+from glmfb.probe import (
+    BaseProbe,
+    MetricSpec,
+    ProbeContext,
+    ProbeForm,
+    ProbeSpec,
+    ReportSection,
+    imported,
+)
 from glmfb.verdict import Layer, Verdict
 
 if TYPE_CHECKING:
@@ -36,6 +44,8 @@ def resolve_command(spec: ProbeSpec) -> tuple[str, ...]:
 
 class GilProbe(BaseProbe):
     kind: ClassVar[str] = "gil"
+    metrics: ClassVar[tuple[MetricSpec, ...]] = (
+        MetricSpec("starvation_p99", unit="ms", about="how late the most starved thread woke, p99"),)
     layer: ClassVar[Layer] = Layer.RUNTIME
     summary: ClassVar[str] = (
         "Trace GIL contention: name the thread that holds the GIL (and where), and the starved one."

@@ -1,12 +1,14 @@
-"""Which way each headline metric regresses, as data (never guessed from its name or unit).
+"""Which way each metric regresses, as the probe that makes it declares it (never guessed from
+its name or unit): :class:`glmfb.probe.MetricSpec` in each probe's ``metrics``.
 
-Every built-in probe's headline metric is a cost: higher is worse. Some are already a change
-against a baseline (bench's ``time_change`` is candidate/baseline - 1, gap's ``gap`` the
-fraction the candidate's path adds), so two segments of their history are compared by the
-difference of their levels (+0.02 is two points of the baseline's time); the others are
-quantities (seconds, milliseconds, a relative error), compared by ratio (+5% of the level
-before). A metric this table does not name (a probe from another package) is read as a cost
-compared by ratio.
+Every built-in probe's metrics are costs: higher is worse. Some are already a change against a
+baseline (bench's ``time_change`` is candidate/baseline - 1, gap's ``gap`` the fraction the
+candidate's path adds), so two segments of their history are compared by the difference of
+their levels (+0.02 is two points of the baseline's time); the others are quantities (seconds,
+milliseconds, a relative error), compared by ratio (+5% of the level before). A metric its
+probe does not declare, or one of a probe this installation does not know, is read as a cost
+compared by ratio. What was read is recorded in each row (``worse``, ``relative``), so a series
+keeps its reading when the probe is gone.
 """
 
 from __future__ import annotations
@@ -31,19 +33,19 @@ class MetricKind:
     relative: bool = False
 
 
-METRIC_KINDS: dict[str, MetricKind] = {
-    "time_change": MetricKind(Worse.HIGHER, relative=True),  # bench: candidate / baseline - 1
-    "geomean_time_change": MetricKind(Worse.HIGHER, relative=True),  # bench, over shapes
-    "median_time": MetricKind(Worse.HIGHER),  # bench with one side: seconds per call
-    "starvation_p99": MetricKind(Worse.HIGHER),  # gil: ms a thread waits for the GIL
-    "gap": MetricKind(Worse.HIGHER, relative=True),  # gap: the fraction the candidate's path adds
-    "output_rel_l2": MetricKind(Worse.HIGHER),  # diff: ||c - b|| / ||b||
-}
 DEFAULT_KIND = MetricKind()
 
 
-def metric_kind(name: str | None) -> MetricKind:
-    return METRIC_KINDS.get(name or "", DEFAULT_KIND)
+def metric_kind(probe: str, name: str | None) -> MetricKind:
+    """How the history reads metric ``name`` of a ``probe`` verdict: as the probe declares it."""
+    from glmfb.probe import get_probe, known_kinds, metric_spec
+
+    if not name or probe not in known_kinds():
+        return DEFAULT_KIND
+    spec = metric_spec(get_probe(probe), name)
+    if spec is None:
+        return DEFAULT_KIND
+    return MetricKind(Worse(spec.worse), spec.relative)
 
 
 def regression(before: float, after: float, kind: MetricKind) -> float:

@@ -22,7 +22,7 @@ from glmfb.env import COMPARABLE_KEYS, git_revision
 from glmfb.history.metrics import metric_kind
 from glmfb.history.store import Record, open_store
 from glmfb.probe import ProbeSpec
-from glmfb.verdict import Run, Verdict
+from glmfb.verdict import Metric, Run, Verdict
 
 # The environment fields that identify a machine: those that make two measurements
 # incomparable (glmfb.env.COMPARABLE_KEYS: Python, torch, architecture, CPU model and count,
@@ -123,13 +123,15 @@ def machine_of(env: Mapping[str, Any]) -> tuple[str, str]:
     return canonical_hash(identity), label
 
 
-def record_of(run: Run, verdict: Verdict, origin: Origin | None) -> Record:
-    """One verdict's row."""
+def record_of(run: Run, verdict: Verdict, origin: Origin | None, metric: Metric | None = None,
+              git: tuple[str | None, bool | None] | None = None) -> Record:
+    """One verdict's row: of its headline metric, or of ``metric`` (a secondary series);
+    ``git`` the origin's git state when it was already taken."""
     from glmfb import __version__
 
-    metric = verdict.metric
-    kind = metric_kind(metric.name if metric is not None else None)
-    commit, dirty = origin.git() if origin is not None else (None, None)
+    metric = metric if metric is not None else verdict.metric
+    kind = metric_kind(verdict.probe, metric.name if metric is not None else None)
+    commit, dirty = git if git is not None else origin.git() if origin is not None else (None, None)
     machine, label = machine_of(verdict.env or run.env)
     return Record(
         time=run.started, run_id=run.id, definition=verdict.name,
@@ -147,8 +149,20 @@ def record_of(run: Run, verdict: Verdict, origin: Origin | None) -> Record:
 
 
 def records_of(run: Run, origins: Mapping[str, Origin]) -> list[Record]:
-    """A row per verdict of ``run``; ``origins`` by verdict name."""
-    return [record_of(run, verdict, origins.get(verdict.name)) for verdict in run.verdicts]
+    """A row per verdict of ``run`` (its headline metric), and one per secondary series its
+    probe names (:meth:`glmfb.probe.BaseProbe.series`: bench's each side's own time per shape);
+    ``origins`` by verdict name."""
+    from glmfb.probe import get_probe, known_kinds
+
+    rows: list[Record] = []
+    for verdict in run.verdicts:
+        origin = origins.get(verdict.name)
+        git = origin.git() if origin is not None else (None, None)
+        rows.append(record_of(run, verdict, origin, git=git))
+        if verdict.probe in known_kinds():
+            series = getattr(get_probe(verdict.probe), "series", lambda verdict: ())(verdict)
+            rows.extend(record_of(run, verdict, origin, metric, git=git) for metric in series)
+    return rows
 
 
 def record_run(url: str, run: Run, origins: Mapping[str, Origin], *, once: bool = False) -> int:
@@ -185,6 +199,27 @@ def shard_origins(runs: Sequence[Run]) -> dict[str, Origin]:
             for name, data in run.shard.origins.items()}
 
 
-def command_origin(spec: ProbeSpec, config_type: type) -> Origin:
-    """The origin of a probe command's verdict: its spec's hash, the working folder."""
-    return Origin(canonical_hash(spec_content(spec, config_type)), Path.cwd())
+def command_origin(spec: ProbeSpec, config_type: type, folder: Path | None = None) -> Origin:
+    """The origin of a probe command's verdict: its spec's hash, and the folder whose git
+    commit it ran: the folder of the file its candidate (else its target, else its baseline)
+    names, so a command run from outside the repository records that repository's commit;
+    else ``folder`` (default: the working folder)."""
+    return Origin(canonical_hash(spec_content(spec, config_type)), _code_folder(spec) or folder or Path.cwd())
+
+
+def _code_folder(spec: ProbeSpec) -> Path | None:
+    """The folder of the first file a side of ``spec`` names (candidate, target, baseline)."""
+    from glmfb.targets import is_file_ref
+
+    for ref in (spec.candidate, spec.target, spec.baseline):
+        if not ref or ref.startswith("openai:"):
+            continue
+        location = ref.partition("#")[0]
+        head, colon, attr = location.rpartition(":")
+        location = head if colon and head and attr and is_file_ref(head) else location
+        path = Path(location)
+        for candidate in ([path] if path.is_absolute() else [p for p in (spec.base_dir, Path.cwd()) if p]):
+            found = candidate if path.is_absolute() else candidate / path
+            if found.exists():
+                return (found if found.is_dir() else found.parent).resolve()
+    return None

@@ -236,9 +236,9 @@ class ProbeTool:
     def _origins(self, spec: ProbeSpec) -> dict[str, Origin]:
         """The verdict's origin in the history, as the probe's command records it: the spec's
         hash, the root's repository."""
-        from glmfb.history.record import Origin, canonical_hash, spec_content
+        from glmfb.history.record import command_origin
 
-        return {spec.name: Origin(canonical_hash(spec_content(spec, self.probe.config_type)), self.box.boundary.root)}
+        return {spec.name: command_origin(spec, self.probe.config_type, self.box.boundary.root)}
 
     def answer(self, verdict: Verdict, run_id: str, notes: Sequence[str] = ()) -> Answer:
         """The tool's result for one verdict."""

@@ -1,0 +1,112 @@
+"""A kernel's own time over 15 commits of a real repository, recorded in SQLite and in a real
+PostgreSQL: is the change point at the right commit, is a creep caught by ``--check``, and does
+a twin with no change stay without a change point?
+
+    python benchmarks/history_commits.py [--budget 2] [--no-postgres]
+
+Three repositories of 15 commits each (``tests/test_history_commits.py`` builds them: a
+pure-Python kernel whose rows a commit scales): ``step``, the kernel's rows x1.09 from commit 8
+on (a ~9% step); ``creep``, x1.015 a commit from commit 4 to commit 15 (12 commits, ~+19% in
+all); ``flat``, no change. Each repository is checked out at each commit in turn and its
+one-target definition (``kernel-alone``: ``median_time`` with its interval) is run with
+``glmfb run`` from outside it, once into a SQLite history and once into a PostgreSQL database
+(a server started here as the tests start theirs). Then ``glmfb history --json --check
+--threshold 5%`` reads each series: it prints the change points (the first commit after each,
+its size and confidence) and the check's exit code, and whether each scenario reads right.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_history_commits import kernel_repo, run_at  # noqa: E402
+
+COMMITS = 15
+SCENARIOS: dict[str, list[float]] = {
+    "step": [1.0] * 7 + [1.09] * 8,  # commit 8 (index 7) on: +9%
+    "creep": [1.0] * 3 + [1.015 ** (k + 1) for k in range(12)],  # commits 4..15: +1.5% each
+    "flat": [1.0] * COMMITS,
+}
+
+
+def history(url: str, out: Path) -> tuple[int, dict[str, Any]]:
+    done = subprocess.run([sys.executable, "-m", "glmfb", "history", "kernel-alone", "--history", url, "--json",
+                           "--check", "--threshold", "5%"], capture_output=True, text=True, timeout=300, cwd=out)
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"glmfb history exited {done.returncode}: {done.stderr[-800:]}")
+    return done.returncode, json.loads(done.stdout)
+
+
+def judge(scenario: str, shas: list[str], code: int, document: dict[str, Any]) -> tuple[str, bool]:
+    [series] = document["series"]
+    points = series["change_points"]
+    index = {sha: i + 1 for i, sha in enumerate(shas)}
+    said = "; ".join(f"at commit {index.get(p['first_after']['commit'], '?')}: {p['regression'] * 100:+.1f}% "
+                     f"[{p['regression_ci'][0] * 100:+.1f}, {p['regression_ci'][1] * 100:+.1f}], "
+                     f"confidence {p['confidence'] * 100:.1f}%" for p in points) or "no change point"
+    values = [p["value"] for p in series["points"]]
+    said += f"; check exit {code}; times {min(values) * 1e6:.1f}-{max(values) * 1e6:.1f} µs"
+    if scenario == "step":
+        right = len(points) == 1 and index.get(points[0]["first_after"]["commit"]) == 8 and code == 1
+    elif scenario == "creep":
+        right = code == 1 and all(index.get(p["first_after"]["commit"], 0) >= 4 for p in points)
+    else:
+        right = not points and code == 0
+    return said, right
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=2.0, help="each run's bench budget (s)")
+    parser.add_argument("--rows", type=int, default=2000)
+    parser.add_argument("--no-postgres", action="store_true")
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="glmfb-history-commits-"))
+    server = None
+    stores = {"sqlite": lambda name: f"sqlite:///{folder / name / 'history.sqlite'}"}
+    if not args.no_postgres:
+        from test_history_postgres import Server
+
+        server = Server()
+        server.start()
+        databases = {name: server.create_database() for name in SCENARIOS}
+        stores["postgresql"] = lambda name: databases[name]
+    started = time.monotonic()
+    results = []
+    try:
+        for scenario, scales in SCENARIOS.items():
+            repo = folder / scenario / "repo"
+            shas = kernel_repo(repo, scales, rows=args.rows, budget=f"{args.budget}s", scaled=True)
+            outside = folder / scenario / "elsewhere"
+            outside.mkdir()
+            for number, sha in enumerate(shas, 1):
+                for store, url in stores.items():
+                    run_at(repo, sha, folder / scenario / f"reports-{store}", outside, "kernel-alone", url(scenario))
+                print(f"{scenario}: commit {number}/{len(shas)} recorded ({time.monotonic() - started:.0f} s)",
+                      file=sys.stderr)
+            for store, url in stores.items():
+                code, document = history(url(scenario), folder)
+                said, right = judge(scenario, shas, code, document)
+                results.append((scenario, store, said, right))
+    finally:
+        if server is not None:
+            server.stop()
+    print(f"\n{COMMITS} commits per scenario, bench budget {args.budget:g} s a run, {args.rows} rows, "
+          f"{time.monotonic() - started:.0f} s in all")
+    for scenario, store, said, right in results:
+        print(f"{scenario:>6} {store:>10}: {'RIGHT' if right else 'WRONG'}: {said}")
+    print(f"right {sum(r[3] for r in results)}/{len(results)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""A kernel's own time across the commits of a real repository, as a user records it: the
+repository checked out at each commit in turn, ``glmfb run`` of its definition from outside
+it, the default history. A one-target bench definition records the kernel's time per call
+with its interval (``median_time``); a pair records each side's own time per shape beside its
+change (``baseline_time[SHAPE]``, ``candidate_time[SHAPE]``), so a kernel that gets slower is
+seen whichever way the definition was written; every row carries the commit of the
+definition's repository, not of the working folder. ``benchmarks/history_commits.py`` runs
+the issue's figures (a 9% step, a 1.5%-a-commit creep, a twin with no change, SQLite and
+PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_bisect import GIT_ENV, _git
+
+from glmfb.history.store import open_store
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+
+KERNEL = '''"""A pure-Python kernel: a sum of squares over SCALE x the shape's rows, WORK passes."""
+
+WORK = {work}
+SCALE = {scale}
+
+
+def make(shape):
+    data = list(range(round(shape[0] * SCALE)))
+
+    def run():
+        total = 0
+        for _ in range(WORK):
+            for x in data:
+                total += x * x
+        return total
+
+    return run
+'''
+
+CHECKS = '''[[probe]]
+name = "kernel-alone"
+probe = "bench"
+baseline = "kernel.py:make"
+options = {{ shapes = ["{rows}"], budget = "{budget}" }}
+
+[[probe]]
+name = "kernel-pair"
+probe = "bench"
+baseline = "kernel.py:make"
+candidate = "kernel.py:make"
+options = {{ shapes = ["{rows}"], budget = "{budget}", profile = false, threshold = "50%" }}
+'''
+
+
+def kernel_repo(root: Path, works: list[float], rows: int = 400, budget: str = "0.6s", *,
+                scaled: bool = False) -> list[str]:
+    """A repository of ``len(works)`` commits; commit i sets the kernel's WORK (passes) to
+    works[i], or with ``scaled`` its SCALE (a multiplier of its rows) at 2 passes; the kernel's
+    time is about proportional to either. Returns the shas, oldest first."""
+    root.mkdir(parents=True)
+    _git(root, "init", "-q", "-b", "main")
+    (root / "checks.toml").write_text(CHECKS.format(rows=rows, budget=budget))
+    shas = []
+    for index, work in enumerate(works):
+        passes, scale = (2, work) if scaled else (int(work), 1.0)
+        (root / "kernel.py").write_text(KERNEL.format(work=passes, scale=scale))
+        _git(root, "add", "-A")
+        _git(root, "commit", "-q", "--allow-empty", "-m", f"kernel: {work:g} (commit {index + 1})")
+        shas.append(_git(root, "rev-parse", "HEAD"))
+    return shas
+
+
+def run_at(repo: Path, sha: str, out: Path, cwd: Path, select: str, history: str | None = None) -> None:
+    """Check ``sha`` out in ``repo`` and run its definition from ``cwd`` (outside the repository)."""
+    subprocess.run(["git", "-C", str(repo), "checkout", "-q", sha], check=True, env={**os.environ, **GIT_ENV})
+    command = [sys.executable, "-m", "glmfb", "run", str(repo / "checks.toml"), "-k", select, "--out", str(out)]
+    if history is not None:
+        command += ["--history", history]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-1500:]
+
+
+def history_json(out: Path, name: str, *extra: str) -> tuple[int, dict[str, Any]]:
+    done = subprocess.run([sys.executable, "-m", "glmfb", "history", name, "--out", str(out), "--json", *extra],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {}
+
+
+def test_a_step_in_a_kernels_own_time_is_a_change_point_at_its_commit(tmp_path: Path) -> None:
+    """Ten commits, the kernel's work x1.5 from the sixth on: the one-target definition's
+    ``median_time`` series changes at the sixth commit, each row holds its own commit, and
+    ``history --check`` fails the series."""
+    shas = kernel_repo(tmp_path / "repo", [2] * 5 + [3] * 5)
+    out, outside = tmp_path / "reports", tmp_path / "elsewhere"
+    outside.mkdir()
+    for sha in shas:
+        run_at(tmp_path / "repo", sha, out, outside, "kernel-alone")
+    with open_store(f"sqlite:///{out / 'history.sqlite'}", create=False) as store:
+        rows = [r for r in store.records() if r.definition == "kernel-alone"]
+    assert [r.commit for r in rows] == shas  # the definition's repository, checked out at each commit
+    assert all(r.metric == "median_time" and r.low is not None and r.low < r.value < r.high for r in rows)
+    code, document = history_json(out, "kernel-alone", "--check", "--threshold", "10%")
+    [series] = document["series"]
+    points = series["change_points"]
+    assert code == 1, document
+    assert len(points) == 1 and points[0]["first_after"]["commit"] == shas[5], points
+    assert 0.3 < points[0]["regression"] < 0.7, points  # about +50%
+
+
+def test_a_pair_records_each_sides_own_time_beside_its_change(tmp_path: Path) -> None:
+    """Both sides name the same kernel, so the headline change stays near 0 at every commit;
+    each side's own time is a series of its own, with its interval and the commit."""
+    shas = kernel_repo(tmp_path / "repo", [2, 3])
+    out, outside = tmp_path / "reports", tmp_path / "elsewhere"
+    outside.mkdir()
+    for sha in shas:
+        run_at(tmp_path / "repo", sha, out, outside, "kernel-pair")
+    with open_store(f"sqlite:///{out / 'history.sqlite'}", create=False) as store:
+        rows = [r for r in store.records() if r.definition == "kernel-pair"]
+    by_metric: dict[str, list[Any]] = {}
+    for row in rows:
+        by_metric.setdefault(row.metric or "", []).append(row)
+    assert set(by_metric) == {"time_change", "baseline_time[400]", "candidate_time[400]"}, set(by_metric)
+    for side in ("baseline_time[400]", "candidate_time[400]"):
+        first, second = by_metric[side]
+        assert [first.commit, second.commit] == shas
+        assert first.unit == "s" and first.low is not None and first.low < first.value < first.high
+        assert second.value > first.value * 1.25, (side, first.value, second.value)  # 3 passes against 2
+    assert all(abs(r.value) < 0.2 for r in by_metric["time_change"])  # both sides moved together
