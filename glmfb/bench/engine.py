@@ -56,6 +56,7 @@ from glmfb.env import differences, fingerprint
 from glmfb.errors import InputError, UsageError
 from glmfb.evidence import EnvDifferences, Evidence
 from glmfb.measure.hostload import HostLoadMeter
+from glmfb.measure.intervals import time_interval
 from glmfb.probe import ProbeContext
 from glmfb.rules import diagnose
 from glmfb.stats import Decision
@@ -386,7 +387,7 @@ def _shape_evidence(result: ShapeResult, significant: bool | None, decision: Dec
         aa_blocks=aa.samples if aa is not None else None,
         quantiles_s={side: quantiles_of(result.blocks.samples_of(side)) for side in ("baseline", "candidate")},
         side_time_s={side: interval for side in ("baseline", "candidate")
-                     if (interval := own_time(result.blocks.samples_of(side))) is not None} or None,
+                     if (interval := time_interval(result.blocks.samples_of(side))) is not None} or None,
         **result.extra,
     )
 
@@ -458,23 +459,6 @@ def _save(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, Any
 # --------------------------------------------------------------------------------------------
 
 
-def own_time(samples_s: Sequence[float]) -> tuple[float, float, float] | None:
-    """One run's own time per call from its samples in the order they were taken, with its
-    95% interval, (value, low, high) seconds: the batch-means statistic
-    (:func:`glmfb.measure.intervals.batch_means`: consecutive batches keep a shared host's
-    drift and bursts in the error), as the history's change points read one run. None with
-    fewer than 4 samples."""
-    from glmfb.measure.intervals import batch_means
-    from glmfb.measure.tdist import t_quantile
-
-    usable = [s for s in samples_s if math.isfinite(s) and s > 0]
-    if len(usable) < 4:
-        return None
-    run = batch_means(usable)
-    half = t_quantile(0.975, run.df) * run.se
-    return math.exp(run.log_value), math.exp(run.log_value - half), math.exp(run.log_value + half)
-
-
 def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, Any]) -> Verdict:
     """One target alone: its own time per call on each shape, with an interval; nothing is
     compared, so the verdict passes and says so. Its history series is that time, per commit."""
@@ -493,7 +477,7 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
                                    None, 0.0, 0, statistics.median(single.values), math.nan))
     host_load = meter.stop()
     artifacts = _save(config, ctx, timer, env, results)
-    times = [own_time(r.blocks.samples_of("baseline")) for r in results]
+    times = [time_interval(r.blocks.samples_of("baseline")) for r in results]
     first = times[0]
     shown = ", ".join(f"{r.shape} {_us(t[0]) if t else _us(r.baseline_median_s)}"
                       + (f" [{_us(t[1])}, {_us(t[2])}]" if t else "") for r, t in zip(results, times, strict=True))

@@ -19,7 +19,7 @@ from glmfb.probe import (
     ReportSection,
     imported,
 )
-from glmfb.verdict import Layer, Verdict
+from glmfb.verdict import Layer, Metric, Verdict
 
 if TYPE_CHECKING:
     from glmfb.gap.config import GapConfig
@@ -31,7 +31,27 @@ class GapProbe(BaseProbe):
     summary: ClassVar[str] = "Is the candidate more than THRESHOLD slower than the baseline? If so, what ate the time."
     form: ClassVar[ProbeForm] = ProbeForm.PAIR
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
-        MetricSpec("gap", relative=True, unit="ratio", about="the fraction the candidate's path adds"),)
+        MetricSpec("gap", relative=True, unit="ratio", about="the fraction the candidate's path adds"),
+        MetricSpec("baseline_time", unit="s", about="the baseline's own time per iteration"),
+        MetricSpec("candidate_time", unit="s", about="the candidate's own time per iteration (prefill + transfer)"),
+    )
+
+    def series(self, verdict: Verdict) -> tuple[Metric, ...]:
+        """Each side's own time per iteration with its interval (batch means of its samples in
+        the order taken), beside the gap: the candidate's path getting slower is seen even when
+        the baseline got slower with it."""
+        from glmfb.measure.intervals import time_interval
+
+        items = [e if isinstance(e, dict) else e.to_dict() for e in verdict.evidence]
+        found: list[Metric] = []
+        for item in items:
+            if item.get("kind") != "gap":
+                continue
+            for side in ("baseline", "candidate"):
+                interval = time_interval(item.get(f"{side}_samples_s") or ())
+                if interval is not None:
+                    found.append(Metric(f"{side}_time", interval[0], "s", ci=(interval[1], interval[2])))
+        return tuple(found)
     config_type: ClassVar[type] = imported("glmfb.gap.config:GapConfig")  # imported on first use
     evidence_types = imported("glmfb.gap.evidence:EVIDENCE_TYPES")
     builtin_rules = imported("glmfb.gap.rules:RULES")

@@ -192,6 +192,21 @@ def batch_means(times_s: Sequence[float], batches: int = 8) -> RunStatistic:
                         count - 1, len(values), count)
 
 
+def time_interval(samples_s: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float] | None:
+    """One run's own time from its samples in the order they were taken, with its interval,
+    ``(value, low, high)`` seconds: the :func:`batch_means` statistic with its t interval, as
+    the history's change points read one run (bench's time per call, gap's time per
+    iteration). None with fewer than 4 usable samples."""
+    from glmfb.measure.tdist import t_quantile
+
+    usable = [s for s in samples_s if math.isfinite(s) and s > 0]
+    if len(usable) < 4:
+        return None
+    run = batch_means(usable)
+    half = t_quantile(0.5 + confidence / 2, run.df) * run.se
+    return math.exp(run.log_value), math.exp(run.log_value - half), math.exp(run.log_value + half)
+
+
 def single_runs_interval(
     baseline: RunStatistic, candidate: RunStatistic, process_sd: float, process_df: float,
     confidence: float,

@@ -1,0 +1,82 @@
+"""What the history records of a verdict comes from its probe: the direction and kind of each
+metric (``metrics``: :class:`glmfb.probe.MetricSpec`), and the secondary series beside the
+headline (``series``): bench's each side's own time per shape, or per shape of one target
+alone; gap's each side's own time per iteration. Fast: verdicts built here, no probe runs."""
+
+from __future__ import annotations
+
+import random
+
+from glmfb.bench.evidence import Measurement, ShapeChange
+from glmfb.gap.evidence import GapMeasurement
+from glmfb.history.metrics import DEFAULT_KIND, MetricKind, Worse, metric_kind
+from glmfb.history.record import Origin, records_of
+from glmfb.probe import get_probe
+from glmfb.verdict import Layer, Metric, Run, Status, Verdict
+
+
+def samples(level: float, count: int = 40, seed: int = 0) -> tuple[float, ...]:
+    rng = random.Random(seed)
+    return tuple(level * (1 + rng.gauss(0, 0.01)) for _ in range(count))
+
+
+def test_each_probe_declares_how_its_metrics_read() -> None:
+    assert metric_kind("bench", "time_change") == MetricKind(Worse.HIGHER, relative=True)
+    assert metric_kind("bench", "median_time") == MetricKind(Worse.HIGHER, relative=False)
+    assert metric_kind("bench", "candidate_time[8x4096]") == MetricKind(Worse.HIGHER, relative=False)
+    assert metric_kind("gap", "gap") == MetricKind(Worse.HIGHER, relative=True)
+    assert metric_kind("gil", "starvation_p99") == MetricKind(Worse.HIGHER, relative=False)
+    assert metric_kind("diff", "output_rel_l2") == MetricKind(Worse.HIGHER, relative=False)
+    assert metric_kind("no-such-probe", "gap") == DEFAULT_KIND  # not read by name
+    assert metric_kind("bench", "undeclared") == DEFAULT_KIND
+    for kind in ("bench", "gap", "gil", "diff"):
+        assert get_probe(kind).metrics, f"{kind} declares no metric"
+
+
+def test_a_bench_pair_records_each_sides_time_per_shape() -> None:
+    shapes = [ShapeChange(shape=shape, decision="equivalent", change=0.001, ci=(-0.01, 0.01),
+                          side_time_s={"baseline": (1e-4 * k, 0.99e-4 * k, 1.01e-4 * k),
+                                       "candidate": (1.1e-4 * k, 1.09e-4 * k, 1.11e-4 * k)})
+              for k, shape in ((1, "8x4096"), (2, "32x2048"))]
+    verdict = Verdict(probe="bench", name="k", status=Status.PASS, layer=Layer.KERNEL, why="w",
+                      metric=Metric("geomean_time_change", 0.001, "fraction", 0.05, (-0.01, 0.01)), evidence=tuple(shapes))
+    run = Run(id="r1", started="2026-12-06T10:00:00+00:00", verdicts=(verdict,))
+    rows = {r.metric: r for r in records_of(run, {"k": Origin("h", None, "abc", False)})}
+    assert set(rows) == {"geomean_time_change", "baseline_time[8x4096]", "candidate_time[8x4096]",
+                         "baseline_time[32x2048]", "candidate_time[32x2048]"}
+    side = rows["candidate_time[32x2048]"]
+    assert (side.value, side.low, side.high, side.unit) == (2.2e-4, 2.18e-4, 2.22e-4, "s")
+    assert side.relative is False and side.commit == "abc" and side.status == "pass"
+    assert rows["geomean_time_change"].relative is True
+
+
+def test_one_target_alone_records_a_series_per_shape_when_it_measured_several() -> None:
+    measured = tuple(Measurement(shape=s, samples=40, calls_per_sample=10, median_s=t, time_s=t, ci_s=(t * 0.99, t * 1.01))
+                     for s, t in (("8", 1e-5), ("16", 2e-5)))
+    verdict = Verdict(probe="bench", name="alone", status=Status.PASS, layer=Layer.KERNEL, why="w",
+                      metric=Metric("median_time", 1e-5, "s", ci=(0.99e-5, 1.01e-5)), evidence=measured)
+    rows = records_of(Run(id="r", started="s", verdicts=(verdict,)), {})
+    assert [r.metric for r in rows] == ["median_time", "median_time[8]", "median_time[16]"]
+    one = Verdict(probe="bench", name="alone", status=Status.PASS, layer=Layer.KERNEL, why="w",
+                  metric=Metric("median_time", 1e-5, "s"), evidence=measured[:1])
+    assert [r.metric for r in records_of(Run(id="r", started="s", verdicts=(one,)), {})] == ["median_time"]
+
+
+def test_gap_records_each_sides_own_time_per_iteration() -> None:
+    measurement = GapMeasurement(gap=0.02, ci=(0.0, 0.04), confidence=0.95, threshold=0.05, baseline_median_s=0.010,
+                                 candidate_median_s=0.0102, iterations_per_side=40, stopped_by="decided",
+                                 elapsed_s=1.0, baseline_samples_s=samples(0.010),
+                                 candidate_samples_s=samples(0.0102, seed=1))
+    verdict = Verdict(probe="gap", name="g", status=Status.PASS, layer=Layer.TRANSFER, why="w",
+                      metric=Metric("gap", 0.02, "ratio", 0.05, (0.0, 0.04)), evidence=(measurement,))
+    rows = {r.metric: r for r in records_of(Run(id="r", started="s", verdicts=(verdict,)), {})}
+    assert set(rows) == {"gap", "baseline_time", "candidate_time"}
+    candidate = rows["candidate_time"]
+    assert candidate.low is not None and candidate.high is not None
+    assert candidate.low < 0.0102 < candidate.high and candidate.high - candidate.low < 0.0102 * 0.02
+    assert candidate.relative is False and rows["gap"].relative is True
+
+
+def test_an_error_verdict_records_one_row_without_a_series() -> None:
+    verdict = Verdict.harness_error("bench", "broken", "the target raised")
+    assert [r.metric for r in records_of(Run(id="r", started="s", verdicts=(verdict,)), {})] == [None]
