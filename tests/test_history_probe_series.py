@@ -80,3 +80,18 @@ def test_gap_records_each_sides_own_time_per_iteration() -> None:
 def test_an_error_verdict_records_one_row_without_a_series() -> None:
     verdict = Verdict.harness_error("bench", "broken", "the target raised")
     assert [r.metric for r in records_of(Run(id="r", started="s", verdicts=(verdict,)), {})] == [None]
+
+
+def test_two_serving_endpoints_record_each_sides_latency_per_token() -> None:
+    from glmfb.diff.evidence import ServingThroughput
+
+    throughput = ServingThroughput(requests=8, calls=16, tokens=128, wall_s=2.0, requests_per_s=8.0, glmfb_cpu_s=0.1,
+                                   glmfb_share=0.05, baseline_call_s=0.8, candidate_call_s=0.9,
+                                   baseline_token_s=samples(0.006, 8), candidate_token_s=samples(0.007, 8, seed=2))
+    verdict = Verdict(probe="diff", name="servers", status=Status.PASS, layer=Layer.NUMERICS, why="w",
+                      metric=Metric("logprob_diff_max", 0.0, "nats", 0.01), evidence=(throughput,))
+    rows = {r.metric: r for r in records_of(Run(id="r", started="s", verdicts=(verdict,)), {})}
+    assert set(rows) == {"logprob_diff_max", "baseline_token_time", "candidate_token_time"}
+    latency = rows["candidate_token_time"]
+    assert latency.low is not None and latency.high is not None and latency.low < 0.007 < latency.high
+    assert latency.unit == "s" and latency.worse == "higher" and latency.relative is False

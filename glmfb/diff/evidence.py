@@ -629,6 +629,10 @@ class ServingThroughput(Evidence):
     glmfb_share: float
     baseline_call_s: float
     candidate_call_s: float
+    # Each side's seconds per generated token, call by call in the order made (repeats after
+    # the answers): a serving endpoint's own latency, which the history follows per side.
+    baseline_token_s: tuple[float, ...] = ()
+    candidate_token_s: tuple[float, ...] = ()
 
 
 EVIDENCE_TYPES: tuple[type[Evidence], ...] = (

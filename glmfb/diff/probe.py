@@ -23,7 +23,7 @@ from glmfb.probe import (
     imported,
     machine_cores,
 )
-from glmfb.verdict import Layer, Verdict
+from glmfb.verdict import Layer, Metric, Verdict
 
 if TYPE_CHECKING:
     from glmfb.diff.config import DiffConfig
@@ -133,7 +133,24 @@ class DiffProbe(BaseProbe):
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
         MetricSpec("output_rel_l2", about="||candidate - baseline|| / ||baseline|| of the worst request's output"),
         MetricSpec("logprob_diff_max", unit="nats", about="two serving endpoints: the largest logprob difference"),
+        MetricSpec("baseline_token_time", unit="s", about="a serving endpoint's own latency: seconds per token"),
+        MetricSpec("candidate_token_time", unit="s", about="a serving endpoint's own latency: seconds per token"),
     )
+
+    def series(self, verdict: Verdict) -> tuple[Metric, ...]:
+        """Two serving endpoints: each side's own latency (seconds per generated token, with the
+        interval of its calls in the order made), beside the diff's numerics."""
+        from glmfb.measure.intervals import time_interval
+
+        found: list[Metric] = []
+        for item in (e if isinstance(e, dict) else e.to_dict() for e in verdict.evidence):
+            if item.get("kind") != "serving_throughput":
+                continue
+            for side in ("baseline", "candidate"):
+                interval = time_interval(item.get(f"{side}_token_s") or ())
+                if interval is not None:
+                    found.append(Metric(f"{side}_token_time", interval[0], "s", ci=(interval[1], interval[2])))
+        return tuple(found)
     layer: ClassVar[Layer] = Layer.NUMERICS
     summary: ClassVar[str] = (
         "Compare two sides per request and tap; localize the error to a module, a position and a cause."

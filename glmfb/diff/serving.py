@@ -700,11 +700,14 @@ def _throughput_evidence(requests: Sequence[ServingRequest], answers: Mapping[st
     calls = sum(len(answers[s]) + len(repeats[s]) for s in SIDES)
     tokens = sum(len(a.steps) for s in SIDES for a in (*answers[s].values(), *repeats[s].values()))
     server_s = {s: sum(a.seconds for a in (*answers[s].values(), *repeats[s].values())) for s in SIDES}
+    per_token = {s: tuple(round(a.seconds / len(a.steps), 6) for a in (*answers[s].values(), *repeats[s].values())
+                          if a.steps and a.seconds > 0) for s in SIDES}
     return ServingThroughput(
         requests=len(requests), calls=calls, tokens=tokens, wall_s=timing.wall_s,
         requests_per_s=calls / timing.wall_s if timing.wall_s > 0 else 0.0,
         glmfb_cpu_s=timing.cpu_s, glmfb_share=timing.cpu_s / timing.wall_s if timing.wall_s > 0 else 0.0,
         baseline_call_s=server_s["baseline"], candidate_call_s=server_s["candidate"],
+        baseline_token_s=per_token["baseline"], candidate_token_s=per_token["candidate"],
     )
 
 
