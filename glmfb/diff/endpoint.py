@@ -110,32 +110,10 @@ def parse_serving_request(data: Any, label: str, default_max_tokens: int) -> Ser
 
 def read_serving_requests(path: Path, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> list[ServingRequest]:
     """The requests of a JSONL file for servers (``id``, ``prompt`` or ``input_ids``, optional
-    ``max_tokens``); ids unique; blank and ``#`` lines skipped."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such requests file", "give a JSONL file, one request per line") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read: {exc}") from exc
-    requests: list[ServingRequest] = []
-    seen: set[str] = set()
-    for number, line in enumerate(lines, start=1):
-        text = line.strip()
-        if not text or text.startswith("#"):
-            continue
-        label = f"{path}:{number}"
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{label}: not valid JSON: {exc.msg} at column {exc.colno}") from None
-        request = parse_serving_request(data, label, default_max_tokens)
-        if request.id in seen:
-            raise InputError(f"{label}: duplicate id {request.id!r}")
-        seen.add(request.id)
-        requests.append(request)
-    if not requests:
-        raise InputError(f"{path}: no requests", "write one JSON object per line")
-    return requests
+    ``max_tokens``), read as a model's requests are (:func:`glmfb.diff.requests.read_jsonl_requests`)."""
+    from glmfb.diff.requests import read_jsonl_requests
+
+    return read_jsonl_requests(path, lambda data, label: parse_serving_request(data, label, default_max_tokens))
 
 
 # --------------------------------------------------------------------------------------------

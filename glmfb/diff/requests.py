@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from glmfb.errors import InputError
 from glmfb.io import write_text_atomic
@@ -313,6 +313,22 @@ def _is_int(value: Any) -> bool:
 
 def read_requests(path: str | Path, max_elements: int = DEFAULT_MAX_ELEMENTS) -> list[Request]:
     """All requests of a JSONL file, ids unique; blank lines and ``#`` lines are skipped."""
+    return read_jsonl_requests(path, lambda data, label: parse_request(data, label, max_elements))
+
+
+class _HasId(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+R = TypeVar("R", bound=_HasId)
+
+
+def read_jsonl_requests(path: str | Path, parse: Callable[[Any, str], R]) -> list[R]:
+    """The requests of a JSONL file, each line parsed by ``parse(data, "file:line")`` (a model's
+    requests, or a serving endpoint's: :func:`glmfb.diff.endpoint.read_serving_requests`); ids
+    unique; blank lines and ``#`` lines skipped. Every problem is one :class:`InputError` line
+    naming the file and the line."""
     file = Path(path)
     try:
         lines = file.read_text(encoding="utf-8").splitlines()
@@ -320,7 +336,7 @@ def read_requests(path: str | Path, max_elements: int = DEFAULT_MAX_ELEMENTS) ->
         raise InputError(f"{file}: no such requests file", "give a JSONL file, one request per line") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{file}: cannot read: {exc}") from exc
-    requests: list[Request] = []
+    requests: list[R] = []
     seen: dict[str, int] = {}
     for number, line in enumerate(lines, start=1):
         text = line.strip()
@@ -333,7 +349,7 @@ def read_requests(path: str | Path, max_elements: int = DEFAULT_MAX_ELEMENTS) ->
             raise InputError(f"{label}: not valid JSON: {exc.msg} at column {exc.colno}") from None
         except RecursionError:
             raise InputError(f"{label}: nested too deeply to be a request") from None
-        request = parse_request(data, label, max_elements)
+        request = parse(data, label)
         if request.id in seen:
             raise InputError(f"{label}: duplicate id {request.id!r} (first on line {seen[request.id]})")
         seen[request.id] = number
