@@ -298,6 +298,12 @@ class Evidence(Record):
     title: ClassVar[str] = ""  # how a report names it; default: the kind
     show_in_terminal: ClassVar[bool] = False  # rendered above the verdict panel in the terminal
 
+    @classmethod
+    def of(cls: type[E], source: Any) -> E:
+        """This kind from an engine's object that holds each of its fields under the same name
+        (gap's bandwidth check, its gil finding): typed evidence, no dict written by hand."""
+        return cls(**{f.name: getattr(source, f.name) for f in dataclasses.fields(cls) if f.name != "extra"})
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, **super().to_dict()}
 

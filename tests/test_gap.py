@@ -313,7 +313,7 @@ def test_the_ceiling_is_the_median_of_several_measurements() -> None:
     assert check.ceiling_samples == (1.10e9, 877e6, 0.95e9, 1.02e9, 0.90e9)
     assert check.ceiling_bytes_per_s == pytest.approx(0.95e9) and check.bandwidth_bound
     assert "median of 5 measurements, 877 MB/s to 1.10 GB/s" in check.summary()
-    assert check.to_evidence()["ceiling_samples"] == list(check.ceiling_samples)
+    assert check.evidence().ceiling_samples == tuple(check.ceiling_samples)
 
 
 def test_a_share_the_ceilings_spread_decides_is_not_called_either_way() -> None:
@@ -419,7 +419,7 @@ def test_gil_error_verdict_means_the_signal_is_missing() -> None:
     finding = finding_from_verdict(error)
     assert not finding.available
     assert finding.sentence().startswith("The GIL signal is missing") and "py-spy not found" in finding.sentence()
-    assert GilFinding(available=False, reason="x").to_evidence()["kind"] == "gil_attribution"
+    assert GilFinding(available=False, reason="x").evidence().kind == "gil_attribution"
 
 
 # --------------------------------------------------------------------------------------------
@@ -532,7 +532,7 @@ def test_a_group_of_short_lived_senders_reads_as_one_holder_and_one_competitor()
     assert finding.competitor_thread == "Thread-N (_send_layer)" and finding.competitor_thread_count == 58
     assert "while 58 short-lived threads Thread-N (_send_layer) (taken as one) ran in zlib.compress" in (
         finding.cpu_sentence())
-    assert finding.to_evidence()["holder_thread_count"] == 58
+    assert finding.evidence().holder_thread_count == 58
 
 
 def test_the_cpu_victims_own_gil_wait_interval_is_read_when_another_thread_is_named_starved() -> None:
@@ -563,4 +563,4 @@ def test_the_cpu_victims_own_gil_wait_interval_is_read_when_another_thread_is_na
     assert finding.cpu_victim_gil_of_runnable_ci == (0.08, 0.55)
     assert finding.victim_gil_wait_unsettled and finding.cpu_bound and not finding.gil_bound
     assert "that share is not settled (8% to 55% of its time off the run queue)" in finding.cpu_sentence()
-    assert finding.to_evidence()["cpu_victim_gil_of_runnable_ci"] == [0.08, 0.55]
+    assert tuple(finding.evidence().cpu_victim_gil_of_runnable_ci) == (0.08, 0.55)

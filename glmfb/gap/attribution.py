@@ -19,6 +19,7 @@ from glmfb.commandline import rerun_step
 from glmfb.errors import InputError
 from glmfb.evidence import MissingSignal
 from glmfb.gap.config import GapConfig
+from glmfb.gap.evidence import GilAttribution
 from glmfb.gil.evidence import (
     GilHolder,
     GilThreads,
@@ -264,49 +265,9 @@ class GilFinding:
             return f"{waited[0].upper()}{waited[1:]}, {held}."
         return f"The gil probe failed: {self.gil_why} The GIL was {held}."
 
-    def to_evidence(self) -> dict[str, Any]:
-        return {
-            "kind": "gil_attribution",
-            "available": self.available,
-            "status": self.status,
-            "reason": self.reason,
-            "holder_thread": self.holder_thread,
-            "holder_thread_count": self.holder_thread_count,
-            "holder_function": self.holder_function,
-            "holder_file": self.holder_file,
-            "holder_line": self.holder_line,
-            "holder_share": self.holder_share,
-            "holder_idle_share": self.holder_idle_share,
-            "native_frame": self.native_frame,
-            "holder_source": self.holder_source,
-            "starved_thread": self.starved_thread,
-            "starved_waiting_share": self.starved_waiting_share,
-            "starved_of_runnable": self.starved_of_runnable,
-            "starved_of_runnable_ci": self.starved_of_runnable_ci,
-            "holder_c_function": self.holder_c_function,
-            "holder_c_source": self.holder_c_source,
-            "cpu_victim": self.cpu_victim,
-            "cpu_victim_runqueue_share": self.cpu_victim_runqueue_share,
-            "cpu_victim_cpu_share": self.cpu_victim_cpu_share,
-            "cpu_victim_gil_of_runnable": self.cpu_victim_gil_of_runnable,
-            "cpu_victim_gil_share": self.cpu_victim_gil_share,
-            "cpu_victim_gil_of_runnable_ci": list(self.cpu_victim_gil_of_runnable_ci),
-            "competitor_thread": self.competitor_thread,
-            "competitor_thread_count": self.competitor_thread_count,
-            "competitor_function": self.competitor_function,
-            "competitor_cpu_share": self.competitor_cpu_share,
-            "competitor_cpu_fraction": self.competitor_cpu_fraction,
-            "shared_cpus": self.shared_cpus,
-            "baseline_compared": self.baseline_compared,
-            "baseline_reason": self.baseline_reason,
-            "cpu_victim_baseline_runqueue_share": self.cpu_victim_baseline_runqueue_share,
-            "competitor_baseline_cpu_share": self.competitor_baseline_cpu_share,
-            "canary_p50_ms": self.canary_p50_ms,
-            "canary_p99_ms": self.canary_p99_ms,
-            "canary_max_ms": self.canary_max_ms,
-            "gil_why": self.gil_why,
-            "gil_missing": list(self.gil_missing),
-        }
+    def evidence(self) -> GilAttribution:
+        """This finding as typed evidence: the evidence kind's fields are this finding's own."""
+        return GilAttribution.of(self)
 
 
 def _starved_thread(starvation: Starvation | None, holder_thread: str | None

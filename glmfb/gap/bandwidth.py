@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from glmfb.gap.evidence import Bandwidth
 from glmfb.gap.phases import BUSY_SUFFIX, BYTES_SUFFIX
 
 BANDWIDTH_BOUND_SHARE = 0.8  # at or above this share of the ceiling the link is the limit
@@ -117,23 +118,9 @@ class BandwidthCheck:
                          f"({rate_text(self.page_rate_bytes_per_s)})")
         return ", ".join(parts)
 
-    def to_evidence(self) -> dict[str, Any]:
-        return {
-            "kind": "bandwidth",
-            "transfer_path": self.transfer_path,
-            "fallback_reason": self.fallback_reason,
-            "bytes_per_iteration": self.bytes_per_iteration,
-            "achieved_bytes_per_s": self.achieved_bytes_per_s,
-            "ceiling_bytes_per_s": self.ceiling_bytes_per_s,
-            "ceiling_share": self.ceiling_share,
-            "page_rate_bytes_per_s": self.page_rate_bytes_per_s,
-            "page_rate_share": self.page_rate_share,
-            "bandwidth_bound": self.bandwidth_bound,
-            "error": self.error,
-            "timed_by": list(self.timed_by),
-            "ceiling_samples": list(self.ceiling_samples),
-            "page_rate_samples": list(self.page_rate_samples),
-        }
+    def evidence(self) -> Bandwidth:
+        """This check as typed evidence: the evidence kind's fields are this check's own."""
+        return Bandwidth.of(self)
 
 
 def rate_text(bytes_per_s: float) -> str:

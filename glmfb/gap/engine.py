@@ -19,7 +19,7 @@ from glmfb.evidence import Evidence
 from glmfb.gap.attribution import GilFinding, gil_rerun_step, trace_candidate_gil
 from glmfb.gap.bandwidth import BandwidthCheck, check_bandwidth
 from glmfb.gap.config import GapConfig
-from glmfb.gap.evidence import Bandwidth, GapMeasurement, GilAttribution, Phase, TransferInfo
+from glmfb.gap.evidence import GapMeasurement, Phase, TransferInfo
 from glmfb.gap.phases import compare_phases, grown_phases
 from glmfb.gap.rules import RULES, GapFindings
 from glmfb.gap.runner import Measurement, close_all, measure
@@ -165,9 +165,9 @@ def _judge(config: GapConfig, measurement: Measurement, candidate: Any, ctx: Pro
     if info:
         evidence.append(_transfer_info("candidate", candidate))
     if bandwidth is not None:
-        evidence.append(Bandwidth(**{k: v for k, v in bandwidth.to_evidence().items() if k != "kind"}))
+        evidence.append(bandwidth.evidence())
     if gil is not None:
-        evidence.append(GilAttribution(**{k: v for k, v in gil.to_evidence().items() if k != "kind"}))
+        evidence.append(gil.evidence())
 
     findings = GapFindings(
         gap=estimate.value, low=estimate.low, high=estimate.high, threshold=threshold, iterations=n,

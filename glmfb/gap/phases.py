@@ -42,17 +42,7 @@ class PhaseChange:
             return (self.candidate_s or 0.0) > 0.0
         return self.ci is not None and self.ci[0] > threshold
 
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "kind": "phase",
-            "phase": self.name,
-            "baseline_s": self.baseline_s,
-            "candidate_s": self.candidate_s,
-            "delta_s": self.delta_s,
-            "change": self.change,
-            "ci": list(self.ci) if self.ci is not None else None,
-            "concurrent": self.concurrent,
-        }
+
 
 
 def _column(samples: Sequence[dict[str, float]], key: str) -> list[float]:
