@@ -5,10 +5,17 @@ boundary, and writes progress and the verdict as JSON lines to the pipe named by
 ``$GLMFB_RESULT_FD``; then it leaves with ``os._exit``, so a thread the target left running
 cannot keep it alive. SIGTERM (glmfb stopping it) raises inside the probe, so the probe's own
 clean-up (a traced program, a receiver process) runs before the parent's SIGKILL.
+
+That handler is this process's alone: a process the target forks (a worker, a pool) gets
+SIGTERM's default back, so glmfb stopping the tree ends it quietly, as it would end outside
+glmfb, instead of unwinding the copy of the probe it was forked from into this module's code.
+And when glmfb has stopped listening (a timeout, a cancellation: it closed its end of the pipe
+before stopping the tree), there is no one to answer: the child leaves without a traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,6 +31,30 @@ def _on_sigterm(number: int, frame: Any) -> None:
     raise Stopped()
 
 
+def _default_sigterm_after_fork() -> None:
+    """In a process the target forks, give SIGTERM its default back. The fork copies glmfb's
+    handler, so without this, glmfb stopping the tree made each such process raise
+    :class:`Stopped` in its copy of the probe, unwind into :func:`main` and try to answer on the
+    pipe glmfb had closed: a ``BrokenPipeError`` traceback per process in probe-stderr.txt that
+    read as a crash of glmfb (or, with glmfb still listening, a second answer). A handler the
+    target installed itself before forking is the target's business and is kept."""
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _leave_stopped() -> None:
+    """glmfb closed its end of the pipe: it gave up on this process (a timeout, a cancellation)
+    and is stopping the tree, so no answer can reach it. Flush what the target printed and end
+    the way SIGTERM's default would, so glmfb reads "killed by signal 15 (SIGTERM)", the truth,
+    instead of a ``BrokenPipeError`` traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a stream the target closed or broke
+            stream.flush()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+    os._exit(128 + signal.SIGTERM)  # only if the signal is blocked in this thread
+
+
 def main() -> None:
     fd = int(os.environ["GLMFB_RESULT_FD"])
     os.set_inheritable(fd, False)  # a program the target execs (a daemon it forks) must not hold the pipe
@@ -31,12 +62,18 @@ def main() -> None:
     os.environ.pop("GLMFB_RESULT_FD", None)  # the target's own children must not inherit it
 
     def send(message: dict[str, Any]) -> None:
-        channel.write(json.dumps(message, allow_nan=False) + "\n")
-        channel.flush()
+        try:
+            channel.write(json.dumps(message, allow_nan=False) + "\n")
+            channel.flush()
+        except BrokenPipeError:  # glmfb stopped listening, and its SIGTERM is on the way
+            if "progress" in message:
+                raise Stopped() from None  # unwind as on SIGTERM: the probe's own clean-up runs
+            _leave_stopped()
 
     job = json.loads(sys.stdin.read())
     sys.path[:] = [p for p in job["sys_path"] if p]  # the parent's import path (installed probes)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    os.register_at_fork(after_in_child=_default_sigterm_after_fork)
 
     from pathlib import Path
 

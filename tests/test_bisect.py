@@ -318,7 +318,13 @@ def test_k_must_select_exactly_one_definition(tmp_path: Path) -> None:
                                      "--out", str(tmp_path / "r")])
         assert result.exit_code == 2, result.output
         assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
-    assert not (tmp_path / "r").exists()  # refused before anything was written
+    # refused before any probe ran; nothing but the gate's pointer moved, so a gate cannot read an older run
+    assert not list((tmp_path / "r").glob("*/run.json"))
+    from glmfb.errors import HarnessError
+    from glmfb.runs import latest_run
+
+    with pytest.raises(HarnessError, match=r"wrote no run\.json"):
+        latest_run(tmp_path / "r")
 
 
 @pytest.mark.parametrize(("good", "bad", "problem"), [

@@ -13,11 +13,19 @@ refused, never written into.
 Writers never lose a row to each other: SQLite runs in WAL mode (readers never block the
 writer) with a busy timeout, and a write that still finds the database locked is retried;
 each record is one transaction, in both databases.
+
+Nor does a store hang a run: waiting for another connection's lock is bounded, all retries
+together, by :data:`LOCK_WAIT_S` (``$GLMFB_HISTORY_TIMEOUT_S`` overrides it). SQLite's busy
+timeout is narrowed to what is left of it before each try; PostgreSQL's ``lock_timeout``
+bounds every wait for a lock on the connection, and each write transaction gets the time left
+as its ``lock_timeout`` and ``statement_timeout``. An index build (``SHARE`` lock) or a
+forgotten ``BEGIN EXCLUSIVE`` then costs a run one warning line, not its end.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -32,13 +40,38 @@ DEFAULT_NAME = "history.sqlite"
 ENV_VAR = "GLMFB_HISTORY"
 SQLITE_PREFIX = "sqlite:///"
 POSTGRES_PREFIXES = ("postgresql://", "postgres://")
-BUSY_TIMEOUT_S = 30.0  # how long a SQLite writer waits for the lock before the retries
-WRITE_ATTEMPTS = 5
+LOCK_WAIT_S = 30.0  # the most one open or write waits on another connection's lock, all tries together
+LOCK_WAIT_ENV = "GLMFB_HISTORY_TIMEOUT_S"  # overrides LOCK_WAIT_S (seconds)
+WRITE_ATTEMPTS = 5  # tries after a failure that is not a lock wait (a serialization failure, a deadlock)
 
 
 class HistoryError(UsageError):
     """The store cannot be opened, read or written (a bad URL, a server that refuses, a
-    database of a newer glmfb)."""
+    database of a newer glmfb, a lock another connection held past the bound)."""
+
+
+def lock_wait_s(environ: Mapping[str, str] | None = None) -> float:
+    """The bound on waiting for a lock: ``$GLMFB_HISTORY_TIMEOUT_S`` (seconds, above 0), else
+    :data:`LOCK_WAIT_S`. A value that is no such number is refused, not silently replaced: the
+    bound is what keeps a locked store from hanging a run."""
+    raw = (os.environ if environ is None else environ).get(LOCK_WAIT_ENV, "").strip()
+    if not raw:
+        return LOCK_WAIT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise HistoryError(f"{LOCK_WAIT_ENV}={raw!r} is not a number of seconds above 0",
+                           f"set it to one, e.g. {LOCK_WAIT_S:g}, or unset it")
+    return seconds
+
+
+def _locked_message(url: str, waited_s: float) -> HistoryError:
+    """The one line for a store that another connection kept locked (or busy) past the bound."""
+    return HistoryError(f"the history {describe(url)} was locked or busy for {waited_s:g} s, glmfb's bound on "
+                        "waiting for it", f"another connection holds a lock on it (an index build, an open "
+                        f"transaction); {LOCK_WAIT_ENV} sets the bound")
 
 
 @dataclass(frozen=True)
@@ -198,14 +231,17 @@ class Store:
     """An open history store: :meth:`record` appends rows, :meth:`records` reads them in time
     order. Use it as a context manager (it closes the connection)."""
 
-    def __init__(self, connection: Connection, dialect: Dialect, url: str, transaction: Callable[[], Any],
-                 retryable: tuple[type[BaseException], ...], errors: tuple[type[BaseException], ...]) -> None:
+    def __init__(self, connection: Connection, dialect: Dialect, url: str, transaction: Callable[[float], Any],
+                 retryable: tuple[type[BaseException], ...], errors: tuple[type[BaseException], ...],
+                 locked: Callable[[BaseException], bool], wait_s: float) -> None:
         self.connection = connection
         self.dialect = dialect
         self.url = url
-        self._transaction = transaction
+        self._transaction = transaction  # a write transaction that waits at most the seconds given
         self._retryable = retryable  # another writer holds the lock: wait and try again
         self._errors = errors  # the database's own errors: a HistoryError that names the store
+        self._locked = locked  # whether an error is a wait for another connection's lock that ran out
+        self.wait_s = wait_s  # the bound on all the lock waits of one write, tries included
 
     def __enter__(self) -> Store:
         return self
@@ -222,16 +258,28 @@ class Store:
 
     def _retrying(self, work: Callable[[], T]) -> T:
         """``work`` in a transaction, again (after a short wait) while the database is locked
-        by another writer; the last failure is raised."""
-        for attempt in range(WRITE_ATTEMPTS):
+        by another writer, until :attr:`wait_s` has passed in all: each try waits for the lock
+        only as long as is left, so a lock held for good ends in a :class:`HistoryError` that
+        says so (five full busy timeouts one after the other made a run answer after 153 s).
+        Another retryable failure gets :data:`WRITE_ATTEMPTS` tries; its last one is raised."""
+        deadline = time.monotonic() + self.wait_s
+        attempt = 0
+        while True:
             try:
-                with self._transaction():
+                with self._transaction(max(deadline - time.monotonic(), 0.001)):
                     return work()
-            except self._retryable:
-                if attempt == WRITE_ATTEMPTS - 1:
+            except self._errors as exc:
+                locked = self._locked(exc)
+                if not locked and not isinstance(exc, self._retryable):
                     raise
-                time.sleep(0.05 * 2 ** attempt)
-        raise AssertionError("unreachable")
+                pause = 0.05 * 2 ** min(attempt, 4)
+                attempt += 1
+                out_of_time = time.monotonic() + pause >= deadline
+                if locked and out_of_time:
+                    raise _locked_message(self.url, self.wait_s) from None
+                if not locked and (out_of_time or attempt >= WRITE_ATTEMPTS):
+                    raise
+                time.sleep(pause)
 
     def record(self, records: Iterable[Record], *, once: bool = False) -> int:
         """Append ``records`` in one transaction; returns how many. ``once``: nothing is written
@@ -290,13 +338,15 @@ def _record(row: Sequence[Any]) -> Record:
     return Record(**data)
 
 
-def open_store(url: str, *, create: bool = True) -> Store:
+def open_store(url: str, *, create: bool = True, wait_s: float | None = None) -> Store:
     """The store at ``url``, migrated to :data:`SCHEMA_VERSION`. ``create=False`` refuses a
-    SQLite file that does not exist yet (reading a history that was never written)."""
+    SQLite file that does not exist yet (reading a history that was never written). ``wait_s``
+    bounds each wait for another connection's lock (default: :func:`lock_wait_s`)."""
     check_url(url)
+    wait_s = lock_wait_s() if wait_s is None else wait_s
     if url.startswith(SQLITE_PREFIX):
-        return _open_sqlite(url, create=create)
-    return _open_postgres(url)
+        return _open_sqlite(url, create=create, wait_s=wait_s)
+    return _open_postgres(url, wait_s=wait_s)
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,39 +354,55 @@ def open_store(url: str, *, create: bool = True) -> Store:
 # --------------------------------------------------------------------------------------------
 
 
-def _open_sqlite(url: str, *, create: bool) -> Store:
+def _milliseconds(seconds: float) -> int:
+    """A timeout of ``seconds`` in whole milliseconds, at least 1: 0 is no wait at all in
+    SQLite's busy timeout and no limit at all in PostgreSQL's ``lock_timeout``."""
+    return max(1, int(seconds * 1000))
+
+
+def _sqlite_locked(exc: BaseException) -> bool:
+    """Whether a SQLite error is another connection's lock ("database is locked", "... busy")."""
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _open_sqlite(url: str, *, create: bool, wait_s: float) -> Store:
     path = sqlite_path(url)
     if not create and not path.is_file():
         raise HistoryError(f"no history at {path}", "run glmfb run first, or give --history URL")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)  # we BEGIN ourselves
-        connection.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        _write_ahead_log(connection)
+        connection = sqlite3.connect(path, timeout=wait_s, isolation_level=None)  # we BEGIN ourselves
+        connection.execute(f"PRAGMA busy_timeout = {_milliseconds(wait_s)}")
+        _write_ahead_log(connection, url, wait_s)
     except (OSError, sqlite3.Error) as exc:
         raise HistoryError(f"cannot open the history {path}: {exc}") from None
 
     @contextmanager
-    def transaction() -> Iterator[None]:
-        connection.execute("BEGIN IMMEDIATE")  # the write lock now, not at the first write
+    def transaction(wait_s_left: float) -> Iterator[None]:
+        connection.execute(f"PRAGMA busy_timeout = {_milliseconds(wait_s_left)}")  # this try waits what is left
         try:
-            yield
-        except BaseException:
-            connection.execute("ROLLBACK")
-            raise
-        connection.execute("COMMIT")
+            connection.execute("BEGIN IMMEDIATE")  # the write lock now, not at the first write
+            try:
+                yield
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
+            connection.execute("COMMIT")
+        finally:
+            connection.execute(f"PRAGMA busy_timeout = {_milliseconds(wait_s)}")
 
-    store = Store(connection, SQLITE, url, transaction, (sqlite3.OperationalError,), (sqlite3.Error,))
+    store = Store(connection, SQLITE, url, transaction, (sqlite3.OperationalError,), (sqlite3.Error,),
+                  _sqlite_locked, wait_s)
     _migrate_or_close(store)
     return store
 
 
-def _write_ahead_log(connection: sqlite3.Connection) -> None:
+def _write_ahead_log(connection: sqlite3.Connection, url: str, wait_s: float) -> None:
     """Put the database in WAL mode (it stays so: the mode is kept in the file), retrying while
-    another process holds it: switching the journal mode answers "database is locked" at once,
-    without waiting on the busy timeout, and two ``glmfb run`` starting together on a new
-    history both try it (one of them failed so in a CI run)."""
-    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    another process holds it, for ``wait_s`` at most: switching the journal mode answers
+    "database is locked" at once, without waiting on the busy timeout, and two ``glmfb run``
+    starting together on a new history both try it (one of them failed so in a CI run)."""
+    deadline = time.monotonic() + wait_s
     delay = 0.005
     while True:
         try:
@@ -344,8 +410,11 @@ def _write_ahead_log(connection: sqlite3.Connection) -> None:
                 connection.execute("PRAGMA journal_mode = WAL")
             return
         except sqlite3.OperationalError as exc:
-            if not ("locked" in str(exc) or "busy" in str(exc)) or time.monotonic() > deadline:
+            if not _sqlite_locked(exc):
                 raise
+            if time.monotonic() + delay > deadline:
+                connection.close()
+                raise _locked_message(url, wait_s) from None
             time.sleep(delay)
             delay = min(2 * delay, 0.2)
 
@@ -357,7 +426,7 @@ def _write_ahead_log(connection: sqlite3.Connection) -> None:
 _MIGRATION_LOCK = 0x676C6D6662  # pg_advisory_xact_lock key: one migrator at a time ("glmfb")
 
 
-def _open_postgres(url: str) -> Store:
+def _open_postgres(url: str, *, wait_s: float) -> Store:
     try:
         import psycopg
     except ImportError:
@@ -367,14 +436,30 @@ def _open_postgres(url: str) -> Store:
         connection = psycopg.connect(url, autocommit=True, connect_timeout=10)
     except psycopg.Error as exc:
         raise HistoryError(f"cannot connect to the history {describe(url)}: {_first_line(exc)}") from None
+    try:  # every wait for a lock on this connection, a read's too, is bounded (an index build's
+        # SHARE lock held a run's recording forever)
+        connection.execute(f"SET lock_timeout = {_milliseconds(wait_s)}")
+    except psycopg.Error as exc:
+        connection.close()
+        raise HistoryError(f"cannot open the history {describe(url)}: {_first_line(exc)}") from None
 
     @contextmanager
-    def transaction() -> Iterator[None]:
+    def transaction(wait_s_left: float) -> Iterator[None]:
         with connection.transaction():
+            # For this transaction only: its lock waits and each statement get what is left.
+            connection.execute(f"SET LOCAL lock_timeout = {_milliseconds(wait_s_left)}")
+            connection.execute(f"SET LOCAL statement_timeout = {_milliseconds(wait_s_left)}")
             yield
 
+    def locked(exc: BaseException) -> bool:
+        """``lock_timeout`` or ``statement_timeout`` ran out (a statement cancelled by hand is not
+        waited out again)."""
+        return isinstance(exc, psycopg.errors.LockNotAvailable) or (
+            isinstance(exc, psycopg.errors.QueryCanceled) and "timeout" in str(exc))
+
     store = Store(connection, POSTGRES, url, transaction,
-                  (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected), (psycopg.Error,))
+                  (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected), (psycopg.Error,), locked,
+                  wait_s)
     _migrate_or_close(store)
     return store
 

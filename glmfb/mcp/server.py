@@ -316,18 +316,28 @@ class BearerToken:
 
     ``glmfb mcp --http`` runs code for whoever connects, and on a machine several users share,
     a loopback port is open to all of them: as notebook servers do, every request must carry
-    the token the server was started with (compared in constant time). Lifespan events pass."""
+    the token the server was started with (compared in constant time). The scheme's name is
+    matched in any case (``bearer``, ``BEARER``): RFC 9110 makes it case-insensitive, and
+    clients that send it in lower case were refused. Lifespan events pass."""
 
     def __init__(self, app: Any, token: str) -> None:
         self.app = app
-        self.expected = f"Bearer {token}".encode()
+        self.expected = token.encode()
+
+    def authorized(self, header: bytes) -> bool:
+        """Whether an ``Authorization`` value carries the token: the scheme ``Bearer`` in any
+        case, one or more spaces (RFC 9110's ``1*SP``), then exactly the token (never an empty
+        one, which ``glmfb mcp`` refuses at start anyway)."""
+        import hmac
+
+        scheme, _, credentials = header.partition(b" ")
+        return (scheme.lower() == b"bearer" and bool(self.expected)
+                and hmac.compare_digest(credentials.lstrip(b" "), self.expected))
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope.get("type") in ("http", "websocket"):
-            import hmac
-
             given = next((value for name, value in scope.get("headers", ()) if name == b"authorization"), b"")
-            if not hmac.compare_digest(given, self.expected):
+            if not self.authorized(given):
                 await send({"type": "http.response.start", "status": 401,
                             "headers": [(b"content-type", b"text/plain; charset=utf-8"),
                                         (b"www-authenticate", b'Bearer realm="glmfb mcp"')]})
