@@ -218,3 +218,36 @@ def test_a_bound_that_is_no_number_of_seconds_is_refused(value: str) -> None:
     with pytest.raises(HistoryError, match=LOCK_WAIT_ENV):
         lock_wait_s({LOCK_WAIT_ENV: value})
     assert lock_wait_s({}) == LOCK_WAIT_S and lock_wait_s({LOCK_WAIT_ENV: " 2.5 "}) == 2.5
+
+
+def test_glmfb_run_on_a_share_locked_postgresql_writes_its_report_and_junit_and_warns_once(
+        postgres: Server, tmp_path: Path, toy: Path) -> None:
+    """The tester's case, through ``glmfb run``: another session holds ``LOCK TABLE verdicts IN
+    SHARE MODE``. Before, the run waited forever after run.json, and a SIGTERM at 60 s said
+    "before anything could be written" with no report.html or junit.xml. Now the run answers
+    within the bound with its verdicts' exit code, one warning naming the store, and every
+    artifact of the run (the report reads the history: a SHARE lock lets reads through)."""
+    import psycopg
+
+    url = postgres.create_database()
+    with open_store(url) as store:
+        store.record([record(0)])
+    (tmp_path / "p.toml").write_text('[[probe]]\nname = "toy-check"\nprobe = "toy"\noptions = { outcome = "pass" }\n')
+    environ = {key: value for key, value in os.environ.items() if key != "GLMFB_HISTORY"}
+    environ.update({"PYTHONPATH": os.pathsep.join([str(toy), str(REPO)]), LOCK_WAIT_ENV: str(BOUND_S)})
+    holder = psycopg.connect(url)
+    holder.execute("LOCK TABLE verdicts IN SHARE MODE")
+    try:
+        started = time.monotonic()
+        ran = subprocess.run([sys.executable, "-m", "glmfb", "run", "p.toml", "--out", "reports", "--history", url],
+                             capture_output=True, text=True, cwd=tmp_path, env=environ, timeout=120)
+        elapsed = time.monotonic() - started
+    finally:
+        holder.rollback()
+        holder.close()
+    assert ran.returncode == 0, ran.stderr[-1500:]
+    warnings = [line for line in ran.stderr.splitlines() if line.startswith("glmfb: warning:")]
+    assert len(warnings) == 1 and describe(url) in warnings[0] and "locked or busy" in warnings[0], ran.stderr
+    folder = next((tmp_path / "reports").glob("*/run.json")).parent
+    assert {p.name for p in folder.iterdir()} >= {"run.json", "junit.xml", "report.html"}
+    assert elapsed < 60, elapsed
