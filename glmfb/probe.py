@@ -371,6 +371,12 @@ class BaseProbe:
     timing: ClassVar[bool] = True  # the safe default: a probe that does not say runs alone
     metrics: ClassVar[tuple[MetricSpec, ...]] = ()
 
+    def outside_side(self, text: str) -> bool:
+        """Whether a side written as ``text`` names something outside the file system that this
+        probe addresses (diff: a serving endpoint, ``openai:URL``), which no root holds; raises
+        :class:`~glmfb.errors.UsageError` when it is such a side, malformed. None by default."""
+        return False
+
     def series(self, verdict: Verdict) -> tuple[Metric, ...]:
         """The secondary series of a verdict, recorded in the history beside its headline
         metric (bench: each side's own time per call, per shape): none, unless the probe says."""
@@ -483,6 +489,22 @@ def get_probe(kind: str) -> Probe:
 
 def all_probes() -> list[Probe]:
     return [get_probe(kind) for kind in known_kinds()]
+
+
+def outside_side(text: str, kind: str | None = None) -> bool:
+    """Whether ``text``, written as a side, names something outside the file system (asks probe
+    ``kind``, or every loadable probe when None: a command a probe brings). Raises
+    :class:`~glmfb.errors.UsageError` when a probe claims it and it is malformed."""
+    kinds = [kind] if kind is not None else known_kinds()
+    for name in kinds:
+        try:
+            probe = get_probe(name)
+        except InputError:
+            continue
+        claims = getattr(probe, "outside_side", None)
+        if claims is not None and claims(text):
+            return True
+    return False
 
 
 def probe_commands() -> dict[str, ProbeCommand]:

@@ -87,3 +87,21 @@ def test_a_definition_inside_the_root_is_still_accepted(setting: tuple[Path, Pat
     (root / "probes" / "fine.toml").write_text(definition("../inside.py:make"))
     prepared = Toolbox(Boundary(root)).prepare("run", {"paths": "probes/fine.toml"})
     assert prepared.label == "run of 1 definition(s)"
+
+
+def test_what_a_probe_addresses_outside_the_file_system_is_the_probes_to_say(tmp_path: Path) -> None:
+    """The root holds paths; a serving endpoint is not one. The boundary asks the probe
+    (diff's ``outside_side``) rather than knowing diff's ``openai:`` syntax: the diff tool and
+    the capture command's tool take an endpoint, a malformed one is refused naming the
+    argument, and a probe that addresses nothing outside (bench) does not take it."""
+    box = Toolbox(Boundary(tmp_path))
+    endpoint = "openai:http://127.0.0.1:9/v1#tiny"
+    (tmp_path / "requests.jsonl").write_text('{"id": "a", "prompt": "hi"}\n')
+    assert box.prepare("diff", {"baseline": endpoint, "candidate": endpoint, "requests": "requests.jsonl"})
+    assert box.boundary.side(endpoint, "target") == endpoint  # a command a probe brings (capture)
+    for tool, arguments in (("diff", {"baseline": "openai:ftp://x", "candidate": endpoint}),
+                            ("bench", {"baseline": endpoint, "candidate": endpoint})):
+        with pytest.raises(InputError) as caught:
+            box.prepare(tool, {**arguments, "requests": "requests.jsonl"} if tool == "diff" else
+                        {**arguments, "shapes": ["8"]})
+        assert "argument 'baseline'" in str(caught.value), str(caught.value)

@@ -137,6 +137,16 @@ class DiffProbe(BaseProbe):
         MetricSpec("candidate_token_time", unit="s", about="a serving endpoint's own latency: seconds per token"),
     )
 
+    def outside_side(self, text: str) -> bool:
+        """A serving endpoint (``openai:URL``) is a side outside the file system; a malformed
+        one raises :class:`~glmfb.errors.UsageError`."""
+        from glmfb.diff.endpoint import is_endpoint, parse_endpoint
+
+        if not is_endpoint(text):
+            return False
+        parse_endpoint(text)
+        return True
+
     def series(self, verdict: Verdict) -> tuple[Metric, ...]:
         """Two serving endpoints: each side's own latency (seconds per generated token, with the
         interval of its calls in the order made), beside the diff's numerics."""

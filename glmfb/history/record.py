@@ -212,7 +212,7 @@ def _code_folder(spec: ProbeSpec) -> Path | None:
     from glmfb.targets import is_file_ref
 
     for ref in (spec.candidate, spec.target, spec.baseline):
-        if not ref or ref.startswith("openai:"):
+        if not ref:
             continue
         location = ref.partition("#")[0]
         head, colon, attr = location.rpartition(":")

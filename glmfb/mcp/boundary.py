@@ -15,6 +15,7 @@ Errors are :class:`~glmfb.errors.InputError` (a tool error for the agent, never 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -84,19 +85,21 @@ class Boundary:
         return [self.path(item, f"{argument}[{index}]" if len(items) > 1 else argument, must_exist=must_exist,
                           what=what) for index, item in enumerate(items)]
 
-    def side(self, value: Any, argument: str) -> str:
-        """A probe side: a target reference (``file.py:attr`` or ``package.module:attr``), or
-        a file or folder under the root (a saved result, a capture directory; ``#side``
-        suffix kept). Returned as written relative to the root where it is a path."""
-        text = _string(value, argument, "a target (file.py:factory) or a path")
-        if text.startswith("openai:"):  # a serving endpoint: a URL, not a path under the root
-            from glmfb.diff.endpoint import parse_endpoint
+    def side(self, value: Any, argument: str, kind: str | None = None) -> str:
+        """A side of probe ``kind`` (None: of a command a probe brings): a target reference
+        (``file.py:attr`` or ``package.module:attr``), a file or folder under the root (a saved
+        result, a capture directory; ``#side`` suffix kept), or what the probe addresses outside
+        the file system (diff's serving endpoints: the probe says,
+        :func:`glmfb.probe.outside_side`). Returned as written relative to the root where it is
+        a path."""
+        from glmfb.probe import outside_side
 
-            try:
-                parse_endpoint(text)
-            except UsageError as exc:
-                raise InputError(f"argument {argument!r}: {exc.message}", exc.hint) from None
-            return text
+        text = _string(value, argument, "a target (file.py:factory) or a path")
+        try:
+            if outside_side(text, kind):
+                return text
+        except UsageError as exc:
+            raise InputError(f"argument {argument!r}: {exc.message}", exc.hint) from None
         path_part, sep, suffix = text.partition("#")
         as_path = Path(path_part)
         if path_part and (as_path if as_path.is_absolute() else self.root / as_path).exists():
@@ -128,7 +131,7 @@ class Boundary:
         for which in ("baseline", "candidate", "target"):
             ref = getattr(spec, which)
             if ref:
-                self.side(_beside(ref, spec.base_dir), f"{label}: {which}")
+                self.side(_beside(ref, spec.base_dir, spec.kind), f"{label}: {which}", spec.kind)
         for file in definition.rules_files:
             self.path(str(file), f"{label}: rules")
         for option in options_of(get_probe(spec.kind).config_type):
@@ -138,7 +141,7 @@ class Boundary:
             if option.type.name == "path":
                 self.path(str(spec.resolve_path(value)), f"{label}: options.{option.key}")
             elif option.type.name == "target":
-                self.side(_beside(str(value), spec.base_dir), f"{label}: options.{option.key}")
+                self.side(_beside(str(value), spec.base_dir, spec.kind), f"{label}: options.{option.key}", spec.kind)
 
     @staticmethod
     def commands_of(definition: Any) -> list[str]:
@@ -200,10 +203,16 @@ def _string(value: Any, argument: str, what: str) -> str:
     return value.strip()
 
 
-def _beside(ref: str, base_dir: Path | None) -> str:
-    """A side a definition writes (relative to its own folder), made absolute, so that the
-    root's checks see the file it names. Endpoints and module names are left as written."""
-    if base_dir is None or ref.startswith("openai:"):
+def _beside(ref: str, base_dir: Path | None, kind: str) -> str:
+    """A side a definition of probe ``kind`` writes (relative to its own folder), made absolute,
+    so that the root's checks see the file it names. What the probe addresses outside the file
+    system (an endpoint) and module names are left as written."""
+    from glmfb.probe import outside_side
+
+    with contextlib.suppress(UsageError):  # malformed: :meth:`Boundary.side` says so
+        if base_dir is None or outside_side(ref, kind):
+            return ref
+    if base_dir is None:
         return ref
     path_part, sep, suffix = ref.partition("#")
     location, colon, attr = path_part.rpartition(":")

@@ -162,7 +162,7 @@ class ProbeTool:
             elif option.type.name == "command":  # a command line to run (a server): only where commands are allowed
                 options[option.attr] = boundary.command(list(value), option.key)
             elif option.type.name == "target":  # a target an option names: under the root, as a side
-                options[option.attr] = boundary.side(value, option.key)
+                options[option.attr] = boundary.side(value, option.key, self.probe.kind)
         return options
 
     def _sides(self, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -173,16 +173,16 @@ class ProbeTool:
         if probe.form is ProbeForm.PAIR:
             if "baseline" not in arguments:
                 raise InputError(f"{label}: argument 'baseline' is required")
-            sides["baseline"] = boundary.side(arguments["baseline"], "baseline")
+            sides["baseline"] = boundary.side(arguments["baseline"], "baseline", probe.kind)
             if "candidate" in arguments:
-                sides["candidate"] = boundary.side(arguments["candidate"], "candidate")
+                sides["candidate"] = boundary.side(arguments["candidate"], "candidate", probe.kind)
             elif not probe.candidate_optional:
                 raise InputError(f"{label}: argument 'candidate' is required")
             return sides
         if "target" in arguments and "command" in arguments:
             raise InputError(f"{label}: give 'target' or 'command', not both")
         if "target" in arguments:
-            sides["target"] = boundary.side(arguments["target"], "target")
+            sides["target"] = boundary.side(arguments["target"], "target", probe.kind)
         elif "command" in arguments:
             sides["command"] = boundary.command(arguments["command"])
         return sides
