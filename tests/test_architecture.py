@@ -151,6 +151,33 @@ def import_cycles(root: Path) -> list[list[str]]:
     return sorted(groups)
 
 
+def engine_of(module: str) -> str | None:
+    return next((engine for engine in ENGINES if module == engine or module.startswith(engine + ".")), None)
+
+
+def engine_crossings(root: Path) -> list[str]:
+    """Each import from one engine into another that is neither that engine's package (the API
+    its ``__init__`` declares) nor its evidence module (read through the types)."""
+    found = []
+    for module, imported in sorted(import_graph(root).items()):
+        here = engine_of(module)
+        for name in sorted(imported):
+            there = engine_of(name)
+            if here is not None and there is not None and there != here and name not in (there, f"{there}.evidence"):
+                found.append(f"{module} imports {name}, not {there}'s API")
+    return found
+
+
+def test_an_engine_uses_another_only_through_its_api_and_its_evidence(tmp_path: Path) -> None:
+    """gap runs gil: it imports ``glmfb.gil`` (GilConfig, trace_gil, describe_threads,
+    SOURCE_LINE, timeline_plot) and ``glmfb.gil.evidence``, never gil's internals."""
+    assert engine_crossings(GLMFB.parent) == []
+    shutil.copytree(GLMFB, tmp_path / "glmfb", ignore=shutil.ignore_patterns("__pycache__", "_site"))
+    plots = tmp_path / "glmfb" / "gap" / "plots.py"
+    plots.write_text(plots.read_text() + "\n\ndef _planted():\n    from glmfb.gil.groups import describe\n")
+    assert engine_crossings(tmp_path) == ["glmfb.gap.plots imports glmfb.gil.groups, not glmfb.gil's API"]
+
+
 def test_the_engines_come_from_the_registry() -> None:
     assert len(ENGINES) == len(BUILTIN_PROBES)
     assert all((GLMFB.parent / engine.replace(".", "/") / "__init__.py").is_file() for engine in ENGINES)

@@ -20,6 +20,8 @@ from glmfb.errors import InputError
 from glmfb.evidence import MissingSignal
 from glmfb.gap.config import GapConfig
 from glmfb.gap.evidence import GilAttribution
+from glmfb.gil import SOURCE_LINE
+from glmfb.gil import describe_threads as describe
 from glmfb.gil.evidence import (
     GilHolder,
     GilThreads,
@@ -28,8 +30,6 @@ from glmfb.gil.evidence import (
     ThreadTimeRow,
     ThreadTimes,
 )
-from glmfb.gil.groups import describe
-from glmfb.gil.holders import SOURCE_LINE
 from glmfb.io import write_json_atomic
 from glmfb.probe import ProbeContext, get_probe
 from glmfb.step import Step
@@ -480,7 +480,7 @@ def _gil_config(config_type: type, config: GapConfig, side: str, **overrides: An
 def gil_rerun_step(config: GapConfig, duration_s: float = 15.0) -> Step:
     """The step that runs the gil probe on the candidate as the attribution does, sampling
     ``duration_s`` (at least as long as the attribution did)."""
-    from glmfb.gil.config import GilConfig
+    from glmfb.gil import GilConfig
 
     gil_config = _gil_config(GilConfig, config, "candidate", duration_s=max(duration_s, config.gil_duration_s))
     return rerun_step("gil", gil_config, "sample the candidate's GIL holder for longer")

@@ -239,15 +239,13 @@ def bandwidth(view: VerdictView) -> Plot:
 
 def gil_timeline(view: VerdictView) -> Plot:
     """The GIL timeline of the attribution run a failing gap makes (its saved gil verdict)."""
-    from glmfb.gil.plots import timeline
+    from glmfb.gil import timeline_plot
 
     path = view.artifact("gil_verdict")
     if path is None:
         raise NoData("no gil_verdict artifact (the GIL is attributed only when the gap fails)")
-    from glmfb.gil.plots import thread_timeline
-
     nested = VerdictView(json.loads(path.read_text(encoding="utf-8")), run_dir=view.run_dir, run_id=view.run_id)
-    plot = thread_timeline(nested) if nested.first("gil_timeline") else timeline(nested)
+    plot = timeline_plot(nested)
     plot.caption = f"From the GIL attribution run of the candidate ({path.name}). {plot.caption}"
     return plot
 

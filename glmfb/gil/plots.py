@@ -204,6 +204,12 @@ STATE_COLORS = {"holding": HOLDING_COLOR, "waiting": WAITING_COLOR, "running": R
 STATE_LABELS = {"holding": "holding the GIL", "waiting": "waiting for the GIL", "running": "running (no GIL wait)"}
 
 
+def verdict_timeline(view: VerdictView) -> Plot:
+    """A gil verdict's GIL timeline: per thread when it holds one (evidence ``gil_timeline``),
+    else the holders' timeline (what ``glmfb gap`` draws of its attribution run)."""
+    return thread_timeline(view) if view.first("gil_timeline") else timeline(view)
+
+
 def thread_timeline(view: VerdictView) -> Plot:
     """Per thread, over the sampled window: when it held the GIL, waited for it or ran (the
     ``gil_timeline`` evidence, from /proc ticks), with the heartbeat's longest stall marked."""
