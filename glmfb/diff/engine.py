@@ -69,7 +69,6 @@ from glmfb.diff.localize import LocalError, Localization, error_entry, local_err
 from glmfb.diff.metrics import (
     PairComparer,
     PositionErrors,
-    TokenMetrics,
     Tolerance,
     is_logits,
     position_dim,
@@ -366,7 +365,7 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
     evidence += precision.evidence
     tokens = _tokens(baseline, candidate, worst)
     if tokens is not None:
-        evidence.append(Tokens(request=worst.id, tap=tokens[0], **tokens[1].to_row()))
+        evidence.append(tokens)
     knobs = _counterfactuals(run, baseline, results, comparer) if failed and config.counterfactuals else []
     evidence.extend(_counterfactual_evidence(knob) for knob in knobs)
     reproducer = (_minimal_reproducer(config, ctx, live, worst, comparer, alone=len(results) == 1)
@@ -671,7 +670,7 @@ def _side_runs(baseline: CaptureReader, candidate: CaptureReader) -> list[SideRu
 
 def _findings(results: Sequence[RequestResult], worst: RequestResult, tree: TreeDifferencesFound,
               location: _Location, along: _AlongPositions, shape: _Shape, precision: _Precision,
-              tokens: tuple[str, TokenMetrics] | None, knobs: Sequence[KnobResult],
+              tokens: Tokens | None, knobs: Sequence[KnobResult],
               reproducer: _Reproducer) -> DiffFindings:
     """What the measurements established, in the terms the rules speak."""
     failed = any(r.failed for r in results)
@@ -682,7 +681,7 @@ def _findings(results: Sequence[RequestResult], worst: RequestResult, tree: Tree
         tap=(localized.tap if localized else (first.tap.name if first else None)), position=along.first_failing,
         local=location.local, first_divergent=first.tap.name if first else None, shape=shape.shape, fit=shape.fit,
         signature=precision.signature, dtype=first.tap.dtype if first else None,
-        tokens=tokens[1] if tokens else None, nonfinite_tap=shape.nonfinite.tap.name if shape.nonfinite else None,
+        tokens=tokens, nonfinite_tap=shape.nonfinite.tap.name if shape.nonfinite else None,
         output_rel_l2=max(r.output_error for r in results), rerun=reproducer.rerun,
         length_fit=length_fit if length_fit is not None and _spans(length_fit) else None,
         profile=along.profile, profile_tap=along.tap, onsets=tuple((n, o) for _, n, o in along.onsets),
@@ -882,14 +881,15 @@ def _precision_tests(localization: Localization | None, first: TapResult | None,
     return rounding_test(base, cand, subject, None, dtypes), bias_test(base, cand, dim, subject)
 
 
-def _tokens(baseline: CaptureReader, candidate: CaptureReader, request: RequestResult) -> tuple[str, TokenMetrics] | None:
+def _tokens(baseline: CaptureReader, candidate: CaptureReader, request: RequestResult) -> Tokens | None:
     for tap in request.outputs:
         if not is_logits(tap.tap.name, tap.tap.shape, request.length) or not tap.tap.dtype.startswith(("float", "bfloat")):
             continue
         dim = position_dim(tap.tap.shape, request.length)
         if dim is None or dim == len(tap.tap.shape) - 1:
             continue
-        return tap.tap.name, token_metrics(baseline.load(tap.tap), candidate.load(tap.other), dim)
+        return token_metrics(baseline.load(tap.tap), candidate.load(tap.other), dim, request=request.id,
+                             tap=tap.tap.name)
     return None
 
 

@@ -25,6 +25,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from glmfb.diff.evidence import Tokens
+
 if TYPE_CHECKING:
     import numpy as np
     import torch
@@ -470,38 +472,10 @@ def typical_relative_error(baseline: torch.Tensor, candidate: torch.Tensor, dim:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TokenMetrics:
-    """Differences of next-token distributions, per position, from two logits tensors."""
-
-    positions: int
-    first_argmax_diff: int | None
-    argmax_agreement: float
-    topk: int
-    topk_overlap_mean: float
-    topk_overlap_min: float
-    kl_max: float
-    kl_mean: float
-    kl_max_position: int
-    logprob_change_max: float
-    logprob_change_position: int
-    logprob_change_token: int
-
-    def to_row(self) -> dict[str, Any]:
-        return {
-            "positions": self.positions, "first_argmax_diff": self.first_argmax_diff,
-            "argmax_agreement": self.argmax_agreement, "topk": self.topk,
-            "topk_overlap_mean": self.topk_overlap_mean, "topk_overlap_min": self.topk_overlap_min,
-            "kl_max": self.kl_max, "kl_mean": self.kl_mean, "kl_max_position": self.kl_max_position,
-            "logprob_change_max": self.logprob_change_max,
-            "logprob_change_position": self.logprob_change_position,
-            "logprob_change_token": self.logprob_change_token,
-        }
-
-
 def token_metrics(baseline: torch.Tensor, candidate: torch.Tensor, dim: int, topk: int = 5,
-                  block_positions: int = 256) -> TokenMetrics:
-    """Token-level comparison of logits whose positions lie along ``dim`` and vocabulary last."""
+                  block_positions: int = 256, *, request: str = "", tap: str = "") -> Tokens:
+    """Token-level comparison of logits whose positions lie along ``dim`` and vocabulary last,
+    as the evidence that carries it (``request`` and ``tap``: whose logits they are)."""
     import torch
 
     b_rows = baseline.detach().movedim(dim, 0).reshape(baseline.shape[dim], -1)
@@ -533,8 +507,8 @@ def token_metrics(baseline: torch.Tensor, candidate: torch.Tensor, dim: int, top
         if value > best_change or math.isnan(value):
             best_change, best_pos, best_tok = value, start + flat // vocab, flat % vocab
     kl_cat = torch.cat(kl_all) if kl_all else torch.zeros(1, dtype=torch.float64)
-    return TokenMetrics(
-        positions=positions,
+    return Tokens(
+        request=request, tap=tap, positions=positions,
         first_argmax_diff=first_diff,
         argmax_agreement=agree / positions if positions else 1.0,
         topk=k,

@@ -32,8 +32,8 @@ from typing import Any
 
 from glmfb.diff.compare import TreeDifferences
 from glmfb.diff.counterfactual import KnobResult
+from glmfb.diff.evidence import Tokens
 from glmfb.diff.localize import ErrorEntry
-from glmfb.diff.metrics import TokenMetrics
 from glmfb.diff.rounding import (
     FORMAT_NAMES,
     ROUNDING_SIZE_UNITS,
@@ -66,7 +66,7 @@ class DiffFindings:
     fit: GrowthFit | None = None  # across requests, else along positions (the error_shape evidence's fit)
     signature: PrecisionSignature | None = None
     dtype: str | None = None  # the baseline's dtype at the first divergent tap
-    tokens: TokenMetrics | None = None
+    tokens: Tokens | None = None
     nonfinite_tap: str | None = None
     output_rel_l2: float = 0.0
     rerun: Step | None = None  # the step that reruns the minimal reproducer
