@@ -223,6 +223,37 @@ class MetricSpec:
     about: str = ""
 
 
+def evidence_data(verdict: Verdict) -> list[dict[str, Any]]:
+    """A verdict's evidence items as data (typed items as their JSON, raw ones as they are)."""
+    return [item if isinstance(item, dict) else item.to_dict() for item in verdict.evidence]
+
+
+def measured_on_busy_host(verdict: Verdict) -> bool:
+    """Whether the probe read a busy host while it measured (evidence ``host_load``, ``busy``)."""
+    return any(item.get("kind") == "host_load" and item.get("busy") for item in evidence_data(verdict))
+
+
+def side_times(verdict: Verdict, kind: str, samples: str, name: str) -> tuple[Metric, ...]:
+    """Each side's own time as a metric (``name`` with ``{side}``): the batch-means statistic
+    with its 95% interval (:func:`glmfb.measure.intervals.time_interval`) of the samples an
+    evidence item of ``kind`` keeps per side in time order (the key ``samples``, with
+    ``{side}``). None from a run on a busy host: an interleaved comparison cancels others' load
+    out of the change, not out of either side's own time."""
+    from glmfb.measure.intervals import time_interval
+
+    if measured_on_busy_host(verdict):
+        return ()
+    found: list[Metric] = []
+    for item in evidence_data(verdict):
+        if item.get("kind") != kind:
+            continue
+        for side in ("baseline", "candidate"):
+            interval = time_interval(item.get(samples.format(side=side)) or ())
+            if interval is not None:
+                found.append(Metric(name.format(side=side), interval[0], "s", ci=(interval[1], interval[2])))
+    return tuple(found)
+
+
 def metric_spec(probe: Any, name: str) -> MetricSpec | None:
     """What ``probe`` declares of metric ``name`` (its ``metrics``; a qualifier in brackets left
     out), or None: a probe that declares nothing, or a name it does not declare."""

@@ -95,3 +95,18 @@ def test_two_serving_endpoints_record_each_sides_latency_per_token() -> None:
     latency = rows["candidate_token_time"]
     assert latency.low is not None and latency.high is not None and latency.low < 0.007 < latency.high
     assert latency.unit == "s" and latency.worse == "higher" and latency.relative is False
+
+
+def test_no_sides_own_time_is_recorded_from_a_busy_host() -> None:
+    """The interleaving cancels other processes' load out of a pair's change, not out of either
+    side's own time: measured beside other work, a pair records its change alone."""
+    from glmfb.evidence import HostActivity
+
+    shape = ShapeChange(shape="8", decision="equivalent", change=0.0, ci=(-0.01, 0.01),
+                        side_time_s={"baseline": (1e-4, 0.99e-4, 1.01e-4), "candidate": (1e-4, 0.99e-4, 1.01e-4)})
+    for busy, expected in ((True, ["time_change"]), (False, ["time_change", "baseline_time[8]", "candidate_time[8]"])):
+        load = HostActivity(window_s=2.0, cpus=2, host_busy_cpus=1.9, own_busy_cpus=1.0, other_busy_cpus=0.9 if busy else 0,
+                            busy=busy)
+        verdict = Verdict(probe="bench", name="k", status=Status.PASS, layer=Layer.KERNEL, why="w",
+                          metric=Metric("time_change", 0.0, "fraction", 0.05, (-0.01, 0.01)), evidence=(shape, load))
+        assert [r.metric for r in records_of(Run(id="r", started="s", verdicts=(verdict,)), {})] == expected

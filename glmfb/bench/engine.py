@@ -55,7 +55,7 @@ from glmfb.commandline import rerun_step
 from glmfb.env import differences, fingerprint
 from glmfb.errors import InputError, UsageError
 from glmfb.evidence import EnvDifferences, Evidence
-from glmfb.measure.hostload import HostLoadMeter
+from glmfb.measure.hostload import HostLoadMeter, busy_note
 from glmfb.measure.intervals import time_interval
 from glmfb.probe import ProbeContext
 from glmfb.rules import diagnose
@@ -492,13 +492,21 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
         for r, t in zip(results, times, strict=True)]
     if host_load is not None:
         evidence.append(host_load.evidence())
+    why = (f"measured {name} alone (nothing compared): time per call {shown} (95% intervals, batch means of "
+           f"each shape's samples in time order){saved}")
+    metric: Metric | None = Metric("median_time", first[0] if first else results[0].baseline_median_s, "s",
+                                   ci=(first[1], first[2]) if first else None)
+    status = Status.PASS
+    if host_load is not None and host_load.busy:
+        # Alone, nothing cancels the load of other processes out (a pair's interleaving does):
+        # the time is theirs as much as the kernel's, so it is no point of the kernel's series.
+        status, metric = Status.INCONCLUSIVE, None
+        why += (f".{busy_note(host_load)} Alone, a kernel's time takes that load in, so this run is not its time: "
+                "no metric, and no point in its history")
+        next_steps = (rerun_step("bench", config, "measure it again on a quiet host"), *next_steps)
     return Verdict(
-        probe="bench", name=config.name, status=Status.PASS, layer=Layer.KERNEL,
-        where={"kernel": name},
-        why=f"measured {name} alone (nothing compared): time per call {shown} (95% intervals, batch means of "
-            f"each shape's samples in time order){saved}",
-        metric=Metric("median_time", first[0] if first else results[0].baseline_median_s, "s",
-                      ci=(first[1], first[2]) if first else None),
+        probe="bench", name=config.name, status=status, layer=Layer.KERNEL,
+        where={"kernel": name}, why=why, metric=metric,
         evidence=tuple(evidence), next=next_steps, artifacts=artifacts, env=env,
     )
 

@@ -19,7 +19,9 @@ from glmfb.probe import (
     ProbeForm,
     ProbeSpec,
     ReportSection,
+    evidence_data,
     imported,
+    measured_on_busy_host,
 )
 from glmfb.targets import Target
 from glmfb.verdict import Layer, Metric, Verdict
@@ -96,8 +98,12 @@ class BenchProbe(BaseProbe):
         """The series a kernel's own time is followed by across commits, whichever way the
         definition was written: in a pair, each side's time per call per shape
         (``baseline_time[8x4096]``, ``candidate_time[8x4096]``); one target alone, its time per
-        shape when it measured several (the headline ``median_time`` is the first shape's)."""
-        items = [e if isinstance(e, dict) else e.to_dict() for e in verdict.evidence]
+        shape when it measured several (the headline ``median_time`` is the first shape's).
+        None from a run on a busy host: the interleaving cancels others' load out of the change,
+        not out of either side's own time."""
+        if measured_on_busy_host(verdict):
+            return ()  # the interleaving cancels others' load out of the change, not out of a side's time
+        items = evidence_data(verdict)
         found: list[Metric] = []
         measured = [e for e in items if e.get("kind") == "measurement" and e.get("time_s") and e.get("ci_s")]
         if len(measured) > 1:

@@ -22,6 +22,7 @@ from glmfb.probe import (
     ReportSection,
     imported,
     machine_cores,
+    side_times,
 )
 from glmfb.verdict import Layer, Metric, Verdict
 
@@ -137,30 +138,6 @@ class DiffProbe(BaseProbe):
         MetricSpec("candidate_token_time", unit="s", about="a serving endpoint's own latency: seconds per token"),
     )
 
-    def outside_side(self, text: str) -> bool:
-        """A serving endpoint (``openai:URL``) is a side outside the file system; a malformed
-        one raises :class:`~glmfb.errors.UsageError`."""
-        from glmfb.diff.endpoint import is_endpoint, parse_endpoint
-
-        if not is_endpoint(text):
-            return False
-        parse_endpoint(text)
-        return True
-
-    def series(self, verdict: Verdict) -> tuple[Metric, ...]:
-        """Two serving endpoints: each side's own latency (seconds per generated token, with the
-        interval of its calls in the order made), beside the diff's numerics."""
-        from glmfb.measure.intervals import time_interval
-
-        found: list[Metric] = []
-        for item in (e if isinstance(e, dict) else e.to_dict() for e in verdict.evidence):
-            if item.get("kind") != "serving_throughput":
-                continue
-            for side in ("baseline", "candidate"):
-                interval = time_interval(item.get(f"{side}_token_s") or ())
-                if interval is not None:
-                    found.append(Metric(f"{side}_token_time", interval[0], "s", ci=(interval[1], interval[2])))
-        return tuple(found)
     layer: ClassVar[Layer] = Layer.NUMERICS
     summary: ClassVar[str] = (
         "Compare two sides per request and tap; localize the error to a module, a position and a cause."
@@ -240,5 +217,20 @@ class DiffProbe(BaseProbe):
 
         return run_diff(config, ctx)
 
+
+    def outside_side(self, text: str) -> bool:
+        """A serving endpoint (``openai:URL``) is a side outside the file system; a malformed
+        one raises :class:`~glmfb.errors.UsageError`."""
+        from glmfb.diff.endpoint import is_endpoint, parse_endpoint
+
+        if not is_endpoint(text):
+            return False
+        parse_endpoint(text)
+        return True
+
+    def series(self, verdict: Verdict) -> tuple[Metric, ...]:
+        """Two serving endpoints: each side's own latency (seconds per generated token, with the
+        interval of its calls in the order made), beside the diff's numerics."""
+        return side_times(verdict, "serving_throughput", "{side}_token_s", "{side}_token_time")
 
 PROBE = DiffProbe()

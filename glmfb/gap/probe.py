@@ -18,6 +18,7 @@ from glmfb.probe import (
     ProbeSpec,
     ReportSection,
     imported,
+    side_times,
 )
 from glmfb.verdict import Layer, Metric, Verdict
 
@@ -36,22 +37,6 @@ class GapProbe(BaseProbe):
         MetricSpec("candidate_time", unit="s", about="the candidate's own time per iteration (prefill + transfer)"),
     )
 
-    def series(self, verdict: Verdict) -> tuple[Metric, ...]:
-        """Each side's own time per iteration with its interval (batch means of its samples in
-        the order taken), beside the gap: the candidate's path getting slower is seen even when
-        the baseline got slower with it."""
-        from glmfb.measure.intervals import time_interval
-
-        items = [e if isinstance(e, dict) else e.to_dict() for e in verdict.evidence]
-        found: list[Metric] = []
-        for item in items:
-            if item.get("kind") != "gap":
-                continue
-            for side in ("baseline", "candidate"):
-                interval = time_interval(item.get(f"{side}_samples_s") or ())
-                if interval is not None:
-                    found.append(Metric(f"{side}_time", interval[0], "s", ci=(interval[1], interval[2])))
-        return tuple(found)
     config_type: ClassVar[type] = imported("glmfb.gap.config:GapConfig")  # imported on first use
     evidence_types = imported("glmfb.gap.evidence:EVIDENCE_TYPES")
     builtin_rules = imported("glmfb.gap.rules:RULES")
@@ -72,5 +57,10 @@ class GapProbe(BaseProbe):
 
         return run_gap(config, ctx)
 
+
+    def series(self, verdict: Verdict) -> tuple[Metric, ...]:
+        """Each side's own time per iteration with its interval, beside the gap: the
+        candidate's path getting slower is seen even when the baseline got slower with it."""
+        return side_times(verdict, "gap", "{side}_samples_s", "{side}_time")
 
 PROBE = GapProbe()
