@@ -709,7 +709,7 @@ def unshard_capture(directory: Path, base_dir: Path | None = None, backend: str 
     ``directory/manifest.json`` for them. Checks the ranks agree first."""
     from safetensors.torch import save_file
 
-    from glmfb.diff.store import MANIFEST, CaptureReader, Manifest, RequestRecord
+    from glmfb.diff.store import MANIFEST, CaptureReader, Manifest, RequestRecord, write_manifest
     from glmfb.targets import resolve
 
     rank_dirs = sorted((p for p in directory.glob("rank*") if p.is_dir() and p.name[4:].isdigit()),
@@ -769,7 +769,7 @@ def unshard_capture(directory: Path, base_dir: Path | None = None, backend: str 
     manifest = Manifest(target=first.target, args=first.args, kind=first.kind, tap_globs=first.tap_globs,
                         requests=tuple(requests), env=first.env, git=first.git, created=first.created,
                         complete=True, distributed=distributed)
-    write_json_atomic(directory / MANIFEST, manifest.to_dict())
+    write_manifest(directory / MANIFEST, manifest)
     return manifest
 
 

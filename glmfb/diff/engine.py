@@ -101,7 +101,7 @@ from glmfb.diff.shape import (
     position_profile,
     precision_signature,
 )
-from glmfb.diff.store import MANIFEST, CaptureReader, CaptureWriter, Manifest
+from glmfb.diff.store import MANIFEST, CaptureReader, CaptureWriter, Manifest, write_manifest
 from glmfb.env import differences, fingerprint, git_revision
 from glmfb.errors import UsageError
 from glmfb.evidence import EnvDifferences, Evidence
@@ -313,7 +313,6 @@ def prune_capture(directory: Path, keep: set[str]) -> None:
     """Keep only the requests ``keep`` of a capture this diff made (none: the folder goes)."""
     import shutil
 
-    from glmfb.io import write_json_atomic
 
     if not keep:
         shutil.rmtree(directory, ignore_errors=True)
@@ -323,7 +322,7 @@ def prune_capture(directory: Path, keep: set[str]) -> None:
     if not dropped:
         return
     kept = replace(manifest, requests=tuple(r for r in manifest.requests if r.id in keep))
-    write_json_atomic(directory / MANIFEST, kept.to_dict())
+    write_manifest(directory / MANIFEST, kept)
     for request in dropped:
         for folder in {Path(t.file).parts[0] for t in request.taps if len(Path(t.file).parts) > 1}:
             shutil.rmtree(directory / folder, ignore_errors=True)
