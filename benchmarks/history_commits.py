@@ -3,12 +3,15 @@ PostgreSQL: is the change point at the right commit, is a creep caught by ``--ch
 a twin with no change stay without a change point?
 
     python benchmarks/history_commits.py [--budget 2] [--no-postgres]
+    python benchmarks/history_commits.py --smoke   # 6 commits with a +50% step, SQLite: the path, not the figure
 
 Three repositories of 15 commits each (``tests/test_history_commits.py`` builds them: a
 pure-Python kernel whose rows a commit scales): ``step``, the kernel's rows x1.09 from commit 8
 on (a ~9% step); ``creep``, x1.015 a commit from commit 4 to commit 15 (12 commits, ~+19% in
 all); ``flat``, no change. Each repository is checked out at each commit in turn and its
-one-target definition (``kernel-alone``: ``median_time`` with its interval) is run with
+one-target definition (``kernel-alone``: ``median_time`` with its interval, its budget spread
+over ``--processes`` fresh processes, 5 by default: a process's memory layout moves the time
+by more than its samples scatter) is run with
 ``glmfb run`` from outside it, once into a SQLite history and once into a PostgreSQL database
 (a server started here as the tests start theirs). A run on a busy host is inconclusive with
 no metric (no point of the series); the figures say how many there were. Then ``glmfb history --json --check
@@ -48,7 +51,7 @@ def history(url: str, out: Path) -> tuple[int, dict[str, Any]]:
     return done.returncode, json.loads(done.stdout)
 
 
-def judge(scenario: str, shas: list[str], code: int, document: dict[str, Any]) -> tuple[str, bool]:
+def judge(scenario: str, shas: list[str], code: int, document: dict[str, Any], step_at: int = 8) -> tuple[str, bool]:
     [series] = document["series"]
     points = series["change_points"]
     index = {sha: i + 1 for i, sha in enumerate(shas)}
@@ -58,7 +61,7 @@ def judge(scenario: str, shas: list[str], code: int, document: dict[str, Any]) -
     values = [p["value"] for p in series["points"]]
     said += f"; check exit {code}; times {min(values) * 1e6:.1f}-{max(values) * 1e6:.1f} µs"
     if scenario == "step":
-        right = len(points) == 1 and index.get(points[0]["first_after"]["commit"]) == 8 and code == 1
+        right = len(points) == 1 and index.get(points[0]["first_after"]["commit"]) == step_at and code == 1
     elif scenario == "creep":
         right = code == 1 and all(index.get(p["first_after"]["commit"], 0) >= 4 for p in points)
     else:
@@ -70,8 +73,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=2.0, help="each run's bench budget (s)")
     parser.add_argument("--rows", type=int, default=2000)
+    parser.add_argument("--processes", type=int, default=5, help="fresh processes a run's budget is spread over")
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="6 commits, a +50%% step, SQLite only, 0.5 s runs")
     args = parser.parse_args()
+    scenarios, step_at = SCENARIOS, 8
+    if args.smoke:
+        scenarios, step_at = {"step": [1.0] * 3 + [1.5] * 3}, 4
+        args.budget, args.rows, args.no_postgres, args.processes = 0.5, 400, True, 2
     folder = Path(tempfile.mkdtemp(prefix="glmfb-history-commits-"))
     server = None
     stores = {"sqlite": lambda name: f"sqlite:///{folder / name / 'history.sqlite'}"}
@@ -80,15 +89,16 @@ def main() -> None:
 
         server = Server()
         server.start()
-        databases = {name: server.create_database() for name in SCENARIOS}
+        databases = {name: server.create_database() for name in scenarios}
         stores["postgresql"] = lambda name: databases[name]
     started = time.monotonic()
     results = []
     busy: dict[tuple[str, str], int] = {}  # runs on a busy host: inconclusive, no point of the series
     try:
-        for scenario, scales in SCENARIOS.items():
+        for scenario, scales in scenarios.items():
             repo = folder / scenario / "repo"
-            shas = kernel_repo(repo, scales, rows=args.rows, budget=f"{args.budget}s", scaled=True)
+            shas = kernel_repo(repo, scales, rows=args.rows, budget=f"{args.budget}s", scaled=True,
+                               processes=args.processes)
             outside = folder / scenario / "elsewhere"
             outside.mkdir()
             for number, sha in enumerate(shas, 1):
@@ -100,13 +110,14 @@ def main() -> None:
                       file=sys.stderr)
             for store, url in stores.items():
                 code, document = history(url(scenario), folder)
-                said, right = judge(scenario, shas, code, document)
+                said, right = judge(scenario, shas, code, document, step_at)
                 results.append((scenario, store, said, right))
     finally:
         if server is not None:
             server.stop()
-    print(f"\n{COMMITS} commits per scenario, bench budget {args.budget:g} s a run, {args.rows} rows, "
-          f"{time.monotonic() - started:.0f} s in all")
+    commits = len(next(iter(scenarios.values())))
+    print(f"{'smoke run: ' if args.smoke else ''}{commits} commits per scenario, bench budget {args.budget:g} s a run "
+          f"over {args.processes} fresh processes, {args.rows} rows, {time.monotonic() - started:.0f} s in all")
     for scenario, store, said, right in results:
         skipped = busy.get((scenario, store), 0)
         print(f"{scenario:>6} {store:>10}: {'RIGHT' if right else 'WRONG'}: {said}"

@@ -49,7 +49,7 @@ CHECKS = '''[[probe]]
 name = "kernel-alone"
 probe = "bench"
 baseline = "kernel.py:make"
-options = {{ shapes = ["{rows}"], budget = "{budget}" }}
+options = {{ shapes = ["{rows}"], budget = "{budget}", processes = {processes} }}
 
 [[probe]]
 name = "kernel-pair"
@@ -61,13 +61,13 @@ options = {{ shapes = ["{rows}"], budget = "{budget}", profile = false, threshol
 
 
 def kernel_repo(root: Path, works: list[float], rows: int = 400, budget: str = "0.6s", *,
-                scaled: bool = False) -> list[str]:
+                scaled: bool = False, processes: int = 1) -> list[str]:
     """A repository of ``len(works)`` commits; commit i sets the kernel's WORK (passes) to
     works[i], or with ``scaled`` its SCALE (a multiplier of its rows) at 2 passes; the kernel's
     time is about proportional to either. Returns the shas, oldest first."""
     root.mkdir(parents=True)
     _git(root, "init", "-q", "-b", "main")
-    (root / "checks.toml").write_text(CHECKS.format(rows=rows, budget=budget))
+    (root / "checks.toml").write_text(CHECKS.format(rows=rows, budget=budget, processes=processes))
     shas = []
     for index, work in enumerate(works):
         passes, scale = (2, work) if scaled else (int(work), 1.0)
@@ -163,3 +163,29 @@ def test_a_kernel_timed_alone_on_a_busy_host_is_no_point_of_its_series(tmp_path:
     with open_store(f"sqlite:///{tmp_path / 'reports' / 'history.sqlite'}", create=False) as store:
         [row] = store.records()
     assert row.metric is None and row.status == "inconclusive"
+
+
+def test_a_kernel_alone_over_fresh_processes(tmp_path: Path) -> None:
+    """``processes = 3``: the budget spread over three fresh processes, the interval their
+    spread; a target that raises there is an error naming the process, never a pass; a pair
+    refuses the option (its interleaving already cancels a process's layout out)."""
+    kernel_repo(tmp_path / "repo", [2])
+    (tmp_path / "repo" / "broken.py").write_text("def make(shape):\n    raise ValueError('no such kernel')\n")
+
+    def bench(*args: str) -> tuple[int, dict[str, Any], str]:
+        done = subprocess.run([sys.executable, "-m", "glmfb", "bench", *args, "--shape", "400", "--budget", "0.6s",
+                               "--json", "--no-history", "--out", str(tmp_path / "reports")], capture_output=True,
+                              text=True, cwd=tmp_path / "repo", timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {}, done.stderr
+
+    code, verdict, _ = bench("kernel.py:make", "--processes", "3")
+    [measured] = [e for e in verdict["evidence"] if e["kind"] == "measurement"]
+    low, high = verdict["metric"]["ci"]
+    assert verdict["status"] in ("pass", "inconclusive"), verdict["why"]  # inconclusive only on a busy host
+    assert measured["processes"] == 3 and low < measured["time_s"] < high
+    assert "over 3 fresh processes, the interval their spread" in verdict["why"]
+    code, verdict, _ = bench("broken.py:make", "--processes", "2")
+    assert (code, verdict["status"]) == (3, "error"), verdict
+    assert "in fresh process 1 of 2" in verdict["why"] and "no such kernel" in verdict["why"]
+    code, _, stderr = bench("kernel.py:make", "kernel.py:make", "--processes", "2")
+    assert code == 2 and "processes applies to one target alone" in stderr

@@ -110,3 +110,11 @@ def test_no_sides_own_time_is_recorded_from_a_busy_host() -> None:
         verdict = Verdict(probe="bench", name="k", status=Status.PASS, layer=Layer.KERNEL, why="w",
                           metric=Metric("time_change", 0.0, "fraction", 0.05, (-0.01, 0.01)), evidence=(shape, load))
         assert [r.metric for r in records_of(Run(id="r", started="s", verdicts=(verdict,)), {})] == expected
+
+
+def test_a_run_over_fresh_processes_is_their_geometric_mean_with_their_spread() -> None:
+    from glmfb.measure.intervals import processes_interval
+
+    value, low, high = processes_interval([100e-6, 110e-6, 121e-6])  # type: ignore[misc]
+    assert abs(value - 110e-6) < 1e-9 and low < 100e-6 < 121e-6 < high  # 2 degrees of freedom: a wide t
+    assert processes_interval([100e-6]) is None

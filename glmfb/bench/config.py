@@ -59,6 +59,9 @@ class BenchConfig:
     profile: bool = option(True, BOOL, "Profile both sides (torch.profiler) for the operator diff.")
     seed: int = option(0, INT, "Seed of the block order and the bootstrap.")
     save: Path | None = option(None, FILE, "Also write the raw samples here (glmfb.bench/1 JSON).")
+    processes: int = option(1, POSITIVE_INT, "One target alone: fresh processes its budget is spread over (its "
+                                             "interval is then their spread; 5 follows a kernel's own time "
+                                             "across commits, docs/bench.md).")
 
     def __post_init__(self) -> None:
         check_declared(self)
@@ -66,6 +69,11 @@ class BenchConfig:
             return
         if not self.shapes:
             raise UsageError("no shape given", "pass at least one, such as --shape 8x4096 (TOML: shapes = [\"8x4096\"])")
+        if self.processes > 1 and self.candidate is not None:
+            raise UsageError("processes applies to one target alone",
+                             "a pair is interleaved in one process, which cancels a process's layout out of its change")
+        if self.processes > 1 and self.device == "cuda":
+            raise UsageError("processes runs on the CPU", "time a CUDA kernel alone in one process (processes = 1)")
 
     @property
     def saved(self) -> bool:

@@ -56,7 +56,7 @@ from glmfb.env import differences, fingerprint
 from glmfb.errors import InputError, UsageError
 from glmfb.evidence import EnvDifferences, Evidence
 from glmfb.measure.hostload import HostLoadMeter, busy_note
-from glmfb.measure.intervals import time_interval
+from glmfb.measure.intervals import processes_interval, time_interval
 from glmfb.probe import ProbeContext
 from glmfb.rules import diagnose
 from glmfb.stats import Decision
@@ -466,18 +466,25 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
     results: list[ShapeResult] = []
     name = kernel_name(config.baseline.ref)
     meter = HostLoadMeter()
+    times: list[tuple[float, float, float] | None] = []
     for shape in config.shapes:
         label = format_shape(shape)
         ctx.progress(f"bench {label}: measuring {name}")
-        single = measure_single(timer, config.baseline, shape, input_sets=config.input_sets,
-                                sample_s=config.sample_s, budget_s=per_shape_s, clock=ctx.clock.monotonic)
-        blocks = Blocks(raw=[("baseline", v) for v in single.values], elapsed_s=single.elapsed_s,
-                        allocations=single.allocations)
-        results.append(ShapeResult(label, single.calls_per_sample, blocks, None, Decision.UNDECIDED,
-                                   None, 0.0, 0, statistics.median(single.values), math.nan))
+        if config.processes > 1:
+            blocks, calls, per_process = _measure_in_processes(config, ctx, shape, per_shape_s)
+            times.append(processes_interval(per_process))
+        else:
+            single = measure_single(timer, config.baseline, shape, input_sets=config.input_sets,
+                                    sample_s=config.sample_s, budget_s=per_shape_s, clock=ctx.clock.monotonic)
+            blocks = Blocks(raw=[("baseline", v) for v in single.values], elapsed_s=single.elapsed_s,
+                            allocations=single.allocations)
+            calls = single.calls_per_sample
+            times.append(time_interval(single.values))
+        samples = blocks.samples_of("baseline")
+        results.append(ShapeResult(label, calls, blocks, None, Decision.UNDECIDED, None, 0.0, 0,
+                                   statistics.median(samples), math.nan))
     host_load = meter.stop()
     artifacts = _save(config, ctx, timer, env, results)
-    times = [time_interval(r.blocks.samples_of("baseline")) for r in results]
     first = times[0]
     shown = ", ".join(f"{r.shape} {_us(t[0]) if t else _us(r.baseline_median_s)}"
                       + (f" [{_us(t[1])}, {_us(t[2])}]" if t else "") for r, t in zip(results, times, strict=True))
@@ -488,12 +495,14 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
                            arguments={"baseline": "OLD.json", "candidate": artifacts["saved"]}),)
     evidence: list[Any] = [
         Measurement(shape=r.shape, samples=len(r.blocks.raw), calls_per_sample=r.calls_per_sample,
-                    median_s=r.baseline_median_s, time_s=t[0] if t else None, ci_s=(t[1], t[2]) if t else None)
+                    median_s=r.baseline_median_s, time_s=t[0] if t else None, ci_s=(t[1], t[2]) if t else None,
+                    processes=config.processes)
         for r, t in zip(results, times, strict=True)]
     if host_load is not None:
         evidence.append(host_load.evidence())
-    why = (f"measured {name} alone (nothing compared): time per call {shown} (95% intervals, batch means of "
-           f"each shape's samples in time order){saved}")
+    spread = (f"over {config.processes} fresh processes, the interval their spread" if config.processes > 1 else
+              "in one process, batch means of each shape's samples in time order")
+    why = f"measured {name} alone (nothing compared): time per call {shown} (95% intervals, {spread}){saved}"
     metric: Metric | None = Metric("median_time", first[0] if first else results[0].baseline_median_s, "s",
                                    ci=(first[1], first[2]) if first else None)
     status = Status.PASS
@@ -509,6 +518,47 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
         where={"kernel": name}, why=why, metric=metric,
         evidence=tuple(evidence), next=next_steps, artifacts=artifacts, env=env,
     )
+
+
+def _measure_in_processes(config: BenchConfig, ctx: ProbeContext, shape: tuple[int, ...],
+                          budget_s: float) -> tuple[Blocks, int, list[float]]:
+    """The target alone in ``config.processes`` fresh processes one after another
+    (:mod:`glmfb.bench.worker`), the budget shared: their samples (allocation = process), the
+    calls per sample of the first, and each process's own time (batch means of its samples)."""
+    import json
+    import subprocess
+    import sys
+
+    from glmfb.errors import HarnessError
+
+    target = config.baseline
+    blocks, calls, per_process = Blocks(), 0, []
+    for index in range(config.processes):
+        ctx.progress(f"bench {format_shape(shape)}: fresh process {index + 1} of {config.processes}")
+        job = {"target": target.ref, "args": dict(target.args), "shape": list(shape),
+               "base_dir": str(target.base_dir) if target.base_dir is not None else None,
+               "input_sets": config.input_sets, "sample_s": config.sample_s, "budget_s": budget_s / config.processes,
+               "threads": config.threads, "sys_path": [p for p in sys.path if p]}
+        began = ctx.clock.monotonic()
+        done = subprocess.run([sys.executable, "-m", "glmfb.bench.worker"], input=json.dumps(job), text=True,
+                              capture_output=True, timeout=budget_s + 600, check=False)
+        lines = done.stdout.strip().splitlines()
+        try:
+            answer = json.loads(lines[-1])
+        except (IndexError, ValueError):
+            tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+            raise HarnessError(f"bench: fresh process {index + 1} of {config.processes} ended without an answer: "
+                               f"{tail}") from None
+        if "error" in answer:
+            raise HarnessError(f"bench: in fresh process {index + 1} of {config.processes}: {answer['error']}")
+        values = [float(v) for v in answer["values"]]
+        calls = calls or int(answer["calls_per_sample"])
+        blocks.raw.extend(("baseline", v) for v in values)
+        blocks.allocations.extend(index for _ in values)
+        blocks.elapsed_s += ctx.clock.monotonic() - began
+        own = time_interval(values)
+        per_process.append(own[0] if own is not None else statistics.median(values))
+    return blocks, calls, per_process
 
 
 def _us(seconds: float) -> str:

@@ -243,6 +243,7 @@ class Measurement(Evidence):
     median_s: float
     time_s: float | None = None
     ci_s: tuple[float, ...] | None = None
+    processes: int = 1  # fresh processes the budget was spread over (the interval's units when 2+)
 
 
 @evidence_kind

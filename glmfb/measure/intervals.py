@@ -207,6 +207,21 @@ def time_interval(samples_s: Sequence[float], confidence: float = 0.95) -> tuple
     return math.exp(run.log_value), math.exp(run.log_value - half), math.exp(run.log_value + half)
 
 
+def processes_interval(values_s: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float] | None:
+    """A run's own time over several fresh processes, each contributing its own time
+    (:func:`time_interval`'s value): the geometric mean, with the t interval of their log
+    spread (k - 1 degrees of freedom). A process's memory layout moves a time by more than its
+    samples scatter, so the processes are the run's independent units. None below 2."""
+    from glmfb.measure.tdist import t_quantile
+
+    logs = [math.log(v) for v in values_s if math.isfinite(v) and v > 0]
+    if len(logs) < 2:
+        return None
+    mean = statistics.fmean(logs)
+    half = t_quantile(0.5 + confidence / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
 def single_runs_interval(
     baseline: RunStatistic, candidate: RunStatistic, process_sd: float, process_df: float,
     confidence: float,
