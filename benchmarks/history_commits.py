@@ -75,9 +75,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--processes", type=int, default=5, help="fresh processes a run's budget is spread over")
     parser.add_argument("--no-postgres", action="store_true")
+    parser.add_argument("--only", choices=sorted(SCENARIOS), action="append", help="run only these scenarios")
     parser.add_argument("--smoke", action="store_true", help="6 commits, a +50%% step, SQLite only, 0.5 s runs")
     args = parser.parse_args()
-    scenarios, step_at = SCENARIOS, 8
+    scenarios, step_at = {k: v for k, v in SCENARIOS.items() if not args.only or k in args.only}, 8
     if args.smoke:
         scenarios, step_at = {"step": [1.0] * 3 + [1.5] * 3}, 4
         args.budget, args.rows, args.no_postgres, args.processes = 0.5, 400, True, 2
