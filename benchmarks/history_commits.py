@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -116,6 +117,7 @@ def main() -> None:
     finally:
         if server is not None:
             server.stop()
+        shutil.rmtree(folder, ignore_errors=True)  # the repositories and their histories: nothing left behind
     commits = len(next(iter(scenarios.values())))
     print(f"{'smoke run: ' if args.smoke else ''}{commits} commits per scenario, bench budget {args.budget:g} s a run "
           f"over {args.processes} fresh processes, {args.rows} rows, {time.monotonic() - started:.0f} s in all")
