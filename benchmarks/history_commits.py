@@ -10,8 +10,8 @@ pure-Python kernel whose rows a commit scales): ``step``, the kernel's rows x1.0
 on (a ~9% step); ``creep``, x1.015 a commit from commit 4 to commit 15 (12 commits, ~+19% in
 all); ``flat``, no change. Each repository is checked out at each commit in turn and its
 one-target definition (``kernel-alone``: ``median_time`` with its interval, its budget spread
-over ``--processes`` fresh processes, 5 by default: a process's memory layout moves the time
-by more than its samples scatter) is run with
+over ``--processes`` fresh processes, 8 by default: a process's memory layout moves the time
+by more than its samples scatter; with 5 the creep was missed here) is run with
 ``glmfb run`` from outside it, once into a SQLite history and once into a PostgreSQL database
 (a server started here as the tests start theirs). A run on a busy host is inconclusive with
 no metric (no point of the series); the figures say how many there were. Then ``glmfb history --json --check
@@ -74,7 +74,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=2.0, help="each run's bench budget (s)")
     parser.add_argument("--rows", type=int, default=2000)
-    parser.add_argument("--processes", type=int, default=5, help="fresh processes a run's budget is spread over")
+    parser.add_argument("--processes", type=int, default=8, help="fresh processes a run's budget is spread over")
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--only", choices=sorted(SCENARIOS), action="append", help="run only these scenarios")
     parser.add_argument("--smoke", action="store_true", help="6 commits, a +50%% step, SQLite only, 0.5 s runs")
