@@ -11,7 +11,7 @@ on (a ~9% step); ``creep``, x1.015 a commit from commit 4 to commit 15 (12 commi
 all); ``flat``, no change. Each repository is checked out at each commit in turn and its
 one-target definition (``kernel-alone``: ``median_time`` with its interval, its budget spread
 over ``--processes`` fresh processes, 8 by default: a process's memory layout moves the time
-by more than its samples scatter; with 5 the creep was missed here) is run with
+by more than its samples scatter) is run with
 ``glmfb run`` from outside it, once into a SQLite history and once into a PostgreSQL database
 (a server started here as the tests start theirs). A run on a busy host is inconclusive with
 no metric (no point of the series); the figures say how many there were. Then ``glmfb history --json --check

@@ -60,8 +60,7 @@ class BenchConfig:
     seed: int = option(0, INT, "Seed of the block order and the bootstrap.")
     save: Path | None = option(None, FILE, "Also write the raw samples here (glmfb.bench/1 JSON).")
     processes: int = option(1, POSITIVE_INT, "One target alone: fresh processes its budget is spread over (its "
-                                             "interval is then their spread; 8 follows a kernel's own time "
-                                             "across commits, docs/bench.md).")
+                                             "interval is then their spread; docs/bench.md).")
 
     def __post_init__(self) -> None:
         check_declared(self)
