@@ -29,14 +29,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from glmfb.clock import new_run_id, utc_now
-from glmfb.runs import RUN_FILE, end_run, start_run, writing
+from glmfb.runs import JUNIT_FILE, REPORT_FILE, RUN_FILE, end_run, start_run, writing
 from glmfb.verdict import Run, Shard, Verdict
 
 if TYPE_CHECKING:
     from glmfb.history.record import Origin
-
-JUNIT_NAME = "junit.xml"
-REPORT_NAME = "report.html"  # glmfb.report.html.REPORT_NAME, without importing the report here
 
 Origins = Callable[[], Mapping[str, "Origin"]]
 
@@ -64,7 +61,7 @@ class Finished:
         if self.not_written:
             text += (f"; interrupted ({self.stopped_by}) while writing, so {', '.join(self.not_written)} "
                      f"{'was' if len(self.not_written) == 1 else 'were'} not written")
-            if REPORT_NAME in self.not_written:
+            if REPORT_FILE in self.not_written:
                 text += f" (glmfb report {folder / RUN_FILE} draws the report)"
         return text
 
@@ -103,9 +100,9 @@ class Invocation:
         written: list[str] = [RUN_FILE]
         warnings: list[str] = []
         steps: list[tuple[str | None, Callable[[], None]]] = [
-            (JUNIT_NAME, lambda: self._junit(run)),
+            (JUNIT_FILE, lambda: self._junit(run)),
             (None, lambda: self._record(history, run, origins, warnings)),
-            (REPORT_NAME, lambda: self._report(run, history if origins is not None else None, warnings)),
+            (REPORT_FILE, lambda: self._report(run, history if origins is not None else None, warnings)),
         ]
         for index, (name, step) in enumerate(steps):
             try:
@@ -123,7 +120,7 @@ class Invocation:
         from glmfb.io import write_text_atomic
         from glmfb.report.junit import render_junit
 
-        write_text_atomic(self.report_dir / JUNIT_NAME, render_junit(evaluate(run)))
+        write_text_atomic(self.report_dir / JUNIT_FILE, render_junit(evaluate(run)))
 
     @staticmethod
     def _record(history: str | None, run: Run, origins: Origins | None, warnings: list[str]) -> None:

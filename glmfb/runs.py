@@ -22,6 +22,8 @@ from glmfb.errors import HarnessError, InputError, UsageError
 
 POINTER = "LATEST"
 RUN_FILE = "run.json"
+JUNIT_FILE = "junit.xml"  # beside run.json: the default gate policy's JUnit
+REPORT_FILE = "report.html"  # beside run.json: the page of the run
 RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")  # glmfb.clock.new_run_id
 
 

@@ -36,9 +36,10 @@ from glmfb.report.text import (
     format_where,
     status_label,
 )
+from glmfb.runs import JUNIT_FILE, REPORT_FILE, RUN_FILE
 from glmfb.verdict import Run, Verdict
 
-REPORT_NAME = "report.html"
+REPORT_NAME = REPORT_FILE
 _CSS = """
 :root{--fail:#b00020;--pass:#17702a;--warn:#9a6a00;--inc:#7a2ea0;--line:#d8d8d8;--soft:#f6f6f6}
 *{box-sizing:border-box}
@@ -276,7 +277,7 @@ def render_html(
         )
     nav = "".join(f'<a href="#probe-{escape(p)}">{escape(p)}</a>' for p in probes)
     files = []
-    for name in ("run.json", "junit.xml"):
+    for name in (RUN_FILE, JUNIT_FILE):
         href = links.beside(name)
         if href is not None:
             files.append(f'<a href="{escape(href)}" data-artifact="{escape(name)}">{escape(name)}</a>')

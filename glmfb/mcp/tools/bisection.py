@@ -141,7 +141,8 @@ class BisectTool:
         """Run the bisection (once the slot is free) and write its run folder as glmfb bisect
         does; ``followed`` is the definition's probe kind and name."""
         from glmfb.bisect import bisect
-        from glmfb.invocation import REPORT_NAME, begin
+        from glmfb.invocation import begin
+        from glmfb.runs import REPORT_FILE
 
         boundary = self.box.boundary
         invocation = begin(boundary.reports, run_id=ctx.run_id)  # the gate's pointer, before anything can fail
@@ -162,7 +163,7 @@ class BisectTool:
         notes = (*notes, *finished_notes(finished))
         structured: dict[str, Any] = {
             "verdict": verdict.to_dict(), "run": run_ref(boundary, ctx.run_id),
-            "report": ARTIFACT_URI.format(run_id=ctx.run_id, path=REPORT_NAME),
+            "report": ARTIFACT_URI.format(run_id=ctx.run_id, path=REPORT_FILE),
             "evaluations": evaluations, "next_calls": self.box.next_calls(verdict.next),
         }
         if notes:

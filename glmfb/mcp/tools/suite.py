@@ -136,7 +136,8 @@ class RunTool:
     def _run_suite(self, chosen: Sequence[Any], ctx: CallContext, notes: tuple[str, ...]) -> Answer:
         from glmfb import suite
         from glmfb.history.record import suite_origins
-        from glmfb.invocation import REPORT_NAME, begin
+        from glmfb.invocation import begin
+        from glmfb.runs import REPORT_FILE
 
         invocation = begin(self.box.boundary.reports, run_id=ctx.run_id)  # the gate's pointer, first
         context = suite.SuiteContext(ctx.run_id, invocation.report_dir, on_progress=ctx.progress, isolate=True,
@@ -151,7 +152,7 @@ class RunTool:
         structured: dict[str, Any] = {
             "run": run.to_dict(), "ref": run_ref(self.box.boundary, ctx.run_id),
             "next_calls": self._next_calls(run.verdicts),
-            "report": ARTIFACT_URI.format(run_id=ctx.run_id, path=REPORT_NAME),
+            "report": ARTIFACT_URI.format(run_id=ctx.run_id, path=REPORT_FILE),
         }
         if notes:
             structured["notes"] = list(notes)
