@@ -21,6 +21,7 @@ import pytest
 from test_bisect import GIT_ENV, _git
 
 from glmfb.history.store import open_store
+from glmfb.runs import latest_run
 
 pytestmark = pytest.mark.slow
 
@@ -92,6 +93,13 @@ def run_at(repo: Path, sha: str, out: Path, cwd: Path, select: str, history: str
     return done.returncode
 
 
+def latest_on_busy_host(out: Path) -> bool:
+    """Whether the run ``LATEST`` names measured while other processes kept the host busy."""
+    document = json.loads(latest_run(out).read_text())
+    return any(item.get("kind") == "host_load" and item.get("busy")
+               for verdict in document["verdicts"] for item in verdict.get("evidence", []))
+
+
 def history_json(out: Path, name: str, *extra: str) -> tuple[int, dict[str, Any]]:
     done = subprocess.run([sys.executable, "-m", "glmfb", "history", name, "--out", str(out), "--json", *extra],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -99,10 +107,11 @@ def history_json(out: Path, name: str, *extra: str) -> tuple[int, dict[str, Any]
 
 
 def test_a_step_in_a_kernels_own_time_is_a_change_point_at_its_commit(tmp_path: Path) -> None:
-    """Ten commits, the kernel's work x1.5 from the sixth on: the one-target definition's
+    """Ten commits, the kernel's work x3 from the sixth on (far beyond a shared host's noise: a
+    x1.5 step was once placed two commits late on a CI host): the one-target definition's
     ``median_time`` series changes at the sixth commit, each row holds its own commit, and
     ``history --check`` fails the series."""
-    shas = kernel_repo(tmp_path / "repo", [2] * 5 + [3] * 5)
+    shas = kernel_repo(tmp_path / "repo", [2] * 5 + [6] * 5)
     out, outside = tmp_path / "reports", tmp_path / "elsewhere"
     outside.mkdir()
     for sha in shas:
@@ -114,19 +123,27 @@ def test_a_step_in_a_kernels_own_time_is_a_change_point_at_its_commit(tmp_path: 
     code, document = history_json(out, "kernel-alone", "--check", "--threshold", "10%")
     [series] = document["series"]
     points = series["change_points"]
-    assert code == 1, document
-    assert len(points) == 1 and points[0]["first_after"]["commit"] == shas[5], points
-    assert 0.3 < points[0]["regression"] < 0.7, points  # about +50%
+    values = [f"{r.value:.3g}" for r in rows]
+    assert code == 1, (document, values)
+    assert len(points) == 1 and points[0]["first_after"]["commit"] == shas[5], (points, values)
+    assert 1.2 < points[0]["regression"] < 3.0, points  # about +200%
 
 
 def test_a_pair_records_each_sides_own_time_beside_its_change(tmp_path: Path) -> None:
     """Both sides name the same kernel, so the headline change stays near 0 at every commit;
     each side's own time is a series of its own, with its interval and the commit."""
-    shas = kernel_repo(tmp_path / "repo", [2, 3])
+    shas = kernel_repo(tmp_path / "repo", [2, 6])
     out, outside = tmp_path / "reports", tmp_path / "elsewhere"
     outside.mkdir()
     for sha in shas:
-        run_at(tmp_path / "repo", sha, out, outside, "kernel-pair")
+        # a run the host disturbed records no side times (its rows are in no side's series):
+        # run that commit again, as a user would, up to three times
+        for _ in range(3):
+            run_at(tmp_path / "repo", sha, out, outside, "kernel-pair")
+            if not latest_on_busy_host(out):
+                break
+        else:
+            pytest.skip("the host stayed busy through three runs of one commit: no side time to compare")
     with open_store(f"sqlite:///{out / 'history.sqlite'}", create=False) as store:
         rows = [r for r in store.records() if r.definition == "kernel-pair"]
     by_metric: dict[str, list[Any]] = {}
@@ -134,10 +151,10 @@ def test_a_pair_records_each_sides_own_time_beside_its_change(tmp_path: Path) ->
         by_metric.setdefault(row.metric or "", []).append(row)
     assert set(by_metric) == {"time_change", "baseline_time[400]", "candidate_time[400]"}, set(by_metric)
     for side in ("baseline_time[400]", "candidate_time[400]"):
-        first, second = by_metric[side]
+        first, second = by_metric[side]  # one row per commit: the disturbed runs wrote none
         assert [first.commit, second.commit] == shas
         assert first.unit == "s" and first.low is not None and first.low < first.value < first.high
-        assert second.value > first.value * 1.25, (side, first.value, second.value)  # 3 passes against 2
+        assert second.value > first.value * 2, (side, first.value, second.value)  # 6 passes against 2
     assert all(abs(r.value) < 0.2 for r in by_metric["time_change"])  # both sides moved together
 
 
