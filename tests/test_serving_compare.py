@@ -9,8 +9,17 @@ from pathlib import Path
 import pytest
 
 from glmfb.diff.endpoint import Answer, TokenStep, parse_endpoint, read_serving_requests
-from glmfb.diff.serving import compare_answers, jitter, shared_kl
+from glmfb.diff.serving import (
+    SERVING_RULES,
+    RequestComparison,
+    ServingFindings,
+    compare_answers,
+    jitter,
+    shared_kl,
+)
 from glmfb.errors import InputError, UsageError
+from glmfb.rules import diagnose
+from glmfb.verdict import Status
 
 
 def _answer(*steps: tuple[str, float, dict[str, float]]) -> Answer:
@@ -34,9 +43,58 @@ def test_a_flip_within_noise_is_a_tie_and_beyond_it_a_divergence() -> None:
     regression = compare_answers(base, cand, {"baseline": 1e-4, "candidate": 1e-4}, 0.1, 0.01)
     assert regression.status == "diverged" and regression.failed
     assert regression.divergence is not None and regression.divergence.candidate_rank == 2
-    one_sided = _answer(("x", -0.1, {"x": -0.1, "y": -3.0}), ("b", -0.6, {"b": -0.6, "a": -0.9}))
-    moved = compare_answers(base, one_sided, {"baseline": 1e-3, "candidate": 1e-3}, 1.0, 1.0)
-    assert moved.status == "diverged", "a near tie on one side only is the other side's distribution moving"
+    untied = _answer(("x", -0.1, {"x": -0.1, "y": -3.0}), ("a", -0.6, {"a": -0.6, "b": -0.9}))
+    far = _answer(("x", -0.1, {"x": -0.1, "y": -3.0}), ("b", -0.6, {"b": -0.6, "a": -0.9}))
+    assert compare_answers(untied, far, {"baseline": 1e-3, "candidate": 1e-3}, 1.0, 1.0).status == "diverged"
+
+
+def _findings(*comparisons: RequestComparison, noise: float = 1e-3, tolerance: float = 0.1) -> ServingFindings:
+    return ServingFindings(len(comparisons), comparisons, {"baseline": noise, "candidate": noise}, noise, tolerance,
+                           0.01)
+
+
+def test_a_tie_on_one_side_is_a_tie_flip_and_the_others_preference_is_how_far_it_moved() -> None:
+    """A bfloat16 candidate's two leading tokens tied exactly, a float32 baseline preferring its
+    own by 0.0063 nats: the candidate chose by tie-break. Within the logprob tolerance that is a
+    tie flip (pass), the why saying which side tied; the same tie with the baseline preferring
+    its own by 0.3 nats has moved the distribution past the tolerance at that token: drift."""
+    base = _answer(("x", -0.1, {"x": -0.1, "y": -3.0}), ("a", -2.3, {"a": -2.3, "b": -2.3063}))
+    cand = _answer(("x", -0.1, {"x": -0.1, "y": -3.0}), ("b", -2.3, {"b": -2.3, "a": -2.3}))
+    near = compare_answers(base, cand, {"baseline": 1e-3, "candidate": 1e-3}, 0.1, 0.01)
+    assert near.status == "tie" and not near.failed and near.divergence is not None
+    assert near.divergence.tied == ("candidate",) and near.divergence.moved == pytest.approx(0.0063)
+    verdict = diagnose(SERVING_RULES, _findings(near)).diagnosis
+    assert verdict.status is Status.PASS, verdict.why
+    assert "r at token 1 (the candidate tied, the baseline preferring its own by 0.0063 nats)" in verdict.why
+    assert "its token there is its tie-break" in verdict.why
+
+    far_base = _answer(("x", -0.1, {"x": -0.1, "y": -3.0}), ("a", -2.3, {"a": -2.3, "b": -2.6}))
+    far = compare_answers(far_base, cand, {"baseline": 1e-3, "candidate": 1e-3}, 0.1, 0.01)
+    assert far.status == "drift" and far.failed
+    verdict = diagnose(SERVING_RULES, _findings(far)).diagnosis
+    assert verdict.status is Status.FAIL and verdict.where == {
+        "request": "r", "position": 1, "baseline_token": "a", "candidate_token": "b"}, verdict.where
+    assert "the candidate's two tokens are tied exactly" in verdict.why
+    assert "only the candidate was tied" in verdict.why and "moved by 0.3 nats" in verdict.why
+    assert "beyond the logprob tolerance 0.1" in verdict.why
+
+
+def test_a_tie_at_the_first_token_fails_on_how_far_it_moved() -> None:
+    """Nothing before it to compare: the drift rule still answers, at the divergence."""
+    base = _answer(("a", -2.3, {"a": -2.3, "b": -2.9}))
+    cand = _answer(("b", -2.3, {"b": -2.3, "a": -2.3}))
+    comparison = compare_answers(base, cand, {"baseline": 1e-3, "candidate": 1e-3}, 0.1, 0.01)
+    verdict = diagnose(SERVING_RULES, _findings(comparison)).diagnosis
+    assert verdict.status is Status.FAIL and verdict.where["position"] == 0, verdict.why
+    assert "they part at the first token" in verdict.why
+
+
+def test_a_tie_on_both_sides_is_noise_whatever_the_tolerance() -> None:
+    base = _answer(("a", -0.69, {"a": -0.69, "b": -0.6905}))
+    cand = _answer(("b", -0.69, {"b": -0.69, "a": -0.6908}))
+    comparison = compare_answers(base, cand, {"baseline": 1e-3, "candidate": 1e-3}, 1e-4, 0.01)
+    assert comparison.status == "tie" and comparison.divergence is not None
+    assert comparison.divergence.tied == ("baseline", "candidate") and comparison.divergence.moved == 0.0
 
 
 def test_jitter_is_the_largest_difference_and_a_self_flip_counts_its_gap() -> None:

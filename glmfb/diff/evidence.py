@@ -579,7 +579,9 @@ class ServingDrift(Evidence):
 class ServingDivergence(Evidence):
     """Where two servers' greedy outputs first part: each side's token (None: it stopped), its
     logprob, its rank in the other side's top-k, and each side's logprob gap between the two
-    tokens; ``tie_flip`` when a gap is within that side's noise."""
+    tokens; ``tie_flip`` when a gap is within that side's noise, ``tied`` the sides it is within,
+    ``preference_moved`` the two gaps' sum: how far the preference between the two tokens moved
+    from the baseline to the candidate (nats; a lower bound where a token is outside a top-k)."""
 
     kind: ClassVar[str] = "serving_divergence"
     request: str
@@ -593,6 +595,8 @@ class ServingDivergence(Evidence):
     baseline_gap: float | None = None
     candidate_gap: float | None = None
     tie_flip: bool = False
+    tied: tuple[str, ...] = ()
+    preference_moved: float | None = None
 
 
 @evidence_kind

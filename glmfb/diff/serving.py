@@ -10,10 +10,14 @@ in the other's top-k.
 
 Noise: each server is asked the first request again, and every request whose outputs part; the
 largest logprob difference a server shows between two answers to the same request is its
-jitter. A divergence where, on each side, the two tokens are closer in logprob than that side's
-noise (its jitter, at least ``noise_floor``: a deterministic server shows none) is a tie flip:
-reported, not a regression. A near tie on one side only is not: there the other side preferred
-its token by more than its noise, so the distribution moved.
+jitter. A divergence where, on either side, the two tokens are closer in logprob than that
+side's noise (its jitter, at least ``noise_floor``: a deterministic server shows none) is a tie
+flip: that side chose between equals (a bfloat16 server's logits tie exactly more often than a
+float32 one's), so which token comes first is its tie-break, not a preference. Where only one
+side was tied, the other preferred its token by more than its noise: the two distributions
+differ there by the sum of the two gaps (how far the preference between the two tokens moved),
+which counts as drift at that position against ``logprob_tolerance``, as any position before it
+does; a tie on both sides is noise on both.
 
 A side may also be a folder ``glmfb capture openai:...`` wrote (``serving-capture.json``: the
 server's answers to every request and its repeat of the first): it is compared as the server
@@ -90,7 +94,8 @@ class Divergence:
     """Where two answers first part. A token is None where that side stopped generating.
     ``*_rank``: the 1-based rank of the *other* side's token in this side's top-k (None: not in
     it). ``*_gap``: this side's logprob of its own token minus that of the other's (None: the
-    other's is not in its top-k)."""
+    other's is not in its top-k). ``tied``: the sides whose gap is within their noise (either:
+    a tie flip)."""
 
     position: int
     baseline_token: str | None
@@ -101,7 +106,20 @@ class Divergence:
     candidate_rank: int | None
     baseline_gap: float | None
     candidate_gap: float | None
-    tie_flip: bool = False
+    tied: tuple[str, ...] = ()
+    shift: float | None = None  # baseline_gap + candidate_gap: how far the preference between the two tokens moved
+
+    @property
+    def tie_flip(self) -> bool:
+        return bool(self.tied)
+
+    @property
+    def moved(self) -> float:
+        """How far the preference between the two tokens moved beyond the tied side's noise,
+        for a tie on one side only (on both, or no tie: 0, which counts nowhere)."""
+        if len(self.tied) != 1 or self.shift is None:
+            return 0.0
+        return self.shift
 
 
 @dataclass(frozen=True)
@@ -182,7 +200,8 @@ def compare_answers(baseline: Answer, candidate: Answer, noise: Mapping[str, flo
         top1 = (max(b.top, key=b.top.__getitem__) == max(c.top, key=c.top.__getitem__)) if b.top and c.top else True
         drift.append(PositionDrift(i, b.token, c.logprob - b.logprob, kl, outside, top1))
     comparison = RequestComparison(baseline.request, len(baseline.steps), len(candidate.steps), tuple(drift), divergence)
-    drifted = comparison.logprob_diff_max > logprob_tolerance or comparison.kl_max > kl_tolerance
+    drifted = (comparison.logprob_diff_max > logprob_tolerance or comparison.kl_max > kl_tolerance
+               or (divergence is not None and divergence.moved > logprob_tolerance))
     if divergence is not None and not divergence.tie_flip:
         status = "diverged"  # where the outputs part is the place to look, however they drifted before
     elif drifted:
@@ -198,16 +217,26 @@ def _divergence(position: int, b: TokenStep | None, c: TokenStep | None, noise: 
     c_token = c.token if c is not None else None
     b_gap = _gap(b, c_token) if b is not None else None
     c_gap = _gap(c, b_token) if c is not None else None
-    # a tie on both sides: on one side only, the other side's distribution moved past its noise
-    tie = (b_gap is not None and abs(b_gap) <= noise["baseline"]
-           and c_gap is not None and abs(c_gap) <= noise["candidate"])
+    tied = tuple(side for side, gap in (("baseline", b_gap), ("candidate", c_gap))
+                 if gap is not None and abs(gap) <= noise[side])
+    # the preference between the two tokens, baseline minus candidate; a token missing from a
+    # side's top-k is below all it lists, so that side's gap is at least its top-k's span
+    gaps = [g if g is not None else _span(own) for g, own in ((b_gap, b), (c_gap, c)) if own is not None]
+    shift = sum(gaps) if len(gaps) == 2 else None
     return Divergence(
         position=position, baseline_token=b_token, candidate_token=c_token,
         baseline_logprob=b.logprob if b is not None else None, candidate_logprob=c.logprob if c is not None else None,
         baseline_rank=_rank(c_token, b.top) if b is not None else None,
         candidate_rank=_rank(b_token, c.top) if c is not None else None,
-        baseline_gap=b_gap, candidate_gap=c_gap, tie_flip=tie,
+        baseline_gap=b_gap, candidate_gap=c_gap, tied=tied, shift=shift,
     )
+
+
+def _span(step: TokenStep) -> float:
+    """A side's logprob of its own token minus the lowest it lists (what a token outside its
+    top-k is at least below it by)."""
+    finite = [v for v in step.top.values() if math.isfinite(v)]
+    return step.logprob - min(finite) if finite else math.inf
 
 
 def jitter(first: Answer, second: Answer) -> tuple[float, int | None]:
@@ -296,7 +325,7 @@ def _divergence_text(comparison: RequestComparison, findings: ServingFindings) -
         ranks.append(f"the candidate's is #{d.baseline_rank} in the baseline's")
     elif d.candidate_token is not None and d.baseline_token is not None:
         ranks.append("the candidate's is not in the baseline's")
-    gaps = ", ".join(f"the {side} prefers its own by {g:.3g} nats (its noise {findings.noise[side]:.3g})"
+    gaps = ", ".join(_gap_text(side, g, findings.noise[side], side in d.tied)
                      for side, g in (("baseline", d.baseline_gap), ("candidate", d.candidate_gap)) if g is not None)
     text = (f"request {comparison.request} parts at token {d.position}: the baseline generated "
             f"{_token_text(d.baseline_token)}, the candidate {_token_text(d.candidate_token)}")
@@ -305,6 +334,27 @@ def _divergence_text(comparison: RequestComparison, findings: ServingFindings) -
     if gaps:
         text += f"; {gaps}"
     return text
+
+
+def _gap_text(side: str, gap: float, noise: float, tied: bool) -> str:
+    if tied and gap == 0:
+        return f"the {side}'s two tokens are tied exactly (its noise {noise:.3g})"
+    if tied:
+        return f"the {side}'s two tokens are tied within its noise ({abs(gap):.3g} nats apart, its noise {noise:.3g})"
+    return f"the {side} prefers its own by {gap:.3g} nats (its noise {noise:.3g})"
+
+
+def _tie_text(d: Divergence, findings: ServingFindings) -> str:
+    """What a tie flip means for the comparison: on both sides, noise; on one, that side's
+    tie-break, and the other side's preference is how far the distributions moved there."""
+    if len(d.tied) == 2:
+        return "a tie flip on both sides: each server chose between equals, so the order is noise"
+    [tied] = d.tied
+    other = "candidate" if tied == "baseline" else "baseline"
+    moved = "beyond" if d.moved > findings.logprob_tolerance else "within"
+    return (f"a tie flip: only the {tied} was tied, so which token it generated there is its tie-break, not a "
+            f"preference; the {other} preferred its own, so the preference between the two moved by {d.moved:.3g} "
+            f"nats at that token ({moved} the logprob tolerance {findings.logprob_tolerance:g})")
 
 
 def _passes(f: ServingFindings) -> Diagnosis | None:
@@ -317,25 +367,46 @@ def _passes(f: ServingFindings) -> Diagnosis | None:
            f"logprob at most {lp:.3g} nats apart (tolerance {f.logprob_tolerance:g}), the KL on the shared top-k at most "
            f"{kl:.3g} (tolerance {f.kl_tolerance:g})")
     if f.ties:
-        parts = "; ".join(f"{c.request} at token {c.divergence.position}" for c in f.ties if c.divergence)
-        why += (f"; {len(f.ties)} part at a tie flip, where the two tokens are closer than the server's noise "
+        parts = "; ".join(f"{c.request} at token {c.divergence.position} ({_tied_sides(c.divergence)})"
+                          for c in f.ties if c.divergence)
+        why += (f"; {len(f.ties)} part at a tie flip, where a server's two leading tokens are closer than its noise "
                 f"({parts}), which is not a regression")
+        if any(len(c.divergence.tied) == 1 for c in f.ties if c.divergence):
+            why += (": where one side tied, its token there is its tie-break, and the other side's preference is how "
+                    "far the two distributions moved at that token, within the logprob tolerance")
     return Diagnosis(Status.PASS, why)
+
+
+def _tied_sides(d: Divergence) -> str:
+    if len(d.tied) == 2:
+        return "both sides tied"
+    other = "candidate" if d.tied[0] == "baseline" else "baseline"
+    return f"the {d.tied[0]} tied, the {other} preferring its own by {d.moved:.3g} nats"
 
 
 def _drifted(f: ServingFindings) -> Diagnosis | None:
     c = f.first_failing
     if c is None or c.status != "drift":
         return None
-    worst = c.worst(lambda d: max(abs(d.logprob_diff) / max(f.logprob_tolerance, 1e-12),
-                                  d.kl_shared / max(f.kl_tolerance, 1e-12)))
+    lp_tol, kl_tol = max(f.logprob_tolerance, 1e-12), max(f.kl_tolerance, 1e-12)
+    worst = c.worst(lambda d: max(abs(d.logprob_diff) / lp_tol, d.kl_shared / kl_tol))
+    d = c.divergence
+    at_tie = d is not None and d.moved > f.logprob_tolerance and (
+        worst is None or d.moved / lp_tol >= max(abs(worst.logprob_diff) / lp_tol, worst.kl_shared / kl_tol))
+    if at_tie:
+        assert d is not None
+        why = (f"request {c.request}: the distributions moved past the tolerance where the outputs part: "
+               f"{_divergence_text(c, f)}; {_tie_text(d, f)}; {_drift_text(c)}")
+        where = {"request": c.request, "position": d.position,
+                 "baseline_token": d.baseline_token, "candidate_token": d.candidate_token}
+        return Diagnosis(Status.FAIL, why, f.next_steps, where)
     assert worst is not None
     why = (f"request {c.request}: the distributions drift past the tolerances: at token "
            f"{worst.position} ({worst.token!r}) the chosen token's logprob differs by {worst.logprob_diff:+.3g} nats "
            f"(tolerance {f.logprob_tolerance:g}) and the KL on the shared top-k is {worst.kl_shared:.3g} "
            f"(tolerance {f.kl_tolerance:g}); {_drift_text(c)}")
-    if c.divergence is not None:
-        why += f"; then {_divergence_text(c, f)}, a tie flip"
+    if d is not None:
+        why += f"; then {_divergence_text(c, f)}, {_tie_text(d, f)}"
     return Diagnosis(Status.FAIL, why, f.next_steps, {"request": c.request, "position": worst.position})
 
 
@@ -691,7 +762,8 @@ def _divergence_evidence(c: RequestComparison) -> ServingDivergence:
         request=c.request, position=d.position, baseline_token=d.baseline_token, candidate_token=d.candidate_token,
         baseline_logprob=d.baseline_logprob, candidate_logprob=d.candidate_logprob,
         baseline_token_rank_in_candidate=d.candidate_rank, candidate_token_rank_in_baseline=d.baseline_rank,
-        baseline_gap=d.baseline_gap, candidate_gap=d.candidate_gap, tie_flip=d.tie_flip,
+        baseline_gap=d.baseline_gap, candidate_gap=d.candidate_gap, tie_flip=d.tie_flip, tied=d.tied,
+        preference_moved=d.shift,
     )
 
 
