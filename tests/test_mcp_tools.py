@@ -122,6 +122,22 @@ def test_a_bad_argument_is_an_error_that_names_it(root: Path, arguments: dict[st
     assert message.startswith("glmfb bench: ") and named in message, message
 
 
+def test_glmfbs_own_model_factory_loads_only_a_folder_under_the_root(root: Path, tmp_path: Path) -> None:
+    """``glmfb.diff.hf:causal_lm`` (the step a serving diff offers from a served model folder) is
+    glmfb's own target, named wherever the root is; its ``path`` must lie under the root."""
+    from glmfb.diff.hf import FACTORY
+
+    outside = tmp_path / "model"
+    outside.mkdir()
+    (root / "model").mkdir()
+    box = toolbox(root)
+    message = refused(box, "diff", {"baseline": FACTORY, "candidate": FACTORY, "requests": "r.jsonl",
+                                    "baseline_args": {"path": str(outside)}, "candidate_args": {"path": "model"}})
+    assert "argument 'baseline_args.path'" in message and "outside the root" in message, message
+    message = refused(box, "diff", {"baseline": "glmfb.io:write_text_atomic", "candidate": FACTORY})
+    assert "module glmfb.io is not under the root" in message, message
+
+
 def test_paths_outside_the_root_are_refused_symlinks_included(root: Path, tmp_path: Path) -> None:
     outside = tmp_path / "outside.py"
     outside.write_text("def f(shape):\n    return lambda: None\n")

@@ -173,7 +173,10 @@ def test_a_changed_model_fails_where_the_outputs_first_part(servers: dict[str, S
     assert verdict["where"]["request"] == request and verdict["where"]["position"] == position
     found = evidence(verdict)
     divergence = found["serving_divergence"]
-    assert divergence["request"] == request and divergence["position"] == position and not divergence["tie_flip"]
+    assert divergence["request"] == request and divergence["position"] == position
+    # the q8_0 model parts where its own two tokens are within its noise, the f32 side preferring
+    # its own by more than the tolerance: a one-sided tie flip that moved the distribution (drift)
+    assert not divergence["tie_flip"] or (len(divergence["tied"]) == 1 and divergence["preference_moved"] > 0.1)
     assert verdict["where"]["baseline_token"] == divergence["baseline_token"] != divergence["candidate_token"]
     assert found["serving_drift"]["positions"] == position
     assert f"request {request} parts at token {position}" in verdict["why"]

@@ -103,7 +103,7 @@ def _config(tmp_path: Path, **models: str) -> DiffConfig:
 def test_a_failing_request_of_token_ids_gives_a_diff_step_and_its_requests_file(tmp_path: Path) -> None:
     ctx = ProbeContext(run_id="r", artifact_dir=tmp_path / "art")
     config = _config(tmp_path, baseline_model=f"{LLAMA}:clean", candidate_model=f"{LLAMA}:bf16_output")
-    (step,) = next_steps(config, ctx, ServingRequest("r7", (5, 6, 7), 8))
+    (step,) = next_steps(config, ctx, ServingRequest("r7", (5, 6, 7), 8), 2, {}, None)
     assert step.command == "diff"
     assert step.arguments["baseline"] == f"{LLAMA}:clean" and step.arguments["candidate"] == f"{LLAMA}:bf16_output"
     assert step.arguments["baseline_args"] == {"init_std": 1.0}
@@ -117,12 +117,41 @@ def test_a_failing_request_of_token_ids_gives_a_diff_step_and_its_requests_file(
 
 def test_without_both_models_or_with_a_text_prompt_the_step_is_words_only(tmp_path: Path) -> None:
     ctx = ProbeContext(run_id="r", artifact_dir=tmp_path / "art")
-    (plain,) = next_steps(_config(tmp_path), ctx, ServingRequest("r7", (5, 6), 8))
+    (plain,) = next_steps(_config(tmp_path), ctx, ServingRequest("r7", (5, 6), 8), 1, {}, None)
     assert plain.command is None and "give baseline_model and candidate_model" in plain.why
     with_models = _config(tmp_path, baseline_model=f"{LLAMA}:clean", candidate_model=f"{LLAMA}:bf16_output")
-    (text,) = next_steps(with_models, ctx, ServingRequest("r8", "the cat", 8))
+    (text,) = next_steps(with_models, ctx, ServingRequest("r8", "the cat", 8), 1, {}, None)
     assert text.command is None and "text prompt" in text.why and "tokenize" in text.why
     assert not (tmp_path / "art" / MODULE_DIFF_REQUESTS).exists(), "no requests file for a step that cannot use it"
+
+
+def test_servers_of_a_local_model_folder_give_the_module_diff_of_that_folder(tmp_path: Path) -> None:
+    """Both servers serve one Hugging Face folder, in float32 and bfloat16 as their command
+    lines said: the step loads that folder in-process in each format, on the prompt's ids and
+    the tokens the baseline generated before the parting, as the baseline server gave them; a
+    side whose format was not seen is loaded in the folder's stored format, said so."""
+    from glmfb.diff.hf import FACTORY
+    from glmfb.diff.served import ServedModel
+
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"torch_dtype": "float32"}')
+    ctx = ProbeContext(run_id="r", artifact_dir=tmp_path / "art")
+    served = {"baseline": ServedModel(folder=str(folder), dtype="float32", dtype_source="--dtype float32 on pid 1"),
+              "candidate": ServedModel(folder=str(folder), dtype="bfloat16", dtype_source="--dtype bfloat16 on pid 2")}
+    (step,) = next_steps(_config(tmp_path), ctx, ServingRequest("r3", "w1 w2", 8), 2, served, ([4, 5], [9, 11]))
+    assert step.command == "diff" and step.arguments["baseline"] == step.arguments["candidate"] == FACTORY
+    assert step.arguments["baseline_args"] == {"path": str(folder), "dtype": "float32"}
+    assert step.arguments["candidate_args"] == {"path": str(folder), "dtype": "bfloat16"}
+    written = Path(step.arguments["requests"])
+    assert [json.loads(line) for line in written.read_text().splitlines()] == [{"id": "r3", "input_ids": [4, 5, 9, 11]}]
+    assert "2 prompt tokens and the 2 the baseline generated before it" in step.why and "up to token 2" in step.why
+    assert "--dtype bfloat16 on pid 2" in step.why
+    (one,) = next_steps(_config(tmp_path), ctx, ServingRequest("r3", "w1 w2", 8), 2, {"baseline": served["baseline"]},
+                        ([4, 5], [9, 11]))
+    assert one.command is None and "local Hugging Face folder" in one.why
+    (no_ids,) = next_steps(_config(tmp_path), ctx, ServingRequest("r3", "w1 w2", 8), 2, served, None)
+    assert no_ids.command is None and "did not give its token ids" in no_ids.why
 
 
 # ---- slow: processes -----------------------------------------------------------------------

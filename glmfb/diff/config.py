@@ -167,6 +167,13 @@ class DiffConfig:
     retries: int = option(2, NONNEGATIVE_INT, "Serving endpoints: retries of a call after a connection error, a "
                           "timeout or a 5xx answer (with exponential backoff).")
     concurrency: int = option(4, POSITIVE_INT, "Serving endpoints: requests in flight per server.")
+    baseline_batch: int | None = option(
+        None, POSITIVE_INT, "Serving endpoints: ask each of the baseline's requests, one at a time, while N-1 "
+        "companion requests (other prompts of the set, answers discarded) are in flight to the same server: does "
+        "its output depend on the batch? A side without a batch is then asked alone; replaces --concurrency.")
+    candidate_batch: int | None = option(
+        None, POSITIVE_INT, "Serving endpoints: ask each of the candidate's requests among N-1 companion requests "
+        "(as --baseline-batch).")
     baseline_server: tuple[str, ...] = option(
         (), COMMAND, "Serving endpoints: a command that starts the baseline's server, which glmfb waits for (GET "
         "<base>/models answering 200) and stops at the end; run in the definition's folder.")

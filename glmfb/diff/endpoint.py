@@ -6,6 +6,8 @@ The client is httpx: every call has a timeout, a connection error, a timeout or 
 retried a bounded number of times with exponential backoff, a 4xx answer is not, and what a
 server answered last (its status and the head of its body) is what :class:`EndpointError` says.
 Requests go out from a small thread pool, so at most ``concurrency`` are in flight per server.
+With a batch (``--candidate-batch N``, :func:`ask_batched`) the requests go one at a time, each among N-1
+companion requests in flight to the same server instead.
 The completions API is asked first; a server without it (404 or 405) is asked through chat
 completions, for text prompts only.
 """
@@ -18,9 +20,12 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from glmfb.errors import HarnessError, InputError, TargetFailed, UsageError
+
+if TYPE_CHECKING:
+    from glmfb.diff.served import ServedModel
 
 SCHEME = "openai:"
 BODY_HEAD = 200  # characters of a failing answer's body quoted in the error
@@ -191,6 +196,7 @@ class EndpointClient:
     _client: Any = None
     _model: str | None = None
     _chat: bool = False
+    _listed: Any = None
 
     def __enter__(self) -> EndpointClient:
         import httpx
@@ -207,9 +213,11 @@ class EndpointClient:
 
     # ---- HTTP with bounded retries -----------------------------------------------------------
 
-    def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> tuple[Any, int]:
+    def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None,
+              sent: Callable[[], None] | None = None) -> tuple[Any, int]:
         """The decoded JSON answer and the attempts it took. Retries connection errors,
-        timeouts and 5xx answers ``settings.retries`` times; raises :class:`EndpointError`."""
+        timeouts and 5xx answers ``settings.retries`` times; raises :class:`EndpointError`.
+        ``sent`` is called once the request's body is written to its connection (each attempt)."""
         import httpx
 
         url = f"{self.endpoint.base_url}{path}"
@@ -219,7 +227,8 @@ class EndpointClient:
             if attempt > 1:
                 self.sleep(self.settings.backoff_s * 2 ** (attempt - 2))
             try:
-                response = self._client.request(method, url, json=body)
+                response = self._client.request(method, url, json=body,
+                                                extensions={"trace": _when_sent(sent)} if sent else None)
             except httpx.TimeoutException as exc:
                 last = f"timed out after {self.settings.timeout_s:g} s ({type(exc).__name__})"
                 continue
@@ -244,6 +253,7 @@ class EndpointClient:
         (this call is also the reachability check)."""
         if self._model is None:
             listed, _ = self._call("GET", "/models")
+            self._listed = listed
             data = listed.get("data") if isinstance(listed, dict) else None
             if self.endpoint.model is not None:
                 self._model = self.endpoint.model
@@ -253,10 +263,57 @@ class EndpointClient:
                 raise EndpointError(f"{self.endpoint.base_url}/models lists no model: {_head(json.dumps(listed))!r}")
         return self._model
 
+    # ---- what it serves -----------------------------------------------------------------------
+
+    def _root_call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+        """One call at the server's root (``/version``, ``/tokenize``: beside ``/v1``, not
+        under it), never retried; None for any failure (these are optional extras)."""
+        import httpx
+
+        root = self.endpoint.base_url.removesuffix("/v1")
+        try:
+            response = self._client.request(method, f"{root}{path}", json=body)
+            return response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def describe(self) -> ServedModel:
+        """What this server serves (:mod:`glmfb.diff.served`): its listed model, a local model
+        folder, the engine's version, and on this host its process and weights' format."""
+        from glmfb.diff.served import describe
+
+        self.model()
+        return describe(self.endpoint.base_url, self._listed, self._root_call("GET", "/version"))
+
+    def token_ids(self, request: ServingRequest, generated: int) -> tuple[list[int], list[int]] | None:
+        """The server's own token ids of ``request``'s prompt (``POST /tokenize``) and of the
+        first ``generated`` tokens it generates for it (greedy, with ``return_tokens_as_token_ids``):
+        vLLM answers both; None where the server does not."""
+        model = self.model()
+        if isinstance(request.prompt, str):
+            tokenized = self._root_call("POST", "/tokenize", {"model": model, "prompt": request.prompt})
+            prompt = tokenized.get("tokens") if isinstance(tokenized, dict) else None
+            if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+                return None
+        else:
+            prompt = list(request.prompt)
+        if generated == 0:
+            return prompt, []
+        body = {"model": model, "prompt": request.prompt if isinstance(request.prompt, str) else prompt,
+                "max_tokens": generated, **GREEDY, "logprobs": 1, "stream": False, "return_tokens_as_token_ids": True}
+        try:
+            answer, _ = self._call("POST", "/completions", body)
+            tokens = _choice(answer, self.endpoint)["logprobs"]["tokens"]
+            ids = [int(str(t).removeprefix("token_id:")) for t in tokens]
+        except (EndpointError, KeyError, TypeError, ValueError):
+            return None
+        return (prompt, ids[:generated]) if all(str(t).startswith("token_id:") for t in tokens) else None
+
     # ---- one request -------------------------------------------------------------------------
 
-    def complete(self, request: ServingRequest) -> Answer:
-        """Greedy generation with the top-k logprobs of every token. Raises :class:`EndpointError`."""
+    def complete(self, request: ServingRequest, sent: Callable[[], None] | None = None) -> Answer:
+        """Greedy generation with the top-k logprobs of every token. Raises :class:`EndpointError`.
+        ``sent``: called once the request is written to the server (:meth:`_call`)."""
         started = time.perf_counter()
         model = self.model()
         if not self._chat:
@@ -264,7 +321,7 @@ class EndpointClient:
             body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": request.max_tokens, **GREEDY,
                                     "logprobs": self.settings.top_logprobs, "echo": False, "stream": False}
             try:
-                answer, attempts = self._call("POST", "/completions", body)
+                answer, attempts = self._call("POST", "/completions", body, sent)
                 return _completion_answer(request.id, answer, time.perf_counter() - started, attempts, self.endpoint)
             except EndpointError as exc:
                 if not _missing_api(str(exc)) or not isinstance(request.prompt, str):
@@ -276,8 +333,17 @@ class EndpointClient:
         chat: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": request.prompt}],
                                 "max_tokens": request.max_tokens, **GREEDY, "logprobs": True,
                                 "top_logprobs": self.settings.top_logprobs, "stream": False}
-        answer, attempts = self._call("POST", "/chat/completions", chat)
+        answer, attempts = self._call("POST", "/chat/completions", chat, sent)
         return _chat_answer(request.id, answer, time.perf_counter() - started, attempts, self.endpoint)
+
+
+def _when_sent(sent: Callable[[], None]) -> Callable[[str, Any], None]:
+    """An httpcore trace callback that calls ``sent`` when a request's body has been written."""
+    def trace(event: str, info: Any) -> None:
+        if event.endswith("send_request_body.complete"):
+            sent()
+
+    return trace
 
 
 def _head(text: str) -> str:
@@ -354,4 +420,83 @@ def ask_all(client: EndpointClient, side: str, requests: Sequence[ServingRequest
                 progress(f"{side}: {done}/{len(requests)} {what} answered")
     finally:  # on a failure, the requests not yet sent are not sent; those in flight end by their timeout
         pool.shutdown(wait=True, cancel_futures=True)
+    return answers
+
+
+# --------------------------------------------------------------------------------------------
+# Asking among companions (--baseline-batch, --candidate-batch)
+# --------------------------------------------------------------------------------------------
+
+COMPANION_LEAD_S = 0.02  # how long a request's companions are in flight before it is sent
+
+
+@dataclass
+class Companions:
+    """The companion requests one side's batch sent (their answers discarded), and how many of
+    them ended before the request they accompanied (that request then ran part of its time in
+    a smaller batch: a companion that stopped at its end of sequence)."""
+
+    sent: int = 0
+    ended_early: int = 0
+
+
+def companions_of(request: ServingRequest, pool: Sequence[ServingRequest], count: int) -> list[ServingRequest]:
+    """The ``count`` companions of ``request``: the other prompts of ``pool`` (the whole set), from
+    the one after it in file order, cycled (its own prompt where the set holds no other), each
+    generating twice the request's tokens, so that it is still in flight when the request ends.
+    The same request gets the same companions every time it is asked (its repeat too)."""
+    at = next((i for i, r in enumerate(pool) if r.id == request.id), -1)
+    others = [r for r in (*pool[at + 1:], *pool[:max(at, 0)]) if r.id != request.id] or [request]
+    return [ServingRequest(f"{request.id}~companion{k + 1}", others[k % len(others)].prompt, 2 * request.max_tokens)
+            for k in range(count)]
+
+
+def ask_batched(client: EndpointClient, side: str, requests: Sequence[ServingRequest], batch: int,
+                pool: Sequence[ServingRequest], companions: Companions,
+                progress: Callable[[str], None] | None = None, what: str = "requests") -> dict[str, Answer]:
+    """Every request asked of one server one at a time, each while ``batch - 1`` companion
+    requests (:func:`companions_of`) are in flight to the same server: they are sent first, the
+    request :data:`COMPANION_LEAD_S` after the last of them is written to its connection (for the
+    server to take them in), and the next request waits until every companion has answered, so
+    that the server runs each request in a batch of ``batch`` (1: alone). Only the
+    requests' answers are returned; ``companions`` counts what was sent beside them. A failing
+    request or companion raises :class:`TargetFailed` naming the side and the request."""
+    import threading
+
+    count = batch - 1
+    answers: dict[str, Answer] = {}
+    executor = ThreadPoolExecutor(max_workers=max(count, 1))
+    try:
+        for done, request in enumerate(requests, start=1):
+            group = companions_of(request, pool, count)
+            sent = [threading.Event() for _ in group]
+
+            def accompany(companion: ServingRequest, sent: threading.Event, request: ServingRequest = request) -> float:
+                try:
+                    client.complete(companion, sent.set)
+                except EndpointError as exc:
+                    raise TargetFailed(f"{side} server", f"on a companion request ({companion.max_tokens} tokens) of "
+                                       f"request {request.id}", exc) from exc
+                finally:
+                    sent.set()  # (a companion that failed before it was sent: its error is raised below)
+                return time.perf_counter()
+
+            futures = [executor.submit(accompany, c, e) for c, e in zip(group, sent, strict=True)]
+            if count:
+                for event in sent:
+                    event.wait()
+                time.sleep(COMPANION_LEAD_S)
+            try:
+                answer = client.complete(request)
+            except EndpointError as exc:
+                raise TargetFailed(f"{side} server", f"on request {request.id}", exc) from exc
+            ended = time.perf_counter()
+            companions.sent += count
+            companions.ended_early += sum(future.result() < ended for future in futures)
+            answers[request.id] = answer
+            if progress is not None:
+                among = "alone" if count == 0 else f"each among {count} others"
+                progress(f"{side}: {done}/{len(requests)} {what} answered ({among})")
+    finally:  # on a failure, the companions in flight end by their timeout
+        executor.shutdown(wait=True, cancel_futures=True)
     return answers

@@ -496,7 +496,12 @@ class RankErrors(Evidence):
 @dataclass(frozen=True, kw_only=True)
 class SideRun(Evidence):
     """How one side made its taps: in one process (``world_size`` 1), or on torch.distributed
-    ranks, with the backend and the layouts its taps were unsharded with (tap glob -> layout)."""
+    ranks, with the backend and the layouts its taps were unsharded with (tap glob -> layout).
+    A serving side: the batch it was asked with (``--baseline-batch``/``--candidate-batch``: each
+    request among ``batch - 1`` companion requests to the same server; 1: alone; None: no batch
+    option, ``--concurrency`` requests at once), the companion requests sent (never compared),
+    and how many of those ended before the request they accompanied (that request then ran
+    part of the time in a smaller batch)."""
 
     kind: ClassVar[str] = "side"
     side: str  # baseline | candidate
@@ -504,6 +509,9 @@ class SideRun(Evidence):
     world_size: int = 1
     backend: str | None = None
     layouts: Mapping[str, Any] | None = None
+    batch: int | None = None
+    companions: int = 0
+    companions_ended_early: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -621,7 +629,8 @@ class ServingNoise(Evidence):
 class ServingThroughput(Evidence):
     """How fast the two servers were asked: calls (both sides, repeats included) per second of
     wall time, and the CPU time glmfb's own process spent (HTTP client, JSON, comparison) as a
-    share of the wall time."""
+    share of the wall time. ``companion_calls``: the companion requests a batch option sent
+    beside them (answers discarded), counted apart: never in ``calls`` nor ``tokens``."""
 
     kind: ClassVar[str] = "serving_throughput"
     requests: int
@@ -637,6 +646,26 @@ class ServingThroughput(Evidence):
     # the answers): a serving endpoint's own latency, which the history follows per side.
     baseline_token_s: tuple[float, ...] = ()
     candidate_token_s: tuple[float, ...] = ()
+    companion_calls: int = 0
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class ServedBy(Evidence):
+    """What a live side's server serves, as it said (``/models``, ``/version``) and as its
+    process on this host shows (pid, command line): the model, a local model folder, the
+    weights' format and where that was read (``dtype_source``), the engine's version."""
+
+    kind: ClassVar[str] = "served_by"
+    side: str
+    server: str
+    model: str | None = None
+    folder: str | None = None
+    dtype: str | None = None
+    dtype_source: str | None = None
+    engine_version: str | None = None
+    pid: int | None = None
+    command: tuple[str, ...] | None = None
 
 
 EVIDENCE_TYPES: tuple[type[Evidence], ...] = (
@@ -644,5 +673,5 @@ EVIDENCE_TYPES: tuple[type[Evidence], ...] = (
     Requests, Modules, LocalErrors, ErrorByPosition, ErrorShape, PositionProfile, PrecisionSignatureEvidence,
     RoundingTest, Bias, TreeDifferences, ErrorEntry, Counterfactual, Tokens, MinimalReproducer, MinimizerNote,
     TolerancesUsed, SideRun,
-    ServingRequests, ServingDrift, ServingDivergence, ServingNoise, ServingThroughput,
+    ServingRequests, ServingDrift, ServingDivergence, ServingNoise, ServingThroughput, ServedBy,
 )

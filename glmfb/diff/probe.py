@@ -55,6 +55,7 @@ def _serving_config(spec: ProbeSpec, baseline_args: Any, candidate_args: Any, op
         refs.append(ref)
     _check_servers(spec, options)
     _check_models(spec, options)
+    _check_batches(spec, options)
     if options.get("requests") is None:
         raise UsageError(f"{spec.label}: a serving endpoint side needs requests (--requests FILE, TOML options.requests)",
                          'one JSON object per line: {"id": "r1", "prompt": "text", "max_tokens": 16}')
@@ -82,6 +83,23 @@ def _check_servers(spec: ProbeSpec, options: dict[str, Any]) -> None:
         if command and any(PORT in word for word in command) and PORT not in ref:
             raise UsageError(f"{spec.label}: {flag} takes {PORT}, but the {side}'s URL {ref!r} does not, so it "
                              "would not reach that server", f"write the URL as openai:http://127.0.0.1:{PORT}/v1")
+
+
+def _check_batches(spec: ProbeSpec, options: dict[str, Any]) -> None:
+    """A batch option asks a live server (not saved answers), and replaces ``--concurrency``
+    (with one, each side asks one request at a time: alone, or among its companions)."""
+    given = [side for side in ("baseline", "candidate") if options.get(f"{side}_batch") is not None]
+    for side in given:
+        ref = spec.baseline if side == "baseline" else spec.candidate
+        assert ref is not None
+        if _is_serving_capture(ref, spec):
+            raise UsageError(f"{spec.label}: --{side}-batch ({side}_batch) asks the {side}'s server among companion "
+                             f"requests, but the {side} {ref!r} is saved answers, not a live server",
+                             f"give the {side} as its server (openai:http://HOST:PORT/v1), or leave --{side}-batch out")
+    if given and options.get("concurrency") is not None:
+        raise UsageError(f"{spec.label}: --concurrency and --{given[0]}-batch ({given[0]}_batch) both say what is in "
+                         "flight: with a batch option each side asks one request at a time, among its companions or "
+                         "alone", "leave --concurrency out (or the batch options, to compare at that concurrency)")
 
 
 def _check_models(spec: ProbeSpec, options: dict[str, Any]) -> None:
@@ -182,8 +200,8 @@ class DiffProbe(BaseProbe):
 
         if any(is_endpoint(ref) or _is_serving_capture(ref, spec) for ref in sides):
             return _serving_config(spec, baseline_args, candidate_args, options)
-        serving_only = [key for key in ("baseline_server", "candidate_server", "baseline_model", "candidate_model")
-                        if options.get(key)]
+        serving_only = [key for key in ("baseline_server", "candidate_server", "baseline_model", "candidate_model",
+                                        "baseline_batch", "candidate_batch") if options.get(key)]
         if serving_only:
             raise UsageError(f"{spec.label}: {serving_only[0]} is for serving endpoint sides, and neither side is one",
                              "give a side as openai:http://127.0.0.1:{port}/v1, or leave the option out")

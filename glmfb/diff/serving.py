@@ -40,15 +40,18 @@ from typing import Any
 from glmfb.diff.endpoint import (
     Answer,
     ClientSettings,
+    Companions,
     EndpointClient,
     ServingRequest,
     TokenStep,
     ask_all,
+    ask_batched,
     is_endpoint,
     parse_endpoint,
     read_serving_requests,
 )
 from glmfb.diff.evidence import (
+    ServedBy,
     ServingDivergence,
     ServingDrift,
     ServingDriftRow,
@@ -58,6 +61,7 @@ from glmfb.diff.evidence import (
     ServingThroughput,
     SideRun,
 )
+from glmfb.diff.served import ServedModel
 from glmfb.diff.servers import ServerStartFailed, StartedServer, started_servers
 from glmfb.errors import TargetFailed, UsageError
 from glmfb.evidence import Evidence
@@ -424,34 +428,55 @@ def _diverged(f: ServingFindings) -> Diagnosis | None:
 MODULE_DIFF_REQUESTS = "module-diff-requests.jsonl"
 
 
-def next_steps(config: Any, ctx: ProbeContext, request: ServingRequest) -> tuple[Step, ...]:
+def next_steps(config: Any, ctx: ProbeContext, request: ServingRequest, position: int,
+               served: Mapping[str, ServedModel], ids: tuple[list[int], list[int]] | None) -> tuple[Step, ...]:
     """What a failing serving diff offers: the module-level diff of the two models in-process on
-    the failing request. With ``baseline_model`` and ``candidate_model`` and a request of token
-    ids, a ``diff`` command (the request written among the artifacts as a requests file for it);
-    else what that takes, in words. (Both servers' answers are kept already: a failing diff
-    writes them.)"""
+    the failing request's tokens, a ``diff`` command (the tokens written among the artifacts as
+    a requests file for it). The models: ``baseline_model`` / ``candidate_model`` (factories the
+    user names), else the local Hugging Face folder each server serves (:mod:`glmfb.diff.served`),
+    loaded with transformers in the format that server ran (:mod:`glmfb.diff.hf`). The tokens:
+    the prompt's ids and the ones the baseline generated before ``position``, as the baseline
+    server gave them (``ids``: vLLM's ``/tokenize`` and token-id answers), or a request's own
+    ids. Else what that takes, in words. (Both servers' answers are kept already.)"""
+    from glmfb.diff.hf import FACTORY
+
     baseline, candidate = getattr(config, "baseline_model", None), getattr(config, "candidate_model", None)
+    args = {"baseline": dict(config.baseline_args), "candidate": dict(config.candidate_args)}
+    formats = ""
     if not baseline or not candidate:
-        return (Step(f"load both models in-process and run the module-level diff (glmfb diff on two torch factories) "
-                     f"on request {request.id}, to find the module where the error starts; give baseline_model and "
-                     "candidate_model (the factories the servers serve) and the verdict offers that diff as a "
-                     "command"),)
-    if isinstance(request.prompt, str):
-        return (Step(f"request {request.id} gives a text prompt, which glmfb cannot turn into the token ids the "
-                     f"module-level diff takes (it has no tokenizer of the servers): tokenize it as the servers do, "
-                     f"write the ids as a request's input_ids, and run glmfb diff {baseline} {candidate} --requests "
-                     "FILE; or give the serving requests as input_ids"),)
+        folders = {side: served[side] for side in SIDES if side in served and served[side].folder}
+        if len(folders) < 2:
+            return (Step(f"load both models in-process and run the module-level diff (glmfb diff on two torch "
+                         f"factories) on request {request.id}, to find the module where the error starts; give "
+                         "baseline_model and candidate_model (the factories the servers serve) and the verdict offers "
+                         "that diff as a command (a server that serves a local Hugging Face folder, as vLLM's --model "
+                         "DIR does, is loaded from it without them)"),)
+        baseline = candidate = FACTORY
+        args = {side: {"path": folders[side].folder, "dtype": folders[side].dtype or "float32"} for side in SIDES}
+        formats = "; ".join(f"the {side} from {m.folder} in {m.dtype or 'float32'} ({m.dtype_source or 'format not seen: float32 assumed'})"
+                            for side, m in folders.items())
+    if ids is not None:
+        tokens, source = [*ids[0], *ids[1]], (f"its {len(ids[0])} prompt tokens and the {len(ids[1])} the baseline "
+                                              "generated before it, as the baseline server tokenized them")
+    elif not isinstance(request.prompt, str):
+        tokens, source = list(request.prompt), f"its {len(request.prompt)} prompt tokens"
+    else:
+        return (Step(f"request {request.id} gives a text prompt, and the baseline server did not give its token ids "
+                     f"(vLLM's /tokenize and return_tokens_as_token_ids): tokenize it as the servers do, write the ids "
+                     f"as a request's input_ids, and run glmfb diff {baseline} {candidate} --requests FILE"),)
     from glmfb.commandline import rerun_step
     from glmfb.diff.config import DiffConfig
     from glmfb.io import write_text_atomic
 
     path = ctx.artifact(MODULE_DIFF_REQUESTS)
-    write_text_atomic(path, json.dumps({"id": request.id, "input_ids": list(request.prompt)}) + "\n")
+    write_text_atomic(path, json.dumps({"id": request.id, "input_ids": tokens}) + "\n")
     module_diff = DiffConfig(name=f"{config.name}-modules", baseline=baseline, candidate=candidate,
-                             baseline_args=dict(config.baseline_args), candidate_args=dict(config.candidate_args),
+                             baseline_args=args["baseline"], candidate_args=args["candidate"],
                              base_dir=config.base_dir, requests=path)
-    why = (f"run the module-level diff of the two models in-process on request {request.id} (its {len(request.prompt)} "
-           "prompt tokens), to find the module where the error starts")
+    why = (f"run the module-level diff of the two models in-process on request {request.id} ({source}, up to token "
+           f"{position} where the outputs part), to find the module where the error starts")
+    if formats:
+        why += f": {formats}"
     return (rerun_step("diff", module_diff, why, name=module_diff.name),)
 
 
@@ -480,13 +505,23 @@ class ServingOptions:
     timeout_s: float = 30.0
     retries: int = 2
     concurrency: int = 4
+    baseline_batch: int | None = None
+    candidate_batch: int | None = None
 
     @classmethod
     def of(cls, config: Any) -> ServingOptions:
         names = ("top_logprobs", "max_tokens", "logprob_tolerance", "kl_tolerance", "noise_floor", "retries",
                  "concurrency")
         values = {name: getattr(config, name) for name in names}
-        return cls(timeout_s=config.http_timeout_s, **values)
+        return cls(timeout_s=config.http_timeout_s, baseline_batch=getattr(config, "baseline_batch", None),
+                   candidate_batch=getattr(config, "candidate_batch", None), **values)
+
+    def batch(self, side: str) -> int | None:
+        """The batch ``side`` is asked in: None without a batch option (``concurrency`` requests
+        at once, the two servers at once); with one, that side's (1, alone, where it has none)."""
+        if self.baseline_batch is None and self.candidate_batch is None:
+            return None
+        return int(getattr(self, f"{side}_batch") or 1)
 
 
 @dataclass
@@ -661,16 +696,19 @@ def _serving_verdict(config: Any, ctx: ProbeContext, refs: Mapping[str, str]) ->
     started, cpu_started = time.perf_counter(), time.process_time()
     answers: dict[str, dict[str, Answer]] = {}
     repeats: dict[str, dict[str, Answer]] = {}
+    batches = {side: options.batch(side) for side in SIDES}
+    companions = {side: Companions() for side in SIDES}
     with ExitStack() as stack:
-        clients = {side: stack.enter_context(EndpointClient(endpoints[side], settings))
+        clients = {side: stack.enter_context(EndpointClient(endpoints[side], dataclasses.replace(
+                       settings, concurrency=batches[side] or options.concurrency)))
                    for side in SIDES if side not in saved}
         for side in saved:
             answers[side] = {r.id: saved[side].answers[r.id] for r in requests}
             repeats[side] = dict(saved[side].repeats)
-        answers.update(_both(clients, lambda side: ask_all(clients[side], side, requests, ctx.progress)))
+        answers.update(_ask(clients, requests, requests, batches, companions, ctx.progress))
         parted = [r for r in requests if answers["baseline"][r.id].tokens != answers["candidate"][r.id].tokens]
         again = [requests[0], *[r for r in parted if r.id != requests[0].id]]
-        repeats.update(_both(clients, lambda side: ask_all(clients[side], side, again, ctx.progress, "repeats")))
+        repeats.update(_ask(clients, again, requests, batches, companions, ctx.progress, "repeats"))
     timing.wall_s = time.perf_counter() - started
     noise, noise_evidence = _noise(answers, repeats, endpoints, options.noise_floor)
     comparisons = tuple(compare_answers(answers["baseline"][r.id], answers["candidate"][r.id], noise,
@@ -679,9 +717,10 @@ def _serving_verdict(config: Any, ctx: ProbeContext, refs: Mapping[str, str]) ->
     timing.wall_s = time.perf_counter() - started
     findings = ServingFindings(len(requests), comparisons, noise, options.noise_floor, options.logprob_tolerance,
                                options.kl_tolerance)
+    served = _served(endpoints, settings, saved)
     if findings.first_failing is not None:
-        by_id = {r.id: r for r in requests}
-        findings = dataclasses.replace(findings, next_steps=next_steps(config, ctx, by_id[findings.first_failing.request]))
+        findings = dataclasses.replace(findings, next_steps=_module_steps(config, ctx, findings.first_failing, requests,
+                                                                          endpoints, settings, saved, served))
     outcome = diagnose(SERVING_RULES, findings)
     evidence: list[Evidence] = [_requests_evidence(comparisons)]
     failing = findings.first_failing or next((c for c in comparisons if c.divergence is not None), None)
@@ -690,19 +729,89 @@ def _serving_verdict(config: Any, ctx: ProbeContext, refs: Mapping[str, str]) ->
         if failing.divergence is not None:
             evidence.append(_divergence_evidence(failing))
     evidence += noise_evidence
-    evidence.append(_throughput_evidence(requests, answers, repeats, timing))
-    evidence += [SideRun(side=side, target=refs[side] if side in saved else endpoints[side].ref) for side in SIDES]
+    evidence.append(dataclasses.replace(_throughput_evidence(requests, answers, repeats, timing),
+                                        companion_calls=sum(c.sent for c in companions.values())))
+    evidence += [SideRun(side=side, target=refs[side] if side in saved else endpoints[side].ref,
+                         batch=None if side in saved else batches[side], companions=companions[side].sent,
+                         companions_ended_early=companions[side].ended_early) for side in SIDES]
+    evidence += [ServedBy(side=side, server=endpoints[side].base_url, **{k: v for k, v in m.to_dict().items()
+                                                                         if k != "command"},
+                          command=m.command) for side, m in served.items()]
     evidence.append(outcome.record)
     artifacts = _write_answers(config, ctx, answers, repeats, findings)
     if any(step.command == "diff" for step in findings.next_steps):
         artifacts["module_diff_requests"] = str(ctx.artifact(MODULE_DIFF_REQUESTS))
     worst_lp = max((c.logprob_diff_max for c in comparisons), default=0.0)
+    regime = _regime_text(batches, companions, saved)
     return Verdict(
         probe="diff", name=config.name, status=outcome.diagnosis.status, layer=Layer.NUMERICS,
-        why=outcome.diagnosis.why, where=dict(outcome.diagnosis.where or {}),
+        why=f"{regime}; {outcome.diagnosis.why}" if regime else outcome.diagnosis.why,
+        where=dict(outcome.diagnosis.where or {}),
         metric=Metric("logprob_diff_max", worst_lp, "nats", options.logprob_tolerance),
         evidence=tuple(evidence), next=outcome.diagnosis.next, artifacts=artifacts,
     )
+
+
+def _served(endpoints: Mapping[str, Any], settings: ClientSettings, saved: Mapping[str, Any]) -> dict[str, ServedModel]:
+    """What each live side's server serves (saved sides: none; they were asked before)."""
+    served = {}
+    for side in SIDES:
+        if side not in saved:
+            with EndpointClient(endpoints[side], settings) as client:
+                served[side] = client.describe()
+    return served
+
+
+def _module_steps(config: Any, ctx: ProbeContext, failing: RequestComparison, requests: Sequence[ServingRequest],
+                  endpoints: Mapping[str, Any], settings: ClientSettings, saved: Mapping[str, Any],
+                  served: Mapping[str, ServedModel]) -> tuple[Step, ...]:
+    """The failing request's module-level step, with the baseline server's own token ids of it
+    up to where the outputs part (where that server gives them)."""
+    request = next(r for r in requests if r.id == failing.request)
+    position = failing.divergence.position if failing.divergence is not None else failing.baseline_tokens
+    ids = None
+    if "baseline" not in saved:
+        with EndpointClient(endpoints["baseline"], settings) as client:
+            ids = client.token_ids(request, position)
+    return next_steps(config, ctx, request, position, served, ids)
+
+
+def _ask(clients: Mapping[str, EndpointClient], requests: Sequence[ServingRequest], pool: Sequence[ServingRequest],
+         batches: Mapping[str, int | None], companions: Mapping[str, Companions],
+         progress: Callable[[str], None] | None, what: str = "requests") -> dict[str, dict[str, Answer]]:
+    """Every live side's answers to ``requests``. Without a batch option, the two servers at
+    once, each ``concurrency`` requests at a time; with one, the sides one after the other (one
+    server may serve both, and one side's companions must not be in flight beside the other's
+    requests), each request alone or among its side's companions drawn from ``pool``
+    (:func:`~glmfb.diff.endpoint.ask_batched`)."""
+    if all(batch is None for batch in batches.values()):
+        return _both(clients, lambda side: ask_all(clients[side], side, requests, progress, what))
+    return {side: ask_batched(clients[side], side, requests, batches[side] or 1, pool, companions[side], progress, what)
+            for side in SIDES if side in clients}
+
+
+def _regime_text(batches: Mapping[str, int | None], companions: Mapping[str, Companions],
+                 saved: Mapping[str, Any]) -> str | None:
+    """How each side was asked, where a batch option was given (the why names it once): "the
+    baseline asked each request alone, the candidate asked each request among 7 others"."""
+    if all(batch is None for batch in batches.values()):
+        return None
+
+    def regime(side: str) -> str:
+        if side in saved:
+            return "gave its saved answers"
+        batch = batches[side] or 1
+        text = "asked each request alone" if batch == 1 else f"asked each request among {batch - 1} others"
+        c = companions[side]
+        if c.ended_early:
+            text += (f" ({c.ended_early} of its {c.sent} companion requests ended before the request they "
+                     "accompanied)")
+        return text
+
+    said = {side: regime(side) for side in SIDES}
+    if said["baseline"] == said["candidate"]:
+        return f"both sides {said['baseline']}"
+    return f"the baseline {said['baseline']}, the candidate {said['candidate']}"
 
 
 def _both(clients: Mapping[str, EndpointClient],

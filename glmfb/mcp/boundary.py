@@ -25,6 +25,9 @@ from typing import Any
 from glmfb.errors import InputError, UsageError
 from glmfb.probe import TIMEOUT, parse_timeout
 
+# glmfb's own target factories a call may name wherever the root is, each with the arguments
+# that are paths (checked under the root): a served model folder loaded with transformers
+BUILTIN_TARGETS: dict[str, tuple[str, ...]] = {"glmfb.diff.hf:causal_lm": ("path",)}
 DEFAULT_MAX_CALL_S: float = TIMEOUT.default  # the default probe timeout (15 min)
 ROOT_HINT = "give a path under the server's root (glmfb mcp --root DIR sets it)"
 
@@ -100,6 +103,8 @@ class Boundary:
                 return text
         except UsageError as exc:
             raise InputError(f"argument {argument!r}: {exc.message}", exc.hint) from None
+        if text in BUILTIN_TARGETS:
+            return text
         path_part, sep, suffix = text.partition("#")
         as_path = Path(path_part)
         if path_part and (as_path if as_path.is_absolute() else self.root / as_path).exists():
@@ -154,6 +159,14 @@ class Boundary:
         keys = ["command"] if spec.command else []
         return keys + [f"options.{option.key}" for option in options_of(get_probe(spec.kind).config_type)
                        if option.type.name == "command" and spec.options.get(option.attr) not in (None, ())]
+
+    def builtin_args(self, ref: str, args: Any, argument: str) -> None:
+        """The path arguments of glmfb's own factory ``ref`` (:data:`BUILTIN_TARGETS`) lie
+        under the root, as any path a call names must."""
+        for key in BUILTIN_TARGETS.get(ref, ()):
+            value = args.get(key) if isinstance(args, dict) else None
+            if value is not None:
+                self.path(str(value), f"{argument}.{key}", must_exist=True, what="folder")
 
     def module(self, location: str, argument: str) -> None:
         """A dotted module name must name a module under the root (unless commands are allowed)."""

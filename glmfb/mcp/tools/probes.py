@@ -127,6 +127,9 @@ class ProbeTool:
             raise InputError(f"{label}: argument 'args' goes with 'target'", "pass arguments in the command line")
         rules = self._rules(arguments)
         timeout_s, note = boundary.timeout(arguments.get("timeout"))
+        for which, key in (("baseline", "baseline_args"), ("candidate", "candidate_args"), ("target", "args")):
+            if sides.get(which):
+                boundary.builtin_args(sides[which], arguments.get(key), key)
         spec = ProbeSpec(
             kind=probe.kind, name="", label=label, **sides, args=args,
             baseline_args=kwargs_argument(arguments, "baseline_args"),
