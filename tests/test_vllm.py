@@ -239,3 +239,20 @@ def test_the_endpoint_to_module_step_followed_names_the_module(vllm: dict[str, S
     assert module["status"] == "fail" and module["where"]["module"] == "model.embed_tokens", module["why"]
     assert "bfloat16" in module["why"]
     print(f"the step: {step['why']}\nfollowed: {module['why']}")
+
+
+def test_one_vllm_server_alone_against_among_seven_others(vllm: dict[str, StartedServer], requests_file: Path,
+                                                          tmp_path: Path) -> None:
+    """``--candidate-batch 8`` on one fp32 server against itself: each candidate request among 7
+    companions, each baseline request alone; the verdict says the regime, and a pass means every
+    request's tokens and logprobs agreed (what vLLM's CPU build does here is printed)."""
+    code, verdict = diff(vllm["f32"], vllm["f32"], requests_file, tmp_path, "--candidate-batch", "8")
+    assert code in (0, 1) and verdict["status"] in ("pass", "fail"), verdict["why"]
+    sides = {e["side"]: e for e in evidence(verdict, "side")}
+    assert (sides["baseline"]["batch"], sides["candidate"]["batch"]) == (1, 8)
+    assert sides["candidate"]["companions"] >= 7 * 24 and sides["baseline"]["companions"] == 0
+    assert "the candidate asked each request among 7 others" in verdict["why"]
+    rows = evidence(verdict, "serving_requests")[0]["rows"]
+    if code == 0:
+        assert all(r["status"] in ("same", "tie") for r in rows)
+    print(f"f32 alone vs among 7: {verdict['why']}")
