@@ -17,7 +17,13 @@ from glmfb.diff.counterfactual import KnobResult, KnobRun
 from glmfb.diff.localize import EntryStep, ErrorEntry, InputDifference
 from glmfb.diff.rounding import BiasTest, RoundingSize, RoundingTest, Trial
 from glmfb.diff.rules import RULES, DiffFindings
-from glmfb.diff.shape import ErrorShape, growth_fit, position_profile, precision_signature
+from glmfb.diff.shape import (
+    ErrorShape,
+    ZeroRegion,
+    growth_fit,
+    position_profile,
+    precision_signature,
+)
 from glmfb.rules import diagnose
 from glmfb.step import Step
 from glmfb.verdict import Status
@@ -66,6 +72,8 @@ OFF_BY_ONE = replace(REORDERED, rel_l2=0.08, output_rel_l2=0.08, max_abs=9.0)
 SCAN_ENTRY = ErrorEntry("", (EntryStep("out", (), 1, "its inputs differ below tolerance (relative L2 7e-08)"),
                              EntryStep("", (), 1)), "CPScan")
 SCAN_STEP = position_profile([0.0] * 128 + [8e-8] * 384, [0] * 128 + [0, 1, 0, 0] * 96)
+assert SCAN_STEP is not None and SCAN_STEP.zeros is not None
+SCAN_ZEROS = ZeroRegion(SCAN_STEP.zeros)
 SCOPED = Trial("fp16", "matmul operands and output", 3.4e-4, 1.0, 1.0, 1.0, True, scope="down_proj")
 
 
@@ -123,7 +131,7 @@ CASES: list[tuple[str, DiffFindings, str, Status, list[str], str | None]] = [
      Status.FAIL, ["m.mlp", "gate_proj", "up_proj", "down_proj", "baseline only"], None),
     ("a reordered float32 sum entering between modules", failing(
         module="out", local=False, entry=SCAN_ENTRY, first_divergent="out", size=REORDERED, profile=SCAN_STEP,
-        rounding=rounding(None, best=trial("fp16", "output", size=2510.0, corr=0.02)), fit=CONSTANT),
+        zeros=SCAN_ZEROS, rounding=rounding(None, best=trial("fp16", "output", size=2510.0, corr=0.02)), fit=CONSTANT),
      "rounding-size", Status.FAIL,
      ["size of float32's own rounding", "1.4 units of float32 roundoff", "exactly zero before position 128",
       "enters between modules, in the top-level module (CPScan)'s own forward", "out is only the first module",

@@ -109,6 +109,97 @@ class TreeDifferences:
                 tuple(m for m in self.candidate_only_modules if m.startswith(prefix)))
 
 
+def tap_module(tap: str) -> str:
+    """The module a tap name belongs to: ``layers.0.attn#1[0]`` -> ``layers.0.attn``."""
+    return tap.partition("#")[0].partition("[")[0]
+
+
+def _index_ranges(indices: Sequence[int]) -> str:
+    """``[0, 1, 2, 3, 7]`` -> ``0-3, 7``."""
+    ordered = sorted(set(indices))
+    runs: list[list[int]] = []
+    for index in ordered:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def group_names(names: Sequence[str], limit: int = 4, parent: str = "") -> str:
+    """Module or tap names, with what repeats across numbered blocks said once:
+    ``layers.{0..3}.self_attn.{q,k,v}_proj`` reads ``q_proj, k_proj, v_proj in 4 layers``.
+
+    Names that differ only in their numeric path components (``layers.0``, ``layers.1``) are
+    one pattern; patterns that repeat over the same indices under the same container are one
+    group, named by what follows the last index (its last component where that is unambiguous).
+    A name without an index, or a pattern seen once, is written out. At most ``limit`` groups
+    are shown, then ``and N more`` (names). Names relative to a module (``0.mlp.up`` below
+    ``layers``) give it as ``parent``: it names the container their first index is in."""
+    unique = list(dict.fromkeys(names))
+    patterns: dict[tuple[str, ...], list[tuple[int, ...]]] = {}
+    for name in unique:
+        parts = name.split(".")
+        pattern = tuple("*" if part.isdigit() else part for part in parts)
+        patterns.setdefault(pattern, []).append(tuple(int(part) for part in parts if part.isdigit()))
+    # a group: (the pattern up to its last index, the indices) -> the tails after it
+    groups: dict[tuple[tuple[str, ...], tuple[tuple[int, ...], ...]], list[tuple[str, ...]]] = {}
+    order: list[tuple[str, object]] = []
+    for name in unique:
+        parts = name.split(".")
+        pattern = tuple("*" if part.isdigit() else part for part in parts)
+        indices = patterns[pattern]
+        if "*" not in pattern or len(indices) < 2:
+            order.append(("name", name))
+            continue
+        last = max(i for i, part in enumerate(pattern) if part == "*")
+        key = (pattern[:last + 1], tuple(sorted(indices)))
+        tail = pattern[last + 1:]
+        if key not in groups:
+            groups[key] = []
+            order.append(("group", key))
+        if tail not in groups[key]:
+            groups[key].append(tail)
+    tails = [tail for members in groups.values() for tail in members if tail]
+    lasts = [tail[-1] for tail in tails]
+
+    def tail_text(tail: tuple[str, ...]) -> str:
+        return tail[-1] if lasts.count(tail[-1]) == 1 else ".".join(tail)
+
+    shown: list[str] = []
+    counted = 0
+    for what, item in order:
+        if len(shown) == limit:
+            break
+        if what == "name":
+            assert isinstance(item, str)
+            shown.append(item)
+            counted += 1
+            continue
+        assert isinstance(item, tuple)
+        prefix, indices = item
+        members = groups[item]
+        counted += len(members) * len(indices)
+        stars = prefix.count("*")
+        container = ".".join(prefix[:prefix.index("*")]) or parent
+        named = [tail_text(t) for t in members if t]
+        if stars == 1:
+            word = container.rpartition(".")[2]
+            where = f"{len(indices)} {word}" if word.endswith("s") else f"{len(indices)} of {container}"
+            if any(not t for t in members):  # the numbered modules themselves
+                named.insert(0, f"{container}.{_index_ranges([i[0] for i in indices])}")
+                if len(named) == 1:
+                    shown.append(named[0])
+                    continue
+        else:
+            where = f"{len(indices)} places ({'.'.join(prefix)})"
+            if any(not t for t in members):
+                named.insert(0, ".".join(prefix))
+        shown.append(f"{', '.join(named)} in {where}")
+    rest = len(unique) - counted
+    return ", ".join(shown) + (f" and {rest} more" if rest > 0 else "")
+
+
 @dataclass
 class _Gathered:
     baseline_only: dict[str, None] = field(default_factory=dict)

@@ -61,6 +61,7 @@ from glmfb.diff.evidence import (
     TolerancesUsed,
     TreeDifferences,
     Tried,
+    ZeroRunRow,
 )
 from glmfb.diff.evidence import RoundingSize as RoundingSizeEvidence
 from glmfb.diff.evidence import RoundingTest as RoundingTestEvidence
@@ -88,11 +89,13 @@ from glmfb.diff.rounding import (
 )
 from glmfb.diff.rounding import RoundingTest as RoundingFound
 from glmfb.diff.rules import RULES, DiffFindings
-from glmfb.diff.shape import ErrorShape as ErrorShapeFound
 from glmfb.diff.shape import (
+    ZERO_RUN_FLOOR,
     GrowthFit,
     PositionShape,
     PrecisionSignature,
+    ZeroRegion,
+    ZeroRun,
     classify,
     growth_fit,
     is_spike,
@@ -100,7 +103,9 @@ from glmfb.diff.shape import (
     position_curve,
     position_profile,
     precision_signature,
+    quiet_run,
 )
+from glmfb.diff.shape import ErrorShape as ErrorShapeFound
 from glmfb.diff.store import MANIFEST, CaptureReader, CaptureWriter, Manifest, write_manifest
 from glmfb.env import differences, fingerprint, git_revision
 from glmfb.errors import UsageError
@@ -485,6 +490,7 @@ class _AlongPositions:
     profile: PositionShape | None = None
     onsets: tuple[tuple[str, int, int], ...] = ()
     evidence: list[Evidence] = field(default_factory=list)
+    zeros: ZeroRegion | None = None  # the exactly-zero region it starts with, against chance and across requests
 
     @property
     def first_failing(self) -> int | None:
@@ -504,10 +510,34 @@ def _along_positions(baseline: CaptureReader, candidate: CaptureReader, results:
     profile = position_profile(list(errors.rel_l2), list(errors.outside))
     evidence: list[Evidence] = [_positions_evidence(worst, tap, localized is not None, errors)]
     onsets: tuple[tuple[str, int, int], ...] = ()
+    zeros: ZeroRegion | None = None
     if profile is not None:
         onsets = _onsets(baseline, candidate, results, worst, first, profile.onset) if profile.step else ()
-        evidence.append(_profile_evidence(worst.id, tap, profile, onsets))
-    return _AlongPositions(errors, tap, profile, onsets, evidence)
+        if profile.zeros is not None:
+            others = _zero_runs(baseline, candidate, results, worst, tap) if profile.zeros.beyond_chance else ()
+            zeros = ZeroRegion(profile.zeros, others)
+        evidence.append(_profile_evidence(worst.id, tap, profile, onsets, zeros))
+    return _AlongPositions(errors, tap, profile, onsets, evidence, zeros)
+
+
+def _zero_runs(baseline: CaptureReader, candidate: CaptureReader, results: Sequence[RequestResult],
+               worst: RequestResult, tap_name: str | None) -> tuple[ZeroRun, ...]:
+    """The exactly-zero region at the start of every other request whose error at ``tap_name``
+    is not zero everywhere: whether the worst request's region recurs where they show it. It is
+    the total error there (the worst request's may be a module's own error): an error inherited
+    from upstream only shortens a region, so it never makes a boundary agree."""
+    found: list[ZeroRun] = []
+    for result in results:
+        if result.id == worst.id or result.length is None:
+            continue
+        tap = next((t for t in result.taps if t.tap.name == tap_name), None)
+        if tap is None or not tap.metrics.max_abs > 0:
+            continue
+        errors = _tap_positions(baseline, candidate, tap, result.length)
+        if errors is not None:
+            run = quiet_run(list(errors.rel_l2), floor=ZERO_RUN_FLOOR)
+            found.append(ZeroRun(result.id, run.positions, run.length))
+    return tuple(found)
 
 
 @dataclass
@@ -684,6 +714,7 @@ def _findings(results: Sequence[RequestResult], worst: RequestResult, tree: Tree
         output_rel_l2=max(r.output_error for r in results), rerun=reproducer.rerun,
         length_fit=length_fit if length_fit is not None and _spans(length_fit) else None,
         profile=along.profile, profile_tap=along.tap, onsets=tuple((n, o) for _, n, o in along.onsets),
+        zeros=along.zeros,
         rounding=precision.rounding, bias=precision.bias, tree=tree, entry=location.entry,
         size=precision.size,
         counterfactuals=tuple(knobs), minimize_note=reproducer.note,
@@ -804,8 +835,18 @@ def _positions_evidence(worst: RequestResult, tap: str | None, local: bool, posi
 
 
 def _profile_evidence(request: str, tap: str | None, profile: PositionShape,
-                      onsets: tuple[tuple[str, int, int], ...]) -> PositionProfile:
+                      onsets: tuple[tuple[str, int, int], ...], zeros: ZeroRegion | None = None) -> PositionProfile:
+    quiet, run = profile.quiet, zeros.run if zeros is not None else None
     return PositionProfile(
+        onset_chance=quiet.chance if quiet is not None else None,
+        onset_chance_needed=quiet.needed if quiet is not None else None,
+        zero_run=run.length if run is not None else None,
+        zero_rate=run.rate if run is not None else None,
+        zero_run_chance=run.chance if run is not None else None,
+        zero_run_needed=run.needed if run is not None else None,
+        zero_runs=tuple(ZeroRunRow(request=o.request, length=o.positions, zero_run=o.length,
+                                   agrees=zeros.agrees(o)) for o in zeros.others) if zeros is not None else (),
+        boundary=zeros.backed if zeros is not None else None,
         request=request, tap=tap, onset=profile.onset, positions=profile.positions,
         failing_after=profile.failing_after, before_max_rel_l2=profile.before_max,
         after_median_rel_l2=profile.after_median, step=profile.step, growing=profile.growing,

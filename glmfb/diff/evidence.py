@@ -175,6 +175,17 @@ class OnsetRow(Record):
     onset: int
 
 
+@dataclass(frozen=True, kw_only=True)
+class ZeroRunRow(Record):
+    """Another request's leading positions of exactly zero error at the same tap, and whether its
+    region ends where the worst request's does (the same position or the same fraction)."""
+
+    request: str
+    length: int
+    zero_run: int
+    agrees: bool
+
+
 @evidence_kind
 @dataclass(frozen=True, kw_only=True)
 class PositionProfile(Evidence):
@@ -196,6 +207,20 @@ class PositionProfile(Evidence):
     rank_correlation: float | None = None  # Spearman's rank correlation of error and position
     onsets: tuple[OnsetRow, ...] = ()  # the onset in each failing request (at the first divergent tap)
     growth_from: int | None = None  # the first position the growth along the sequence is fitted from
+    # the quiet positions before the onset against chance: rate ** onset, where rate is the share of the
+    # positions from the onset on that are as quiet; a step needs it below 1% (onset_chance_needed positions)
+    onset_chance: float | None = None
+    onset_chance_needed: int | None = None
+    # the leading positions of exactly zero error (a block of a reordered sum computed alike), the share
+    # of the positions after them that are exactly zero too, the chance of such a run (zero_rate **
+    # zero_run), the run chance makes unlikely (below 1%, at least 4 positions), the same region in the
+    # other requests, and whether it backs a boundary (beyond chance, and recurring where others show error)
+    zero_run: int | None = None
+    zero_rate: float | None = None
+    zero_run_chance: float | None = None
+    zero_run_needed: int | None = None
+    zero_runs: tuple[ZeroRunRow, ...] = ()
+    boundary: bool | None = None
 
 
 @evidence_kind

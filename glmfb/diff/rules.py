@@ -6,7 +6,9 @@ trees do not share, the counterfactual reruns) and, when it applies, says what i
 to try next. They are tried in order (see :mod:`glmfb.rules`); the first that applies wins.
 Every claim a why makes is a measurement in the evidence: a format is named only when rounding
 the baseline to it reproduces the error (``rounding_test``), "systematic" only when a scale and
-shift of the baseline explain it (``bias``), a position only where the error starts there.
+shift of the baseline explain it (``bias``), a position only where the error starts there, and
+a boundary (a step, a block of a reordered sum) only where the quiet positions before it are
+more than chance gives (:class:`glmfb.diff.shape.QuietRun`).
 
 | rule | fires when |
 |---|---|
@@ -30,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from glmfb.diff.compare import TreeDifferences
+from glmfb.diff.compare import TreeDifferences, group_names, tap_module
 from glmfb.diff.counterfactual import KnobResult
 from glmfb.diff.evidence import Tokens
 from glmfb.diff.localize import ErrorEntry
@@ -41,7 +43,14 @@ from glmfb.diff.rounding import (
     RoundingSize,
     RoundingTest,
 )
-from glmfb.diff.shape import ErrorShape, GrowthFit, PositionShape, PrecisionSignature
+from glmfb.diff.shape import (
+    CHANCE_LEVEL,
+    ErrorShape,
+    GrowthFit,
+    PositionShape,
+    PrecisionSignature,
+    ZeroRegion,
+)
 from glmfb.rules import Diagnosis, Rule
 from glmfb.step import Step, as_step
 from glmfb.verdict import Status
@@ -83,6 +92,7 @@ class DiffFindings:
     distributed: tuple[tuple[str, int, str | None], ...] = ()  # (side, world size, backend) of sides on ranks
     on_cuda: bool = False  # the candidate ran on a CUDA device (torch's CUDA switches can act on it)
     size: RoundingSize | None = None  # the error against its dtype's own unit roundoff
+    zeros: ZeroRegion | None = None  # the exactly-zero region the error starts with, against chance and across requests
 
     def saw(self) -> dict[str, Any]:
         seen: dict[str, Any] = {
@@ -99,6 +109,9 @@ class DiffFindings:
             seen.update(length_growth=self.length_fit.growing, length_growth_factor=self.length_fit.growth_factor)
         if self.profile is not None:
             seen.update(onset=self.profile.onset, step=self.profile.step, growing_along_sequence=self.profile.growing)
+        if self.zeros is not None:
+            seen.update(zero_run=self.zeros.run.length, zero_run_needed=self.zeros.run.needed,
+                        zero_run_boundary=self.zeros.backed)
         if self.signature is not None:
             seen.update(signature_nearest=self.signature.nearest, signature_consistent=self.signature.consistent,
                         observed_rel_error=self.signature.observed)
@@ -228,10 +241,7 @@ def _tree_phrase(f: DiffFindings) -> str:
         return ""
     parts = []
     if tree.baseline_only or tree.candidate_only:
-        examples = [*tree.baseline_only[:2], *tree.candidate_only[:2]][:2]
-        b, c = len(tree.baseline_only), len(tree.candidate_only)
-        parts.append(f"{b} {'tap is' if b == 1 else 'taps are'} in the baseline only and {c} in the "
-                     f"candidate only (not compared, listed in evidence; e.g. {', '.join(examples)})")
+        parts.append(_only_clause(tree))
     if tree.shapes:
         n = len(tree.shapes)
         parts.append(f"{n} shared {'tap differs' if n == 1 else 'taps differ'} in shape (not compared)")
@@ -246,6 +256,36 @@ def _tree_phrase(f: DiffFindings) -> str:
     shared = "the one tap" if tree.shared == 1 else f"the {tree.shared} taps"
     return (f" The two paths' module trees differ: glmfb compared {shared} both sides share; "
             + "; ".join(parts) + ".")
+
+
+def _one_side_only(taps: Sequence[str], modules: Sequence[str]) -> tuple[int, str, tuple[bool, bool], str]:
+    """What one side only has, counted and grouped: how many, ``12 modules`` / ``1 tap`` /
+    ``2 modules and 1 tap``, which of the two kinds it has, and the names grouped
+    (``q_proj, k_proj, v_proj in 4 layers``). A tap of a module the other side also runs (an
+    output the other side's module does not return) counts as a tap."""
+    whole = set(modules)
+    loose = [t for t in taps if tap_module(t) not in whole]
+    counts = [f"{n} {unit}{'' if n == 1 else 's'}" for n, unit in ((len(modules), "module"), (len(loose), "tap")) if n]
+    return (len(modules) + len(loose), " and ".join(counts), (bool(modules), bool(loose)),
+            group_names([*modules, *loose]))
+
+
+def _only_clause(tree: TreeDifferences) -> str:
+    """``12 modules are in the baseline only (q_proj, k_proj, v_proj in 4 layers) and 4 in the
+    candidate only (qkv_proj in 4 layers), not compared (the full lists are in the evidence)``:
+    one clause however many layers repeat the difference; ``tree_differences`` lists them all."""
+    b = (*_one_side_only(tree.baseline_only, tree.baseline_only_modules), "baseline")
+    c = (*_one_side_only(tree.candidate_only, tree.candidate_only_modules), "candidate")
+    first, second = (b, c) if b[0] else (c, b)
+    count, units, kinds, names, side = first
+    text = f"{units} {'is' if count == 1 else 'are'} in the {side} only ({names})"
+    count2, units2, kinds2, names2, side2 = second
+    if not count2:
+        text += f" and none in the {side2} only"
+    else:
+        shown = str(count2) if kinds2 == kinds and count > 1 and count2 > 1 else units2
+        text += f" and {shown} in the {side2} only ({names2})"
+    return text + ", not compared (the full lists are in the evidence)"
 
 
 def _counterfactual_phrase(f: DiffFindings) -> str:
@@ -331,11 +371,7 @@ def _rounding_size(f: DiffFindings) -> Explained:
         why += (", and no rounding of the baseline to a narrower format reproduces it (closest: size "
                 + (f"{ratio:.0f}x" if ratio >= 100 else f"{ratio:.2g}x") + " the observed error)")
     why += "."
-    p = f.profile
-    if p is not None and p.start > 0:
-        length = p.positions
-        why += (f" The error is exactly zero before position {p.start} ({p.start / length:.3g} of the "
-                f"{length} positions) and of that size after it: the reordering starts there (a block boundary).")
+    why += _zero_region_phrase(f)
     entry = f.entry
     if entry is not None and entry.module is not None:
         name_e = f"{entry.module}" if entry.module else f"the top-level module ({entry.root_class})"
@@ -364,6 +400,40 @@ def _rounding_size(f: DiffFindings) -> Explained:
     steps.append("if the candidate must match the baseline bit for bit, make it add in the baseline's order "
                  "(the same blocks, the same order of the partial sums)")
     return why + _suffix(f), steps
+
+
+def _zero_region_phrase(f: DiffFindings) -> str:
+    """Where the reordering starts along the sequence, only when the evidence backs it: a region
+    of exactly zero error at the start, longer than chance gives (``f.zeros``: at least 4
+    positions, and a run that short is below 1% likely when the share of zero-error positions
+    after it is the chance of one), and seen in another request at the same position or fraction
+    of the length where other requests show the error. Otherwise no position is named."""
+    z = f.zeros
+    if z is None or z.run.length == 0:
+        return ""
+    run = z.run
+    n, length = run.length, run.positions
+    if z.backed:
+        text = (f" The error is exactly zero before position {n} ({n / length:.3g} of the {length} positions) and "
+                "of that size after it")
+        agreeing = z.agreeing
+        if agreeing:
+            at = "position" if z.same_position else "fraction of the length"
+            listing = ", ".join(f"{o.length} of {o.positions}" for o in agreeing)
+            text += (f", and so in {len(agreeing)} other request{'' if len(agreeing) == 1 else 's'} at the same "
+                     f"{at} ({listing} positions)")
+        return text + ": the reordering starts there (a block boundary)."
+    first = "Its first position has" if n == 1 else f"Its first {n} positions have"
+    if not run.beyond_chance and run.chance < CHANCE_LEVEL:
+        return (f" {first} zero error, fewer than the {run.floor} positions a region of zero error needs before "
+                "glmfb names where the reordering starts, so it names none.")
+    if not run.beyond_chance:
+        return (f" {first} zero error, but {100 * run.rate:.0f}% of the positions after "
+                f"{'it' if n == 1 else 'them'} have zero error too: a run of {n} comes by chance "
+                f"({run.chance:.2g}; {run.needed} would not), so glmfb names no position where the reordering starts.")
+    return (f" {first} zero error, but in none of the {len(z.others)} other "
+            f"request{'' if len(z.others) == 1 else 's'} that show the error does such a region end at the same "
+            "position or fraction of the length, so glmfb names no position where the reordering starts.")
 
 
 def _onsets_phrase(f: DiffFindings) -> str:
@@ -528,16 +598,18 @@ def _tree_differs(f: DiffFindings) -> Explained:
     only_b, only_c = f.tree.modules_below(f.module)
     parts = []
     if only_b:
-        parts.append(f"{', '.join(_short(m, f.module) for m in only_b)} run as modules in the baseline only")
+        parts.append(f"{group_names([_short(m, f.module) for m in only_b], parent=f.module)} run as modules in the "
+                     "baseline only")
     if only_c:
-        parts.append(f"{', '.join(_short(m, f.module) for m in only_c)} in the candidate only")
+        parts.append(f"{group_names([_short(m, f.module) for m in only_c], parent=f.module)} in the candidate only")
     why = (f"The error starts in {_where(f)}, and below it the two paths differ: {'; '.join(parts)}. glmfb "
            f"compared the {f.tree.shared} taps both sides share and cannot look inside the candidate's "
            f"{f.module}: the computation that replaced its submodules computes something else.")
     return why + _suffix(f, tree=False), [
         *_counterfactual_steps(f),
         f"compare the candidate's forward of {f.module} with the baseline's (what replaced "
-        f"{', '.join(_short(m, f.module) for m in (only_b or only_c)[:4])}: activation, order of operations, weights used)",
+        f"{group_names([_short(m, f.module) for m in (only_b or only_c)], parent=f.module)}: activation, order of "
+        "operations, weights used)",
         *_rerun(f),
     ]
 

@@ -6,6 +6,10 @@
   or non-finite.
 - :func:`position_profile`: error along one request's positions: zero up to an onset and a
   step there (a mask, a window, a table), or growing along the sequence.
+- :func:`quiet_run`: whether the quiet positions before a claimed onset are more than chance:
+  a run of ``n`` positions each quiet with probability ``p`` (estimated from the positions
+  after it) happens by chance with probability ``p ** n``; a boundary is claimed only where
+  that is below :data:`CHANCE_LEVEL`.
 - :func:`precision_signature`: an observed relative error set against the unit roundoff
   ``u = 2^-p`` of bf16, fp16, TF32 and fp32. Rounding to nearest gives a median relative
   error of about ``0.35 u``; a few roundings compounded (operands of a product, then the
@@ -40,6 +44,8 @@ RISE_FACTOR = 4.0  # an error that rises and saturates: the later half this many
 RISE_RANK_CORRELATION = 0.5  # ... and the error ranked against the position correlates at least this well
 SPIKE_POSITION_FRACTION = 0.05  # at most this fraction of positions fail, and ...
 SPIKE_CONTRAST = 10.0  # ... the worst position's error is this many times the median one
+CHANCE_LEVEL = 0.01  # a quiet run before an onset backs a boundary only when chance gives it less often than this
+ZERO_RUN_FLOOR = 4  # ... and an exactly-zero region in reordering noise is at least this many positions long
 
 
 class ErrorShape(str, Enum):
@@ -165,6 +171,104 @@ def binned_from(errors: Sequence[float], start: int, points: int = 32) -> tuple[
 
 
 @dataclass(frozen=True)
+class QuietRun:
+    """The first ``length`` positions of a request, whose error is at most ``level`` (0: exactly
+    zero), against chance: ``rate`` is the share of the positions after them that are as quiet
+    (the estimated chance that one position is), ``chance = rate ** length`` the probability of
+    such a run where nothing changes at its end, and ``needed`` the shortest run whose chance is
+    below :data:`CHANCE_LEVEL` (at least ``floor``). The run backs a boundary at its end only
+    when it is at least ``needed`` long: one position of zero error in a reordered sum, where a
+    third of all positions come out exactly zero, is no boundary."""
+
+    length: int
+    positions: int
+    level: float
+    rate: float
+    chance: float
+    needed: int
+    floor: int = 1
+
+    @property
+    def beyond_chance(self) -> bool:
+        return 0 < self.length < self.positions and self.length >= self.needed
+
+
+def run_needed(rate: float, floor: int = 1, level: float = CHANCE_LEVEL) -> int:
+    """The shortest run of positions, each quiet with probability ``rate``, whose chance
+    ``rate ** n`` is below ``level``; at least ``floor``. A rate of 1 (every position after the
+    run is as quiet) needs a run no request holds."""
+    if rate <= 0.0:
+        return floor
+    if rate >= 1.0:
+        return 1 << 62
+    needed = max(floor, math.ceil(math.log(level) / math.log(rate)))
+    while rate ** needed >= level:
+        needed += 1
+    return needed
+
+
+def quiet_run(errors: Sequence[float], length: int | None = None, level: float = 0.0,
+              floor: int = 1) -> QuietRun:
+    """The run of quiet positions at the start of ``errors`` (per-position errors of one
+    request) against chance. ``length`` None: the leading positions whose error is at most
+    ``level``; else the run is given (the positions before an onset). The chance that one
+    position is that quiet is estimated from the positions after the run."""
+    values = list(errors)
+    if length is None:
+        length = next((i for i, e in enumerate(values) if not (math.isfinite(e) and e <= level)), len(values))
+    after = [e for e in values[length:] if math.isfinite(e)]
+    rate = sum(1 for e in after if e <= level) / len(after) if after else 1.0
+    chance = rate ** length if length else 1.0
+    return QuietRun(length=length, positions=len(values), level=level, rate=rate, chance=chance,
+                    needed=min(run_needed(rate, floor), len(values) + 1), floor=floor)
+
+
+@dataclass(frozen=True)
+class ZeroRun:
+    """Another request's exactly-zero region at the same tap: its id, its positions, the
+    leading positions of zero error."""
+
+    request: str
+    positions: int
+    length: int
+
+
+@dataclass(frozen=True)
+class ZeroRegion:
+    """The exactly-zero region at the start of the worst request (``run``) and the same region
+    in the other requests whose error at that tap is not zero everywhere (``others``). It backs
+    a boundary at its end (a block of a reordered sum starts there) only when the run is longer
+    than chance allows (:attr:`QuietRun.beyond_chance`, at least :data:`ZERO_RUN_FLOOR`) and,
+    where other requests show the error, one of them has its region end at the same position or
+    at the same fraction of its length (a block boundary of a fixed size, or one that moves
+    with the length: context-parallel shards)."""
+
+    run: QuietRun
+    others: tuple[ZeroRun, ...] = ()
+
+    def agrees(self, other: ZeroRun) -> bool:
+        if other.length <= 0 or other.length >= other.positions:
+            return False
+        if other.length == self.run.length:
+            return True
+        fraction = self.run.length / self.run.positions
+        return abs(other.length / other.positions - fraction) <= 1.0 / min(other.positions, self.run.positions)
+
+    @property
+    def agreeing(self) -> tuple[ZeroRun, ...]:
+        return tuple(o for o in self.others if self.agrees(o))
+
+    @property
+    def backed(self) -> bool:
+        return self.run.beyond_chance and (not self.others or bool(self.agreeing))
+
+    @property
+    def same_position(self) -> bool:
+        """Every agreeing request has its region end at the very same position."""
+        return all(o.length == self.run.length for o in self.agreeing)
+
+
+@dataclass(frozen=True)
 class PositionShape:
     """Error along one request's positions, from its onset (the first failing position)."""
 
@@ -178,6 +282,8 @@ class PositionShape:
     rise: float = 1.0  # median error of the later half of the bins over the first bin's
     rank_correlation: float = 0.0  # Spearman's rank correlation of error and position (the bins)
     start: int = 1  # the first position the growth is fitted from (the first with any error, at least 1)
+    quiet: QuietRun | None = None  # the positions before the onset (as quiet as its largest error) against chance
+    zeros: QuietRun | None = None  # the leading positions of exactly zero error against chance (floor 4)
 
     @property
     def rises(self) -> bool:
@@ -193,9 +299,12 @@ class PositionShape:
     def step(self) -> bool:
         """Zero up to the onset and large from there on: the error before the onset is far below
         what follows (flat after it) or below what its growth predicts just before the onset (a
-        growth from position 0 predicts 0 there, so onset 1 with growth is not a step)."""
+        growth from position 0 predicts 0 there, so onset 1 with growth is not a step), and the
+        quiet positions before the onset are more than chance gives (:class:`QuietRun`)."""
         if self.onset < 1 or self.failing_after < STEP_FAILING_SHARE:
             return False
+        if self.quiet is not None and not self.quiet.beyond_chance:
+            return False  # positions as quiet are common after the onset: a run this short is chance
         if not self.growing:
             return self.before_max * STEP_CONTRAST <= self.after_median
         if self.predicted_before is None or self.onset < 2:
@@ -226,6 +335,8 @@ def position_profile(rel_l2: Sequence[float], outside: Sequence[int]) -> Positio
         onset=onset, positions=positions, failing_after=failing_after, before_max=max(before, default=0.0),
         after_median=after_sorted[len(after_sorted) // 2] if after_sorted else 0.0, fit=fit,
         predicted_before=predicted, rise=rise, rank_correlation=rank_correlation(ys), start=max(start, 1),
+        quiet=quiet_run(rel_l2, onset, max(before, default=0.0)) if onset else None,
+        zeros=quiet_run(rel_l2, floor=ZERO_RUN_FLOOR),
     )
 
 
