@@ -65,6 +65,12 @@ def test_cli_command_not_found_is_exit_3_json(tmp_path: Path) -> None:
         ["gil", "--starvation-p99", "soon", "--", "python", "x.py"],
         ["gil", "--rate", "0", "--", "python", "x.py"],
         ["gil", "--trace", "--", "bash", "-c", "true"],  # viztracer needs python
+        ["gil", "--ready", "localhost:8000", "--", "python", "x.py"],  # not an http(s) URL
+        ["gil", "--ready", "http://127.0.0.1:8000/health", "--pid", "1"],  # readiness is for a program glmfb starts
+        ["gil", "--ready-log", "serving (", "--", "python", "x.py"],  # not a regular expression
+        ["gil", "--ready-timeout", "0", "--ready-log", "up", "--", "python", "x.py"],
+        ["gil", "--load", "", "--", "python", "x.py"],  # an empty command line
+        ["gil", "--load", "python 'unterminated", "--", "python", "x.py"],
     ],
 )
 def test_cli_usage_errors_exit_2(args: list[str], tmp_path: Path) -> None:
@@ -81,6 +87,35 @@ def test_probe_definitions_resolve_python_and_paths() -> None:
     target = definitions["gil-dispatch-target-holds-gil"].config
     assert target.target is not None and target.target.args == {"mode": "hold"}
     assert definitions["gil-dispatch-holds-gil"].expect is not None
+
+
+def test_ready_and_load_options_come_from_the_declarations(tmp_path: Path) -> None:
+    """--ready, --ready-log, --ready-timeout and --load are declared options: a definition gives
+    them too, and a definition's load command resolves python and files beside it."""
+    (tmp_path / "load.py").write_text("")
+    (tmp_path / "serve.toml").write_text(
+        '[[probe]]\nname = "served"\nprobe = "gil"\ncommand = ["python", "serve.py"]\n'
+        'options = { ready = "http://127.0.0.1:8000/health", ready_log = "Uvicorn running", '
+        'ready_timeout = "90s", load = "python ./load.py --clients 16" }\n')
+    (definition,) = suite.load_definitions([tmp_path / "serve.toml"])
+    config = definition.config
+    assert config.ready_url == "http://127.0.0.1:8000/health" and config.ready_log == "Uvicorn running"
+    assert config.ready_timeout_s == 90.0
+    assert config.load == (sys.executable, str((tmp_path / "load.py").resolve()), "--clients", "16")
+
+
+def test_the_agent_server_treats_load_as_a_command_line(tmp_path: Path) -> None:
+    pytest.importorskip("mcp")
+    from glmfb.errors import InputError
+    from glmfb.mcp.boundary import Boundary
+    from glmfb.mcp.tools import Toolbox
+
+    (tmp_path / "work.py").write_text("def make():\n    return lambda: None\n")
+    arguments = {"target": "work.py:make", "load": ["python", "load.py"], "duration": "1s"}
+    with pytest.raises(InputError) as caught:
+        Toolbox(Boundary(tmp_path)).prepare("gil", arguments)
+    assert "argument 'load'" in str(caught.value) and "--allow-commands" in str(caught.value)
+    assert Toolbox(Boundary(tmp_path, allow_commands=True)).prepare("gil", arguments).runs_probes
 
 
 @pytest.mark.slow

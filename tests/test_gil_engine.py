@@ -334,7 +334,7 @@ def test_a_program_outliving_the_duration_is_stopped_with_its_children(tmp_path:
     assert _gone(int(pid_file.read_text()))
 
 
-def test_attach_by_pid_samples_the_holder_but_cannot_pass(tmp_path: Path) -> None:
+def test_attach_by_pid_decides_from_pyspy_and_proc_without_a_heartbeat(tmp_path: Path) -> None:
     process = subprocess.Popen(
         [sys.executable, str(DISPATCH), "--mode", "hold", "--duration", "30"],
         stdout=subprocess.DEVNULL,
@@ -346,9 +346,12 @@ def test_attach_by_pid_samples_the_holder_but_cannot_pass(tmp_path: Path) -> Non
     finally:
         process.kill()
         process.wait()
-    assert verdict.status is Status.INCONCLUSIVE, verdict.why
+    # no heartbeat: the transfer thread's GIL waits (/proc) beside the holder py-spy saw decide
+    assert verdict.status is Status.FAIL, verdict.why
     assert verdict.where["function"] == "intranode_dispatch"
-    assert "attached by --pid" in verdict.why
+    assert "kv-transfer" in verdict.why and "inside a native call (usleep)" in verdict.why, verdict.why
+    assert "no heartbeat: attached by --pid" in verdict.why
+    assert _evidence(verdict, "diagnosis")["rule"] == "gil-wait-attached"
 
 
 def test_trace_mode_writes_a_perfetto_trace_and_ranks_the_holder(tmp_path: Path) -> None:

@@ -3,12 +3,14 @@ measurement pieces under them (time accounting from counters, the GIL's futex sp
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from glmfb.gil.evidence import GilHolder, GilStartup, WaitingThread
+from glmfb.evidence import MissingSignal
+from glmfb.gil.evidence import GilHolder, GilStartup, LoadRun, WaitingThread
 from glmfb.gil.native import (
     NativeStack,
     Symbol,
@@ -61,7 +63,69 @@ IMPORTING = GilStartup(thread="MainThread", tid=1, function="_call_with_frames_r
                        qualname="_call_with_frames_removed", file="<frozen importlib._bootstrap>", line=241,
                        samples=661, share_of_time=0.66, caller="<module> (tolist_ticker.py:18)", samples_total=661)
 
+# Attached by --pid: no heartbeat, decided from py-spy's holder samples and /proc.
+NO_HEARTBEAT = MissingSignal(signal="heartbeat", reason="attached by --pid: no heartbeat can be injected")
+ATTACHED = dict(attached=True, heartbeat_usable=False, p99_ms=None, ticks=0, waits_measured=True,
+                signals_used=("py-spy's GIL holder samples", "/proc per-thread states"), missing=(NO_HEARTBEAT,))
+HANDLER_WAITS = WaitingThread(thread="Thread-3 (process_request_thread)", tid=3, waiting_share=0.11,
+                              of_runnable_share=0.12, of_runnable_ci=(0.10, 0.15), of_ready_share=0.55,
+                              of_ready_ci=(0.41, 0.70))
+FAILED_LOAD = LoadRun(command=("python", "load.py"), window_s=5.0, failed=True, started_s=0.0, ended_s=0.4,
+                      returncode=1, description="exited with status 1", stderr_tail="ConnectionRefusedError: 111")
+
 TABLE = [
+    # a server's handler waits for the GIL 55% of the time it was ready to run (11% of wall
+    # time: it idles in recv), beside a pickling thread py-spy saw holding it
+    (findings(**ATTACHED, holder=PICKLER, waiter=HANDLER_WAITS, wait_holder=PICKLER, wait_ticks=80,
+              wait_holder_states=Counter({"running": 76, "waiting for the GIL": 2}),
+              also_waiting=(HANDLER_WAITS, replace(HANDLER_WAITS, thread="Thread-4 (process_request_thread)", tid=4,
+                                                   of_ready_share=0.49))),
+     "gil-wait-attached", Status.FAIL,
+     ["Thread-3 (process_request_thread) waited for the GIL 55% [41%, 70%] of the time it was ready to run",
+      "11% of wall time", "pickle.dumps (C _pickle_dumps), called from Worker.loop", "on thread serializer",
+      "at the 80 /proc ticks where Thread-3 (process_request_thread) waited, serializer was running in 95%",
+      "1 other thread waited 20%+ of its ready time too: Thread-4 (process_request_thread) 49%.",
+      "Decided from py-spy's GIL holder samples and /proc per-thread states; no heartbeat: attached by --pid."]),
+    # ... a holder blocked in a native call: the release is the advice
+    (findings(**ATTACHED, holder=SLEEPER, waiter=HANDLER_WAITS, wait_holder=SLEEPER), "gil-wait-attached", Status.FAIL,
+     ["holds the GIL blocked inside a native call (usleep) in 100% of its samples", "release it around the call"]),
+    # ... no other thread held the GIL often enough to be named: not decided
+    (findings(**ATTACHED, holder=None, waiter=HANDLER_WAITS, wait_holder=None), "gil-wait-attached",
+     Status.INCONCLUSIVE, ["the holder is unknown", "attached by --pid"]),
+    # ... the clean twin: a pass that names the signals it was decided from (the heartbeat's
+    # absence is no missing signal to warn about there)
+    (findings(**ATTACHED, holder=PICKLER, waiter=replace(HANDLER_WAITS, of_ready_share=0.04, of_ready_ci=(0.0, 0.09))),
+     "pass", Status.PASS,
+     ["No thread was starved for the GIL", "waited 4% [0%, 9%] of the time it was ready to run",
+      "Decided from py-spy's GIL holder samples and /proc per-thread states; no heartbeat: attached by --pid."]),
+    (findings(**ATTACHED), "pass", Status.PASS, ["no program thread was seen waiting for the GIL", "Decided from"]),
+    # ... a few ticks of a thread (0.2% of wall time), busy host or not: not a finding
+    (findings(**ATTACHED, host_load=BUSY, waiter=replace(HANDLER_WAITS, waiting_share=0.002, of_ready_share=0.21,
+                                                          of_ready_ci=(0.0, 0.47))), "pass", Status.PASS,
+     ["0.2% of wall time"]),
+    # ... a real share of wall time on a busy host with an interval reaching 20%: not decided
+    (findings(**ATTACHED, host_load=BUSY, waiter=replace(HANDLER_WAITS, of_ready_share=0.18, of_ready_ci=(0.05, 0.3))),
+     "undecided-wait-share", Status.INCONCLUSIVE,
+     ["18% [5%, 30%] of the time it was ready to run (on a CPU", "The host was busy", "attached by --pid"]),
+    # ... py-spy could not attach (ptrace refused): never a pass
+    (findings(**{**ATTACHED, "missing": (NO_HEARTBEAT, MissingSignal(signal="holder sampling", reason="ptrace refused"))},
+              holder_sampled=False, waiter=replace(HANDLER_WAITS, of_ready_share=0.04, of_ready_ci=(0.0, 0.09))),
+     "not-measured", Status.INCONCLUSIVE, ["Starvation was not measured", "ptrace refused"]),
+    # ... the GIL's futex not found (not CPython): the /proc waits are unknown, never a pass
+    (findings(**{**ATTACHED, "waits_measured": False}, holder=PICKLER), "not-measured", Status.INCONCLUSIVE,
+     ["attached by --pid: no heartbeat can be injected"]),
+    # ... another missing signal still warns
+    (findings(**{**ATTACHED, "missing": (NO_HEARTBEAT, MissingSignal(signal="native frames",
+                                                                      reason="py-spy --native failed"))}),
+     "signal-missing", Status.WARN, ["native frames: py-spy --native failed"]),
+    # A load command that failed: what it measured is not the loaded server, never a pass ...
+    (findings(load=FAILED_LOAD), "load-failed", Status.INCONCLUSIVE,
+     ["the load command (python load.py) exited with status 1 0.4 s into the 5.0 s window: "
+      "ConnectionRefusedError: 111", "the window did not see the load"]),
+    (findings(load=replace(FAILED_LOAD, error="command not found: 'nope'", returncode=None, ended_s=None)),
+     "load-failed", Status.INCONCLUSIVE, ["could not start: command not found: 'nope'"]),
+    # ... but a starved thread is starved, loaded or not
+    (findings(starved=True, p99_ms=199.0, holder=SLEEPER, load=FAILED_LOAD), "gil-hold-native", Status.FAIL, []),
     (findings(startup_settled=False, startup=IMPORTING, sample_instants=1001, observed_s=10.0, holder=None,
               rerun_longer=Step("samples long enough", "glmfb gil --duration 30s -- python prog.py")),
      "still-starting", Status.INCONCLUSIVE,

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import re
+import shlex
 from dataclasses import dataclass, field
+from typing import Any
 
 from glmfb.errors import UsageError
-from glmfb.options import BOOL, HERTZ, MILLISECONDS, POSITIVE_INT, SECONDS, check_declared, option
+from glmfb.options import (
+    BOOL,
+    HERTZ,
+    MILLISECONDS,
+    POSITIVE_INT,
+    SECONDS,
+    ValueType,
+    check_declared,
+    option,
+)
 from glmfb.targets import Target
+from glmfb.units import OptionValueError, parse_str
 
 DEFAULT_RATE_HZ = 100
 DEFAULT_NATIVE_RATE_HZ = 10
@@ -15,6 +28,61 @@ DEFAULT_DURATION_S = 5.0
 # pure-Python thread already waits up to one interval, so only more than that is starvation.
 DEFAULT_STARVATION_P99_MS = 10.0
 HEARTBEAT_THREAD = "glmfb-heartbeat"
+DEFAULT_READY_TIMEOUT_S = 120.0
+PYTHON = "{python}"  # in a load command: the interpreter running glmfb
+
+
+def _parse_command(raw: Any) -> tuple[str, ...]:
+    """A command line from what a user wrote: a string (split as a shell would; no shell runs
+    it) or a list of strings (TOML, the agent server)."""
+    if isinstance(raw, str):
+        try:
+            words = shlex.split(raw)
+        except ValueError as exc:
+            raise OptionValueError(f"{raw!r} does not split into words: {exc}",
+                                   "quote it as a shell would, or give a list of strings") from None
+    elif isinstance(raw, (list, tuple)) and all(isinstance(word, str) for word in raw):
+        words = list(raw)
+    else:
+        raise OptionValueError(f"{raw!r} is not a command line", 'write a string, or a list such as ["{python}", '
+                               '"load.py", "--requests", "16"]')
+    if not words or not all(words):
+        raise OptionValueError(f"{raw!r} is an empty command line", "give the program to run and its arguments")
+    return tuple(words)
+
+
+def _check_command(value: Any) -> tuple[str, ...]:
+    return () if value == () else _parse_command(value)
+
+
+# A command line glmfb runs (its type's name, "command", is what the agent server refuses
+# unless it runs with --allow-commands: glmfb/mcp/tools/probes.py).
+COMMAND = ValueType("command", "COMMAND", _parse_command, lambda v: shlex.join(v) if v else "none",
+                    {"type": ["string", "array"], "items": {"type": "string"},
+                     "description": "a command line: a string split as a shell would (no shell runs it), or a list "
+                                    "of strings; {python} is the interpreter running glmfb"},
+                    check=_check_command, write=lambda v: list(v) if v else None)
+
+
+def _parse_url(raw: Any) -> str:
+    text = parse_str(raw).strip()
+    if not re.match(r"^https?://[^/\s]+", text):
+        raise OptionValueError(f"{raw!r} is not an http(s) URL", "write e.g. http://127.0.0.1:8000/health")
+    return text
+
+
+def _parse_regex(raw: Any) -> str:
+    text = parse_str(raw)
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise OptionValueError(f"{raw!r} is not a regular expression: {exc}", "escape it as Python's re expects") from None
+    return text
+
+
+URL = ValueType("url", "URL", _parse_url, lambda v: v or "none", {"type": "string", "description": "an http(s) URL"})
+REGEX = ValueType("regex", "REGEX", _parse_regex, lambda v: v or "none",
+                  {"type": "string", "description": "a Python regular expression, searched in each output line"})
 
 
 @dataclass(frozen=True)
@@ -50,6 +118,15 @@ class GilConfig:
     min_holder_share: float = 0.05  # a holder must hold the GIL in this share of sample instants
     setup_timeout_s: float = option(60.0, SECONDS, "Target form: longest wait for imports, the factory, a warm-up call.",
                                     key="setup_timeout")
+    ready_url: str | None = option(None, URL, "Command form: start sampling once GET URL answers 200 (a server's "
+                                   "start-up left out).", key="ready")
+    ready_log: str | None = option(None, REGEX, "Command form: start sampling once a line of the program's output "
+                                   "(stdout or stderr) matches REGEX.", key="ready_log")
+    ready_timeout_s: float = option(DEFAULT_READY_TIMEOUT_S, SECONDS, "Longest wait for --ready / --ready-log; "
+                                    "past it the verdict is an error.", key="ready_timeout")
+    load: tuple[str, ...] = option((), COMMAND, "A command run during the sampling window (a load generator): "
+                                   "started when the window opens, stopped with its process tree when it closes; "
+                                   "its exit status and output tail are evidence.")
 
     def __post_init__(self) -> None:
         check_declared(self)
@@ -72,3 +149,12 @@ class GilConfig:
             raise UsageError(f"the setup timeout must be positive, got {self.setup_timeout_s} s")
         if self.pid is not None and self.pid <= 0:
             raise UsageError(f"--pid must be a positive process id, got {self.pid}")
+        if (self.ready_url is not None or self.ready_log is not None) and not self.command:
+            raise UsageError(
+                "--ready and --ready-log wait for a program glmfb starts: give its command line",
+                "glmfb gil --ready http://127.0.0.1:8000/health -- python serve.py   (with --pid the server is "
+                "already up: sampling starts at once)",
+            )
+        if not self.ready_timeout_s > 0:
+            raise UsageError(f"the ready timeout must be positive, got {self.ready_timeout_s} s")
+        object.__setattr__(self, "load", tuple(str(part) for part in self.load))

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -21,7 +24,8 @@ from glmfb.errors import UsageError
 from glmfb.evidence import ProcessExit
 from glmfb.gil import heartbeat as hb
 from glmfb.gil import pyspy
-from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
+from glmfb.gil.config import HEARTBEAT_THREAD, PYTHON, GilConfig
+from glmfb.gil.evidence import LoadRun, Readiness
 from glmfb.gil.groups import ThreadGroups, thread_groups, unnamed
 from glmfb.gil.process import Launched, wait_until
 from glmfb.gil.procwatch import GilWaitSampler, ThreadTime
@@ -41,6 +45,15 @@ MAX_WINDOWS = 10  # the longest starvation windows shown in evidence
 MAX_TIMELINE_THREADS = 12
 MIN_STEADY_S = 1.0  # of the window kept after the program's start-up imports settled
 TRACE_STOP_GRACE_S = 30.0  # viztracer writes its trace on SIGTERM; large traces take a while
+READY_POLL_S = 0.1  # --ready: GET the URL this often (each try waits up to READY_GET_TIMEOUT_S)
+READY_GET_TIMEOUT_S = 2.0
+LOAD_STOP_GRACE_S = 2.0  # --load: SIGTERM, then SIGKILL to its process tree after this
+# The signals a verdict can be decided from, as its why and the gil_signals evidence name them.
+SIGNAL_HOLDERS = "py-spy's GIL holder samples"
+SIGNAL_NATIVE = "py-spy --native samples"
+SIGNAL_PROC = "/proc per-thread states"
+SIGNAL_HEARTBEAT = "the injected heartbeat"
+SIGNAL_SNAPSHOTS = "native snapshots"
 
 
 def trace_gil(config: GilConfig, ctx: ProbeContext) -> Verdict:
@@ -147,6 +160,14 @@ class _Files:
     def ready_file(self) -> Path:
         return self.dir / "target-ready"
 
+    @property
+    def load_stdout(self) -> Path:
+        return self.dir / "load-stdout.txt"
+
+    @property
+    def load_stderr(self) -> Path:
+        return self.dir / "load-stderr.txt"
+
     def remove_stale(self) -> None:
         for stale in (
             self.pyspy_output,
@@ -155,6 +176,8 @@ class _Files:
             self.heartbeat_prefix.with_suffix(".json"),
             self.heartbeat_prefix.with_suffix(".threads"),
             self.ready_file,
+            self.load_stdout,
+            self.load_stderr,
         ):
             stale.unlink(missing_ok=True)
 
@@ -176,6 +199,8 @@ def _launch(config: GilConfig, files: _Files, progress: Callable[[str], None]) -
             os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
         )
         env[READY_ENV] = str(files.ready_file)
+    if config.ready_log is not None:  # a ready line must reach the output file when it is printed
+        env.setdefault("PYTHONUNBUFFERED", "1")
     if config.heartbeat:
         env = hb.injection_env(files.heartbeat_prefix, env)
     progress(f"starting {shlex.join(argv)[:80]}")
@@ -278,14 +303,17 @@ def _crashed(config: GilConfig, launched: Launched, code: int) -> Verdict:
     )
 
 
-def _sample_until_exit(launched: Launched, sampler: GilWaitSampler, remaining_s: float, trace: bool) -> float:
-    """Sample until the program ends or the duration is up (then stop the program, patiently
-    under viztracer); the time sampling ended (monotonic)."""
+def _sample_until_exit(launched: Launched, sampler: GilWaitSampler, remaining_s: float, trace: bool,
+                       window_closed: Callable[[], None] | None = None) -> float:
+    """Sample until the program ends or the duration is up (then call ``window_closed``, and
+    stop the program, patiently under viztracer); the time sampling ended (monotonic)."""
     # Not Popen.wait while the sampler may hold a thread under ptrace: waitpid on the
     # program would take the stop meant for the sampler. Poll /proc instead.
     wait_until(lambda: _exited(launched.pid), remaining_s, poll_s=0.02)
     sampling_ended = time.monotonic()
     sampler.stop()
+    if window_closed is not None:
+        window_closed()
     returncode = launched.poll()
     if returncode is None and _exited(launched.pid):
         # It ended, but the exit may not be collectable yet while the sampler's ptrace
@@ -299,6 +327,140 @@ def _sample_until_exit(launched: Launched, sampler: GilWaitSampler, remaining_s:
         grace = TRACE_STOP_GRACE_S if trace else STOP_GRACE_S
         launched.stop(grace_s=grace, first_signal=signal.SIGTERM)
     return sampling_ended
+
+
+# ---- readiness and load ------------------------------------------------------------------
+
+
+@dataclass
+class _Ready:
+    """What the wait for --ready / --ready-log saw."""
+
+    url_ok: bool
+    log_line: str | None
+    status: int | None = None  # the URL's last answer
+    error: str | None = None  # the URL's last failure (connection refused...)
+    polls: int = 0
+    ready_s: float | None = None  # from the program's start
+
+
+def _get_status(url: str, timeout_s: float) -> tuple[int | None, str | None]:
+    """The status GET ``url`` answers (no proxy: the server is usually local), or the error."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(urllib.request.Request(url, method="GET"), timeout=timeout_s) as answer:
+            return int(answer.status), None
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return None, str(reason)[:200]
+
+
+class _OutputScanner:
+    """New complete lines of the program's output files, searched for a pattern."""
+
+    def __init__(self, paths: tuple[Path, ...], pattern: str) -> None:
+        self.pattern = re.compile(pattern)
+        self.offsets = dict.fromkeys(paths, 0)
+        self.partial = dict.fromkeys(paths, b"")
+
+    def match(self) -> str | None:
+        for path, offset in self.offsets.items():
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(offset)
+                    data = handle.read()
+            except OSError:
+                continue
+            self.offsets[path] = offset + len(data)
+            *lines, self.partial[path] = (self.partial[path] + data).split(b"\n")
+            for raw in lines:
+                line = raw.decode("utf-8", "replace").rstrip("\r")
+                if self.pattern.search(line):
+                    return line.strip()[:300]
+        return None
+
+
+class _Load:
+    """The load command (--load): started as the window opens, in a session of its own, its
+    output in the artifact folder; stopped with its whole process tree when the window closes."""
+
+    def __init__(self, config: GilConfig, files: _Files) -> None:
+        self.argv = [word.replace(PYTHON, sys.executable) for word in config.load]
+        self.files = files
+        self.error: str | None = None
+        self.launched: Launched | None = None
+        self.started_s = time.monotonic()
+        self.ended_s: float | None = None  # when it ended by itself (seen by the watcher)
+        try:
+            self.launched = Launched(self.argv, env=dict(os.environ), cwd=config.cwd,
+                                     stdout_path=files.load_stdout, stderr_path=files.load_stderr)
+        except FileNotFoundError:
+            self.error = f"command not found: {self.argv[0]!r}"
+        except PermissionError:
+            self.error = f"command not executable: {self.argv[0]!r}"
+        except OSError as exc:
+            self.error = f"cannot start {self.argv[0]!r}: {exc}"
+        self._done = False
+        self._watcher: Any = None
+        if self.launched is not None:
+            import threading
+
+            self._watcher = threading.Thread(target=self._watch, name="glmfb-load-watch", daemon=True)
+            self._watcher.start()
+
+    def _watch(self) -> None:
+        """Note when the load ends by itself (polled: its exit time is evidence)."""
+        assert self.launched is not None
+        while not self._done:
+            if self.launched.poll() is not None:
+                self.ended_s = time.monotonic()
+                return
+            time.sleep(0.05)
+
+    def stop(self, window_started_s: float, window_ended_s: float) -> LoadRun:
+        """Stop it (its process tree: SIGTERM, then SIGKILL) unless it ended; how it ran."""
+        window_s = max(0.0, window_ended_s - window_started_s)
+        command = tuple(self.argv)
+        if self.launched is None:
+            return LoadRun(command=command, window_s=round(window_s, 3), failed=True, error=self.error)
+        launched = self.launched
+        stopped = launched.poll() is None
+        self._done = True
+        if self._watcher is not None:
+            self._watcher.join(timeout=1.0)
+        ended_s = None if stopped else (self.ended_s or time.monotonic())
+        launched.stop(grace_s=LOAD_STOP_GRACE_S, first_signal=signal.SIGTERM)
+        launched.close()
+        code = None if stopped else launched.poll()
+        failed = not stopped and code != 0
+        return LoadRun(
+            command=command, window_s=round(window_s, 3), failed=failed,
+            started_s=round(self.started_s - window_started_s, 3),
+            ended_s=round(ended_s - window_started_s, 3) if ended_s is not None else None,
+            stopped=stopped, returncode=code,
+            description=describe_returncode(code) if code is not None else "still running when the window closed: "
+            "stopped with its process tree",
+            stdout_tail=_tail(_file_end(self.files.load_stdout)) or None,
+            stderr_tail=_tail(_file_end(self.files.load_stderr)) or None,
+            stdout=str(self.files.load_stdout), stderr=str(self.files.load_stderr),
+        )
+
+
+def _file_end(path: Path, limit: int = 4000) -> str:
+    """The last ``limit`` bytes of a file as text ("" when it cannot be read)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, path.stat().st_size - limit))
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _tail(text: str, lines: int = 6, limit: int = 600) -> str:
+    kept = [line for line in text.splitlines() if line.strip()]
+    return "\n".join(kept[-lines:])[-limit:]
 
 
 # ---- py-spy ------------------------------------------------------------------------------
@@ -391,6 +553,13 @@ class _Recordings:
                 if sample.thread_name:
                     names.setdefault(sample.thread_id, sample.thread_name)
         return names
+
+    def dump_names(self, pid: int) -> dict[int, str]:
+        """Every Python thread's name by id, from ``py-spy dump`` (when py-spy sampled cleanly)."""
+        if self.main is None or self.main.failure() is not None or not os.path.isdir(f"/proc/{pid}"):
+            return {}
+        executable = pyspy.find_pyspy()
+        return pyspy.dump_thread_names(executable, pid) if executable is not None else {}
 
     def sampled_tids(self) -> set[int]:
         """The threads either sampler saw holding the GIL."""
@@ -485,6 +654,10 @@ class _Session:
         self.host_load: HostLoad | None = None
         # Whether the program's start-up imports settled inside the window (None: no heartbeat).
         self.startup_settled: bool | None = None
+        self.launched_s: float | None = None  # when the program was started (monotonic)
+        self.ready: _Ready | None = None  # what --ready / --ready-log saw
+        self.window_start_s: float | None = None  # when sampling started (monotonic)
+        self.load_run: LoadRun | None = None
         self.files.remove_stale()
 
     def run(self) -> Verdict:
@@ -498,6 +671,7 @@ class _Session:
                 {"signal": "heartbeat", "reason": "attached by --pid: no heartbeat can be injected"}
             )
         else:
+            self.launched_s = time.monotonic()
             started = _launch(config, self.files, self.progress)
             if isinstance(started, Verdict):
                 return started
@@ -515,6 +689,8 @@ class _Session:
         python_pid = int(header["pid"]) if header is not None else pid
         if launched is not None:
             not_ready = self._wait_for_setup(launched, header)
+            if not_ready is None and (self.config.ready_url is not None or self.config.ready_log is not None):
+                not_ready = self._wait_for_ready(launched)
             if not_ready is not None:
                 return not_ready
         sampler, started_s, ended_s = self._sample(pid, python_pid, header, launched)
@@ -565,6 +741,73 @@ class _Session:
             )
         return None
 
+    def _wait_for_ready(self, launched: Launched) -> Verdict | None:
+        """None once the program is ready (``--ready``: GET URL answered 200; ``--ready-log``: a
+        line of its output matched; both when both are given); else the verdict of why nothing
+        was sampled: it ended first, or it was not ready within ``ready_timeout_s``."""
+        config = self.config
+        url, pattern = config.ready_url, config.ready_log
+        wanted = " and ".join(([f"GET {url} to answer 200"] if url else [])
+                              + ([f"a line of its output to match {pattern!r}"] if pattern else []))
+        self.progress(f"waiting for {wanted}")
+        scanner = _OutputScanner((launched.stdout_path, launched.stderr_path), pattern) if pattern else None
+        ready = self.ready = _Ready(url_ok=url is None, log_line=None)
+        deadline = time.monotonic() + config.ready_timeout_s
+        while True:
+            if scanner is not None and ready.log_line is None:
+                ready.log_line = scanner.match()
+            if url is not None and not ready.url_ok:
+                ready.polls += 1
+                ready.status, ready.error = _get_status(url, min(READY_GET_TIMEOUT_S,
+                                                                 max(0.1, deadline - time.monotonic())))
+                ready.url_ok = ready.status == 200
+            if ready.url_ok and (scanner is None or ready.log_line is not None):
+                ready.ready_s = time.monotonic() - (self.launched_s or time.monotonic())
+                return None
+            if _exited(launched.pid):
+                return self._not_ready(launched, wanted, exited=True)
+            if time.monotonic() >= deadline:
+                return self._not_ready(launched, wanted, exited=False)
+            time.sleep(READY_POLL_S)
+
+    def _not_ready(self, launched: Launched, wanted: str, *, exited: bool) -> Verdict:
+        """The error verdict of a program that ended, or was not ready in time, before sampling."""
+        config, ready = self.config, self.ready
+        assert ready is not None
+        seen = []
+        if config.ready_url is not None and not ready.url_ok:
+            last = f"answered {ready.status}" if ready.status is not None else (ready.error or "no answer")
+            seen.append(f"GET {config.ready_url} last {last} ({ready.polls} tries)")
+        if config.ready_log is not None and ready.log_line is None:
+            seen.append(f"no line of its output matched {config.ready_log!r}")
+        if exited:
+            code = launched.wait(2.0)
+            why = (f"the program {describe_returncode(code) if code is not None else 'ended'} before it was ready "
+                   f"(glmfb waited for {wanted}: {'; '.join(seen)}), so nothing was sampled")
+            steps = [f"run it alone to see its output: {launched.stderr_path}"]
+        else:
+            code = None
+            why = (f"the program was not ready within {config.ready_timeout_s:g} s (glmfb waited for {wanted}: "
+                   f"{'; '.join(seen)}), so nothing was sampled")
+            steps = [f"check the URL or the pattern; if the program is only slow to start, raise --ready-timeout "
+                     f"above {config.ready_timeout_s:g}s"]
+        return _harness_error(config, why, steps, [ProcessExit(
+            returncode=code, description=describe_returncode(code) if code is not None else None,
+            stderr_tail=launched.stderr_tail() or None, stderr=str(launched.stderr_path))])
+
+    def _readiness(self) -> Readiness | None:
+        """The readiness evidence: when the program was ready and when the window opened."""
+        ready, launched_s = self.ready, self.launched_s
+        if ready is None or ready.ready_s is None or launched_s is None:
+            return None
+        config = self.config
+        return Readiness(
+            ready_s=round(ready.ready_s, 3),
+            window_start_s=round(self.window_start_s - launched_s, 3) if self.window_start_s is not None else None,
+            url=config.ready_url, status=ready.status, polls=ready.polls, log_regex=config.ready_log,
+            log_line=ready.log_line,
+        )
+
     def _sample(self, pid: int, python_pid: int, header: dict[str, Any] | None,
                 launched: Launched | None) -> tuple[GilWaitSampler, float, float]:
         """/proc and py-spy over the program for the duration; the sampler and when sampling
@@ -575,19 +818,30 @@ class _Session:
             sampler.skip_native.add(int(header["heartbeat_tid"]))  # glmfb's own thread
         sampler.start()
         # how busy the rest of the host was while sampling ran (a program attached by --pid is
-        # not this process's descendant: its own CPU time would read as the rest of the host's)
-        meter = HostLoadMeter() if launched is not None else None
-        sampling_started = time.monotonic()
+        # not this process's descendant: its CPU time, and its children's, is counted as the
+        # measured program's, not as the rest of the host's)
+        meter = HostLoadMeter() if launched is not None else HostLoadMeter(also=(pid,))
+        sampling_started = self.window_start_s = time.monotonic()
         self.recordings.start(python_pid)
-        self.progress(f"sampling for {config.duration_s:g} s")
+        load = _Load(config, self.files) if config.load else None
+        self.progress(f"sampling for {config.duration_s:g} s" + (" under the load command" if load else ""))
         remaining_s = max(0.0, config.duration_s - (time.monotonic() - sampling_started))
-        if launched is not None:
-            sampling_ended = _sample_until_exit(launched, sampler, remaining_s, config.trace)
-        else:
-            wait_until(lambda: not os.path.isdir(f"/proc/{pid}"), remaining_s, poll_s=0.05)
-            sampling_ended = time.monotonic()
+
+        def window_closed() -> None:
+            """The load is stopped as the window closes, before the program is."""
+            if load is not None and self.load_run is None:
+                self.load_run = load.stop(sampling_started, time.monotonic())
+
+        try:
+            if launched is not None:
+                sampling_ended = _sample_until_exit(launched, sampler, remaining_s, config.trace, window_closed)
+            else:
+                wait_until(lambda: not os.path.isdir(f"/proc/{pid}"), remaining_s, poll_s=0.05)
+                sampling_ended = time.monotonic()
+        finally:
+            window_closed()
         sampler.stop()
-        self.host_load = meter.stop() if meter is not None else None
+        self.host_load = meter.stop()
         return sampler, sampling_started, sampling_ended
 
     def _decide(self, sampler: GilWaitSampler, started_s: float, launched: Launched | None) -> Verdict:
@@ -597,6 +851,8 @@ class _Session:
         started_s = self._steady_state_start(started_s, end_s)
         beat = self._heartbeat(started_s, end_s)
         names = self.recordings.thread_names(dict(beat.thread_names) if beat else {})
+        if config.pid is not None:  # no heartbeat recorded the threads' names: ask py-spy for them
+            names = {**names, **self.recordings.dump_names(sampler.pid)}
         exclude = (
             {beat.thread_id} if beat else {tid for tid, n in names.items() if n == HEARTBEAT_THREAD}
         )
@@ -611,10 +867,16 @@ class _Session:
             widened = _net_of_holder_cpu_waits(beat, sampler, top_holder["tid"], groups.tids(top_holder["tid"]))
             holder_cpu_wait_s = sum(widened.cpu_wait_s) - sum(beat.cpu_wait_s)
             beat = widened
-        seen = (_seen_in_proc(config, beat, sampler, started_s, end_s, names, top_holder, groups)
-                if beat is not None and sampler.error is None else _SeenInProc())
+        # Without a heartbeat the /proc accounts still say who waited for the GIL (its futex is
+        # found in _PyRuntime): attached by --pid, that is what decides.
+        seen = (_seen_in_proc(config, beat, sampler, started_s, end_s, names, top_holder, groups, holders)
+                if sampler.error is None and (beat is not None or config.pid is not None) else _SeenInProc())
         if sampler.error is not None:
             self.missing.append({"signal": "GIL waiters", "reason": sampler.error})
+        elif beat is None and config.pid is not None and sampler.gil_source(None) is None:
+            self.missing.append({"signal": "GIL waiters", "reason": "the GIL's futex was not found (no _PyRuntime "
+                                 "symbol in the process's interpreter or libpython: not CPython?), so a wait for "
+                                 "the GIL cannot be told from other waits"})
         if sampler.native_error is not None and not sampler.native_stacks and config.native:
             self.missing.append({"signal": "native snapshots", "reason": sampler.native_error})
         artifacts = self.recordings.artifacts()
@@ -636,9 +898,34 @@ class _Session:
                 startup=self.recordings.startup, startup_excluded_s=started_s - sampling_started_s,
                 startup_settled=self.startup_settled,
                 host_load=self.host_load,
+                attached=config.pid is not None,
+                signals_used=self._signals_used(beat, holders, sampler),
+                gil_futex=sampler.gil_source(beat.thread_id if beat is not None else None)
+                if sampler.error is None else None,
+                waits_measured=sampler.error is None and len(sampler.ticks) >= 2
+                and (beat is not None or sampler.gil_source(None) is not None),
+                wait_holder_states=seen.holder_states,
+                readiness=self._readiness(),
+                load=self.load_run,
             ),
             self.ctx.rules("gil", RULES),
         )
+
+    def _signals_used(self, beat: hb.Heartbeat | None, holders: pyspy.HolderProfile | None,
+                      sampler: GilWaitSampler) -> tuple[str, ...]:
+        """The signals this trace measured, in the words the why uses."""
+        used = []
+        if holders is not None:
+            used.append(SIGNAL_HOLDERS)
+        if self.recordings.native is not None and holders is not None and holders.native:
+            used.append(SIGNAL_NATIVE)
+        if sampler.error is None and len(sampler.ticks) >= 2:
+            used.append(SIGNAL_PROC)
+        if sampler.native_stacks:
+            used.append(SIGNAL_SNAPSHOTS)
+        if beat is not None:
+            used.append(SIGNAL_HEARTBEAT)
+        return tuple(used)
 
     def _steady_state_start(self, started_s: float, end_s: float) -> float:
         """When the steady state began: sampling's start, or later when the program's start-up
@@ -716,27 +1003,45 @@ class _SeenInProc:
     timeline: dict[int, list[list[float | str]]] = field(default_factory=dict)
     native_votes: dict[int, Counter[tuple[str, str]]] = field(default_factory=dict)
     native_foreign: dict[int, Counter[str]] = field(default_factory=dict)
+    # waiter tid -> holder tid -> (the /proc ticks the waiter waited for the GIL, what the
+    # holder's thread did at them)
+    holder_states: dict[int, dict[int, tuple[int, Counter[str]]]] = field(default_factory=dict)
 
 
-def _seen_in_proc(config: GilConfig, beat: hb.Heartbeat, sampler: GilWaitSampler, started_s: float, end_s: float,
-                  names: dict[int, str], top_holder: dict[str, Any] | None,
-                  groups: ThreadGroups | None = None) -> _SeenInProc:
+def _seen_in_proc(config: GilConfig, beat: hb.Heartbeat | None, sampler: GilWaitSampler, started_s: float,
+                  end_s: float, names: dict[int, str], top_holder: dict[str, Any] | None,
+                  groups: ThreadGroups | None = None, holders: pyspy.HolderProfile | None = None) -> _SeenInProc:
+    """What /proc saw of the window. Without a heartbeat (attached by --pid) the GIL's futex is
+    the one inside ``_PyRuntime`` and what needs the heartbeat's clock is left out: its starved
+    windows and its longest stall."""
     groups = groups or ThreadGroups()
-    times = sampler.thread_times(beat.thread_id, started_s, end_s, groups.members)
-    waiting = _gil_waiters(sampler, beat.thread_id, times, names, groups)
-    windows, window_summary = _starved_windows(config, beat, sampler, started_s, names, top_holder)
-    stall = _stall(beat, sampler, started_s, end_s)
-    if top_holder is not None and stall:
-        stall["holder"] = top_holder["thread"]
+    beat_tid = beat.thread_id if beat is not None else None
+    times = sampler.thread_times(beat_tid, started_s, end_s, groups.members)
+    waiting = _gil_waiters(sampler, beat_tid, times, names, groups)
+    windows: list[dict[str, Any]] = []
+    window_summary: dict[str, Any] = {}
+    stall: dict[str, Any] = {}
+    if beat is not None:
+        windows, window_summary = _starved_windows(config, beat, sampler, started_s, names, top_holder)
+        stall = _stall(beat, sampler, started_s, end_s)
+        if top_holder is not None and stall:
+            stall["holder"] = top_holder["thread"]
     shown = [tid for tid, _ in sorted(times.items(), key=lambda item: -(item[1].cpu_s + item[1].gil_wait_s))]
-    timeline = sampler.timeline(beat.thread_id, top_holder["tid"] if top_holder else None,
+    timeline = sampler.timeline(beat_tid, top_holder["tid"] if top_holder else None,
                                 started_s, end_s, shown[:MAX_TIMELINE_THREADS])
     votes, foreign = _native_calls(sampler)
+    holder_states: dict[int, dict[int, tuple[int, Counter[str]]]] = {}
+    for waiter in waiting:
+        for thread in (holders.threads[:8] if holders is not None else ()):
+            if thread["excluded"] or thread["tid"] == waiter["tid"]:
+                continue
+            holder_states.setdefault(waiter["tid"], {})[thread["tid"]] = sampler.holder_while_waiting(
+                groups.tids(waiter["tid"]), groups.tids(thread["tid"]), beat_tid, started_s, end_s)
     return _SeenInProc(waiting, windows, window_summary, times, stall, timeline, groups.merge(votes),
-                       groups.merge(foreign))
+                       groups.merge(foreign), holder_states)
 
 
-def _gil_waiters(sampler: GilWaitSampler, heartbeat_tid: int, times: dict[int, ThreadTime],
+def _gil_waiters(sampler: GilWaitSampler, heartbeat_tid: int | None, times: dict[int, ThreadTime],
                  names: dict[int, str], groups: ThreadGroups | None = None) -> list[dict[str, Any]]:
     """The threads that waited for the GIL (the heartbeat left out), the most waiting first."""
     counts, ticks = sampler.waiting_counts(heartbeat_tid)
@@ -758,6 +1063,8 @@ def _gil_waiters(sampler: GilWaitSampler, heartbeat_tid: int, times: dict[int, T
             "of_runnable_ci": tuple(round(x, 4) for x in account.of_runnable_ci)
             if of_runnable is not None else (),
             "seen_share": round(counts.get(tid, 0) / ticks, 4) if ticks else None,
+            "of_ready_share": round(account.of_ready_share, 4) if account.of_ready_share is not None else None,
+            "of_ready_ci": tuple(round(x, 4) for x in account.of_ready_ci) if account.of_ready_share is not None else (),
         })
         if len(waiting) >= 8:
             break

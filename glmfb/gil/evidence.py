@@ -21,6 +21,8 @@ class WaitingThread(Record):
     of_runnable_share: float | None = None  # gil wait / (wall - run-queue wait)
     of_runnable_ci: tuple[float, ...] = ()
     seen_share: float | None = None  # the share of /proc ticks that saw it waiting (biased low)
+    of_ready_share: float | None = None  # gil wait / (CPU + run-queue wait + gil wait): of the time it had work
+    of_ready_ci: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,6 +199,7 @@ class ThreadTimeRow(Record):
     other_wait_share: float
     gil_wait_ci: tuple[float, ...] = ()
     gil_wait_of_runnable: float | None = None
+    gil_wait_of_ready: float | None = None  # of the time on a CPU, waiting for one or for the GIL
     longest_gil_wait_ms: float | None = None
     cpus: str | None = None  # the CPUs it may run on (Cpus_allowed_list)
     c_function: str | None = None  # what it ran in C in most of its native snapshots
@@ -241,5 +244,94 @@ class GilTimeline(Evidence):
     threads: tuple[TimelineThread, ...]
 
 
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class GilSignals(Evidence):
+    """Which signals the verdict was decided from, and which were missing (each missing one is
+    also a ``missing_signal`` item, with its reason)."""
+
+    kind: ClassVar[str] = "gil_signals"
+    title: ClassVar[str] = "signals used"
+    attached: bool  # attached by --pid: no heartbeat
+    used: tuple[str, ...]
+    missing: tuple[str, ...] = ()
+    gil_futex: str | None = None  # how the GIL's futex words were found (None: not found)
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class GilWaits(Evidence):
+    """Without a heartbeat (attached by --pid): the program's threads that waited for the GIL
+    (per-thread /proc accounting), the one that waited the largest share of its runnable time,
+    and what the GIL holder py-spy saw was doing at the /proc ticks where that thread waited."""
+
+    kind: ClassVar[str] = "gil_waits"
+    title: ClassVar[str] = "GIL waits (no heartbeat)"
+    observed_s: float
+    threshold_share: float  # of runnable time: a wait share at or above this (interval's low end 10%) fails
+    threads: tuple[WaitingThread, ...] = ()
+    waiter: str | None = None
+    holder: str | None = None
+    wait_ticks: int | None = None  # /proc ticks at which the waiter was seen waiting for the GIL
+    holder_states: dict[str, int] | None = None  # what the holder's thread did at those ticks
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        return {"gil_waiting": [w.to_dict() for w in self.threads]}
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class Readiness(Evidence):
+    """When the launched program was ready (--ready URL answered 200, --ready-log matched a
+    line) and when the sampling window opened, in seconds from its start."""
+
+    kind: ClassVar[str] = "readiness"
+    ready_s: float  # from the program's start to ready
+    window_start_s: float | None = None  # from the program's start to the window's opening
+    url: str | None = None
+    status: int | None = None  # what the URL answered last
+    polls: int = 0
+    log_regex: str | None = None
+    log_line: str | None = None  # the output line that matched
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class LoadRun(Evidence):
+    """The load command run during the window (--load): when it ran, how it ended, its output's
+    tail. ``failed``: it could not start, or it ended by itself with a non-zero status or a
+    signal; one still running when the window closed was stopped (``stopped``), which is no
+    failure."""
+
+    kind: ClassVar[str] = "load"
+    title: ClassVar[str] = "load command"
+    command: tuple[str, ...]
+    window_s: float  # the sampling window's length
+    failed: bool
+    started_s: float | None = None  # from the window's opening
+    ended_s: float | None = None  # from the window's opening, when it ended by itself
+    stopped: bool = False  # still running when the window closed: stopped with its process tree
+    returncode: int | None = None
+    description: str | None = None
+    error: str | None = None  # why it could not start
+    stdout_tail: str | None = None
+    stderr_tail: str | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+
+    def phrase(self) -> str:
+        """``the load command (python load.py) exited with status 1: <last line>``."""
+        import shlex
+
+        text = f"the load command ({shlex.join(self.command)[:120]})"
+        if self.error is not None:
+            return f"{text} could not start: {self.error}"
+        how = self.description or f"exited with status {self.returncode}"
+        last = (self.stderr_tail or self.stdout_tail or "").strip().splitlines()
+        tail = f": {last[-1][:200]}" if last and self.failed else ""
+        when = f" {self.ended_s:.1f} s into the {self.window_s:.1f} s window" if self.ended_s is not None else ""
+        return f"{text} {how}{when}{tail}"
+
+
 EVIDENCE_TYPES: tuple[type[Evidence], ...] = (Starvation, GilHolder, GilStartup, GilSite, GilThreads, TraceOverlap,
-                                              ThreadTimes, GilTimeline)
+                                              ThreadTimes, GilTimeline, GilSignals, GilWaits, Readiness, LoadRun)

@@ -98,7 +98,8 @@ def unnamed(tid: int) -> str:
 
 def describe(thread: str, count: int) -> str:
     """``thread X``, or ``41 short-lived threads X`` for a group (taken as one). An unnamed
-    thread is already labelled ``thread <tid>`` (:data:`UNNAMED`): not ``thread thread <tid>``."""
+    thread is already labelled ``thread <tid>`` (:data:`UNNAMED`), and Python's default names say
+    ``Thread-3 (target)``: not ``thread thread <tid>``, nor ``thread Thread-3``."""
     if count <= 1:
-        return thread if thread.startswith(UNNAMED) else f"{UNNAMED}{thread}"
+        return thread if thread.lower().startswith(UNNAMED.strip()) else f"{UNNAMED}{thread}"
     return f"{count} short-lived threads {thread} (taken as one)"

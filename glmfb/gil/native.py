@@ -523,3 +523,82 @@ def c_call_symbol(frames: tuple[Symbol, ...]) -> tuple[str, str] | None:
         if _foreign(frame):
             return python_name(frame), frame.name
     return None
+
+
+# ---- data objects --------------------------------------------------------------------------
+
+
+def _object_symbol(path: str, name: str) -> tuple[int, int, list[tuple[int, int, int]]] | None:
+    """``(value, size, PT_LOAD segments as (offset, vaddr, filesz))`` of the data object
+    ``name`` in ELF64 little-endian file ``path`` (``.dynsym`` first: an exported object is
+    there even in a stripped file; then ``.symtab``), or None."""
+    wanted = name.encode("ascii")
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(64)
+            if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2 or header[5] != 1:
+                return None
+            phoff, shoff = struct.unpack_from("<QQ", header, 0x20)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", header, 0x36)
+            handle.seek(phoff)
+            programs = handle.read(phentsize * phnum)
+            loads = []
+            for index in range(phnum):
+                p_type, _flags, p_offset, p_vaddr, _paddr, p_filesz = struct.unpack_from(
+                    "<IIQQQQ", programs, index * phentsize)
+                if p_type == 1:  # PT_LOAD
+                    loads.append((p_offset, p_vaddr, p_filesz))
+            handle.seek(shoff)
+            table = handle.read(shentsize * shnum)
+            sections = [struct.unpack_from("<IIQQQQIIQQ", table, i * shentsize) for i in range(shnum)]
+            for kind in (11, 2):  # SHT_DYNSYM, then SHT_SYMTAB
+                for section in sections:
+                    if section[1] != kind or not section[5]:
+                        continue
+                    strtab = sections[section[6]]
+                    handle.seek(strtab[4])
+                    strings = handle.read(strtab[5])
+                    at = strings.find(b"\0" + wanted + b"\0")
+                    if at < 0:
+                        continue
+                    handle.seek(section[4])
+                    symbols = handle.read(section[5])
+                    for offset in range(0, len(symbols) - 23, 24):
+                        st_name, info, _other, shndx, value, size = struct.unpack_from("<IBBHQQ", symbols, offset)
+                        if st_name == at + 1 and (info & 0xF) == 1 and shndx != 0 and value:  # STT_OBJECT
+                            return value, size, loads
+    except (OSError, struct.error, IndexError):
+        return None
+    return None
+
+
+def find_object(pid: int, name: str, files: tuple[str, ...] = ("python", "libpython")) -> tuple[int, int, str] | None:
+    """Where the data object ``name`` (``_PyRuntime``) lies in process ``pid``: ``(start, end,
+    path)`` from the symbol tables of the mapped files whose names start with one of ``files``
+    (the interpreter's executable, libpython), or None (not CPython, no /proc, symbol stripped)."""
+    try:
+        with open(f"/proc/{pid}/maps", encoding="ascii", errors="replace") as handle:
+            lines = handle.readlines()
+    except OSError:
+        return None
+    first: dict[str, tuple[int, int]] = {}  # path -> (start, file offset) of its lowest mapping
+    for line in lines:
+        parts = line.split(maxsplit=5)
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            continue
+        path = parts[5].strip()
+        if not os.path.basename(path).startswith(files) or path in first:
+            continue
+        first[path] = (int(parts[0].split("-")[0], 16), int(parts[2], 16))
+    for path, (start, file_offset) in first.items():
+        found = _object_symbol(f"/proc/{pid}/root{path}" if os.path.exists(f"/proc/{pid}/root{path}") else path,
+                               name)
+        if found is None:
+            continue
+        value, size, loads = found
+        segment = next(((o, v) for o, v, n in loads if o <= file_offset < o + max(n, 1)), None)
+        if segment is None:
+            continue
+        base = start - (file_offset - segment[0] + segment[1])  # the load bias
+        return base + value, base + value + max(size, 1), path
+    return None

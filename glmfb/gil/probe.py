@@ -10,6 +10,7 @@ definition are resolved there), a Python target whose factory returns a zero-arg
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from glmfb.probe import (
@@ -29,14 +30,20 @@ if TYPE_CHECKING:
 
 def resolve_command(spec: ProbeSpec) -> tuple[str, ...]:
     """A definition's command with ``python`` and files beside the definition resolved."""
-    if spec.base_dir is None:
-        return tuple(spec.command)
+    return resolve_words(tuple(spec.command), spec.base_dir)
+
+
+def resolve_words(words: tuple[str, ...], base_dir: Path | None) -> tuple[str, ...]:
+    """A command line of a definition (its ``command``, its ``load`` option) with ``python`` and
+    files beside the definition resolved."""
+    if base_dir is None:
+        return words
     resolved: list[str] = []
-    for index, part in enumerate(spec.command):
+    for index, part in enumerate(words):
         if index == 0 and part in ("python", "python3"):
             resolved.append(sys.executable)
-        elif not part.startswith("-") and "/" in part and (spec.base_dir / part).exists():
-            resolved.append(str((spec.base_dir / part).resolve()))
+        elif not part.startswith("-") and "/" in part and (base_dir / part).exists():
+            resolved.append(str((base_dir / part).resolve()))
         else:
             resolved.append(part)
     return tuple(resolved)
@@ -65,11 +72,13 @@ class GilProbe(BaseProbe):
     )
 
     def build(self, spec: ProbeSpec) -> Any:
+        from dataclasses import replace
+
         config = super().build(spec)
         if spec.command:
-            from dataclasses import replace
-
             config = replace(config, command=resolve_command(spec))
+        if config.load:
+            config = replace(config, load=resolve_words(config.load, spec.base_dir))
         return config
 
     def run(self, config: GilConfig, ctx: ProbeContext) -> Verdict:

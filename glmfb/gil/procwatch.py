@@ -116,11 +116,21 @@ class ThreadTime:
     longest_gil_wait_s: float  # the longest stretch of ticks it was seen waiting for the GIL
     ticks: int
     of_runnable_ci: tuple[float, float] = (0.0, 0.0)  # the same for the share of wall - run queue
+    of_ready_ci: tuple[float, float] = (0.0, 0.0)  # the same for the share of the time it was ready to run
 
     @property
     def of_runnable_share(self) -> float | None:
         runnable = self.wall_s - self.runqueue_s
         return self.gil_wait_s / runnable if runnable > 0 else None
+
+    @property
+    def of_ready_share(self) -> float | None:
+        """The GIL wait as a share of the time the thread was ready to run Python code: on a
+        CPU, waiting for one, or waiting for the GIL (not blocked on anything else). A server's
+        thread idles in ``recv`` most of the time, which dilutes its share of wall time; of the
+        time it had work to do, this is what the GIL cost it."""
+        ready = self.cpu_s + self.runqueue_s + self.gil_wait_s
+        return self.gil_wait_s / ready if ready > 0 else None
 
     @property
     def gil_wait_share(self) -> float:
@@ -182,6 +192,9 @@ class GilWaitSampler:
         self._files: dict[int, tuple[int, int]] = {}
         self.cpus: dict[int, str] = {}  # tid -> Cpus_allowed_list
         self.stopped_s: float | None = None
+        self.runtime: tuple[int, int, str] | None = None  # _PyRuntime: (start, end, file)
+        self._region_key: tuple[int | None, int] | None = None
+        self._region: tuple[int, int] | None = None
 
     @property
     def supported(self) -> bool:
@@ -191,6 +204,9 @@ class GilWaitSampler:
         if not self.supported:
             self.error = "no /proc syscall view on this system"
             return
+        from glmfb.gil.native import find_object
+
+        self.runtime = find_object(self.pid, "_PyRuntime")
         self._thread.start()
         if self.native:
             self._native_thread.start()
@@ -303,16 +319,69 @@ class GilWaitSampler:
 
     # ---- the GIL's futex ----------------------------------------------------------------
 
-    def gil_addresses(self, heartbeat_tid: int) -> set[int]:
+    def gil_addresses(self, heartbeat_tid: int | None) -> set[int]:
+        if heartbeat_tid is None:
+            return set()
         return {tick.futex[heartbeat_tid] for tick in self.ticks if heartbeat_tid in tick.futex}
 
-    def region(self, heartbeat_tid: int) -> tuple[int, int] | None:
-        return gil_region(self.gil_addresses(heartbeat_tid))
+    def region(self, heartbeat_tid: int | None) -> tuple[int, int] | None:
+        """The GIL's futex span: around the words the heartbeat waited on, or (no heartbeat, or
+        one that never waited for the GIL) around the words seen inside ``_PyRuntime``."""
+        key = (heartbeat_tid, len(self.ticks))
+        if self._region_key != key:
+            self._region_key = key
+            self._region = gil_region(self.gil_addresses(heartbeat_tid)) or self._runtime_region()
+        return self._region
+
+    def _runtime_region(self) -> tuple[int, int] | None:
+        """The span of the GIL struct inside ``_PyRuntime`` around the futex word threads waited
+        on most there (CPython 3.9-3.12 keep the main interpreter's GIL in that object: its
+        condition variables and mutexes are the only futex words in it), or None when no thread
+        waited on one."""
+        if self.runtime is None:
+            return None
+        low, high, _path = self.runtime
+        seen: Counter[int] = Counter(address for tick in self.ticks for address in tick.futex.values()
+                                     if low <= address < high)
+        if not seen:
+            return None
+        anchor = seen.most_common(1)[0][0]
+        region = gil_region(a for a in seen if abs(a - anchor) <= GIL_SPAN_BEFORE + GIL_SPAN_AFTER)
+        assert region is not None
+        return max(low, region[0]), min(high, region[1])
+
+    def gil_source(self, heartbeat_tid: int | None) -> str | None:
+        """How the GIL's futex words were found: from the heartbeat's waits, from
+        ``_PyRuntime`` (no heartbeat), or None (not found: GIL waits cannot be told from others)."""
+        if gil_region(self.gil_addresses(heartbeat_tid)) is not None:
+            return "the futex words the heartbeat waited on"
+        if self.runtime is not None:
+            return f"_PyRuntime in {os.path.basename(self.runtime[2])}"
+        return None
 
     def waiting(self, tick: Tick, tid: int, region: tuple[int, int] | None) -> bool:
         return _in(region, tick.futex.get(tid))
 
-    def waiting_counts(self, heartbeat_tid: int) -> tuple[Counter[int], int]:
+    def holder_while_waiting(self, waiter: Sequence[int], holder: Sequence[int], heartbeat_tid: int | None,
+                             start_s: float, end_s: float) -> tuple[int, Counter[str]]:
+        """At the ticks of the window where a thread of ``waiter`` (a thread, or a group's
+        members) waited for the GIL: how many there were, and what the threads of ``holder`` did
+        at them (``running``, ``waiting for the GIL``, ``in <syscall>``; running first when
+        several members were seen)."""
+        region = self.region(heartbeat_tid)
+        count = 0
+        states: Counter[str] = Counter()
+        for tick in self.ticks:
+            if not start_s <= tick.at_s <= end_s or not any(_in(region, tick.futex.get(t)) for t in waiter):
+                continue
+            count += 1
+            seen = [self.state_name(tick, t, region) for t in holder]
+            state = "running" if "running" in seen else next((s for s in seen if s), "")
+            if state:
+                states[state] += 1
+        return count, states
+
+    def waiting_counts(self, heartbeat_tid: int | None) -> tuple[Counter[int], int]:
         """Per thread id, in how many ticks it was seen waiting for the GIL; and the ticks."""
         region = self.region(heartbeat_tid)
         counts: Counter[int] = Counter()
@@ -322,7 +391,7 @@ class GilWaitSampler:
                     counts[tid] += 1
         return counts, len(self.ticks)
 
-    def waiting_between(self, heartbeat_tid: int, start_s: float, end_s: float) -> Counter[int]:
+    def waiting_between(self, heartbeat_tid: int | None, start_s: float, end_s: float) -> Counter[int]:
         region = self.region(heartbeat_tid)
         counts: Counter[int] = Counter()
         for tick in self.ticks:
@@ -333,7 +402,7 @@ class GilWaitSampler:
         return counts
 
     def states_between(
-        self, tid: int, start_s: float, end_s: float, heartbeat_tid: int
+        self, tid: int, start_s: float, end_s: float, heartbeat_tid: int | None
     ) -> Counter[str]:
         """What thread ``tid`` was doing in the ticks of a window: ``running``, ``waiting for
         the GIL``, or the syscall it was blocked in (``clock_nanosleep``...)."""
@@ -367,7 +436,7 @@ class GilWaitSampler:
                 total += max(0.0, _interpolate(points, end_s) - _interpolate(points, start_s))
         return total
 
-    def timeline(self, heartbeat_tid: int, holder_tid: int | None, start_s: float, end_s: float,
+    def timeline(self, heartbeat_tid: int | None, holder_tid: int | None, start_s: float, end_s: float,
                  tids: Iterable[int], max_spans: int = 600) -> dict[int, list[list[float | str]]]:
         """Per thread, spans ``[start_s, end_s, state]`` (from ``start_s``) where it was
         ``waiting`` for the GIL, ``holding`` it (``holder_tid`` at ticks where another thread
@@ -411,7 +480,7 @@ class GilWaitSampler:
 
     # ---- time accounting ----------------------------------------------------------------
 
-    def thread_times(self, heartbeat_tid: int, start_s: float | None = None,
+    def thread_times(self, heartbeat_tid: int | None, start_s: float | None = None,
                      end_s: float | None = None,
                      groups: Mapping[int, Sequence[int]] | None = None) -> dict[int, ThreadTime]:
         """Where each thread's time went between ``start_s`` and ``end_s`` (the whole
@@ -554,7 +623,7 @@ def _thread_time(tid: int, values: list[_Block], longest: float, ticks: int) -> 
     return ThreadTime(
         tid=tid, wall_s=wall, cpu_s=cpu, runqueue_s=runqueue, gil_wait_s=gil, other_wait_s=blocked_total - gil,
         gil_wait_ci=_share_interval(values), longest_gil_wait_s=longest, ticks=ticks,
-        of_runnable_ci=_share_interval(values, of_runnable=True),
+        of_runnable_ci=_share_interval(values, base="runnable"), of_ready_ci=_share_interval(values, base="ready"),
     )
 
 
@@ -567,9 +636,10 @@ def _totals(blocks: list[_Block]) -> tuple[float, float, float, float]:
     return wall, cpu, runqueue, fraction
 
 
-def _share_interval(blocks: list[_Block], *, of_runnable: bool = False) -> tuple[float, float]:
-    """95% interval of the GIL-wait share of wall time (``of_runnable``: of the time off the
-    run queue): a bootstrap over ``BLOCK_S`` stretches."""
+def _share_interval(blocks: list[_Block], *, base: str = "wall") -> tuple[float, float]:
+    """95% interval of the GIL-wait share of wall time (``base="runnable"``: of the time off the
+    run queue; ``"ready"``: of the time on a CPU, waiting for one or for the GIL): a bootstrap
+    over ``BLOCK_S`` stretches."""
     if not blocks:
         return (0.0, 0.0)
     rng = random.Random(0)
@@ -577,7 +647,8 @@ def _share_interval(blocks: list[_Block], *, of_runnable: bool = False) -> tuple
     for _ in range(RESAMPLES):
         sample = [blocks[rng.randrange(len(blocks))] for _ in blocks]
         wall, cpu, runqueue, fraction = _totals(sample)
-        base = wall - runqueue if of_runnable else wall
-        shares.append(min(1.0, max(0.0, wall - cpu - runqueue) * fraction / base) if base > 0 else 0.0)
+        gil = max(0.0, wall - cpu - runqueue) * fraction
+        total = {"wall": wall, "runnable": wall - runqueue, "ready": cpu + runqueue + gil}[base]
+        shares.append(min(1.0, gil / total) if total > 0 else 0.0)
     shares.sort()
     return (shares[int(0.025 * RESAMPLES)], shares[int(0.975 * RESAMPLES) - 1])

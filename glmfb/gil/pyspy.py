@@ -487,3 +487,25 @@ def explain_failure(stderr: str) -> str:
     if errors:
         return errors[0][:200]
     return lines[-1][:200] if lines else "py-spy exited without output"
+
+
+# A native thread id is printed in decimal; a hexadecimal one is a pthread_t, not a /proc tid.
+_DUMP_THREAD_RE = re.compile(r'^Thread (?P<tid>\d+) \([^)]*\): "(?P<name>.*)"$')
+
+
+def dump_thread_names(executable: str, pid: int, timeout_s: float = 10.0) -> dict[int, str]:
+    """The names of the process's Python threads by native id (``py-spy dump --nonblocking``:
+    the program is not paused). A process attached by ``--pid`` has no heartbeat to record its
+    threads' names, and a thread that only waited for the GIL never shows in the holder samples.
+    Empty when py-spy cannot dump."""
+    try:
+        done = subprocess.run([executable, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True,
+                              text=True, timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    names: dict[int, str] = {}
+    for line in done.stdout.splitlines():
+        match = _DUMP_THREAD_RE.match(line.strip())
+        if match is not None:
+            names[int(match["tid"])] = match["name"]
+    return names

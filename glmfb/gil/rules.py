@@ -9,10 +9,14 @@ gil-hold-native          a thread starved beyond the p99 threshold (or the heart
                          blocked in a native call (idle + GIL): a missing GIL release; fail
 gil-hold-compute         starved while the holder computed holding the GIL (active + GIL): fail
 gil-hold                 starved beside a holder whose active/idle split is unknown: fail
+gil-wait-attached        attached by --pid (no heartbeat): a program thread waited for the GIL a
+                         large share of the time it was runnable (/proc), beside a holder py-spy
+                         saw: fail (no holder seen: inconclusive)
 gil-wait-share           not starved by the p99 (or over it by less than the p99's own spread:
                          its interval reaches down to the threshold), but a program thread
                          waited for the GIL a large share of the time it was not waiting for a
                          CPU (many short holds that add up), beside a holder: fail
+load-failed              the load command (--load) could not start, or failed: inconclusive
 undecided-wait-share     not starved on a busy host (other processes kept 0.25 CPUs busy), and a
                          thread's GIL-wait share is not decisive either way: its interval
                          reaches 20% (a pass there needs all of it under): inconclusive
@@ -20,7 +24,8 @@ holder-unknown           starved (or waiting), but no holder sampling (py-spy mi
                          refused): inconclusive
 cpu-not-gil              starved, but nobody held the GIL for long: the CPU, not the GIL;
                          inconclusive
-not-measured             no usable heartbeat (attached by pid, not Python): inconclusive
+not-measured             no usable heartbeat (not Python), or attached by pid without the /proc
+                         waits or py-spy's holder samples: inconclusive
 signal-missing           not starved, but a signal is missing: warn
 idle-holder              not starved, yet a thread holds the GIL blocked in a native call for a
                          large share of the time: warn
@@ -30,12 +35,13 @@ pass                     no thread starved
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from glmfb.evidence import MissingSignal
 from glmfb.gil.config import HEARTBEAT_THREAD
-from glmfb.gil.evidence import GilHolder, GilStartup, OverlapRow, WaitingThread
+from glmfb.gil.evidence import GilHolder, GilStartup, LoadRun, OverlapRow, WaitingThread
 from glmfb.gil.groups import describe
 from glmfb.gil.holders import SOURCE_LINE, glmfb_file
 from glmfb.measure.hostload import HostLoad, busy_note
@@ -54,6 +60,11 @@ WARN_IDLE_SHARE = 0.2  # without starvation, still worth a warning
 WAIT_SHARE_FAIL = 0.2
 WAIT_SHARE_LOW = 0.1
 MIN_WAIT_WALL_SHARE = 0.05  # and at least this share of wall time
+# Attached by --pid (no heartbeat), the share is of the time a thread was ready to run: a
+# server's threads idle in recv most of the time, so a starved one waits a small share of wall
+# time (a planted pickling thread beside four request handlers: 10-11% of wall time, 55% of the
+# time ready to run); the wall share then only keeps a few stray ticks from deciding.
+MIN_WAIT_WALL_SHARE_ATTACHED = 0.02
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,38 @@ class GilFindings:
     startup_settled: bool | None = None  # the program's start-up imports settled inside the window
     startup: GilStartup | None = None  # the top site that held the GIL inside imports
     rerun_longer: Step | None = None  # the rerun with a window long enough to get past start-up
+    attached: bool = False  # attached by --pid: no heartbeat could be injected
+    waits_measured: bool = False  # /proc ran and the GIL's futex is known: who waited for it is known
+    signals_used: tuple[str, ...] = ()  # what was measured, in the words the why uses
+    wait_ticks: int | None = None  # /proc ticks at which the waiter was seen waiting for the GIL
+    wait_holder_states: Counter[str] | None = None  # what the wait holder's thread did at those ticks
+    load: LoadRun | None = None  # --load: how the load command ran
+    thread_shares: dict[int, float] | None = None  # tid -> share of sample instants it held the GIL (py-spy)
+    also_waiting: tuple[WaitingThread, ...] = ()  # other program threads that waited as much as the waiter's rule asks
+
+    @property
+    def without_heartbeat(self) -> bool:
+        """Attached by --pid, and decided without a heartbeat: the /proc waits were measured and
+        py-spy sampled the holder (either missing: not measured, never a pass)."""
+        return self.attached and not self.heartbeat_usable and self.waits_measured and self.holder_sampled
+
+    @property
+    def basis(self) -> str:
+        """`` Decided from py-spy's GIL holder samples and /proc per-thread states; no heartbeat:
+        attached by --pid.`` for a verdict decided without a heartbeat, else ""."""
+        if not self.without_heartbeat:
+            return ""
+        used = [s for s in self.signals_used if s != "the injected heartbeat"]
+        listed = ", ".join(used[:-1]) + f" and {used[-1]}" if len(used) > 1 else "".join(used)
+        return f" Decided from {listed}; no heartbeat: attached by --pid."
+
+    @property
+    def holder_running_share(self) -> float | None:
+        """The share of the waiter's GIL waits (the /proc ticks it was seen waiting) at which the
+        holder's thread was running."""
+        if not self.wait_ticks or self.wait_holder_states is None:
+            return None
+        return self.wait_holder_states.get("running", 0) / self.wait_ticks
 
     @property
     def idle_share(self) -> float:
@@ -103,6 +146,13 @@ class GilFindings:
         return "; ".join(f"{m.signal}: {m.reason}" for m in self.missing)
 
     @property
+    def missing_beyond_heartbeat(self) -> tuple[MissingSignal, ...]:
+        """The missing signals, less the heartbeat when the verdict was decided without it."""
+        if not self.without_heartbeat:
+            return self.missing
+        return tuple(m for m in self.missing if m.signal != "heartbeat")
+
+    @property
     def starved_text(self) -> str:
         return ", ".join(self.starved_threads) or HEARTBEAT_THREAD
 
@@ -115,14 +165,39 @@ class GilFindings:
                 and interval[0] <= self.threshold_ms)
 
     @property
-    def waits_a_lot(self) -> bool:
-        """A program thread waited for the GIL a large share of its time off the run queue."""
+    def waiter_share(self) -> tuple[float | None, tuple[float, ...]]:
+        """The top waiter's GIL wait as a share, with its interval: of the time it was ready to run
+        (on a CPU, waiting for one or for the GIL) when decided without a heartbeat (a server's
+        threads idle in ``recv`` most of the time), else of its time off the run queue."""
         waiter = self.waiter
-        if waiter is None or waiter.of_runnable_share is None:
+        if waiter is None:
+            return None, ()
+        if self.without_heartbeat:
+            return waiter.of_ready_share, waiter.of_ready_ci
+        return waiter.of_runnable_share, waiter.of_runnable_ci
+
+    @property
+    def share_of(self) -> str:
+        """What :attr:`waiter_share` is a share of, in words."""
+        if self.without_heartbeat:
+            return "the time it was ready to run (on a CPU, waiting for one, or for the GIL)"
+        return "the time it was not waiting for a CPU"
+
+    @property
+    def min_wait_wall_share(self) -> float:
+        return MIN_WAIT_WALL_SHARE_ATTACHED if self.without_heartbeat else MIN_WAIT_WALL_SHARE
+
+    @property
+    def waits_a_lot(self) -> bool:
+        """A program thread waited for the GIL a large share of its time off the run queue (of
+        its time ready to run, without a heartbeat), the interval's low end too, and a real
+        share of wall time."""
+        waiter = self.waiter
+        share, ci = self.waiter_share
+        if waiter is None or share is None:
             return False
-        low = waiter.of_runnable_ci[0] if waiter.of_runnable_ci else waiter.of_runnable_share
-        return (waiter.of_runnable_share >= WAIT_SHARE_FAIL and low >= WAIT_SHARE_LOW
-                and waiter.waiting_share >= MIN_WAIT_WALL_SHARE)
+        low = ci[0] if ci else share
+        return share >= WAIT_SHARE_FAIL and low >= WAIT_SHARE_LOW and waiter.waiting_share >= self.min_wait_wall_share
 
     def late(self) -> str:
         if self.stalled and self.stall_ms is not None:
@@ -150,6 +225,13 @@ class GilFindings:
                         waiter_of_runnable=self.waiter.of_runnable_share, waiter_ci=list(self.waiter.of_runnable_ci))
         if self.missing:
             seen["missing"] = [m.signal for m in self.missing]
+        if self.attached:
+            seen.update(attached=True, without_heartbeat=self.without_heartbeat, waits_measured=self.waits_measured,
+                        signals_used=list(self.signals_used))
+            if self.holder_running_share is not None:
+                seen["holder_running_while_waiting"] = round(self.holder_running_share, 4)
+        if self.load is not None:
+            seen.update(load_failed=self.load.failed, load_returncode=self.load.returncode)
         return seen
 
 
@@ -260,6 +342,8 @@ def _pct(value: float) -> str:
 
 def _wait_share(f: GilFindings) -> Diagnosis | None:
     waiter, holder = f.waiter, f.wait_holder
+    if f.without_heartbeat:  # gil-wait-attached speaks of that case
+        return None
     if (f.starved and not _short_holds(f)) or holder is None or waiter is None or not f.waits_a_lot:
         return None
     assert waiter.of_runnable_share is not None
@@ -283,6 +367,63 @@ def _wait_share(f: GilFindings) -> Diagnosis | None:
     return Diagnosis(Status.FAIL, why, steps, _where_of(holder))
 
 
+def _wait_attached(f: GilFindings) -> Diagnosis | None:
+    """Attached by --pid (no heartbeat): a program thread waited for the GIL a large share of
+    the time it was runnable (not waiting for a CPU), per its /proc accounts, while py-spy saw
+    another thread hold the GIL: fail, naming both. With no such holder: inconclusive."""
+    waiter, holder = f.waiter, f.wait_holder
+    share, interval = f.waiter_share
+    if not f.without_heartbeat or waiter is None or share is None or not f.waits_a_lot:
+        return None
+    ci = f" [{_pct(interval[0])}, {_pct(interval[1])}]" if len(interval) == 2 else ""
+    waited = (f"{_sentence(describe(waiter.thread, 1))} waited for the GIL {_pct(share)}{ci} of the time it was ready "
+              f"to run (on a CPU, waiting for one, or for the GIL; {_pct(waiter.waiting_share)} of wall time)")
+    if holder is None:
+        why = (f"{waited}, but py-spy saw no other thread hold the GIL in {_pct(f.min_holder_share)} or more of "
+               f"{f.sample_instants} sample instants: the holder is unknown.{f.basis}")
+        return Diagnosis(Status.INCONCLUSIVE, why, (Step("rerun with a longer --duration"),), {})
+    held = f"{100 * holder.share_of_time:.0f}% of sample instants" if holder.share_of_time is not None else "often"
+    meanwhile = ""
+    if f.wait_ticks and f.wait_holder_states:
+        doing = ", ".join(f"{state} in {_pct(count / f.wait_ticks)}"
+                          for state, count in f.wait_holder_states.most_common(2))
+        meanwhile = f"; at the {f.wait_ticks} /proc ticks where {waiter.thread} waited, {holder.thread} was {doing}"
+    if holder.idle_share is not None and holder.idle_share >= IDLE_MAJORITY:
+        inside = f" ({holder.native_frame})" if holder.native_frame else ""
+        how = (f" It holds the GIL blocked inside a native call{inside} in {_pct(holder.idle_share)} of its samples: "
+               "release it around the call (py::gil_scoped_release, Py_BEGIN_ALLOW_THREADS).")
+        step = Step(f"wrap the native call under {_fix_site(holder)} in py::gil_scoped_release / "
+                    "Py_BEGIN_ALLOW_THREADS, then rerun this probe")
+    else:
+        active = (f", active (computing) in {_pct(1 - (holder.idle_share or 0.0))} of its samples"
+                  if holder.idle_share is not None else "")
+        how = f" Hot frames: {_hot_frames(holder)}."
+        held += active
+        step = Step(f"move the work in {_fix_site(holder)} off the GIL (a native call that releases it, a process "
+                    "pool) or cut it into shorter pieces")
+    others = [w for w in f.also_waiting if w.tid != waiter.tid and w.tid != holder.tid]
+    if others:
+        listed = ", ".join(f"{w.thread} {_pct(w.of_ready_share or 0.0)}" for w in others[:4])
+        more = f" and {len(others) - 4} more" if len(others) > 4 else ""
+        plural = "s" if len(others) > 1 else ""
+        how = f" {len(others)} other thread{plural} waited 20%+ of {'their' if plural else 'its'} ready time too: {listed}{more}.{how}"
+    why = (f"{waited}, while {_named(holder)} on {_thread(holder)} held the GIL in {held}{meanwhile}.{how}{f.basis}")
+    return Diagnosis(Status.FAIL, why, (step,), _where_of(holder))
+
+
+def _load_failed(f: GilFindings) -> Diagnosis | None:
+    """The load command (--load) could not start, or ended by itself with a failure: the window
+    did not see the load a pass would speak of. Inconclusive (a fail stands: what starved is
+    starved, loaded or not, and its why says the load failed)."""
+    load = f.load
+    if load is None or not load.failed:
+        return None
+    why = (f"Not decided: {load.phrase()}, so the window did not see the load it was meant to measure "
+           f"(no thread was found starved meanwhile).{f.basis}")
+    return Diagnosis(Status.INCONCLUSIVE, why, (Step(f"run the load command alone to see why it failed: "
+                                                      f"{load.stderr or load.command[0]}"),), {})
+
+
 def _busy_waiter(f: GilFindings) -> Diagnosis | None:
     """A thread waited for the GIL a large share of the time it was not waiting for a CPU, but
     that was under :data:`MIN_WAIT_WALL_SHARE` of wall time: on a host where a thread spends
@@ -290,7 +431,7 @@ def _busy_waiter(f: GilFindings) -> Diagnosis | None:
     GIL starves it. Not a pass: inconclusive."""
     waiter = f.waiter
     if (f.starved or waiter is None or waiter.of_runnable_share is None or f.waits_a_lot
-            or waiter.waiting_share >= MIN_WAIT_WALL_SHARE):
+            or waiter.waiting_share >= MIN_WAIT_WALL_SHARE or f.without_heartbeat):
         return None
     low = waiter.of_runnable_ci[0] if waiter.of_runnable_ci else waiter.of_runnable_share
     if waiter.of_runnable_share < WAIT_SHARE_FAIL or low < WAIT_SHARE_LOW:
@@ -300,7 +441,7 @@ def _busy_waiter(f: GilFindings) -> Diagnosis | None:
     why = (f"Not decided: {describe(waiter.thread, 1)} waited for the GIL {_pct(waiter.of_runnable_share)} of the time it "
            f"was not waiting for a CPU, but it was off the run queue only {_pct(off_cpu)} of wall time "
            f"({_pct(waiter.waiting_share)} of wall time waiting for the GIL): on a host this busy, so little time "
-           f"does not show whether the GIL starves it{calm}.") + busy_note(f.host_load)
+           f"does not show whether the GIL starves it{calm}.") + busy_note(f.host_load) + f.basis
     return Diagnosis(Status.INCONCLUSIVE, why,
                      (QUIETER_HOST,),
                      _holder_where(f))
@@ -315,18 +456,21 @@ def _undecided_wait(f: GilFindings) -> Diagnosis | None:
     fewer hand-overs), and a pass turned them green. Inconclusive there. On a quiet host the
     rule does not apply: a clean twin's interval there reached 15% and, in 1 run of 6, 20%."""
     waiter = f.waiter
+    share, interval = f.waiter_share
     if (f.starved or f.host_load is None or not f.host_load.busy or waiter is None
-            or waiter.of_runnable_share is None or f.waits_a_lot
-            or len(waiter.of_runnable_ci) != 2 or waiter.of_runnable_ci[1] < WAIT_SHARE_FAIL):
+            or share is None or f.waits_a_lot
+            or len(interval) != 2 or interval[1] < WAIT_SHARE_FAIL):
         return None
-    low, high = waiter.of_runnable_ci
+    if f.without_heartbeat and waiter.waiting_share < f.min_wait_wall_share:
+        return None  # a few ticks of a server's thread: under the wall share that could fail, busy host or not
+    low, high = interval
     held = f", while {_named(f.wait_holder)} on {_thread(f.wait_holder)} held it" if f.wait_holder is not None else ""
     calm = f" (the heartbeat's p99: {f.p99_ms:.1f} ms)" if f.p99_ms is not None else ""
-    why = (f"Not decided: {describe(waiter.thread, 1)} waited for the GIL {_pct(waiter.of_runnable_share)} "
-           f"[{_pct(low)}, {_pct(high)}] of the time it was not waiting for a CPU{held}: not a pass, since that "
+    why = (f"Not decided: {describe(waiter.thread, 1)} waited for the GIL {_pct(share)} "
+           f"[{_pct(low)}, {_pct(high)}] of {f.share_of}{held}: not a pass, since that "
            f"interval reaches {_pct(WAIT_SHARE_FAIL)} (the share that fails), and not a fail, which needs "
            f"{_pct(WAIT_SHARE_FAIL)} or more with the interval's low end at {_pct(WAIT_SHARE_LOW)} or more"
-           f"{calm}.") + busy_note(f.host_load)
+           f"{calm}.") + busy_note(f.host_load) + f.basis
     return Diagnosis(Status.INCONCLUSIVE, why, (QUIETER_HOST,), _holder_where(f))
 
 
@@ -355,7 +499,7 @@ def _cpu_not_gil(f: GilFindings) -> Diagnosis | None:
 
 
 def _not_measured(f: GilFindings) -> Diagnosis | None:
-    if f.heartbeat_usable:
+    if f.heartbeat_usable or f.without_heartbeat:
         return None
     reason = f"only {f.ticks} heartbeat ticks" if f.ticks else "no heartbeat data"
     if f.stall_ms is not None and f.stall_gil_share is not None:
@@ -374,6 +518,15 @@ def _not_measured(f: GilFindings) -> Diagnosis | None:
 
 
 def _calm(f: GilFindings) -> str:
+    if f.p99_ms is None:  # decided without a heartbeat
+        waiter = f.waiter
+        share, interval = f.waiter_share
+        if waiter is None or share is None:
+            return "no program thread was seen waiting for the GIL"
+        ci = f" [{_pct(interval[0])}, {_pct(interval[1])}]" if len(interval) == 2 else ""
+        return (f"the thread that waited most for the GIL, {waiter.thread}, waited {_pct(share)}{ci} of {f.share_of}, "
+                f"{100 * waiter.waiting_share:.1f}% of wall time (a thread fails at {_pct(WAIT_SHARE_FAIL)} of the one, "
+                f"the interval's low end at {_pct(WAIT_SHARE_LOW)}, and {_pct(f.min_wait_wall_share)} of the other)")
     return f"heartbeat p99 {f.p99_ms:.1f} ms <= {f.threshold_ms:g} ms"
 
 
@@ -424,9 +577,11 @@ def _still_starting(f: GilFindings) -> Diagnosis | None:
 
 
 def _signal_missing(f: GilFindings) -> Diagnosis | None:
-    if not f.missing:
+    missing = f.missing_beyond_heartbeat
+    if not missing:
         return None
-    return Diagnosis(Status.WARN, f"No thread was starved ({_calm(f)}), but a signal is missing: {f.missing_text}.",
+    text = "; ".join(f"{m.signal}: {m.reason}" for m in missing)
+    return Diagnosis(Status.WARN, f"No thread was starved ({_calm(f)}), but a signal is missing: {text}.{f.basis}",
                      (), _holder_where(f))
 
 
@@ -435,11 +590,18 @@ def _idle_holder(f: GilFindings) -> Diagnosis | None:
     if not (holder is not None and f.native_known and f.idle_share >= WARN_IDLE_SHARE and f.holder_share >= 0.2):
         return None
     why = (f"No thread was starved ({_calm(f)}), yet {_named(holder)} holds the GIL while blocked in a native "
-           f"call in {100 * f.idle_share:.0f}% of its samples: a release is missing there.")
+           f"call in {100 * f.idle_share:.0f}% of its samples: a release is missing there.{f.basis}")
     return Diagnosis(Status.WARN, why, (), _holder_where(f))
 
 
 def _pass(f: GilFindings) -> Diagnosis | None:
+    if f.without_heartbeat:
+        held = ""
+        if f.holder is not None:
+            thread_share = (f.thread_shares or {}).get(f.holder.tid, f.holder_share)
+            held = (f" The thread that held the GIL most, {f.holder.thread}, held it in {_pct(thread_share)} of sample "
+                    f"instants (its top call site: {_named(f.holder).rstrip(',')}, {_pct(f.holder_share)}).")
+        return Diagnosis(Status.PASS, f"No thread was starved for the GIL: {_calm(f)}.{held}{f.basis}", (), {})
     waited = ""
     if f.waiter is not None and f.waiter.of_runnable_share is not None:
         waited = (f" The thread that waited most for the GIL, {f.waiter.thread}, waited "
@@ -452,7 +614,10 @@ RULES: tuple[Rule[GilFindings], ...] = (
     Rule("gil-hold-native", KIND, _hold_native, "starved beside a holder blocked in a native call"),
     Rule("gil-hold-compute", KIND, _hold_compute, "starved beside a holder computing with the GIL"),
     Rule("gil-hold", KIND, _hold_unknown_split, "starved beside a holder, active/idle split unknown"),
+    Rule("gil-wait-attached", KIND, _wait_attached, "attached by --pid (no heartbeat): a thread waits for the GIL "
+         "a large share of its runnable time beside a holder"),
     Rule("gil-wait-share", KIND, _wait_share, "not starved, but a thread waits for the GIL a large share of its time"),
+    Rule("load-failed", KIND, _load_failed, "the load command could not start or failed: inconclusive"),
     Rule("busy-waiter", KIND, _busy_waiter, "not starved, but a thread waited for the GIL much of its little "
          "time off the run queue: inconclusive"),
     Rule("undecided-wait-share", KIND, _undecided_wait, "not starved on a busy host, but a thread's GIL wait share "

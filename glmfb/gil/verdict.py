@@ -14,12 +14,16 @@ from glmfb.evidence import Evidence, MissingSignal
 from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
 from glmfb.gil.evidence import (
     GilHolder,
+    GilSignals,
     GilSite,
     GilStartup,
     GilThreads,
     GilTimeline,
+    GilWaits,
     HolderThread,
+    LoadRun,
     OverlapRow,
+    Readiness,
     Starvation,
     StarvedWindow,
     ThreadTimeRow,
@@ -32,7 +36,7 @@ from glmfb.gil.groups import unnamed
 from glmfb.gil.heartbeat import Heartbeat, lateness_series
 from glmfb.gil.holders import holder_evidence, holder_site
 from glmfb.gil.pyspy import CallSite, HolderProfile
-from glmfb.gil.rules import RULES, GilFindings
+from glmfb.gil.rules import MIN_WAIT_WALL_SHARE_ATTACHED, RULES, WAIT_SHARE_FAIL, GilFindings
 from glmfb.measure.hostload import HostLoad
 from glmfb.rules import Rule, diagnose
 from glmfb.step import Step
@@ -85,7 +89,15 @@ class Observations:
     startup_excluded_s: float = 0.0  # seconds at the window's start left out: imports until they settled
     startup_settled: bool | None = None  # the start-up imports settled inside the window (None: no heartbeat)
     rerun_longer: Step | None = None  # the step that reruns with a window long enough to get past start-up
-    host_load: HostLoad | None = None  # the rest of the host while sampling ran (None: attached by --pid)
+    host_load: HostLoad | None = None  # the rest of the host while sampling ran
+    attached: bool = False  # attached by --pid: no heartbeat, decided from py-spy and /proc
+    signals_used: tuple[str, ...] = ()  # what was measured, in the words a why uses
+    gil_futex: str | None = None  # how the GIL's futex words were found (None: not found)
+    waits_measured: bool = False  # /proc ran and the GIL's futex is known: who waited for it is known
+    # waiter tid -> holder tid -> (ticks the waiter waited for the GIL, what the holder did then)
+    wait_holder_states: dict[int, dict[int, tuple[int, Counter[str]]]] = field(default_factory=dict)
+    readiness: Readiness | None = None  # --ready / --ready-log: when the program was ready
+    load: LoadRun | None = None  # --load: how the load command ran
 
 
 def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None) -> Verdict:
@@ -102,8 +114,14 @@ def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None)
     outcome = diagnose(list(rules) if rules is not None else list(RULES), findings)
     evidence.append(outcome.record)
     diagnosis = outcome.diagnosis
+    why = diagnosis.why
+    load = observations.load
+    if load is not None and (load.failed or load.ended_s is not None) and "load command" not in why:
+        # a load that failed or ended early is said, whatever decided (the load-failed rule
+        # says it itself)
+        why = f"{why} Meanwhile {load.phrase()}" + ("." if not load.phrase().endswith(".") else "")
     return Verdict(
-        probe="gil", name=config.name, status=diagnosis.status, layer=Layer.RUNTIME, why=diagnosis.why,
+        probe="gil", name=config.name, status=diagnosis.status, layer=Layer.RUNTIME, why=why,
         where=dict(diagnosis.where or {}),
         metric=Metric("starvation_p99", starvation.p99_ms, "ms", config.starvation_p99_ms),
         evidence=tuple(evidence), next=diagnosis.next, artifacts=observations.artifacts, env=observations.env,
@@ -176,7 +194,8 @@ def _holders(observations: Observations) -> _Holders:
     total = profile.sample_instants if profile else 0
     site = top_site()
     waiting = _waiting_threads(observations)
-    waiter = _top_waiter([w for w in waiting if site is None or w.tid != site.thread_id] or waiting)
+    ready = observations.attached and observations.heartbeat is None  # a server's threads: of their time ready to run
+    waiter = _top_waiter([w for w in waiting if site is None or w.tid != site.thread_id] or waiting, ready=ready)
     wait_holder = _holder_evidence(observations, top_site(frozenset({waiter.tid})), total) if waiter is not None else None
     return _Holders(site, _holder_evidence(observations, site, total), total, tuple(waiting), waiter, wait_holder)
 
@@ -221,8 +240,43 @@ def _evidence(observations: Observations, starvation: _Starvation, holders: _Hol
         evidence.append(TraceOverlap(functions=overlaps))
     if observations.host_load is not None:
         evidence.append(observations.host_load.evidence())
+    waits = _waits_evidence(observations, holders)
+    if waits is not None:
+        evidence.append(waits)
+    if observations.readiness is not None:
+        evidence.append(observations.readiness)
+    if observations.load is not None:
+        evidence.append(observations.load)
+    evidence.append(GilSignals(attached=observations.attached, used=observations.signals_used,
+                               missing=tuple(dict.fromkeys(m.signal for m in missing)),
+                               gil_futex=observations.gil_futex))
     evidence.extend(missing)
     return evidence
+
+
+def _waits_evidence(observations: Observations, holders: _Holders) -> GilWaits | None:
+    """Without a heartbeat (whose starvation evidence carries them otherwise): the threads that
+    waited for the GIL, and what the holder did while the top waiter waited."""
+    if observations.heartbeat is not None or not observations.waits_measured:
+        return None
+    waiter, holder = holders.waiter, holders.wait_holder
+    ticks, states = _holder_states(observations, holders)
+    return GilWaits(
+        observed_s=round(observations.observed_s or 0.0, 4), threshold_share=WAIT_SHARE_FAIL,
+        threads=holders.waiting, waiter=waiter.thread if waiter is not None else None,
+        holder=holder.thread if holder is not None else None, wait_ticks=ticks,
+        holder_states=dict(states.most_common(4)) if states is not None else None,
+    )
+
+
+def _holder_states(observations: Observations, holders: _Holders) -> tuple[int | None, Counter[str] | None]:
+    """The /proc ticks at which the top waiter waited for the GIL, and what the thread of the
+    holder named beside it did at them."""
+    waiter, holder = holders.waiter, holders.wait_holder
+    if waiter is None or holder is None:
+        return None, None
+    found = observations.wait_holder_states.get(waiter.tid, {}).get(holder.tid)
+    return found if found is not None else (None, None)
 
 
 def _startup_evidence(observations: Observations) -> GilStartup | None:
@@ -273,6 +327,7 @@ def _findings(observations: Observations, starvation: _Starvation, holders: _Hol
     """What the trace established, in the terms the rules speak."""
     config, heartbeat, profile, site = observations.config, observations.heartbeat, observations.holders, holders.site
     stall_s = starvation.stall_s
+    ticks, states = _holder_states(observations, holders)
     return GilFindings(
         threshold_ms=config.starvation_p99_ms, min_holder_share=config.min_holder_share, starved=starvation.starved,
         heartbeat_usable=starvation.heartbeat_usable, p99_ms=starvation.p99_ms,
@@ -288,6 +343,13 @@ def _findings(observations: Observations, starvation: _Starvation, holders: _Hol
         p99_interval_ms=starvation.p99_interval_ms, host_load=observations.host_load,
         startup_settled=observations.startup_settled, startup=_startup_evidence(observations),
         rerun_longer=observations.rerun_longer,
+        attached=observations.attached, waits_measured=observations.waits_measured,
+        signals_used=observations.signals_used, wait_ticks=ticks, wait_holder_states=states,
+        load=observations.load,
+        thread_shares={t["tid"]: t["share"] for t in profile.threads} if profile is not None else None,
+        also_waiting=tuple(w for w in holders.waiting if (w.of_ready_share or 0.0) >= WAIT_SHARE_FAIL
+                           and w.waiting_share >= MIN_WAIT_WALL_SHARE_ATTACHED
+                           and not w.thread.startswith(CANARY_PREFIX)) if observations.attached else (),
     )
 
 
@@ -337,11 +399,19 @@ def _waiting_threads(observations: Observations) -> list[WaitingThread]:
     return [WaitingThread(**w) for w in observations.waiting]
 
 
-def _top_waiter(waiting: list[WaitingThread]) -> WaitingThread | None:
-    program = [w for w in waiting if not w.thread.startswith(CANARY_PREFIX) and w.of_runnable_share is not None]
+def _top_waiter(waiting: list[WaitingThread], *, ready: bool = False) -> WaitingThread | None:
+    """The program thread whose GIL-wait share (of its time off the run queue; ``ready``: of its
+    time ready to run) is highest by its interval's low end; among those that waited a real
+    share of wall time first, so a thread seen waiting for a moment does not outrank them."""
+    def share(w: WaitingThread) -> tuple[float | None, tuple[float, ...]]:
+        return (w.of_ready_share, w.of_ready_ci) if ready else (w.of_runnable_share, w.of_runnable_ci)
+
+    program = [w for w in waiting if not w.thread.startswith(CANARY_PREFIX) and share(w)[0] is not None]
     if not program:
         return None
-    return max(program, key=lambda w: (w.of_runnable_ci[0] if w.of_runnable_ci else 0.0, w.of_runnable_share or 0.0))
+    if ready:
+        program = [w for w in program if w.waiting_share >= MIN_WAIT_WALL_SHARE_ATTACHED] or program
+    return max(program, key=lambda w: (share(w)[1][0] if share(w)[1] else 0.0, share(w)[0] or 0.0))
 
 
 def _thread_times(observations: Observations) -> ThreadTimes | None:
@@ -364,6 +434,7 @@ def _thread_times(observations: Observations) -> ThreadTimes | None:
             other_wait_share=round(account.other_wait_share, 4),
             gil_wait_ci=tuple(round(x, 4) for x in account.gil_wait_ci),
             gil_wait_of_runnable=round(account.gil_wait_s / runnable, 4) if runnable > 0 else None,
+            gil_wait_of_ready=round(account.of_ready_share, 4) if account.of_ready_share is not None else None,
             longest_gil_wait_ms=round(1e3 * account.longest_gil_wait_s, 1),
             cpus=observations.cpus.get(tid), c_function=top[0] if top else None,
             c_function_share=round(top[1] / sum(votes.values()), 4) if top else None,

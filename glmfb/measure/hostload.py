@@ -21,8 +21,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from glmfb.evidence import HostActivity
@@ -107,9 +108,10 @@ def _host_busy_s() -> float | None:
     return sum(values[i] for i in BUSY_FIELDS if i < len(values)) / os.sysconf("SC_CLK_TCK")
 
 
-def _tree_busy_s() -> tuple[float, dict[int, tuple[float, float]]] | None:
+def _tree_busy_s(also: Sequence[int] = ()) -> tuple[float, dict[int, tuple[float, float]]] | None:
     """This process's CPU time (with its reaped children's) and each live descendant's
-    (pid -> (create time, CPU seconds))."""
+    (pid -> (create time, CPU seconds)); ``also``: processes that are not its descendants (a
+    program attached by pid) counted with it, with their own descendants."""
     try:
         import psutil
     except ImportError:
@@ -119,7 +121,13 @@ def _tree_busy_s() -> tuple[float, dict[int, tuple[float, float]]] | None:
         times = me.cpu_times()
         own = times.user + times.system + times.children_user + times.children_system
         descendants: dict[int, tuple[float, float]] = {}
-        for child in me.children(recursive=True):
+        others: list[Any] = []
+        for pid in also:
+            with contextlib.suppress(psutil.Error):
+                other = psutil.Process(pid)
+                others.append(other)
+                others.extend(other.children(recursive=True))
+        for child in [*me.children(recursive=True), *others]:
             with contextlib.suppress(psutil.Error):
                 child_times = child.cpu_times()
                 descendants[child.pid] = (child.create_time(), child_times.user + child_times.system)
@@ -129,15 +137,18 @@ def _tree_busy_s() -> tuple[float, dict[int, tuple[float, float]]] | None:
 
 
 class HostLoadMeter:
-    """Started at construction; :meth:`stop` gives the window's :class:`HostLoad`."""
+    """Started at construction; :meth:`stop` gives the window's :class:`HostLoad`. ``also``:
+    processes measured that are not this one's descendants (a program attached by pid), whose
+    CPU time (and their descendants') is the measurement's own, not the rest of the host's."""
 
-    def __init__(self) -> None:
+    def __init__(self, also: Sequence[int] = ()) -> None:
+        self.also = tuple(also)
         self.started = time.monotonic()
         self.host = _host_busy_s()
-        self.tree = _tree_busy_s()
+        self.tree = _tree_busy_s(self.also)
 
     def stop(self) -> HostLoad | None:
-        host, tree = _host_busy_s(), _tree_busy_s()
+        host, tree = _host_busy_s(), _tree_busy_s(self.also)
         window_s = time.monotonic() - self.started
         if self.host is None or host is None or self.tree is None or tree is None or window_s <= 0:
             return None
