@@ -22,6 +22,8 @@ GLMFB = Path(__file__).resolve().parents[1] / "glmfb"
 # The engines are the packages of the registered built-in probes: a new probe's layering is
 # checked as soon as it is registered.
 ENGINES = tuple(sorted({ref.partition(":")[0].rpartition(".")[0] for _, ref in BUILTIN_PROBES}))
+# the engines' public faces for code outside glmfb (an engine recording its own capture)
+FACES = ("glmfb.capture",)
 
 # The layer table of docs/design.md, bottom first: a module may import its own layer and the
 # layers below it. A name covers the module and, for a package, everything in it.
@@ -31,7 +33,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("probe API", ("glmfb.probe", "glmfb.rules", "glmfb.host", "glmfb.targets", "glmfb.env", "glmfb.io",
                    "glmfb.tables", "glmfb.stats", "glmfb.commandline", "glmfb.documents", "glmfb.runs", "glmfb.shards",
                    "glmfb.supervise", "glmfb.child", "glmfb.process", "glmfb.plotting", "glmfb.measure")),
-    ("engines", ENGINES),
+    ("engines", (*ENGINES, *FACES)),
     ("suite, reports, gate, agent server", ("glmfb.suite", "glmfb.invocation", "glmfb.report", "glmfb.gate", "glmfb.mcp",
                                              "glmfb.history", "glmfb.bisect")),
     ("CLI", ("glmfb.cli", "glmfb.__main__", "glmfb.commands")),

@@ -129,13 +129,20 @@ def select_modules(side: LoadedSide, globs: Sequence[str]) -> list[tuple[str, to
     """Named submodules to tap (the root is the final output, tapped anyway)."""
     if side.kind != "module":
         return []
+    return select_submodules(side.module, globs, side.target.ref)
+
+
+def select_submodules(root: torch.nn.Module, globs: Sequence[str], what: str,
+                      option: str = "--tap") -> list[tuple[str, torch.nn.Module]]:
+    """The named submodules of ``root`` that a glob matches (all of them for no glob); none
+    matched by a glob is an :class:`InputError` naming ``option`` and ``what`` the root is."""
     chosen = [
-        (name, module) for name, module in side.module.named_modules()
+        (name, module) for name, module in root.named_modules()
         if name and (not globs or any(fnmatch.fnmatchcase(name, g) for g in globs))
     ]
     if globs and not chosen:
-        sample = ", ".join(n for n, _ in list(side.module.named_modules())[1:6])
-        raise InputError(f"--tap {' '.join(globs)} matches no module of {side.target.ref}", f"modules look like: {sample}")
+        sample = ", ".join(n for n, _ in list(root.named_modules())[1:6])
+        raise InputError(f"{option} {' '.join(globs)} matches no module of {what}", f"modules look like: {sample}")
     return chosen
 
 
@@ -143,6 +150,14 @@ def select_modules(side: LoadedSide, globs: Sequence[str]) -> list[tuple[str, to
 def hooks(side: LoadedSide, globs: Sequence[str], sink: Sink) -> Iterator[dict[str, int]]:
     """Forward hooks on the selected modules for the duration of the block; yields the
     per-module call counters (reset them before each request)."""
+    with module_hooks(select_modules(side, globs), sink) as counters:
+        yield counters
+
+
+@contextmanager
+def module_hooks(modules: Sequence[tuple[str, torch.nn.Module]], sink: Sink) -> Iterator[dict[str, int]]:
+    """Forward hooks on named modules, each call's flattened outputs written to ``sink`` as
+    ``(name, call)``, for the duration of the block; yields the per-module call counters."""
     counters: dict[str, int] = {}
     handles = []
 
@@ -155,7 +170,7 @@ def hooks(side: LoadedSide, globs: Sequence[str], sink: Sink) -> Iterator[dict[s
 
         return hook
 
-    for name, module in select_modules(side, globs):
+    for name, module in modules:
         handles.append(module.register_forward_hook(make_hook(name)))
     try:
         yield counters

@@ -693,7 +693,7 @@ def _side_runs(baseline: CaptureReader, candidate: CaptureReader) -> list[SideRu
         layouts = {str(glob): layout for glob, layout in distributed.get("layouts") or ()}
         runs.append(SideRun(side=side, target=reader.manifest.target,
                             world_size=int(distributed.get("world_size") or 1), backend=distributed.get("backend"),
-                            layouts=layouts or None))
+                            layouts=layouts or None, live=reader.manifest.live))
     return runs
 
 
@@ -706,7 +706,7 @@ def _findings(results: Sequence[RequestResult], worst: RequestResult, tree: Tree
     first, localized, length_fit = worst.first_divergent, location.localized, shape.length_fit
     return DiffFindings(
         failed=failed, requests=len(results), failing_requests=sum(r.failed for r in results),
-        request=worst.id if failed else None, module=location.module,
+        request=worst.id if failed else None, module=location.module, step=_step(worst, location.module),
         tap=(localized.tap if localized else (first.tap.name if first else None)), position=along.first_failing,
         local=location.local, first_divergent=first.tap.name if first else None, shape=shape.shape, fit=shape.fit,
         signature=precision.signature, dtype=first.tap.dtype if first else None,
@@ -787,6 +787,16 @@ def _local_flag(local: Sequence[LocalError], localized: LocalError | None) -> bo
     if local and all(entry.metrics is not None for entry in local):
         return False
     return None
+
+
+def _step(request: RequestResult, label: str | None) -> int | None:
+    """The generation step a live capture recorded for the module call ``label`` names
+    (``module`` or ``module#call``); None for a capture that recorded none."""
+    if not label:
+        return None
+    module, _, call = label.partition("#")
+    number = int(call) if call.isdigit() else 0
+    return next((t.tap.step for t in request.taps if t.tap.module == module and t.tap.call == number), None)
 
 
 def _calls(request: RequestResult, module: str) -> int:

@@ -526,7 +526,9 @@ class SideRun(Evidence):
     request among ``batch - 1`` companion requests to the same server; 1: alone; None: no batch
     option, ``--concurrency`` requests at once), the companion requests sent (never compared),
     and how many of those ended before the request they accompanied (that request then ran
-    part of the time in a smaller batch)."""
+    part of the time in a smaller batch). A capture recorded inside a running process
+    (:mod:`glmfb.diff.live`): its manifest's ``live`` record (pid, command line, versions of
+    torch and an engine, tensor bytes written, and why recording stopped, if it did)."""
 
     kind: ClassVar[str] = "side"
     side: str  # baseline | candidate
@@ -537,6 +539,7 @@ class SideRun(Evidence):
     batch: int | None = None
     companions: int = 0
     companions_ended_early: int = 0
+    live: Mapping[str, Any] | None = None  # a capture recorded inside a running process: pid, cmdline, versions, stopped
 
 
 @dataclass(frozen=True, kw_only=True)

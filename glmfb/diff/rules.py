@@ -93,6 +93,7 @@ class DiffFindings:
     on_cuda: bool = False  # the candidate ran on a CUDA device (torch's CUDA switches can act on it)
     size: RoundingSize | None = None  # the error against its dtype's own unit roundoff
     zeros: ZeroRegion | None = None  # the exactly-zero region the error starts with, against chance and across requests
+    step: int | None = None  # the generation step of the module call it starts in (live captures: 0 the prefill)
 
     def saw(self) -> dict[str, Any]:
         seen: dict[str, Any] = {
@@ -146,11 +147,18 @@ def _module_text(module: str | None) -> str:
     return "the top-level module" if module == "" else f"{module}"
 
 
+def _step_text(step: int | None) -> str:
+    """' (decode step 2)' for a call of a capture that recorded generation steps."""
+    if step is None:
+        return ""
+    return " (the prefill, step 0)" if step == 0 else f" (decode step {step})"
+
+
 def _where(f: DiffFindings) -> str:
     if f.module is not None and f.local is True:
         return f"module {f.module} (its own error, measured on the baseline's inputs)"
     if f.module is not None:
-        return f"module {_module_text(f.module)}"
+        return f"module {_module_text(f.module)}{_step_text(f.step)}"
     if f.tap is not None and (f.tap == "output" or f.tap.startswith("output[")):
         return f"the final outputs ({f.tap}; no module tap shows it earlier)"
     return f"tap {f.tap}" if f.tap else "the outputs"

@@ -23,7 +23,9 @@ of the first version ignores them and a single-process capture writes none of th
 manifest's ``distributed`` (``world_size``, ``backend``, the per-rank capture directories, and
 for a rank's own capture its ``rank`` and the layouts its target declared) and a tap's
 ``layout`` (how an unsharded tap was put together from the ranks: see
-:mod:`glmfb.diff.distributed`). The text layout changed without changing the format: the final
+:mod:`glmfb.diff.distributed`); for a capture recorded inside a running process
+(:mod:`glmfb.diff.live`), the manifest's ``live`` (pid, command line, versions, bytes written,
+why recording stopped) and a tap's ``step`` (0 the prefill, 1, 2, ... the decode steps). The text layout changed without changing the format: the final
 manifest holds each request on one line (compact JSON) instead of indenting every field; any
 JSON reader reads both. While a capture is being written its manifest lists no request and
 ``manifest.index.jsonl`` holds them; a reader of the first version sees such a capture as
@@ -85,6 +87,7 @@ class TapRecord:
     shape: tuple[int, ...]
     dtype: str
     layout: Mapping[str, Any] | None = None  # distributed captures: how the ranks' parts were joined
+    step: int | None = None  # live captures of generation: 0 the prefill, 1, 2, ... the decode steps
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -93,6 +96,8 @@ class TapRecord:
         }
         if self.layout is not None:
             data["layout"] = dict(self.layout)
+        if self.step is not None:
+            data["step"] = self.step
         return data
 
     @classmethod
@@ -108,8 +113,10 @@ class TapRecord:
             shape, name, module, file, key, dtype = (memo.setdefault(shape, shape), memo.setdefault(name, name),
                                                      memo.setdefault(module, module), memo.setdefault(file, file),
                                                      memo.setdefault(key, key), memo.setdefault(dtype, dtype))
+        step = data.get("step")
         return cls(name=name, module=module, call=int(data["call"]), file=file, key=key, shape=shape, dtype=dtype,
-                   layout=dict(layout) if isinstance(layout, Mapping) else None)
+                   layout=dict(layout) if isinstance(layout, Mapping) else None,
+                   step=int(step) if step is not None else None)
 
     @property
     def numel(self) -> int:
@@ -154,6 +161,7 @@ class Manifest:
     created: str = ""
     complete: bool = True
     distributed: Mapping[str, Any] | None = None  # world size, ranks, layouts (multi-rank captures)
+    live: Mapping[str, Any] | None = None  # recorded inside a running process (glmfb.diff.live): pid, command line, ...
 
     def to_dict(self) -> dict[str, Any]:
         data = self.head()
@@ -180,6 +188,8 @@ class Manifest:
         }
         if self.distributed is not None:
             data["distributed"] = to_json_value(dict(self.distributed))
+        if self.live is not None:
+            data["live"] = to_json_value(dict(self.live))
         return data
 
     @property
@@ -214,6 +224,7 @@ class Manifest:
             created=str(data.get("created", "")),
             complete=bool(data.get("complete", True)),
             distributed=dict(data["distributed"]) if isinstance(data.get("distributed"), Mapping) else None,
+            live=dict(data["live"]) if isinstance(data.get("live"), Mapping) else None,
         )
 
 
@@ -284,7 +295,8 @@ class CaptureWriter:
 
     def __init__(self, directory: Path, *, target: str, args: Mapping[str, Any], kind: str,
                  tap_globs: Sequence[str], env: Mapping[str, Any], git: str | None, created: str,
-                 force: bool = False, distributed: Mapping[str, Any] | None = None) -> None:
+                 force: bool = False, distributed: Mapping[str, Any] | None = None,
+                 live: Mapping[str, Any] | None = None) -> None:
         """Tensors go to a hidden ``.<name>.partial-<pid>`` folder beside ``directory``, which
         :meth:`finish` renames to ``directory``: a capture that was cut short never looks like
         one. An existing ``directory`` is refused unless ``force`` (then replaced whole)."""
@@ -304,9 +316,11 @@ class CaptureWriter:
         self.directory.mkdir()
         self._meta = dict(target=target, args=dict(args), kind=kind, tap_globs=tuple(tap_globs),
                           env=dict(env), git=git, created=created,
-                          distributed=dict(distributed) if distributed is not None else None)
+                          distributed=dict(distributed) if distributed is not None else None,
+                          live=dict(live) if live is not None else None)
+        self.step: int | None = None  # recorded with each call written while set (live captures of generation)
         self._requests: list[RequestRecord] = []
-        self._current: list[tuple[str, int, str, str, str, tuple[int, ...], str]] = []
+        self._current: list[tuple[str, int, str, str, str, tuple[int, ...], str, int | None]] = []
         self._request_dir = ""
         self._calls = 0
         # the head first (a folder with a manifest is a capture, an incomplete one), then the index
@@ -337,7 +351,7 @@ class CaptureWriter:
             key = f"t{index}"
             payload[key] = stored
             self._current.append((module, call, name, relative, key, tuple(stored.shape),
-                                  str(stored.dtype).removeprefix("torch.")))
+                                  str(stored.dtype).removeprefix("torch."), self.step))
         path = self.directory / relative
         temporary = path.with_name(f".{path.name}.tmp")
         save_file(payload, str(temporary))
@@ -347,13 +361,21 @@ class CaptureWriter:
         """Record the request: kept for the final manifest, and appended to the index."""
         counts = call_counts((module, call) for module, call, *_ in self._current)
         taps = tuple(
-            TapRecord(tap_name(module, call, counts, part), module, call, relative, key, shape, dtype)
-            for module, call, part, relative, key, shape, dtype in self._current
+            TapRecord(tap_name(module, call, counts, part), module, call, relative, key, shape, dtype, step=step)
+            for module, call, part, relative, key, shape, dtype, step in self._current
         )
         record = RequestRecord(request_id, length, taps, tuple(skipped))
         self._current = []
         self._append(json.dumps(record.to_dict(), allow_nan=False).encode("utf-8") + b"\n")
         self._requests.append(record)
+
+    def drop_request(self) -> None:
+        """Forget the request being written: its files go, and it is not recorded (a live
+        capture that stopped half-way through a request)."""
+        if self._request_dir:
+            shutil.rmtree(self.directory / self._request_dir, ignore_errors=True)
+        self._current = []
+        self._calls = 0
 
     def finish(self) -> Manifest:
         """Mark the capture complete and move it into place in one rename: the whole manifest
@@ -376,6 +398,12 @@ class CaptureWriter:
         """Remove what was written (a capture that failed half-way)."""
         self._close_index()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+    def note_live(self, **fields: Any) -> None:
+        """Add fields to the manifest's ``live`` record (written with the final manifest)."""
+        live = self._meta.get("live")
+        if isinstance(live, dict):
+            live.update(fields)
 
     def _manifest(self, complete: bool, requests: tuple[RequestRecord, ...]) -> Manifest:
         return Manifest(requests=requests, complete=complete, **self._meta)  # type: ignore[arg-type]
