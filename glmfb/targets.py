@@ -277,3 +277,75 @@ TARGET_MODULE_PREFIX = "glmfb_target_"
 
 def _module_label(name: str) -> str:
     return "a target file" if name.startswith(TARGET_MODULE_PREFIX) else f"module {name!r}"
+
+
+# --------------------------------------------------------------------------------------------
+# How a verdict names the two sides of a comparison
+# --------------------------------------------------------------------------------------------
+
+
+def _location_parts(location: str, attr: str | None) -> tuple[list[str], str]:
+    """A reference's location as path components and the separator that joins them: a file's
+    folders and name (``/``), a module's dotted parts (``.``); a reference without an attribute
+    (a folder, a saved file) is a path."""
+    if attr is None or is_file_ref(location) or not location:
+        normal = os.path.normpath(location) if location else location
+        return [part for part in normal.replace("\\", "/").split("/") if part], "/"
+    return location.split("."), "."
+
+
+def _split_side(ref: str) -> tuple[str, str | None]:
+    """``a/b.py:f`` -> ``("a/b.py", "f")``; a reference without an attribute (a capture folder, a
+    saved result file) -> ``(ref, None)``."""
+    location, sep, attr = ref.rpartition(":")
+    if sep and location and attr and "/" not in attr and "\\" not in attr:
+        return location, attr
+    return ref, None
+
+
+def _show_value(value: Any) -> str:
+    if isinstance(value, str) and value and not any(c.isspace() or c in ",()=" for c in value):
+        return value
+    return json.dumps(value)
+
+
+_UNSET = object()
+
+
+def side_labels(baseline: str, candidate: str, baseline_args: Mapping[str, Any] | None = None,
+                candidate_args: Mapping[str, Any] | None = None) -> tuple[str, str]:
+    """How a verdict's why names the two sides of a comparison, so that a reader tells them
+    apart: the attribute names when they differ (``gated_norm_fused``, ``gated_norm_tiled``);
+    else the shortest path suffix that tells the two locations apart, with the attribute
+    (``stack_v1/kernels.py:make_norm``, ``stack_v2/kernels.py:make_norm``); else (the same
+    reference) the arguments that differ (``make_norm(passes=4)``, ``make_norm(passes unset)``);
+    else ``the baseline`` and ``the candidate``. A reference without an attribute (a capture
+    folder, a saved file) is named by its last path component, or the shortest suffix that
+    differs."""
+    b_location, b_attr = _split_side(baseline)
+    c_location, c_attr = _split_side(candidate)
+    b_parts, b_sep = _location_parts(b_location, b_attr)
+    c_parts, c_sep = _location_parts(c_location, c_attr)
+
+    def named(parts: list[str], sep: str, attr: str | None, depth: int) -> str:
+        suffix = sep.join(parts[-depth:]) if depth else ""
+        return f"{suffix}:{attr}" if attr is not None and suffix else (attr if attr is not None else suffix)
+
+    b_name = b_attr if b_attr is not None else (b_parts[-1] if b_parts else baseline)
+    c_name = c_attr if c_attr is not None else (c_parts[-1] if c_parts else candidate)
+    if b_name != c_name:
+        return b_name, c_name
+    if (b_parts, b_sep) != (c_parts, c_sep):
+        for depth in range(1, max(len(b_parts), len(c_parts)) + 1):
+            b_text, c_text = named(b_parts, b_sep, b_attr, depth), named(c_parts, c_sep, c_attr, depth)
+            if b_text != c_text:
+                return b_text, c_text
+    b_args, c_args = dict(baseline_args or {}), dict(candidate_args or {})
+    differing = [k for k in dict.fromkeys([*b_args, *c_args]) if b_args.get(k, _UNSET) != c_args.get(k, _UNSET)]
+    if differing:
+        def called(args: Mapping[str, Any]) -> str:
+            shown = [f"{k}={_show_value(args[k])}" if k in args else f"{k} unset" for k in differing]
+            return f"{b_name}({', '.join(shown)})"
+
+        return called(b_args), called(c_args)
+    return "the baseline", "the candidate"

@@ -165,8 +165,18 @@ def test_not_a_results_file(tmp_path: Path) -> None:
 def test_cli_save_then_compare_saved_runs(tmp_path: Path) -> None:
     first, second = tmp_path / "rev1.json", tmp_path / "rev2.json"
     out = ["--out", str(tmp_path / "reports")]
-    result = runner.invoke(app, ["bench", f"{HERE}:scaled", "--shape", "64x512", "--budget", "1", "--save", str(first),
-                                 "--json", *out])
+
+    def save(*args: str) -> Any:
+        """``glmfb bench ... --save``: a kernel timed alone on a busy host is inconclusive (no time
+        of its own), so run it again, as a user would, up to three times."""
+        for _ in range(3):
+            result = runner.invoke(app, ["bench", f"{HERE}:scaled", *args, "--shape", "64x512", "--budget", "1",
+                                         "--json", *out])
+            if result.exit_code != 4 or "The host was busy" not in result.stdout:
+                return result
+        pytest.skip("the host stayed busy through three runs: no time of the kernel alone to save")
+
+    result = save("--save", str(first))
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["status"] == "pass" and "nothing compared" in data["why"]
@@ -174,8 +184,7 @@ def test_cli_save_then_compare_saved_runs(tmp_path: Path) -> None:
     saved = json.loads(first.read_text())
     assert saved["schema"] == SAVED_SCHEMA and saved["env"]["threads"] == 1
     assert len(saved["shapes"]["64x512"]["baseline"]) > 10
-    result = runner.invoke(app, ["bench", f"{HERE}:scaled", "--arg", "times=3", "--shape", "64x512",
-                                 "--budget", "1", "--save", str(second), *out])
+    result = save("--arg", "times=3", "--save", str(second))
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["bench", str(first), str(second), "--json", *out])
     assert result.exit_code == 1, result.output

@@ -57,6 +57,8 @@ class BenchConfig:
     device: str = option("auto", choice("auto", "cpu", "cuda"), "Where to time: auto, cpu or cuda.")
     cuda_graph: bool = option(False, BOOL, "Replay a captured CUDA graph (CUDA only).")
     profile: bool = option(True, BOOL, "Profile both sides (torch.profiler) for the operator diff.")
+    hot_check: bool = option(True, BOOL, "A pair: also time both sides briefly on one input set reused (inputs "
+                                         "hot in cache) and give that change where it differs (docs/bench.md).")
     seed: int = option(0, INT, "Seed of the block order and the bootstrap.")
     save: Path | None = option(None, FILE, "Also write the raw samples here (glmfb.bench/1 JSON).")
     processes: int = option(1, POSITIVE_INT, "One target alone: fresh processes its budget is spread over (its "

@@ -32,6 +32,7 @@ from glmfb.bench.decision import (
 from glmfb.bench.evidence import (
     BenchHarness,
     BenchSummary,
+    CacheRegime,
     Measurement,
     OpDiff,
     Placement,
@@ -41,7 +42,8 @@ from glmfb.bench.evidence import (
     ShapeChange,
     quantiles_of,
 )
-from glmfb.bench.rules import RULES, BenchFindings, ShapeOutcome
+from glmfb.bench.footprint import Footprint, input_footprint, larger
+from glmfb.bench.rules import RULES, BenchFindings, HotFigure, ShapeOutcome, hot_differs
 from glmfb.bench.runner import (
     Blocks,
     Side,
@@ -55,16 +57,31 @@ from glmfb.commandline import rerun_step
 from glmfb.env import differences, fingerprint
 from glmfb.errors import InputError, UsageError
 from glmfb.evidence import EnvDifferences, Evidence
+from glmfb.measure.cache import CacheSize, Regime, last_level_cache, regime_of
 from glmfb.measure.hostload import HostLoadMeter, busy_note
 from glmfb.measure.intervals import processes_interval, time_interval
 from glmfb.probe import ProbeContext
 from glmfb.rules import diagnose
-from glmfb.stats import Decision
+from glmfb.stats import Decision, Estimate
 from glmfb.step import Step
+from glmfb.targets import side_labels
 from glmfb.units import format_shape
 from glmfb.verdict import Layer, Metric, Status, Verdict
 
 MIN_BLOCKS = 4  # blocks a comparison needs at least (2 allocation pairs, 2 blocks each)
+# The hot check of a pair's focus shape (one input set reused, inputs hot in cache), on top of
+# the budget: a fifth of it and at most HOT_MAX_S (a budget is a ceiling: a large one given to
+# decide a small change does not make the check longer), over HOT_PAIRS allocation pairs, at
+# least HOT_MIN_ROUNDS rounds whatever the budget (8 ABBA blocks: 16 samples a side). Each sample lasts HOT_SAMPLE_FACTOR
+# times --sample-ms and comes after HOT_WARM_CALLS untimed calls on its input set: one pass
+# over a 16 MiB set does not leave it in a 32 MiB cache (a kernel reading it took 1.24 ms after
+# one pass, 0.93 ms after two or more, as a loop that only reuses it reads).
+HOT_SHARE = 0.2
+HOT_MAX_S = 2.0
+HOT_PAIRS = 4
+HOT_MIN_ROUNDS = 2
+HOT_SAMPLE_FACTOR = 4
+HOT_WARM_CALLS = 2
 
 
 @dataclass
@@ -84,6 +101,7 @@ class ShapeResult:
     declared: dict[str, dict[str, float | None]] = field(default_factory=dict)
     measuring_s: float = 0.0  # allocating the pairs and measuring them, what the budget counts
     extra: dict[str, Any] = field(default_factory=dict)  # how the shape was measured (ShapeChange fields)
+    regime: Regime | None = None  # the cache regime its inputs were in
 
     @property
     def ratio_of_medians(self) -> float:
@@ -155,9 +173,24 @@ def _load_pair(config: BenchConfig, shape: tuple[int, ...]) -> tuple[Side, Side]
     return baseline, candidate
 
 
+def _cache_of(timer: Any) -> CacheSize | None:
+    """The last-level cache the inputs' regime is read against: the host's, or on CUDA the
+    device's L2."""
+    if timer.device == "cuda":
+        l2 = getattr(timer, "l2_bytes", None)
+        return CacheSize(int(l2), "L2", "torch.cuda.get_device_properties") if l2 else None
+    return last_level_cache()
+
+
+def _regime(input_sets: int, footprint: Footprint | None, cache: CacheSize | None) -> Regime:
+    if footprint is None:
+        return regime_of(input_sets, None, None, cache)
+    return regime_of(input_sets, footprint.set_bytes, footprint.total_bytes, cache, footprint.source)
+
+
 def _measure_shape(
     config: BenchConfig, ctx: ProbeContext, timer: Any, shape: tuple[int, ...], budget_s: float,
-    seed: int,
+    seed: int, cache: CacheSize | None = None,
 ) -> ShapeResult:
     from glmfb.measure import Settings, compare
 
@@ -215,6 +248,86 @@ def _measure_shape(
         baseline_median_s=statistics.median(base_samples),
         candidate_median_s=statistics.median(cand_samples), declared=declared,
         measuring_s=ctx.clock.monotonic() - began, extra=extra,
+        regime=_regime(setup.input_sets, larger(*(input_footprint(side.kernels, setup.bytes_per_allocation)
+                                                  for side in (setup.baseline, setup.candidate))), cache),
+    )
+
+
+@dataclass(frozen=True)
+class HotCheck:
+    """The hot check of a pair's focus shape: both sides on one input set reused."""
+
+    status: str  # "measured", "off (hot_check = false)", or why it was not needed or not run
+    change: Estimate | None = None  # at 95%
+    blocks: int = 0
+    pairs: int = 0
+    calls_per_sample: int = 0
+    measuring_s: float = 0.0
+
+
+def _hot_check(config: BenchConfig, ctx: ProbeContext, timer: Any, shape: tuple[int, ...],
+               focus: ShapeResult, seed: int) -> HotCheck:
+    """Both sides of the focus shape timed again on one input set reused (inputs hot in cache),
+    interleaved as the main measurement is (no A/A pairs), briefly (:data:`HOT_SHARE` of the
+    budget, at most :data:`HOT_MAX_S`, on top of it), each sample after :data:`HOT_WARM_CALLS` untimed calls on its set,
+    with one look at 95%: a figure to set beside the main one, which decides nothing. Not run
+    when it could not differ (one set already, or one set alone beyond the cache), when the
+    main measurement estimated no change, or with ``hot_check = false``."""
+    from glmfb.measure import Settings, compare
+    from glmfb.measure.sequential import LookPlan
+
+    assert config.candidate is not None
+    if not config.hot_check:
+        return HotCheck("off (hot_check = false)")
+    if focus.change is None:
+        return HotCheck("not run: the main measurement estimated no change")
+    regime = focus.regime
+    if regime is not None and not regime.hot_differs_by_construction:
+        return HotCheck("not needed: the main measurement reused one input set" if regime.input_sets <= 1 else
+                        "not needed: one input set alone exceeds the cache, so it comes from memory either way")
+    label = format_shape(shape)
+
+    def report(message: str) -> None:
+        ctx.progress(f"bench {label}, hot check (one input set reused): {message}")
+
+    report("loading")
+    budget_s = min(config.budget_s * HOT_SHARE, HOT_MAX_S)
+    began = ctx.clock.monotonic()
+    setup = prepare_pairs(
+        timer, config.baseline, config.candidate, shape, input_sets=1, sample_s=config.sample_s * HOT_SAMPLE_FACTOR,
+        budget_s=budget_s, clock=ctx.clock.monotonic, progress=report, min_pairs=HOT_PAIRS, max_pairs=HOT_PAIRS,
+        with_aa=False, warm_calls=HOT_WARM_CALLS, limit_setup=False,
+    )
+    settings = Settings(threshold=config.threshold, budget_s=max(budget_s - setup.setup_s, budget_s / 2),
+                        plan=LookPlan(fractions=(1.0,)), min_rounds=HOT_MIN_ROUNDS, seed=seed)
+    comparison = compare(setup.pairs, settings, ctx.clock.monotonic, report)
+    look = comparison.final
+    return HotCheck("measured", look.interval.estimate if look is not None else None, comparison.blocks,
+                    setup.plan.ab_pairs, setup.calls_per_sample, ctx.clock.monotonic() - began)
+
+
+def _regime_evidence(shape: str, regime: Regime, hot: HotCheck | None = None,
+                     differs: bool | None = None, main: Estimate | None = None) -> CacheRegime:
+    cache = regime.cache
+    checked: dict[str, Any] = {}
+    if hot is not None:
+        estimate = hot.change
+        checked = {
+            "hot_check": hot.status,
+            "hot_change": estimate.value if estimate is not None else None,
+            "hot_ci": estimate.ci if estimate is not None else None,
+            "hot_confidence": estimate.confidence if estimate is not None else None,
+            "hot_blocks": hot.blocks or None, "hot_pairs": hot.pairs or None,
+            "hot_calls_per_sample": hot.calls_per_sample or None,
+            "hot_measuring_s": hot.measuring_s if hot.status == "measured" else None,
+            "hot_differs": differs,
+            "main_ci": main.ci if main is not None else None,
+        }
+    return CacheRegime(
+        shape=shape, regime=regime.name, summary=regime.clause(), input_sets=regime.input_sets,
+        set_bytes=regime.set_bytes, total_bytes=regime.total_bytes, bytes_source=regime.bytes_source,
+        cache_bytes=cache.bytes if cache is not None else None, cache_level=cache.level if cache is not None else None,
+        cache_source=cache.source if cache is not None else None, **checked,
     )
 
 
@@ -236,11 +349,12 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
     assert config.candidate is not None
     results: list[ShapeResult] = []
     spent_s = 0.0
+    cache = _cache_of(timer)
     meter = HostLoadMeter()
     for index, shape in enumerate(config.shapes):
         # A shape decided early leaves its budget to the shapes after it.
         share_s = (config.budget_s - spent_s) / (len(config.shapes) - index)
-        results.append(_measure_shape(config, ctx, timer, shape, share_s, config.seed + 7 * index))
+        results.append(_measure_shape(config, ctx, timer, shape, share_s, config.seed + 7 * index, cache))
         spent_s += min(share_s, results[-1].measuring_s)
     host_load = meter.stop()
     baseline_name = kernel_name(config.baseline.ref)
@@ -261,25 +375,43 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
         geomean = combined.geomean
     outcomes = tuple(_outcome(r, decisions.get(r.shape), config.threshold) for r in results)
     focus = _focus(results)
+    focus_shape = (config.shapes[[format_shape(s) for s in config.shapes].index(focus.shape)]
+                   if focus is not None else None)
+
+    # The same comparison with one input set reused (inputs hot in cache): a figure beside the
+    # main one, never a decision (the verdict's status and metric stay the main measurement's).
+    hot: HotCheck | None = None
+    hot_figure: HotFigure | None = None
+    main_95: Estimate | None = None  # the main change at the hot check's level, which it is compared with
+    if focus is not None and focus_shape is not None:
+        hot = _hot_check(config, ctx, timer, focus_shape, focus, config.seed + 5)
+        if hot.change is not None and focus.change is not None:
+            interval = focus.change.interval
+            main_95 = interval.at(hot.change.confidence).estimate if interval is not None else focus.change.estimate
+            figure = (hot.change.value, hot.change.low, hot.change.high)
+            hot_figure = HotFigure(*figure, differs=hot_differs((main_95.value, main_95.low, main_95.high), figure,
+                                                                 config.threshold))
 
     op_diff: OpDiff | None = None
     slower = any(o.decision == "regression" for o in outcomes)
     faster_only = (not slower and all(o.decision in ("improvement", "equivalent") for o in outcomes)
                    and any(o.decision == "improvement" for o in outcomes))
-    if config.profile and focus is not None and (slower or faster_only):
+    if config.profile and focus is not None and focus_shape is not None and (slower or faster_only):
         ctx.progress(f"bench {focus.shape}: profiling both sides")
-        focus_shape = config.shapes[[format_shape(s) for s in config.shapes].index(focus.shape)]
         op_diff = _profile(config, timer, focus_shape, focus, slower)
 
     steps = next_steps(config, focus.shape if focus is not None else None, _suggest_budget(config, results))
     findings = BenchFindings(
         baseline=baseline_name, candidate=candidate_name, threshold=config.threshold, budget_s=config.budget_s,
+        labels=side_labels(config.baseline.portable_ref, config.candidate.portable_ref, config.baseline.args,
+                           config.candidate.args),
         shapes=outcomes,
         geomean=geomean.value if geomean is not None else None,
         geomean_low=geomean.low if geomean is not None else None,
         geomean_high=geomean.high if geomean is not None else None,
         focus=focus.shape if focus is not None else None, op_diff=op_diff, device=timer.device,
         reproduce=steps["reproduce"], more_evidence=steps["more_evidence"], host_load=host_load,
+        regime=focus.regime.clause() if focus is not None and focus.regime is not None else "", hot=hot_figure,
     )
     outcome = diagnose(ctx.rules("bench", RULES), findings)
     diagnosis = outcome.diagnosis
@@ -296,6 +428,13 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
             fdr="Benjamini-Hochberg at 0.05 across shapes",
         ))
     evidence.extend(_shape_evidence(r, significant.get(r.shape), decisions.get(r.shape)) for r in results)
+    for result in results:
+        if result.regime is not None:
+            at_focus = focus is not None and result.shape == focus.shape  # the hot check's shape
+            evidence.append(_regime_evidence(
+                result.shape, result.regime, hot if at_focus else None,
+                hot_figure.differs if at_focus and hot_figure is not None else None,
+                main_95 if at_focus else None))
     if op_diff is not None:
         evidence.append(dataclasses.replace(op_diff, rule=outcome.rule.name))
     roofline = _roofline(timer.device, decided)
@@ -465,13 +604,14 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
     per_shape_s = config.budget_s / len(config.shapes)
     results: list[ShapeResult] = []
     name = kernel_name(config.baseline.ref)
+    cache = _cache_of(timer)
     meter = HostLoadMeter()
     times: list[tuple[float, float, float] | None] = []
     for shape in config.shapes:
         label = format_shape(shape)
         ctx.progress(f"bench {label}: measuring {name}")
         if config.processes > 1:
-            blocks, calls, per_process = _measure_in_processes(config, ctx, shape, per_shape_s)
+            blocks, calls, per_process, footprint = _measure_in_processes(config, ctx, shape, per_shape_s)
             times.append(processes_interval(per_process))
         else:
             single = measure_single(timer, config.baseline, shape, input_sets=config.input_sets,
@@ -479,10 +619,12 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
             blocks = Blocks(raw=[("baseline", v) for v in single.values], elapsed_s=single.elapsed_s,
                             allocations=single.allocations)
             calls = single.calls_per_sample
+            footprint = input_footprint(single.side.kernels, single.bytes_per_allocation)
             times.append(time_interval(single.values))
         samples = blocks.samples_of("baseline")
         results.append(ShapeResult(label, calls, blocks, None, Decision.UNDECIDED, None, 0.0, 0,
-                                   statistics.median(samples), math.nan))
+                                   statistics.median(samples), math.nan,
+                                   regime=_regime(config.input_sets, footprint, cache)))
     host_load = meter.stop()
     artifacts = _save(config, ctx, timer, env, results)
     first = times[0]
@@ -498,11 +640,16 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
                     median_s=r.baseline_median_s, time_s=t[0] if t else None, ci_s=(t[1], t[2]) if t else None,
                     processes=config.processes)
         for r, t in zip(results, times, strict=True)]
+    evidence.extend(_regime_evidence(r.shape, r.regime) for r in results if r.regime is not None)
     if host_load is not None:
         evidence.append(host_load.evidence())
     spread = (f"over {config.processes} fresh processes, the interval their spread" if config.processes > 1 else
               "in one process, batch means of each shape's samples in time order")
-    why = f"measured {name} alone (nothing compared): time per call {shown} (95% intervals, {spread}){saved}"
+    regime = results[0].regime
+    measured = (f" with {regime.clause()}{f' on {results[0].shape}' if len(results) > 1 else ''}"
+                if regime is not None else "")
+    why = (f"measured {name} alone (nothing compared){measured}: time per call {shown} (95% intervals, {spread})"
+           f"{saved}")
     metric: Metric | None = Metric("median_time", first[0] if first else results[0].baseline_median_s, "s",
                                    ci=(first[1], first[2]) if first else None)
     status = Status.PASS
@@ -521,10 +668,11 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
 
 
 def _measure_in_processes(config: BenchConfig, ctx: ProbeContext, shape: tuple[int, ...],
-                          budget_s: float) -> tuple[Blocks, int, list[float]]:
+                          budget_s: float) -> tuple[Blocks, int, list[float], Footprint | None]:
     """The target alone in ``config.processes`` fresh processes one after another
     (:mod:`glmfb.bench.worker`), the budget shared: their samples (allocation = process), the
-    calls per sample of the first, and each process's own time (batch means of its samples)."""
+    calls per sample of the first, each process's own time (batch means of its samples) and the
+    footprint of the first process's first allocation (None: not measured)."""
     import json
     import subprocess
     import sys
@@ -533,6 +681,7 @@ def _measure_in_processes(config: BenchConfig, ctx: ProbeContext, shape: tuple[i
 
     target = config.baseline
     blocks, calls, per_process = Blocks(), 0, []
+    footprint: Footprint | None = None
     for index in range(config.processes):
         ctx.progress(f"bench {format_shape(shape)}: fresh process {index + 1} of {config.processes}")
         job = {"target": target.ref, "args": dict(target.args), "shape": list(shape),
@@ -553,12 +702,15 @@ def _measure_in_processes(config: BenchConfig, ctx: ProbeContext, shape: tuple[i
             raise HarnessError(f"bench: in fresh process {index + 1} of {config.processes}: {answer['error']}")
         values = [float(v) for v in answer["values"]]
         calls = calls or int(answer["calls_per_sample"])
+        if footprint is None and answer.get("footprint"):
+            total, largest, source = answer["footprint"]
+            footprint = Footprint(int(total), int(largest), str(source))
         blocks.raw.extend(("baseline", v) for v in values)
         blocks.allocations.extend(index for _ in values)
         blocks.elapsed_s += ctx.clock.monotonic() - began
         own = time_interval(values)
         per_process.append(own[0] if own is not None else statistics.median(values))
-    return blocks, calls, per_process
+    return blocks, calls, per_process, footprint
 
 
 def _us(seconds: float) -> str:
@@ -640,6 +792,7 @@ def compare_saved(config: BenchConfig, ctx: ProbeContext) -> Verdict:
     pytest_format = baseline.format == "pytest-benchmark"
     findings = BenchFindings(
         baseline=baseline.source, candidate=candidate.source, threshold=config.threshold, budget_s=0.0,
+        labels=side_labels(baseline.source, candidate.source),
         shapes=outcomes, geomean=geomean.value, geomean_low=geomean.low, geomean_high=geomean.high,
         focus=keys[focus], saved=True, saved_in_process=same_process,
         saved_runs_note=_runs_note(len(baseline_runs), len(candidate_runs), saved, floor_used),

@@ -283,7 +283,44 @@ class ProcessFloorEvidence(Evidence):
     path: str
 
 
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class CacheRegime(Evidence):
+    """Which cache regime a shape was measured in: its input sets (rotated; 1: reused) and their
+    bytes against the last-level cache (:mod:`glmfb.measure.cache`). On a pair's focus shape,
+    also the hot check: both sides timed briefly on one input set reused, interleaved like the
+    main measurement, and whether that change differs from the main one (the verdict's status
+    and metric stay the main measurement's)."""
+
+    kind: ClassVar[str] = "cache_regime"
+    title: ClassVar[str] = "cache regime"
+    shape: str
+    regime: str  # "cold", "warm", "hot" or "unknown"
+    summary: str  # in words, as the why says it
+    input_sets: int
+    set_bytes: int | None = None  # the largest input set (of the side whose sets hold more)
+    total_bytes: int | None = None  # all the input sets a sample rotates over, each storage once
+    bytes_source: str | None = None  # "tensors the kernel holds" or "resident-memory growth" (glmfb.bench.footprint)
+    cache_bytes: int | None = None
+    cache_level: str | None = None  # "L3"; on CUDA the device's "L2"
+    cache_source: str | None = None  # where the size was read: a sysfs path, "lscpu", the device's properties
+    # The hot check (a pair's focus shape only): "measured", "off" (hot_check = false), or why it
+    # was not needed or not run.
+    hot_check: str | None = None
+    hot_change: float | None = None
+    hot_ci: tuple[float, ...] | None = None
+    hot_confidence: float | None = None
+    hot_blocks: int | None = None
+    hot_pairs: int | None = None
+    hot_calls_per_sample: int | None = None
+    hot_measuring_s: float | None = None
+    # Whether the hot change differs from the main one: their 95% intervals apart and the
+    # changes further apart than the threshold (as ratios); the why then gives both.
+    hot_differs: bool | None = None
+    main_ci: tuple[float, ...] | None = None  # the main change's interval at hot_confidence, compared with hot_ci
+
+
 EVIDENCE_TYPES: tuple[type[Evidence], ...] = (
     BenchSummary, ShapeChange, OpDiff, Roofline, BenchHarness, Measurement, SavedComparison,
-    ProcessFloorEvidence,
+    ProcessFloorEvidence, CacheRegime,
 )

@@ -45,6 +45,7 @@ from glmfb.bench.opdiff import REPEATED, SAME_CALLS, call_ratio, repeated_input
 from glmfb.measure.hostload import HostLoad, busy_note
 from glmfb.rules import Diagnosis, Rule
 from glmfb.step import Step
+from glmfb.targets import side_labels
 from glmfb.verdict import Status
 
 KIND = "bench"
@@ -73,10 +74,33 @@ class ShapeOutcome:
 
 
 @dataclass(frozen=True)
+class HotFigure:
+    """The hot check of the focus shape: the change with one input set reused (inputs hot in
+    cache), its 95% interval, and whether it differs from the main measurement's
+    (:func:`hot_differs`)."""
+
+    change: float
+    low: float
+    high: float
+    differs: bool
+
+
+def hot_differs(cold: tuple[float, float, float], hot: tuple[float, float, float], threshold: float) -> bool:
+    """Whether the hot change differs from the main (cold) one: each ``(value, low, high)``, at
+    one confidence level (the engine puts both at 95%); their intervals do not overlap and the
+    two changes, as ratios, lie further apart than the threshold (+49% and +98% do at 5%:
+    1.98 / 1.49 = 1.33; noise between two short runs of the same change does not)."""
+    apart = hot[1] > cold[2] or hot[2] < cold[1]
+    if not apart or min(cold[0], hot[0]) <= -1.0:
+        return False
+    return abs(math.log1p(hot[0]) - math.log1p(cold[0])) > math.log1p(threshold)
+
+
+@dataclass(frozen=True)
 class BenchFindings:
     """What a comparison established, in the terms the rules speak."""
 
-    baseline: str  # kernel names
+    baseline: str  # kernel names (the candidate's is where.kernel)
     candidate: str
     threshold: float
     budget_s: float
@@ -96,8 +120,19 @@ class BenchFindings:
     env_differences: tuple[str, ...] = ()  # "python: 3.11.7 vs 3.12.1", when the sides' environments differ
     approximate: int = 0  # saved comparisons made from summaries only (no raw samples)
     host_load: HostLoad | None = None  # the rest of the host while the shapes were measured
+    labels: tuple[str, str] | None = None  # how a why names (baseline, candidate); None: from the kernel names
+    # The focus shape's cache regime in words (glmfb.measure.cache.Regime.clause: "inputs cold in
+    # cache (4 rotated input sets, 64 MiB in all, beyond the 32 MiB last-level cache)"); "" unknown.
+    regime: str = ""
+    hot: HotFigure | None = None  # the hot check of the focus shape (a pair measured now)
 
     # ---- derived ---------------------------------------------------------------------------
+
+    @property
+    def names(self) -> tuple[str, str]:
+        """(baseline, candidate) as a why names them, told apart (:func:`glmfb.targets.side_labels`):
+        two kernels both called ``make_norm`` never read "make_norm is slower than make_norm"."""
+        return self.labels if self.labels is not None else side_labels(self.baseline, self.candidate)
 
     def of(self, decision: str) -> list[ShapeOutcome]:
         return [s for s in self.shapes if s.decision == decision]
@@ -341,7 +376,8 @@ def _floor_note(f: BenchFindings) -> str:
 
 def _slower_headline(f: BenchFindings) -> str:
     slower, total = len(f.of("regression")), len(f.shapes)
-    return (f"{f.candidate} is slower than {f.baseline} on {slower} of {total} {f.unit}{_plural(total)} "
+    baseline, candidate = f.names
+    return (f"{candidate} is slower than {baseline} on {slower} of {total} {f.unit}{_plural(total)} "
             f"({_summary(f)}); {_per_shape(f)}")
 
 
@@ -351,18 +387,49 @@ def _faster_headline(f: BenchFindings) -> str:
     speedup = ""
     if focus is not None and focus.change is not None:
         speedup = f", a {1.0 / (1.0 + focus.change):.2f}x speed-up"
-    return (f"{f.candidate} is faster than {f.baseline} on {faster} of {total} {f.unit}{_plural(total)} "
+    baseline, candidate = f.names
+    return (f"{candidate} is faster than {baseline} on {faster} of {total} {f.unit}{_plural(total)} "
             f"({_summary(f)}); {_per_shape(f)}{speedup}")
 
 
 def _equivalent_headline(f: BenchFindings) -> str:
     total = len(f.shapes)
-    return (f"{f.candidate} and {f.baseline} are equivalent within ±{f.threshold:.0%} on {total} "
+    baseline, candidate = f.names
+    return (f"{candidate} and {baseline} are equivalent within ±{f.threshold:.0%} on {total} "
             f"{f.unit}{_plural(total)} ({_summary(f)})")
 
 
+def _hot_meaning(cold: float, hot: float, threshold: float) -> str:
+    """What a hot change unlike the cold one says about the difference between the kernels."""
+    log_cold, log_hot, bar = math.log1p(cold), math.log1p(hot), math.log1p(threshold)
+    if abs(log_cold) > bar and abs(log_hot) > bar and log_cold * log_hot < 0:
+        return "which kernel is faster depends on whether its inputs come from memory or stay in cache"
+    if abs(log_hot) > abs(log_cold):
+        if hot > 0:
+            return ("the candidate's extra work is compute (or reads of data already in cache) that waiting on "
+                    "memory hides when the inputs come from memory")
+        return "the work the candidate saves is compute that waiting on memory hides when the inputs come from memory"
+    if cold > 0:
+        return "the candidate's extra time is memory traffic, which inputs kept in cache avoid"
+    return "the time the candidate saves is memory traffic, which matters less when the inputs stay in cache"
+
+
+def _regime_note(f: BenchFindings) -> str:
+    """The cache regime the focus shape was measured in, once; with the hot figure beside the
+    main one when the hot check differs."""
+    if not f.regime:
+        return ""
+    where = f" on {f.focus}" if f.focus is not None and len(f.shapes) > 1 else ""
+    focus, hot = f.focus_outcome, f.hot
+    if hot is None or not hot.differs or focus is None or focus.change is None:
+        return f" Measured with {f.regime}{where}."
+    return (f" Measured with {f.regime}{where}, it reads {pct(focus.change)}; with one input set reused, hot in "
+            f"cache, {pct(hot.change)} {interval(hot.low, hot.high)}: "
+            f"{_hot_meaning(focus.change, hot.change, f.threshold)}.")
+
+
 def _notes(f: BenchFindings) -> str:
-    notes = _floor_note(f)
+    notes = _regime_note(f) + _floor_note(f)
     if f.saved and f.saved_in_process:
         notes += " Both sides come from one saved in-process run."
     elif f.saved:
@@ -401,7 +468,8 @@ def _too_few_blocks(f: BenchFindings) -> Diagnosis | None:
     names = ", ".join(s.shape for s in short)
     return Diagnosis(
         Status.INCONCLUSIVE,
-        f"the budget of {f.budget_s:g} s did not fit enough ABBA blocks to estimate a change on {names}.",
+        f"the budget of {f.budget_s:g} s did not fit enough ABBA blocks to estimate a change on {names}."
+        + _regime_note(f),
         _more(f), where={"kernel": f.candidate, "shape": short[0].shape},
     )
 
@@ -599,7 +667,8 @@ def _undecided(f: BenchFindings) -> Diagnosis | None:
     first = undecided[0]
     total = len(f.shapes)
     ran_out = "the samples did not decide" if f.saved else f"the budget of {f.budget_s:g} s ran out before"
-    head = (f"{ran_out} {f.candidate} vs {f.baseline} {'' if f.saved else 'was decided '}on "
+    baseline, candidate = f.names
+    head = (f"{ran_out} {candidate} vs {baseline} {'' if f.saved else 'was decided '}on "
             f"{len(undecided)} of {total} {f.unit}{_plural(total)}: on {first.shape} {pct(first.change)} "
             f"{interval(first.low, first.high)} straddles ±{f.threshold:.0%}")
     if not f.saved:

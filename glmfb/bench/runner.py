@@ -3,7 +3,8 @@ allocation pairs that :func:`glmfb.measure.compare` runs in interleaved ABBA blo
 
 Factory contract: ``factory(shape, **args)`` returns a zero-argument callable that runs the
 kernel once on inputs it has already allocated. One *allocation* of a side is ``input_sets``
-factory calls (default 4) whose callables a timed sample rotates over, so a small shape is
+factory calls (default 4) whose callables the timed samples rotate over (a sample goes on with
+the set after the one the last sample ended on, :mod:`glmfb.bench.timers`), so a small shape is
 not flattered by inputs that stay hot in cache. A comparison uses several independent
 allocations per side (:func:`prepare_pairs`): where a side's buffers land (alignment, cache
 sets, pages) changes its speed, and only several allocations per side let the interval see
@@ -243,12 +244,14 @@ def plan_pairs(
     budget_s: float, block_s: float, *, setup_s_per_pair: float = 0.0,
     bytes_per_pair: int | None = None, available_bytes: int | None = None,
     min_pairs: int = MIN_PAIRS, max_pairs: int = MAX_PAIRS, target_rounds: int = TARGET_ROUNDS,
+    with_aa: bool = True, limit_setup: bool = True,
 ) -> PairPlan:
-    """A/B pairs (and A/A pairs beside them, a quarter as many, at least 2) such that a full
-    budget allows about ``target_rounds`` blocks on every pair, within memory and setup."""
+    """A/B pairs (and A/A pairs beside them, a quarter as many, at least 2; none without
+    ``with_aa``) such that a full budget allows about ``target_rounds`` blocks on every pair,
+    within memory and (with ``limit_setup``) the share of the budget loading may take."""
 
     def aa(ab: int) -> int:
-        return max(2, ab // 4)
+        return max(2, ab // 4) if with_aa else 0
 
     fits = budget_s / (target_rounds * block_s) if block_s > 0 else math.inf
     ab = int(fits * 0.8)
@@ -256,7 +259,7 @@ def plan_pairs(
     if ab >= max_pairs:
         ab, limited_by = max_pairs, "maximum"
     ab = max(ab, min_pairs)
-    if setup_s_per_pair > 0:
+    if setup_s_per_pair > 0 and limit_setup:
         by_setup = int(SETUP_SHARE * budget_s / setup_s_per_pair * 0.8)
         if by_setup < ab:
             ab, limited_by = max(2, by_setup), "setup"
@@ -305,11 +308,18 @@ def prepare_pairs(
     timer: Timer, baseline: Target, candidate: Target, shape: tuple[int, ...], *,
     input_sets: int, sample_s: float, budget_s: float, clock: Callable[[], float] = time.perf_counter,
     progress: Callable[[str], None] | None = None, min_pairs: int = MIN_PAIRS, max_pairs: int = MAX_PAIRS,
+    with_aa: bool = True, warm_calls: int = 0, limit_setup: bool = True,
 ) -> PairSetup:
     """Load, warm up and calibrate the first allocation of each side, plan the pairs
     (:func:`plan_pairs`), then load the other allocations: A/B pair ``j`` gets baseline and
     candidate allocations with the same seeds (which side is allocated first alternates, so
-    allocation order is no systematic effect); each A/A pair gets two baseline allocations."""
+    allocation order is no systematic effect); each A/A pair gets two baseline allocations
+    (none without ``with_aa``: a check that decides nothing needs no floor). ``limit_setup``:
+    fewer pairs when loading them would take much of the budget (off: ``min_pairs`` at least,
+    memory allowing). ``warm_calls``:
+    untimed calls on its input set before every timed sample, so each sample starts with its
+    inputs in cache (the hot check); without, a sample finds the cache as the samples before it
+    left it."""
     read_memory, available = _memory_probe(timer.device)
     before = read_memory()
     began = clock()
@@ -323,7 +333,11 @@ def prepare_pairs(
     for side in first.values():
         warm_up(side)
     calls = calibrate(timer, list(first.values()), sample_s)
-    loops = {label: timer.prepare(side.kernels, calls) for label, side in first.items()}
+
+    def prepare(kernels: list[Kernel]) -> Loop:
+        return timer.prepare(kernels, calls, warm=warm_calls) if warm_calls else timer.prepare(kernels, calls)
+
+    loops = {label: prepare(side.kernels) for label, side in first.items()}
     sample_times = {label: timed(timer, first[label], loop, "a timed call")[0] for label, loop in loops.items()}
     block_s = 2.0 * sum(sample_times.values())
     per_call_s = max(sample_times.values()) / calls
@@ -331,7 +345,8 @@ def prepare_pairs(
     plan = plan_pairs(
         budget_s, block_s, setup_s_per_pair=setup_per_pair,
         bytes_per_pair=2 * bytes_per_allocation if bytes_per_allocation else None,
-        available_bytes=available, min_pairs=min_pairs, max_pairs=max_pairs,
+        available_bytes=available, min_pairs=min_pairs, max_pairs=max_pairs, with_aa=with_aa,
+        limit_setup=limit_setup,
     )
     if progress is not None:
         progress(f"{plan.ab_pairs} allocation pairs and {plan.aa_pairs} A/A pairs ({plan.limited_by}), "
@@ -349,15 +364,15 @@ def prepare_pairs(
     for j in range(1, plan.ab_pairs):
         order = ("baseline", "candidate") if j % 2 == 0 else ("candidate", "baseline")
         sides = {label: allocate(label, j) for label in order}
-        pairs.append(Pair("ab", j, *(_arm(timer, sides[label], timer.prepare(sides[label].kernels, calls), j)
+        pairs.append(Pair("ab", j, *(_arm(timer, sides[label], prepare(sides[label].kernels), j)
                                      for label in ("baseline", "candidate"))))
     for m in range(plan.aa_pairs):
         slot = plan.ab_pairs + m
         a, b = allocate("baseline", slot), allocate("baseline", slot)
         allocation = plan.ab_pairs + 2 * m
         pairs.append(Pair("aa", plan.ab_pairs + m,
-                          _arm(timer, a, timer.prepare(a.kernels, calls), allocation),
-                          _arm(timer, b, timer.prepare(b.kernels, calls), allocation + 1)))
+                          _arm(timer, a, prepare(a.kernels), allocation),
+                          _arm(timer, b, prepare(b.kernels), allocation + 1)))
     return PairSetup(pairs, calls, first["baseline"], first["candidate"], plan, input_sets,
                      clock() - started_setup, bytes_per_allocation, block_s)
 
@@ -371,6 +386,7 @@ class SingleMeasurement:
     values: list[float]
     allocations: list[int]
     elapsed_s: float
+    bytes_per_allocation: int | None = None  # resident-memory growth of the first allocation
 
 
 def measure_single(
@@ -379,7 +395,10 @@ def measure_single(
 ) -> SingleMeasurement:
     """Samples of one side alone, rotating over ``allocations`` independent allocations, so
     the saved run's median averages over where the buffers landed."""
+    read_memory, _available = _memory_probe(timer.device)
+    before = read_memory()
     first = load_side("baseline", target, shape, input_sets, 0)
+    after = read_memory()
     warm_up(first)
     calls = calibrate(timer, [first], sample_s)
     sides = [first]
@@ -397,7 +416,8 @@ def measure_single(
             elapsed, _ = timed(timer, side, loop, "a timed call")
             values.append(elapsed / loop.calls)
             owners.append(index)
-    return SingleMeasurement(first, calls, values, owners, clock() - began)
+    grown = after - before if before is not None and after is not None and after > before else None
+    return SingleMeasurement(first, calls, values, owners, clock() - began, grown)
 
 
 def measure_callable(fn: Callable[[], Any], repeats: int) -> float:

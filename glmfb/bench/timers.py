@@ -1,7 +1,8 @@
 """Timers: run a prepared loop of kernel calls and say how long it took.
 
-A timer first *prepares* a loop (``calls`` calls rotating over the pre-allocated input sets)
-and then *measures* it. On CPU that is ``time.perf_counter`` around a plain Python loop. On
+A timer first *prepares* a loop (``calls`` calls rotating over the pre-allocated input sets,
+each loop going on where the last one stopped, so every set is used even when a sample is one
+call) and then *measures* it. On CPU that is ``time.perf_counter`` around a plain Python loop. On
 CUDA (:class:`CudaTimer`) the loop runs between two CUDA events after an L2 flush (a write
 to a buffer larger than the L2 cache), and may be captured once into a CUDA graph and
 replayed, which removes the launch overhead from the measurement.
@@ -20,16 +21,23 @@ Kernel = Callable[[], Any]
 
 @dataclass(frozen=True)
 class Loop:
-    """``calls`` kernel calls, ready to run; ``run()`` returns the last call's result."""
+    """``calls`` kernel calls, ready to run; ``run()`` returns the last call's result.
+    ``warm``: untimed calls right before each timed run, on the input set the run starts with,
+    so that its inputs are in cache (the hot check; the CUDA timer then skips its L2 flush);
+    None: the run is timed on inputs as the calls before it left them."""
 
     calls: int
     run: Callable[[], Any]
+    warm: Callable[[], Any] | None = None
 
 
 class Timer(Protocol):
     device: str
 
-    def prepare(self, kernels: Sequence[Kernel], calls: int) -> Loop: ...
+    def prepare(self, kernels: Sequence[Kernel], calls: int, *, warm: int = 0) -> Loop:
+        """``calls`` calls rotating over ``kernels``; ``warm``: untimed calls before each
+        timed run (:attr:`Loop.warm`)."""
+        ...
 
     def measure(self, loop: Loop) -> tuple[float, Any]:
         """Seconds the loop took, and the last call's result."""
@@ -38,16 +46,50 @@ class Timer(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
-def _rotation(kernels: Sequence[Kernel], calls: int) -> Callable[[], Any]:
-    order = [kernels[i % len(kernels)] for i in range(calls)]
+# Below this many calls per input set, a loop goes on with the set after the one the last loop
+# ended on: with 1 call per sample, restarting at set 0 would time set 0 only (hot in cache,
+# or cold, depending on what ran before it) and never rotate at all.
+ROTATE_ACROSS_LOOPS = 64
 
-    def run() -> Any:
+
+class _Rotation:
+    """``calls`` calls rotating over ``kernels``; each run starts with the set after the one
+    the previous run ended on (orders precomputed per start, so the timed loop is a plain
+    ``for``). With many calls per set, or a whole number of rotations per run, every run
+    starts at set 0: the partial rotation then weighs at most 1/64."""
+
+    def __init__(self, kernels: Sequence[Kernel], calls: int) -> None:
+        n = len(kernels)
+        self.kernels = list(kernels)
+        self.step = calls % n if calls < ROTATE_ACROSS_LOOPS * n else 0
+        starts = {(k * self.step) % n for k in range(n)} if self.step else {0}
+        self.orders = {s: [kernels[(s + i) % n] for i in range(calls)] for s in starts}
+        self.start = 0
+
+    def __call__(self) -> Any:
+        order = self.orders[self.start]
+        if self.step:
+            self.start = (self.start + self.step) % len(self.kernels)
         result = None
         for kernel in order:
             result = kernel()
         return result
 
-    return run
+    def warmer(self, calls: int) -> Callable[[], Any] | None:
+        """``calls`` untimed calls of the set the next run starts with (None for none)."""
+        if calls <= 0:
+            return None
+
+        def warm() -> None:
+            kernel = self.kernels[self.start]
+            for _ in range(calls):
+                kernel()
+
+        return warm
+
+
+def _rotation(kernels: Sequence[Kernel], calls: int) -> _Rotation:
+    return _Rotation(kernels, calls)
 
 
 class CpuTimer:
@@ -55,11 +97,14 @@ class CpuTimer:
 
     device = "cpu"
 
-    def prepare(self, kernels: Sequence[Kernel], calls: int) -> Loop:
-        return Loop(calls, _rotation(kernels, calls))
+    def prepare(self, kernels: Sequence[Kernel], calls: int, *, warm: int = 0) -> Loop:
+        rotation = _rotation(kernels, calls)
+        return Loop(calls, rotation, rotation.warmer(warm))
 
     def measure(self, loop: Loop) -> tuple[float, Any]:
         run = loop.run
+        if loop.warm is not None:
+            loop.warm()
         start = time.perf_counter()
         result = run()
         elapsed = time.perf_counter() - start
@@ -83,6 +128,8 @@ class CudaTimer:
         self._torch = torch
         properties = torch.cuda.get_device_properties(torch.cuda.current_device())
         l2_bytes = int(getattr(properties, "L2_cache_size", 0) or 64 * 2**20)
+        # The device's last-level cache, what the inputs' cache regime is read against (None: not reported).
+        self.l2_bytes: int | None = int(getattr(properties, "L2_cache_size", 0) or 0) or None
         self.flush_bytes = flush_bytes or max(2 * l2_bytes, 32 * 2**20)
         self._flush = torch.empty(self.flush_bytes // 4, dtype=torch.float32, device="cuda")
         self.use_graph = use_graph
@@ -90,11 +137,11 @@ class CudaTimer:
         self._start = torch.cuda.Event(enable_timing=True)
         self._end = torch.cuda.Event(enable_timing=True)
 
-    def prepare(self, kernels: Sequence[Kernel], calls: int) -> Loop:
+    def prepare(self, kernels: Sequence[Kernel], calls: int, *, warm: int = 0) -> Loop:
         torch = self._torch
         run = _rotation(kernels, calls)
         if not self.use_graph:
-            return Loop(calls, run)
+            return Loop(calls, run, run.warmer(warm))
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up on a side stream, as capture requires
@@ -109,11 +156,14 @@ class CudaTimer:
             graph.replay()
             return captured
 
-        return Loop(calls, replay)
+        return Loop(calls, replay, replay if warm > 0 else None)
 
     def measure(self, loop: Loop) -> tuple[float, Any]:
         torch = self._torch
-        self._flush.zero_()  # evict the inputs from L2 so every sample starts cold
+        if loop.warm is None:
+            self._flush.zero_()  # evict the inputs from L2 so every sample starts cold
+        else:
+            loop.warm()  # the hot check: the inputs in L2 when the sample starts
         self._start.record()
         result = loop.run()
         self._end.record()

@@ -3,7 +3,8 @@
 ``python -m glmfb.bench.worker`` reads its job (JSON) on stdin: the target (reference, keyword
 arguments, the definition's folder), the shape, and how to sample; it measures the target alone
 as :func:`glmfb.bench.runner.measure_single` does, on the CPU, and prints one JSON line: the
-per-call seconds of its samples in the order taken and the calls per sample, or ``{"error":
+per-call seconds of its samples in the order taken, the calls per sample and the footprint of its
+first allocation's input sets (``[total bytes, largest set's bytes, source]``, or null), or ``{"error":
 ...}`` (exit 1) when the target could not be loaded or raised.
 
 A process's memory layout (where the interpreter, the heap and the buffers land) moves a
@@ -28,6 +29,7 @@ def main() -> None:
 
     import torch
 
+    from glmfb.bench.footprint import input_footprint
     from glmfb.bench.runner import measure_single
     from glmfb.bench.timers import CpuTimer
     from glmfb.errors import GlmfbError, TargetFailed
@@ -40,7 +42,9 @@ def main() -> None:
     try:
         single = measure_single(CpuTimer(), target, tuple(job["shape"]), input_sets=int(job["input_sets"]),
                                 sample_s=float(job["sample_s"]), budget_s=float(job["budget_s"]))
-        answer = {"values": single.values, "calls_per_sample": single.calls_per_sample}
+        footprint = input_footprint(single.side.kernels, single.bytes_per_allocation)
+        answer = {"values": single.values, "calls_per_sample": single.calls_per_sample,
+                  "footprint": [footprint.total_bytes, footprint.set_bytes, footprint.source] if footprint else None}
     except TargetFailed as exc:
         answer = {"error": str(exc)}
     except GlmfbError as exc:
