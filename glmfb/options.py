@@ -175,6 +175,40 @@ def path_type(metavar: str = "FILE") -> ValueType:
     return ValueType("path", metavar, parse, lambda v: "none" if v is None else str(v), {"type": "string"})
 
 
+def parse_command(raw: Any, example: str = '["{python}", "prog.py"]') -> tuple[str, ...]:
+    """A command line from what a user wrote: a string (split as a shell would; no shell runs
+    it) or a list of strings (TOML, the agent server). Raises :class:`OptionValueError`."""
+    import shlex
+
+    if isinstance(raw, str):
+        try:
+            words = shlex.split(raw)
+        except ValueError as exc:
+            raise OptionValueError(f"{raw!r} does not split into words: {exc}",
+                                   "quote it as a shell would, or give a list of strings") from None
+    elif isinstance(raw, (list, tuple)) and all(isinstance(word, str) for word in raw):
+        words = list(raw)
+    else:
+        raise OptionValueError(f"{raw!r} is not a command line", f"write a string, or a list such as {example}")
+    if not words or not all(words):
+        raise OptionValueError(f"{raw!r} is an empty command line", "give the program to run and its arguments")
+    return tuple(words)
+
+
+def command_type(description: str, example: str) -> ValueType:
+    """A command line glmfb runs (a string or a list of strings; none: ``()``). Its type's name,
+    ``command``, is what the agent server refuses unless it runs with ``--allow-commands``
+    (glmfb/mcp/tools/probes.py)."""
+    import shlex
+
+    def parse(raw: Any) -> tuple[str, ...]:
+        return parse_command(raw, example)
+
+    return ValueType("command", "COMMAND", parse, lambda v: shlex.join(v) if v else "none",
+                     {"type": ["string", "array"], "items": {"type": "string"}, "description": description},
+                     check=lambda v: () if v == () else parse(v), write=lambda v: list(v) if v else None)
+
+
 # --------------------------------------------------------------------------------------------
 # Declarations
 # --------------------------------------------------------------------------------------------

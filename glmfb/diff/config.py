@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from glmfb.options import (
     POSITIVE_INT,
     SECONDS,
     ValueType,
+    command_type,
     nonnegative_float,
     option,
 )
@@ -90,12 +90,6 @@ PER_TAP = ValueType("tolerance", "GLOB=RTOL,ATOL", str, lambda v: "none" if not 
 TOLERANCE = nonnegative_float("tolerance")
 
 
-def _parse_command(raw: Any) -> tuple[str, ...]:
-    from glmfb.diff.servers import parse_command
-
-    return parse_command(raw)
-
-
 def _parse_target(raw: Any) -> str:
     from glmfb.targets import split_ref
 
@@ -109,11 +103,9 @@ def _parse_target(raw: Any) -> str:
 
 # A command line: a string (split as a shell would) or a list of strings. The MCP server runs
 # none unless it allows commands (glmfb/mcp/tools/probes.py checks the type's name).
-COMMAND = ValueType("command", "COMMAND", _parse_command, lambda v: shlex.join(v) if v else "none",
-                    {"type": ["string", "array"], "items": {"type": "string"},
-                     "description": "a command line: a string split as a shell would, or a list of strings; {port} "
-                                    "is a free loopback port (also in the side's URL), {python} this interpreter"},
-                    write=lambda v: list(v) if v else None)
+COMMAND = command_type("a command line: a string split as a shell would, or a list of strings; {port} is a free "
+                       "loopback port (also in the side's URL), {python} this interpreter",
+                       '["{python}", "server.py", "--port", "{port}"]')
 # A torch factory (path/file.py:attr or package.module:attr), resolved like a diff target.
 TARGET_REF = ValueType("target", "TARGET", _parse_target, lambda v: v or "none",
                        {"type": "string", "description": "path/file.py:attr or package.module:attr"})

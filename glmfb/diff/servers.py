@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from glmfb.errors import HarnessError
-from glmfb.units import OptionValueError
 
 PORT = "{port}"
 PYTHON = "{python}"
@@ -35,22 +34,10 @@ STOP_GRACE_S = 5.0
 
 
 def parse_command(raw: Any) -> tuple[str, ...]:
-    """A server command from what a user wrote: a string (split as a shell would, no shell run)
-    or a list of strings (TOML). Raises :class:`OptionValueError`."""
-    if isinstance(raw, str):
-        try:
-            words = shlex.split(raw)
-        except ValueError as exc:
-            raise OptionValueError(f"{raw!r} does not split into words: {exc}",
-                                   "quote it as a shell would, or give a list of strings") from None
-    elif isinstance(raw, (list, tuple)) and all(isinstance(w, str) for w in raw):
-        words = list(raw)
-    else:
-        raise OptionValueError(f"{raw!r} is not a command", 'write a string, or a list such as ["{python}", '
-                               '"server.py", "--port", "{port}"]')
-    if not words or not all(words):
-        raise OptionValueError(f"{raw!r} is an empty command", "give the program to run and its arguments")
-    return tuple(words)
+    """A server command from what a user wrote (:func:`glmfb.options.parse_command`)."""
+    from glmfb.options import parse_command as parse
+
+    return parse(raw, '["{python}", "server.py", "--port", "{port}"]')
 
 
 def free_port() -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +15,7 @@ from glmfb.options import (
     SECONDS,
     ValueType,
     check_declared,
+    command_type,
     option,
 )
 from glmfb.targets import Target
@@ -32,36 +32,10 @@ DEFAULT_READY_TIMEOUT_S = 120.0
 PYTHON = "{python}"  # in a load command: the interpreter running glmfb
 
 
-def _parse_command(raw: Any) -> tuple[str, ...]:
-    """A command line from what a user wrote: a string (split as a shell would; no shell runs
-    it) or a list of strings (TOML, the agent server)."""
-    if isinstance(raw, str):
-        try:
-            words = shlex.split(raw)
-        except ValueError as exc:
-            raise OptionValueError(f"{raw!r} does not split into words: {exc}",
-                                   "quote it as a shell would, or give a list of strings") from None
-    elif isinstance(raw, (list, tuple)) and all(isinstance(word, str) for word in raw):
-        words = list(raw)
-    else:
-        raise OptionValueError(f"{raw!r} is not a command line", 'write a string, or a list such as ["{python}", '
-                               '"load.py", "--requests", "16"]')
-    if not words or not all(words):
-        raise OptionValueError(f"{raw!r} is an empty command line", "give the program to run and its arguments")
-    return tuple(words)
-
-
-def _check_command(value: Any) -> tuple[str, ...]:
-    return () if value == () else _parse_command(value)
-
-
 # A command line glmfb runs (its type's name, "command", is what the agent server refuses
 # unless it runs with --allow-commands: glmfb/mcp/tools/probes.py).
-COMMAND = ValueType("command", "COMMAND", _parse_command, lambda v: shlex.join(v) if v else "none",
-                    {"type": ["string", "array"], "items": {"type": "string"},
-                     "description": "a command line: a string split as a shell would (no shell runs it), or a list "
-                                    "of strings; {python} is the interpreter running glmfb"},
-                    check=_check_command, write=lambda v: list(v) if v else None)
+COMMAND = command_type("a command line: a string split as a shell would (no shell runs it), or a list of strings; "
+                       "{python} is the interpreter running glmfb", '["{python}", "load.py", "--requests", "16"]')
 
 
 def _parse_url(raw: Any) -> str:
