@@ -130,15 +130,16 @@ def test_servers_of_a_local_model_folder_give_the_module_diff_of_that_folder(tmp
     lines said: the step loads that folder in-process in each format, on the prompt's ids and
     the tokens the baseline generated before the parting, as the baseline server gave them; a
     side whose format was not seen is loaded in the folder's stored format, said so."""
+    from glmfb.diff.evidence import ServedBy
     from glmfb.diff.hf import FACTORY
-    from glmfb.diff.served import ServedModel
 
     folder = tmp_path / "llama"
     folder.mkdir()
     (folder / "config.json").write_text('{"torch_dtype": "float32"}')
     ctx = ProbeContext(run_id="r", artifact_dir=tmp_path / "art")
-    served = {"baseline": ServedModel(folder=str(folder), dtype="float32", dtype_source="--dtype float32 on pid 1"),
-              "candidate": ServedModel(folder=str(folder), dtype="bfloat16", dtype_source="--dtype bfloat16 on pid 2")}
+    served = {side: ServedBy(side=side, server=f"http://127.0.0.1:{port}/v1", folder=str(folder), dtype=dtype,
+                             dtype_source=f"--dtype {dtype} on pid {port}")
+              for side, port, dtype in (("baseline", 1, "float32"), ("candidate", 2, "bfloat16"))}
     (step,) = next_steps(_config(tmp_path), ctx, ServingRequest("r3", "w1 w2", 8), 2, served, ([4, 5], [9, 11]))
     assert step.command == "diff" and step.arguments["baseline"] == step.arguments["candidate"] == FACTORY
     assert step.arguments["baseline_args"] == {"path": str(folder), "dtype": "float32"}

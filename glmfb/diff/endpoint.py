@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from glmfb.errors import HarnessError, InputError, TargetFailed, UsageError
 
 if TYPE_CHECKING:
-    from glmfb.diff.served import ServedModel
+    from glmfb.diff.evidence import ServedBy
 
 SCHEME = "openai:"
 BODY_HEAD = 200  # characters of a failing answer's body quoted in the error
@@ -277,13 +277,13 @@ class EndpointClient:
         except (httpx.HTTPError, ValueError):
             return None
 
-    def describe(self) -> ServedModel:
+    def describe(self, side: str) -> ServedBy:
         """What this server serves (:mod:`glmfb.diff.served`): its listed model, a local model
         folder, the engine's version, and on this host its process and weights' format."""
         from glmfb.diff.served import describe
 
         self.model()
-        return describe(self.endpoint.base_url, self._listed, self._root_call("GET", "/version"))
+        return describe(side, self.endpoint.base_url, self._listed, self._root_call("GET", "/version"))
 
     def token_ids(self, request: ServingRequest, generated: int) -> tuple[list[int], list[int]] | None:
         """The server's own token ids of ``request``'s prompt (``POST /tokenize``) and of the

@@ -16,37 +16,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from glmfb.diff.evidence import ServedBy
 from glmfb.diff.hf import is_model_folder
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
 
 
-@dataclass(frozen=True)
-class ServedModel:
-    """One server's description. ``dtype_source`` says where ``dtype`` came from."""
-
-    model: str | None = None
-    folder: str | None = None
-    dtype: str | None = None
-    dtype_source: str | None = None
-    engine_version: str | None = None
-    pid: int | None = None
-    command: tuple[str, ...] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "folder": self.folder, "dtype": self.dtype, "dtype_source": self.dtype_source,
-                "engine_version": self.engine_version, "pid": self.pid,
-                "command": list(self.command) if self.command is not None else None}
-
-
-def describe(base_url: str, models: Any, version: Any) -> ServedModel:
-    """The description from a server's ``/models`` and ``/version`` answers (None: not
-    answered) and, on a loopback address, the process listening on its port."""
+def describe(side: str, base_url: str, models: Any, version: Any) -> ServedBy:
+    """The ``served_by`` evidence of ``side`` from its server's ``/models`` and ``/version``
+    answers (None: not answered) and, on a loopback address, the process listening on its port."""
     listed = models.get("data") if isinstance(models, dict) else None
     first = listed[0] if isinstance(listed, list) and listed and isinstance(listed[0], dict) else {}
     model = str(first["id"]) if "id" in first else None
@@ -55,8 +37,8 @@ def describe(base_url: str, models: Any, version: Any) -> ServedModel:
     engine = str(version["version"]) if isinstance(version, dict) and "version" in version else None
     pid, command = listening_process(base_url)
     dtype, source = _dtype(command, pid, folder)
-    return ServedModel(model=model, folder=folder, dtype=dtype, dtype_source=source, engine_version=engine, pid=pid,
-                       command=command)
+    return ServedBy(side=side, server=base_url, model=model, folder=folder, dtype=dtype, dtype_source=source,
+                    engine_version=engine, pid=pid, command=command)
 
 
 def listening_process(base_url: str) -> tuple[int | None, tuple[str, ...] | None]:

@@ -61,7 +61,6 @@ from glmfb.diff.evidence import (
     ServingThroughput,
     SideRun,
 )
-from glmfb.diff.served import ServedModel
 from glmfb.diff.servers import ServerStartFailed, StartedServer, started_servers
 from glmfb.errors import TargetFailed, UsageError
 from glmfb.evidence import Evidence
@@ -429,7 +428,7 @@ MODULE_DIFF_REQUESTS = "module-diff-requests.jsonl"
 
 
 def next_steps(config: Any, ctx: ProbeContext, request: ServingRequest, position: int,
-               served: Mapping[str, ServedModel], ids: tuple[list[int], list[int]] | None) -> tuple[Step, ...]:
+               served: Mapping[str, ServedBy], ids: tuple[list[int], list[int]] | None) -> tuple[Step, ...]:
     """What a failing serving diff offers: the module-level diff of the two models in-process on
     the failing request's tokens, a ``diff`` command (the tokens written among the artifacts as
     a requests file for it). The models: ``baseline_model`` / ``candidate_model`` (factories the
@@ -734,9 +733,7 @@ def _serving_verdict(config: Any, ctx: ProbeContext, refs: Mapping[str, str]) ->
     evidence += [SideRun(side=side, target=refs[side] if side in saved else endpoints[side].ref,
                          batch=None if side in saved else batches[side], companions=companions[side].sent,
                          companions_ended_early=companions[side].ended_early) for side in SIDES]
-    evidence += [ServedBy(side=side, server=endpoints[side].base_url, **{k: v for k, v in m.to_dict().items()
-                                                                         if k != "command"},
-                          command=m.command) for side, m in served.items()]
+    evidence += served.values()
     evidence.append(outcome.record)
     artifacts = _write_answers(config, ctx, answers, repeats, findings)
     if any(step.command == "diff" for step in findings.next_steps):
@@ -752,19 +749,19 @@ def _serving_verdict(config: Any, ctx: ProbeContext, refs: Mapping[str, str]) ->
     )
 
 
-def _served(endpoints: Mapping[str, Any], settings: ClientSettings, saved: Mapping[str, Any]) -> dict[str, ServedModel]:
+def _served(endpoints: Mapping[str, Any], settings: ClientSettings, saved: Mapping[str, Any]) -> dict[str, ServedBy]:
     """What each live side's server serves (saved sides: none; they were asked before)."""
     served = {}
     for side in SIDES:
         if side not in saved:
             with EndpointClient(endpoints[side], settings) as client:
-                served[side] = client.describe()
+                served[side] = client.describe(side)
     return served
 
 
 def _module_steps(config: Any, ctx: ProbeContext, failing: RequestComparison, requests: Sequence[ServingRequest],
                   endpoints: Mapping[str, Any], settings: ClientSettings, saved: Mapping[str, Any],
-                  served: Mapping[str, ServedModel]) -> tuple[Step, ...]:
+                  served: Mapping[str, ServedBy]) -> tuple[Step, ...]:
     """The failing request's module-level step, with the baseline server's own token ids of it
     up to where the outputs part (where that server gives them)."""
     request = next(r for r in requests if r.id == failing.request)
