@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from glmfb.clock import SYSTEM_CLOCK, Clock
-from glmfb.errors import InputError
+from glmfb.errors import InputError, UsageError
 from glmfb.options import SECONDS, OptionSpec, ValueType
 from glmfb.units import OptionValueError
 from glmfb.verdict import Layer, Metric, Verdict
@@ -197,6 +197,27 @@ class ProbeSpec:
         except TargetError as exc:
             raise TargetError(f"{self.label}: {which}: {exc.message}", exc.hint) from None
         return target
+
+    def anchored(self, ref: str) -> str:
+        """``ref``, a side or a target option as the definition writes it, made absolute against
+        the definition's folder (:func:`anchored`)."""
+        return anchored(ref, self.base_dir, self.kind)
+
+    def code_folder(self) -> Path | None:
+        """The folder of the first file a side names (candidate, then target, then baseline),
+        found beside the definition or else in the working folder: whose commit a run ran.
+        None when no side names a file that exists (module names, serving endpoints)."""
+        from glmfb.targets import is_file_ref
+
+        for ref in (self.candidate, self.target, self.baseline):
+            if not ref or _outside(ref, self.kind):
+                continue
+            path_part = self.anchored(ref).partition("#")[0]
+            location, colon, attr = path_part.rpartition(":")
+            path = Path(location if colon and location and attr and is_file_ref(location) else path_part)
+            if path.exists():
+                return (path if path.is_dir() else path.parent).resolve()
+        return None
 
     def resolve_path(self, value: str | Path) -> Path:
         """A file path from the spec: absolute, beside the definition, or in the working dir."""
@@ -536,6 +557,37 @@ def outside_side(text: str, kind: str | None = None) -> bool:
         if claims is not None and claims(text):
             return True
     return False
+
+
+def anchored(ref: str, base_dir: Path | None, kind: str | None = None) -> str:
+    """A side (or a target option) ``ref`` as a definition in ``base_dir`` writes it, made
+    absolute there, so it names the same file from any working folder and in any worktree:
+    ``path/to/file.py:attr`` and a path (``DIR``, ``FILE#selector``) that is a file reference or
+    exists beside the definition. Left as written: what probe ``kind`` addresses outside the
+    file system (diff's ``openai:URL``), a module name (``package.module:attr``, found on the
+    import path) and an absolute path."""
+    from glmfb.targets import is_file_ref
+
+    if base_dir is None or _outside(ref, kind):
+        return ref
+    path_part, sep, selector = ref.partition("#")
+    location, colon, attr = path_part.rpartition(":")
+    if colon and location and attr:
+        if is_file_ref(location) and not Path(location).is_absolute():
+            return f"{os.path.normpath(base_dir / location)}:{attr}{sep}{selector}"
+        return ref
+    if path_part and not Path(path_part).is_absolute() and (is_file_ref(path_part) or (base_dir / path_part).exists()):
+        return f"{os.path.normpath(base_dir / path_part)}{sep}{selector}"
+    return ref
+
+
+def _outside(ref: str, kind: str | None) -> bool:
+    """:func:`outside_side`, with a malformed claim read as outside too (it is never a path;
+    the probe says what is wrong with it where the side is used)."""
+    try:
+        return outside_side(ref, kind)
+    except UsageError:
+        return True
 
 
 def probe_commands() -> dict[str, ProbeCommand]:

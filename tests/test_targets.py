@@ -110,3 +110,27 @@ def test_portable_ref_is_typed_from_the_current_directory(
     assert target.describe() == "scenarios/k.py:f --arg n=2"
     assert Target("scenarios/k.py:f", base_dir=tmp_path / "probes").portable_ref == "scenarios/k.py:f"
     assert Target("glmfb.units:parse_shape", base_dir=tmp_path).portable_ref == "glmfb.units:parse_shape"
+
+
+def test_a_side_is_anchored_in_its_definitions_folder_one_way_for_every_surface(tmp_path: Path) -> None:
+    """bisect (GOOD's baseline in GOOD's worktree), the agent server's boundary and the history's
+    commit all read a side through ProbeSpec.anchored: a file it names is made absolute beside
+    the definition; a serving endpoint, a module name and an absolute path are left as written
+    (an endpoint's ``host:port/v1`` once read as ``file:attr``)."""
+    from glmfb.probe import ProbeSpec, anchored
+
+    write(tmp_path / "kernels" / "norm.py", "def make():\n    return None\n")
+    (tmp_path / "saved.json").write_text("{}")
+    spec = ProbeSpec(kind="diff", name="x", label="t", base_dir=tmp_path,
+                     baseline="openai:http://127.0.0.1:8000/v1#tiny", candidate="kernels/norm.py:make")
+    assert spec.anchored("kernels/norm.py:make") == f"{tmp_path}/kernels/norm.py:make"
+    assert spec.anchored("openai:http://127.0.0.1:8000/v1#tiny") == "openai:http://127.0.0.1:8000/v1#tiny"
+    assert spec.anchored("glmfb.diff.hf:causal_lm") == "glmfb.diff.hf:causal_lm"
+    assert spec.anchored("/abs/k.py:make") == "/abs/k.py:make"
+    assert anchored("saved.json#norm", tmp_path, "bench") == f"{tmp_path}/saved.json#norm"
+    assert anchored("../up/k.py:make", tmp_path / "kernels", "bench") == f"{tmp_path}/up/k.py:make"
+    assert anchored("kernels/norm.py:make", None, "bench") == "kernels/norm.py:make"
+    assert spec.code_folder() == (tmp_path / "kernels").resolve()
+    served = ProbeSpec(kind="diff", name="x", label="t", base_dir=tmp_path,
+                       baseline="openai:http://127.0.0.1:8000/v1", candidate="openai:http://127.0.0.1:8001/v1")
+    assert served.code_folder() is None

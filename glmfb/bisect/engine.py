@@ -341,7 +341,7 @@ class _Session:
             baseline_args, _ = good.spec.side_args()
             _, candidate_args = commit.spec.side_args()
             spec = dataclasses.replace(
-                commit.spec, baseline=_anchored(good.spec.baseline, good.spec.base_dir), args={},
+                commit.spec, baseline=good.spec.anchored(good.spec.baseline) if good.spec.baseline else None, args={},
                 baseline_args=baseline_args, candidate_args=candidate_args,
             )
             problem = shared_code(spec)
@@ -523,20 +523,6 @@ def _first_sentence(text: str, limit: int = 240) -> str:
 def _relative_to(text: str, tree: Path) -> str:
     """An error message with the temporary worktree's path left out (it is gone afterwards)."""
     return text.replace(str(tree) + os.sep, "").replace(str(tree), ".")
-
-
-def _anchored(ref: str | None, base_dir: Path | None) -> str | None:
-    """A side's reference made absolute against the folder of the definition that names it (so
-    the baseline stays in GOOD's worktree when the definition is the commit's)."""
-    if ref is None or base_dir is None:
-        return ref
-    location, sep, attr = ref.rpartition(":")
-    if not sep:
-        location = ref
-    if Path(location).is_absolute() or not (is_file_ref(location) or (base_dir / location).exists()):
-        return ref
-    path = os.path.normpath(base_dir / location)
-    return f"{path}:{attr}" if sep else path
 
 
 def shared_code(spec: ProbeSpec) -> str | None:

@@ -204,22 +204,6 @@ def command_origin(spec: ProbeSpec, config_type: type, folder: Path | None = Non
     commit it ran: the folder of the file its candidate (else its target, else its baseline)
     names, so a command run from outside the repository records that repository's commit;
     else ``folder`` (default: the working folder)."""
-    return Origin(canonical_hash(spec_content(spec, config_type)), _code_folder(spec) or folder or Path.cwd())
+    return Origin(canonical_hash(spec_content(spec, config_type)), spec.code_folder() or folder or Path.cwd())
 
 
-def _code_folder(spec: ProbeSpec) -> Path | None:
-    """The folder of the first file a side of ``spec`` names (candidate, target, baseline)."""
-    from glmfb.targets import is_file_ref
-
-    for ref in (spec.candidate, spec.target, spec.baseline):
-        if not ref:
-            continue
-        location = ref.partition("#")[0]
-        head, colon, attr = location.rpartition(":")
-        location = head if colon and head and attr and is_file_ref(head) else location
-        path = Path(location)
-        for candidate in ([path] if path.is_absolute() else [p for p in (spec.base_dir, Path.cwd()) if p]):
-            found = candidate if path.is_absolute() else candidate / path
-            if found.exists():
-                return (found if found.is_dir() else found.parent).resolve()
-    return None

@@ -15,7 +15,6 @@ Errors are :class:`~glmfb.errors.InputError` (a tool error for the agent, never 
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 
 from glmfb.errors import InputError, UsageError
 from glmfb.probe import TIMEOUT, parse_timeout
+from glmfb.targets import is_file_ref
 
 # glmfb's own target factories a call may name wherever the root is, each with the arguments
 # that are paths (checked under the root): a served model folder loaded with transformers
@@ -112,12 +112,12 @@ class Boundary:
             return self.relative(resolved) + (f"#{suffix}" if sep else "")
         location, colon, attr = text.rpartition(":")
         if colon and location and attr:
-            if _is_file_location(location):
+            if is_file_ref(location):
                 resolved = self.path(location, argument, must_exist=True, what="target file")
                 return f"{self.relative(resolved)}:{attr}"
             self.module(location, argument)
             return text
-        if path_part.endswith((".json", ".toml")) or "/" in path_part or _is_file_location(path_part):
+        if path_part.endswith((".json", ".toml")) or is_file_ref(path_part):
             self.path(path_part, argument, must_exist=True, what="file or folder")
         raise InputError(f"argument {argument!r}: {text!r} is neither a target nor a file or folder under the root",
                          "write a target as path/to/file.py:factory or package.module:factory")
@@ -136,7 +136,7 @@ class Boundary:
         for which in ("baseline", "candidate", "target"):
             ref = getattr(spec, which)
             if ref:
-                self.side(_beside(ref, spec.base_dir, spec.kind), f"{label}: {which}", spec.kind)
+                self.side(spec.anchored(ref), f"{label}: {which}", spec.kind)
         for file in definition.rules_files:
             self.path(str(file), f"{label}: rules")
         for option in options_of(get_probe(spec.kind).config_type):
@@ -146,7 +146,7 @@ class Boundary:
             if option.type.name == "path":
                 self.path(str(spec.resolve_path(value)), f"{label}: options.{option.key}")
             elif option.type.name == "target":
-                self.side(_beside(str(value), spec.base_dir, spec.kind), f"{label}: options.{option.key}", spec.kind)
+                self.side(spec.anchored(str(value)), f"{label}: options.{option.key}", spec.kind)
 
     @staticmethod
     def commands_of(definition: Any) -> list[str]:
@@ -214,32 +214,6 @@ def _string(value: Any, argument: str, what: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InputError(f"argument {argument!r}: expected {what} as a non-empty string, got {value!r:.80}")
     return value.strip()
-
-
-def _beside(ref: str, base_dir: Path | None, kind: str) -> str:
-    """A side a definition of probe ``kind`` writes (relative to its own folder), made absolute,
-    so that the root's checks see the file it names. What the probe addresses outside the file
-    system (an endpoint) and module names are left as written."""
-    from glmfb.probe import outside_side
-
-    with contextlib.suppress(UsageError):  # malformed: :meth:`Boundary.side` says so
-        if base_dir is None or outside_side(ref, kind):
-            return ref
-    if base_dir is None:
-        return ref
-    path_part, sep, suffix = ref.partition("#")
-    location, colon, attr = path_part.rpartition(":")
-    if colon and location and attr:
-        if _is_file_location(location) and not Path(location).is_absolute():
-            return f"{os.path.normpath(base_dir / location)}:{attr}{sep}{suffix}"
-        return ref
-    if path_part and not Path(path_part).is_absolute() and (base_dir / path_part).exists():
-        return f"{os.path.normpath(base_dir / path_part)}{sep}{suffix}"
-    return ref
-
-
-def _is_file_location(location: str) -> bool:
-    return location.endswith(".py") or "/" in location or os.sep in location
 
 
 def strings(value: Any, argument: str) -> list[str]:
