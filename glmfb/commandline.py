@@ -95,7 +95,8 @@ def signature(command: str) -> Signature | None:
     if command in DECLARED:
         return DECLARED[command]
     from glmfb.errors import InputError
-    from glmfb.probe import get_probe, known_kinds, probe_commands
+    from glmfb.probe import get_probe, probe_commands
+    from glmfb.registry import known_kinds
 
     if command in known_kinds():
         try:

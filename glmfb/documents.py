@@ -29,7 +29,8 @@ def json_schema() -> dict[str, Any]:
     each of their evidence kinds has its schema under ``$defs``."""
     from glmfb import verdict
     from glmfb.evidence import registered_kinds
-    from glmfb.probe import known_kinds, load_evidence_types
+    from glmfb.probe import load_evidence_types
+    from glmfb.registry import known_kinds
 
     load_evidence_types()
     return verdict.json_schema(probes=known_kinds(), evidence=registered_kinds())

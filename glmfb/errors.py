@@ -10,8 +10,17 @@
 from __future__ import annotations
 
 import traceback
+from enum import IntEnum
 
-from glmfb.verdict import ExitCode
+
+class ExitCode(IntEnum):
+    """Process exit codes: a public contract, never renumbered."""
+
+    OK = 0
+    REGRESSION = 1
+    USAGE = 2
+    HARNESS_ERROR = 3
+    INCONCLUSIVE = 4
 
 
 class GlmfbError(Exception):

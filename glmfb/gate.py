@@ -135,7 +135,7 @@ def parse_policy(document: Mapping[str, Any], source: str = "policy") -> Policy:
     if not isinstance(probes, dict):
         raise InputError(f"{source}: probes must be a table of [probes.<kind>] tables")
     per_probe: dict[str, frozenset[Status]] = {}
-    from glmfb.probe import known_kinds
+    from glmfb.registry import known_kinds
 
     kinds = known_kinds()
     for kind, table in probes.items():
@@ -266,7 +266,7 @@ def evaluate(run: Run, policy: Policy | None = None) -> GateResult:
 def _unknown_kind_warnings(run: Run) -> tuple[str, ...]:
     """A verdict of a probe kind this installation does not know is gated on its status like
     any other (an older gate never rejects a newer probe's verdict), with a warning."""
-    from glmfb.probe import unknown_kinds
+    from glmfb.registry import unknown_kinds
 
     unknown = unknown_kinds({v.probe for v in run.verdicts})
     return tuple(f"probe kind {kind!r} is not installed here: its verdicts are gated on their status alone"

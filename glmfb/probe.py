@@ -20,10 +20,10 @@ object that satisfies :class:`Probe`:
   numerics probe (diff: its verdict is the same however loaded the host is) may run beside
   other numerics probes, occupying ``cores(config)`` of the machine's cores.
 
-Built-in probes are listed once, in :data:`BUILTIN_PROBES`; other packages add probes through
-the entry-point group ``glmfb.probes`` (entry name = the kind, value = ``module:attr`` naming a
-probe object or class). The schema's probe enum, ``glmfb run``, ``glmfb gate`` and the CLI
-are all derived from this registry.
+Which kinds exist (built-in, :data:`glmfb.registry.BUILTIN_PROBES`, and installed through the
+entry-point group ``glmfb.probes``) is :mod:`glmfb.registry`, read without importing a probe;
+:func:`get_probe` imports one. The schema's probe enum, ``glmfb run``, ``glmfb gate`` and the
+CLI are all derived from this registry.
 
 Subclass :class:`BaseProbe` to get ``build`` and ``rules`` for free.
 """
@@ -37,13 +37,13 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from glmfb.clock import SYSTEM_CLOCK, Clock
 from glmfb.errors import InputError, UsageError
 from glmfb.options import SECONDS, OptionSpec, ValueType
+from glmfb.registry import import_ref, known_kinds, probe_entries
 from glmfb.units import OptionValueError
 from glmfb.verdict import Layer, Metric, Verdict
 
@@ -51,17 +51,6 @@ if TYPE_CHECKING:
     from glmfb.evidence import Evidence
     from glmfb.rules import Rule
     from glmfb.targets import ImportFence, Target
-
-ENTRY_POINT_GROUP = "glmfb.probes"
-
-# The built-in probes: (kind, "module:attr"). Imported only when used.
-BUILTIN_PROBES: tuple[tuple[str, str], ...] = (
-    ("diff", "glmfb.diff.probe:PROBE"),
-    ("bench", "glmfb.bench.probe:PROBE"),
-    ("gil", "glmfb.gil.probe:PROBE"),
-    ("gap", "glmfb.gap.probe:PROBE"),
-)
-
 
 def _show_duration(seconds: float) -> str:
     return f"{seconds / 60:g}min" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g}s"
@@ -470,47 +459,6 @@ class BaseProbe:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ProbeEntry:
-    """A probe kind this installation knows, before it is imported."""
-
-    kind: str
-    ref: str  # "module:attr"
-    source: str  # "builtin" or "entry point from <distribution>"
-
-
-@lru_cache(maxsize=1)
-def probe_entries() -> tuple[ProbeEntry, ...]:
-    """Built-in probes, then installed ones (entry points), without importing either."""
-    entries = [ProbeEntry(kind, ref, "builtin") for kind, ref in BUILTIN_PROBES]
-    seen = {entry.kind for entry in entries}
-    from importlib.metadata import entry_points
-
-    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        if entry.name in seen:
-            warnings.warn(f"glmfb: the probe entry point {entry.name!r} ({entry.value}) is ignored: "
-                          "that kind is already defined", stacklevel=2)
-            continue
-        seen.add(entry.name)
-        dist = getattr(entry, "dist", None)
-        origin = f"entry point from {dist.name}" if dist is not None else "entry point"
-        entries.append(ProbeEntry(entry.name, entry.value, origin))
-    return tuple(entries)
-
-
-def known_kinds() -> tuple[str, ...]:
-    """Every probe kind this installation can run."""
-    return tuple(entry.kind for entry in probe_entries())
-
-
-def unknown_kinds(kinds: Iterable[str]) -> list[str]:
-    """The kinds among ``kinds`` this installation does not know, sorted; the entry points
-    are read only for a kind that is not built in (the gate of built-in verdicts reads none)."""
-    builtin = {kind for kind, _ in BUILTIN_PROBES}
-    rest = set(kinds) - builtin
-    return sorted(rest - set(known_kinds())) if rest else []
-
-
 _LOADED: dict[str, Probe] = {}
 
 
@@ -612,15 +560,6 @@ def probe_commands() -> dict[str, ProbeCommand]:
 def _declares(obj: Any, name: str) -> bool:
     """Whether ``obj`` has the attribute, without reading it (a lazy attribute stays unimported)."""
     return name in getattr(obj, "__dict__", {}) or any(name in vars(k) for k in type(obj).__mro__)
-
-
-def import_ref(ref: str) -> Any:
-    """The object a ``"module:attr"`` reference names (``attr`` may be dotted), imported now."""
-    module_name, _, attr = ref.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split(".") if attr else ():
-        obj = getattr(obj, part)
-    return obj
 
 
 def report_section(kind: str) -> ReportSection | None:

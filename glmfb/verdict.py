@@ -25,9 +25,10 @@ import fnmatch
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum, IntEnum
+from enum import Enum
 from typing import Any, TypeVar
 
+from glmfb.errors import ExitCode
 from glmfb.evidence import (
     Evidence,
     EvidenceError,
@@ -65,16 +66,6 @@ class Layer(str, Enum):
     RUNTIME = "runtime"
     TRANSFER = "transfer"
     HARNESS = "harness"
-
-
-class ExitCode(IntEnum):
-    """Process exit codes: a public contract, never renumbered."""
-
-    OK = 0
-    REGRESSION = 1
-    USAGE = 2
-    HARNESS_ERROR = 3
-    INCONCLUSIVE = 4
 
 
 STATUS_EXIT_CODE: dict[Status, ExitCode] = {

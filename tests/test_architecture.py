@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from glmfb.probe import BUILTIN_PROBES
+from glmfb.registry import BUILTIN_PROBES
 
 GLMFB = Path(__file__).resolve().parents[1] / "glmfb"
 
@@ -30,7 +30,7 @@ FACES = ("glmfb.capture",)
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("contract", ("glmfb", "glmfb.verdict", "glmfb.evidence", "glmfb.errors", "glmfb.units", "glmfb.options",
                   "glmfb.clock", "glmfb.step")),
-    ("probe API", ("glmfb.probe", "glmfb.rules", "glmfb.host", "glmfb.targets", "glmfb.env", "glmfb.io",
+    ("probe API", ("glmfb.probe", "glmfb.registry", "glmfb.rules", "glmfb.host", "glmfb.targets", "glmfb.env", "glmfb.io",
                    "glmfb.tables", "glmfb.stats", "glmfb.commandline", "glmfb.documents", "glmfb.runs", "glmfb.shards",
                    "glmfb.supervise", "glmfb.child", "glmfb.process", "glmfb.plotting", "glmfb.measure")),
     ("engines", (*ENGINES, *FACES)),

@@ -34,7 +34,8 @@ from glmfb.gap.engine import next_steps as gap_steps
 from glmfb.gil.config import GilConfig
 from glmfb.gil.engine import trace_step
 from glmfb.options import options_of, parse_table
-from glmfb.probe import Probe, get_probe, known_kinds
+from glmfb.probe import Probe, get_probe
+from glmfb.registry import known_kinds
 from glmfb.step import Step
 from glmfb.targets import Target
 from glmfb.verdict import Run, Status, Verdict, load_document

@@ -12,7 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from glmfb.options import FRACTION, options_of
-from glmfb.probe import get_probe, known_kinds
+from glmfb.probe import get_probe
+from glmfb.registry import known_kinds
 from glmfb.units import OptionValueError, parse_fraction
 
 HERE = Path(__file__).resolve()

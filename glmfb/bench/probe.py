@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from glmfb.bench import SUMMARY
 from glmfb.errors import UsageError
 from glmfb.probe import (
     BaseProbe,
@@ -33,10 +34,7 @@ if TYPE_CHECKING:
 class BenchProbe(BaseProbe):
     kind: ClassVar[str] = "bench"
     layer: ClassVar[Layer] = Layer.KERNEL
-    summary: ClassVar[str] = (
-        "Compare two kernels in one process (interleaved ABBA blocks): how much slower or faster the "
-        "candidate is, with a confidence interval, and why (operator diff)."
-    )
+    summary: ClassVar[str] = SUMMARY
     form: ClassVar[ProbeForm] = ProbeForm.PAIR
     config_type: ClassVar[type] = imported("glmfb.bench.config:BenchConfig")  # imported on first use
     evidence_types = imported("glmfb.bench.evidence:EVIDENCE_TYPES")

@@ -40,7 +40,6 @@ def bisect_command(
         bool, typer.Option("--json", help="Print exactly one JSON document on stdout; human text goes to stderr."),
     ] = False,
 ) -> None:
-    """Find the commit between GOOD and BAD where a probe definition starts to fail."""
     from glmfb.bisect import BisectRequest, bisect, choose_definition
     from glmfb.invocation import begin
 

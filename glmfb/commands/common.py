@@ -1,4 +1,4 @@
-"""What every command shares: output, progress."""
+"""What every command shares: output, progress, the options several commands take."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from typer.core import TyperCommand
@@ -74,8 +75,6 @@ def emit_run(run: Run, as_json: bool, *, verbose: bool = False, folder_size: str
 
 def folder_size(folder: object) -> str:
     """``12.3 MB``: what a run folder takes on disk."""
-    from pathlib import Path
-
     total = sum(p.stat().st_size for p in Path(str(folder)).rglob("*") if p.is_file() and not p.is_symlink())
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if total >= scale:
@@ -101,8 +100,6 @@ def history_url(given: str | None, out: object, no_history: bool) -> str | None:
     refused before anything runs."""
     if no_history:
         return None
-    from pathlib import Path
-
     from glmfb.history.store import check_url, chosen_url
 
     url = chosen_url(given, Path(str(out)), os.environ)
@@ -160,3 +157,24 @@ def parse_timeout(text: str | None) -> float | None:
     from glmfb.probe import parse_timeout as parse
 
     return None if text is None else parse(text, TIMEOUT.flag)
+
+
+JsonOpt = Annotated[
+    bool,
+    typer.Option("--json", help="Print exactly one JSON document on stdout; human text goes to stderr."),
+]
+HistoryOpt = Annotated[
+    str | None,
+    typer.Option("--history", metavar="URL", help="The history store: sqlite:///PATH or "
+                 "postgresql://USER@HOST:PORT/DB [default: $GLMFB_HISTORY, else sqlite:///<out>/history.sqlite]"),
+]
+NoHistoryOpt = Annotated[
+    bool, typer.Option("--no-history", help="Do not record the verdicts in the history store."),
+]
+
+
+def shards_home(sources: Any) -> Path:
+    """Where the history of several shards is kept by default: the reports folder of the first
+    shard's run folder (the current folder for runs read from files or stdin)."""
+    folder = sources[0].folder
+    return folder.parent if folder is not None else Path.cwd()

@@ -20,7 +20,8 @@ from glmfb.commands.common import Command, console, parse_timeout, progress_mess
 from glmfb.commands.probes import given_options, option_parameters
 from glmfb.errors import UsageError
 from glmfb.options import options_of
-from glmfb.probe import ProbeCommand, import_ref
+from glmfb.probe import ProbeCommand
+from glmfb.registry import import_ref
 
 
 def _fixed_parameters(command: ProbeCommand) -> list[inspect.Parameter]:

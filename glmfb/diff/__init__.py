@@ -20,3 +20,12 @@ Modules, in the order data flows through them:
 
 Torch is imported only inside these modules, which load when the probe runs.
 """
+
+from __future__ import annotations
+
+# What `glmfb --help` lists about this probe, read without importing it (glmfb.registry).
+SUMMARY = "Compare two sides per request and tap; localize the error to a module, a position and a cause."
+COMMANDS: dict[str, str] = {  # the commands it brings besides its own: name -> one line of help
+    "capture": ("Run a target over a request set; store every tapped module output (safetensors) and a "
+                "manifest, for a later diff (give the capture directory as a diff side)."),
+}

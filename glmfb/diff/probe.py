@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from glmfb.diff import COMMANDS, SUMMARY
 from glmfb.errors import UsageError
 from glmfb.probe import (
     BaseProbe,
@@ -126,8 +127,7 @@ def _is_serving_capture(ref: str, spec: ProbeSpec) -> bool:
 
 CAPTURE = ProbeCommand(
     "capture",
-    "Run a target over a request set; store every tapped module output (safetensors) and a manifest, for a "
-    "later diff (give the capture directory as a diff side).",
+    COMMANDS["capture"],
     "glmfb.diff.config:CaptureConfig",
     "glmfb.diff.engine:capture_job",
     positional=("target",),
@@ -157,9 +157,7 @@ class DiffProbe(BaseProbe):
     )
 
     layer: ClassVar[Layer] = Layer.NUMERICS
-    summary: ClassVar[str] = (
-        "Compare two sides per request and tap; localize the error to a module, a position and a cause."
-    )
+    summary: ClassVar[str] = SUMMARY
     form: ClassVar[ProbeForm] = ProbeForm.PAIR
     config_type: ClassVar[type] = imported("glmfb.diff.config:DiffConfig")  # imported on first use
     evidence_types = imported("glmfb.diff.evidence:EVIDENCE_TYPES")

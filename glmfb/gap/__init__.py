@@ -28,3 +28,8 @@ def __getattr__(name: str) -> object:
 
         return run_gap
     raise AttributeError(name)
+
+
+# What `glmfb --help` lists about this probe, read without importing it (glmfb.registry).
+SUMMARY = "Is the candidate more than THRESHOLD slower than the baseline? If so, what ate the time."
+COMMANDS: dict[str, str] = {}  # the commands it brings besides its own: none

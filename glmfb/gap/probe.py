@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+from glmfb.gap import SUMMARY
 from glmfb.probe import (
     BaseProbe,
     MetricSpec,
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 class GapProbe(BaseProbe):
     kind: ClassVar[str] = "gap"
     layer: ClassVar[Layer] = Layer.TRANSFER
-    summary: ClassVar[str] = "Is the candidate more than THRESHOLD slower than the baseline? If so, what ate the time."
+    summary: ClassVar[str] = SUMMARY
     form: ClassVar[ProbeForm] = ProbeForm.PAIR
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
         MetricSpec("gap", relative=True, unit="ratio", about="the fraction the candidate's path adds"),

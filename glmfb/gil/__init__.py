@@ -47,3 +47,8 @@ def __getattr__(name: str) -> object:
         raise AttributeError(name)
     module, _, attr = _API[name].partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+# What `glmfb --help` lists about this probe, read without importing it (glmfb.registry).
+SUMMARY = "Trace GIL contention: name the thread that holds the GIL (and where), and the starved one."
+COMMANDS: dict[str, str] = {}  # the commands it brings besides its own: none

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from glmfb.gil import SUMMARY
 from glmfb.probe import (
     BaseProbe,
     MetricSpec,
@@ -54,9 +55,7 @@ class GilProbe(BaseProbe):
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
         MetricSpec("starvation_p99", unit="ms", about="how late the most starved thread woke, p99"),)
     layer: ClassVar[Layer] = Layer.RUNTIME
-    summary: ClassVar[str] = (
-        "Trace GIL contention: name the thread that holds the GIL (and where), and the starved one."
-    )
+    summary: ClassVar[str] = SUMMARY
     form: ClassVar[ProbeForm] = ProbeForm.SINGLE
     config_type: ClassVar[type] = imported("glmfb.gil.config:GilConfig")  # imported on first use
     evidence_types = imported("glmfb.gil.evidence:EVIDENCE_TYPES")

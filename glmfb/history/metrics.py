@@ -38,7 +38,8 @@ DEFAULT_KIND = MetricKind()
 
 def metric_kind(probe: str, name: str | None) -> MetricKind:
     """How the history reads metric ``name`` of a ``probe`` verdict: as the probe declares it."""
-    from glmfb.probe import get_probe, known_kinds, metric_spec
+    from glmfb.probe import get_probe, metric_spec
+    from glmfb.registry import known_kinds
 
     if not name or probe not in known_kinds():
         return DEFAULT_KIND

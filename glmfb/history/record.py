@@ -152,7 +152,8 @@ def records_of(run: Run, origins: Mapping[str, Origin]) -> list[Record]:
     """A row per verdict of ``run`` (its headline metric), and one per secondary series its
     probe names (:meth:`glmfb.probe.BaseProbe.series`: bench's each side's own time per shape);
     ``origins`` by verdict name."""
-    from glmfb.probe import get_probe, known_kinds
+    from glmfb.probe import get_probe
+    from glmfb.registry import known_kinds
 
     rows: list[Record] = []
     for verdict in run.verdicts:

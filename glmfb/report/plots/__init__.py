@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from glmfb.plotting import NoData, Plot, PlotSpec, VerdictView, figure_to_svg, style
-from glmfb.probe import import_ref, machine_cores, report_section
+from glmfb.probe import machine_cores, report_section
+from glmfb.registry import import_ref
 
 WORKERS_ENV = "GLMFB_REPORT_WORKERS"  # processes that draw beside the page's (0: none)
 MIN_PARALLEL_JOBS = 6  # fewer verdicts: a worker's start-up (interpreter, matplotlib) costs more than it saves
