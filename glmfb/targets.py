@@ -54,6 +54,7 @@ class Target:
     ref: str
     args: Mapping[str, Any] = field(default_factory=dict)
     base_dir: Path | None = None  # relative file paths are tried here too (probe definitions)
+    label: str | None = None  # how a why names this side where its caller knows better than its path (bisect: the commit)
 
     def load(self) -> Callable[..., Any]:
         return resolve(self.ref, base_dir=self.base_dir)
@@ -310,6 +311,14 @@ def _show_value(value: Any) -> str:
 
 
 _UNSET = object()
+
+
+def target_labels(baseline: Target, candidate: Target) -> tuple[str, str]:
+    """How a why names two targets: their labels where both have one, else :func:`side_labels`
+    of their references as typed here and their arguments."""
+    if baseline.label and candidate.label:
+        return baseline.label, candidate.label
+    return side_labels(baseline.portable_ref, candidate.portable_ref, baseline.args, candidate.args)
 
 
 def side_labels(baseline: str, candidate: str, baseline_args: Mapping[str, Any] | None = None,

@@ -245,6 +245,9 @@ def test_bench_names_the_commit_that_planted_the_slowdown(repo: Repo, tmp_path: 
     assert code == 1, verdict["why"]
     assert_named(verdict, repo, SLOWDOWN, "kernels: accumulate in three passes")
     assert verdict["probe"] == "bench" and verdict["layer"] == "kernel" and verdict["where"]["kernel"] == "make"
+    # each side named by its commit (once named by the temporary worktree's folder)
+    assert (f"../kernels.py:make at {repo.shas[SLOWDOWN - 1][:10]} is slower than ../kernels.py:make at "
+            f"{repo.shas[0][:10]} (GOOD)") in verdict["why"], verdict["why"]
     assert count <= bound(29)
     assert bisection(verdict)["skipped"] == [repo.shas[BROKEN_AT - 1]]  # the first middle: it does not import
     # the run folder, as glmfb run writes it

@@ -64,7 +64,7 @@ from glmfb.probe import ProbeContext
 from glmfb.rules import diagnose
 from glmfb.stats import Decision, Estimate
 from glmfb.step import Step
-from glmfb.targets import side_labels
+from glmfb.targets import side_labels, target_labels
 from glmfb.units import format_shape
 from glmfb.verdict import Layer, Metric, Status, Verdict
 
@@ -403,8 +403,7 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
     steps = next_steps(config, focus.shape if focus is not None else None, _suggest_budget(config, results))
     findings = BenchFindings(
         baseline=baseline_name, candidate=candidate_name, threshold=config.threshold, budget_s=config.budget_s,
-        labels=side_labels(config.baseline.portable_ref, config.candidate.portable_ref, config.baseline.args,
-                           config.candidate.args),
+        labels=target_labels(config.baseline, config.candidate),
         shapes=outcomes,
         geomean=geomean.value if geomean is not None else None,
         geomean_low=geomean.low if geomean is not None else None,

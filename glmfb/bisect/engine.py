@@ -45,7 +45,7 @@ from glmfb.evidence import BisectEvaluation, Bisection, BisectVerdict
 from glmfb.probe import ProbeForm, ProbeSpec, get_probe
 from glmfb.step import Step
 from glmfb.suite import ProbeDefinition, SuiteContext, load_definitions, run_definition, select
-from glmfb.targets import ImportFence, is_file_ref
+from glmfb.targets import ImportFence, Target, is_file_ref
 from glmfb.verdict import Layer, Status, Verdict
 
 MAX_ATTEMPTS = 3  # an inconclusive evaluation is run again with 2x, then 4x the budget
@@ -239,7 +239,7 @@ class _Session:
         try:
             if tree != good_tree:
                 self._set_up(tree, commit)
-            definition = self._paired(good_definition, self._definition_at(tree, commit))
+            definition = self._paired(good_definition, self._definition_at(tree, commit), commit)
         except _Skip as exc:
             self._record(commit, 1, Outcome.SKIPPED.value, None, _relative_to(str(exc), tree))
             return _Judged(Outcome.SKIPPED, None)
@@ -331,7 +331,7 @@ class _Session:
                 return definition
         raise _Skip(f"{self.relative} has no definition {self.name!r} at {commit.short}")
 
-    def _paired(self, good: ProbeDefinition, commit: ProbeDefinition) -> ProbeDefinition:
+    def _paired(self, good: ProbeDefinition, commit: ProbeDefinition, at: Commit) -> ProbeDefinition:
         """The commit's definition with its baseline read in GOOD's worktree (pair probes); the
         config built as ``glmfb run`` builds it. Raises :class:`_Skip` when it cannot be built, or
         when both sides would be the same code in one process."""
@@ -351,6 +351,9 @@ class _Session:
             config = get_probe(self.kind).build(spec)
         except UsageError as exc:
             raise _Skip(str(exc)) from None
+        if self.paired and self.good is not None:  # a why names each side by its commit, not a worktree's folder
+            config = _labelled(config, baseline=f"{good.spec.baseline} at {self.good.short} (GOOD)",
+                               candidate=f"{commit.spec.candidate} at {at.short}")
         return dataclasses.replace(commit, spec=spec, config=config, expect=None)
 
     def _budget(self, config: Any, budget_field: str | None) -> str | None:
@@ -523,6 +526,14 @@ def _first_sentence(text: str, limit: int = 240) -> str:
 def _relative_to(text: str, tree: Path) -> str:
     """An error message with the temporary worktree's path left out (it is gone afterwards)."""
     return text.replace(str(tree) + os.sep, "").replace(str(tree), ".")
+
+
+def _labelled(config: Any, **labels: str) -> Any:
+    """``config`` with its side targets (the fields ``labels`` names that hold a
+    :class:`~glmfb.targets.Target`) labelled."""
+    changes = {which: dataclasses.replace(target, label=label) for which, label in labels.items()
+               if isinstance(target := getattr(config, which, None), Target)}
+    return dataclasses.replace(config, **changes) if changes else config
 
 
 def shared_code(spec: ProbeSpec) -> str | None:
