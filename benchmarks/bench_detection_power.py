@@ -253,7 +253,7 @@ def measured_slowdown(directory: Path, kernel: str, extra: int, seconds: float, 
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from glmfb.bench.runner import prepare_pairs
+    from glmfb.bench.allocations import prepare_pairs
     from glmfb.bench.timers import CpuTimer
     from glmfb.measure import Settings, compare
     from glmfb.targets import Target

@@ -197,7 +197,7 @@ def main() -> int:
         f"plain median {statistics.median(r['ops_per_s'] for r in plain_runs):.0f} serializer ops/s, "
         f"{statistics.median(r['jobs_per_s'] for r in plain_runs):.0f} transfer jobs/s"
     )
-    from glmfb.stats import paired_median_ratio
+    from glmfb.measure.stats import paired_median_ratio
 
     print(
         f"{'mode':<10} {'ops ratio':>10} {'(min-max)':>14} {'jobs ratio':>11} "

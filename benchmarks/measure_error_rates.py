@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from glmfb.measure import Settings, compare
 from glmfb.measure.intervals import pair_interval
 from glmfb.measure.simulate import FakeClock, HostModel, ScriptedSide, scripted_pairs
-from glmfb.stats import decide
+from glmfb.measure.stats import decide
 
 SMOKE_NOTE = "smoke run (--smoke): every setting, 8 trials; the rates are measured but are not the benchmark's"
 SETTINGS = [

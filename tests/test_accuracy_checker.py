@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import glmfb.gil.runner as runner
+import glmfb.gil.target_loop as runner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import accuracy

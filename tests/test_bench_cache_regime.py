@@ -148,7 +148,7 @@ def test_a_timed_loop_goes_on_with_the_set_after_the_one_the_last_loop_ended_on(
 
 
 def test_the_hot_checks_pairs_are_not_cut_by_loading_time_and_have_no_aa_pairs() -> None:
-    from glmfb.bench.runner import plan_pairs
+    from glmfb.bench.allocations import plan_pairs
 
     cut = plan_pairs(0.6, 0.01, setup_s_per_pair=0.2, min_pairs=4, max_pairs=4)
     assert cut.ab_pairs == 2 and cut.limited_by == "setup" and cut.aa_pairs == 2

@@ -21,7 +21,7 @@ from glmfb.bench.decision import (
     saved_change,
 )
 from glmfb.measure.intervals import pair_interval
-from glmfb.stats import Decision
+from glmfb.measure.stats import Decision
 
 
 def units(effect: float, pairs: int, between: float, within: float, seed: int) -> list[list[float]]:

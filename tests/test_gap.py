@@ -28,7 +28,7 @@ from glmfb.gil.evidence import (
     ThreadTimes,
     WaitingThread,
 )
-from glmfb.stats import paired_median_ratio
+from glmfb.measure.stats import paired_median_ratio
 from glmfb.suite import load_definitions
 from glmfb.targets import Target
 from glmfb.verdict import Layer, Status, Verdict

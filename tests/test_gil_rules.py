@@ -232,12 +232,12 @@ def test_where_names_the_c_function_and_keeps_the_python_line() -> None:
 
 
 def test_glmfb_runner_frames_are_never_where() -> None:
-    import glmfb.gil.runner as runner
+    import glmfb.gil.target_loop as runner
 
     inside = replace(SORTER, thread="MainThread", file=runner.__file__, line=76)
     diagnosis = diagnose(list(RULES), findings(**STALLED, holder=inside)).diagnosis
     assert diagnosis.where == {"thread": "MainThread", "function": "sorted"}
-    assert "runner.py" not in diagnosis.why and "glmfb's target runner" in diagnosis.why
+    assert "target_loop.py" not in diagnosis.why and "glmfb's target runner" in diagnosis.why
 
 
 def test_the_wait_share_rule_names_the_holder_not_the_waiter() -> None:

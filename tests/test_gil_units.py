@@ -250,7 +250,7 @@ def test_config_validation() -> None:
 def test_command_lines() -> None:
     config = GilConfig(name="x", target=Target("a.py:make", {"mode": "hold"}), duration_s=2)
     argv = python_command(config)
-    assert argv[1:3] == ["-m", "glmfb.gil.runner"] and json.loads(
+    assert argv[1:3] == ["-m", "glmfb.gil.target_loop"] and json.loads(
         argv[argv.index("--args") + 1]
     ) == {"mode": "hold"}
     step = trace_step(config)

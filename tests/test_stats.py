@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from glmfb.stats import (
+from glmfb.measure.stats import (
     Decision,
     Estimate,
     benjamini_hochberg,

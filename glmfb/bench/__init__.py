@@ -1,6 +1,6 @@
 """The kernel layer: is the candidate kernel slower or faster than the baseline, and why.
 
-Pieces, each in its own module: :mod:`.timers` (CPU and CUDA timing), :mod:`.runner`
+Pieces, each in its own module: :mod:`.timers` (CPU and CUDA timing), :mod:`.allocations`
 (loading factories, warm-up, calibration, interleaved ABBA blocks), :mod:`.decision`
 (paired bootstrap, sequential stopping, A/A noise floor, FDR across shapes),
 :mod:`.opdiff` (torch.profiler operator diff and the rules that turn it into a why),

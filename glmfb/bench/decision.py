@@ -33,7 +33,7 @@ from glmfb.measure.intervals import (
 )
 from glmfb.measure.sequential import LookPlan, bonferroni_pvalue
 from glmfb.measure.sequential import decide_with_floor as _decide_with_floor
-from glmfb.stats import Decision, Estimate, benjamini_hochberg
+from glmfb.measure.stats import Decision, Estimate, benjamini_hochberg
 
 if TYPE_CHECKING:
     import numpy as np

@@ -17,6 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from glmfb.bench.allocations import (
+    Blocks,
+    Side,
+    call_checked,
+    load_side,
+    measure_single,
+    prepare_pairs,
+    warm_up,
+)
 from glmfb.bench.config import BenchConfig, kernel_name
 from glmfb.bench.decision import (
     LOOK_CONFIDENCE,
@@ -44,15 +53,6 @@ from glmfb.bench.evidence import (
 )
 from glmfb.bench.footprint import Footprint, input_footprint, larger
 from glmfb.bench.rules import RULES, BenchFindings, HotFigure, ShapeOutcome, hot_differs
-from glmfb.bench.runner import (
-    Blocks,
-    Side,
-    call_checked,
-    load_side,
-    measure_single,
-    prepare_pairs,
-    warm_up,
-)
 from glmfb.commandline import rerun_step
 from glmfb.env import differences, fingerprint
 from glmfb.errors import InputError, UsageError
@@ -60,9 +60,9 @@ from glmfb.evidence import EnvDifferences, Evidence
 from glmfb.measure.cache import CacheSize, Regime, last_level_cache, regime_of
 from glmfb.measure.hostload import HostLoadMeter, busy_note
 from glmfb.measure.intervals import processes_interval, time_interval
+from glmfb.measure.stats import Decision, Estimate
 from glmfb.probe import ProbeContext
 from glmfb.rules import diagnose
-from glmfb.stats import Decision, Estimate
 from glmfb.step import Step
 from glmfb.targets import side_labels, target_labels
 from glmfb.units import format_shape

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from glmfb.bench.runner import measure_callable
+from glmfb.bench.allocations import measure_callable
 
 _CEILINGS: dict[tuple[str, int], Ceilings] = {}
 

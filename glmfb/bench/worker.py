@@ -2,7 +2,7 @@
 
 ``python -m glmfb.bench.worker`` reads its job (JSON) on stdin: the target (reference, keyword
 arguments, the definition's folder), the shape, and how to sample; it measures the target alone
-as :func:`glmfb.bench.runner.measure_single` does, on the CPU, and prints one JSON line: the
+as :func:`glmfb.bench.allocations.measure_single` does, on the CPU, and prints one JSON line: the
 per-call seconds of its samples in the order taken, the calls per sample and the footprint of its
 first allocation's input sets (``[total bytes, largest set's bytes, source]``, or null), or ``{"error":
 ...}`` (exit 1) when the target could not be loaded or raised.
@@ -29,8 +29,8 @@ def main() -> None:
 
     import torch
 
+    from glmfb.bench.allocations import measure_single
     from glmfb.bench.footprint import input_footprint
-    from glmfb.bench.runner import measure_single
     from glmfb.bench.timers import CpuTimer
     from glmfb.errors import GlmfbError, TargetFailed
     from glmfb.targets import Target

@@ -28,7 +28,7 @@ from glmfb.errors import TargetFailed
 from glmfb.gap.config import GapConfig
 from glmfb.measure import Arm, Comparison, Look, Pair, Settings, compare
 from glmfb.measure.hostload import HostLoad, HostLoadMeter
-from glmfb.stats import Decision, Estimate, decide
+from glmfb.measure.stats import Decision, Estimate, decide
 
 BYTES_SUFFIX = "_bytes"
 MIN_ALLOCATIONS, MAX_ALLOCATIONS = 6, 12  # builds per side

@@ -30,7 +30,7 @@ from glmfb.gil.groups import ThreadGroups, thread_groups, unnamed
 from glmfb.gil.process import Launched, wait_until
 from glmfb.gil.procwatch import GilWaitSampler, ThreadTime
 from glmfb.gil.rules import RULES
-from glmfb.gil.runner import READY_ENV
+from glmfb.gil.target_loop import READY_ENV
 from glmfb.gil.verdict import MIN_WAITING_SHARE, Observations, decide
 from glmfb.measure.hostload import HostLoad, HostLoadMeter
 from glmfb.probe import ProbeContext
@@ -107,7 +107,7 @@ def python_command(config: GilConfig) -> list[str]:
     argv = [
         sys.executable,
         "-m",
-        "glmfb.gil.runner",
+        "glmfb.gil.target_loop",
         "--target",
         target.ref,
         "--args",

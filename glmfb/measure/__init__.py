@@ -1,6 +1,6 @@
 """The measurement core of bench and gap: interleaved blocks over independent allocation
 pairs, a random-effects interval over the pairs, sequential looks at a corrected level, the
-time budget and the A/A floor (:mod:`glmfb.measure.runner`); the intervals and Student's t
+time budget and the A/A floor (:mod:`glmfb.measure.loop`); the intervals and Student's t
 (:mod:`glmfb.measure.intervals`, :mod:`glmfb.measure.tdist`); alpha spending
 (:mod:`glmfb.measure.sequential`); the between-process floor of this machine, for saved
 comparisons (:mod:`glmfb.measure.floor`).
@@ -17,7 +17,7 @@ from glmfb.measure.intervals import (
     pair_interval,
     runs_interval,
 )
-from glmfb.measure.runner import Arm, Comparison, Look, Pair, Sample, Settings, compare
+from glmfb.measure.loop import Arm, Comparison, Look, Pair, Sample, Settings, compare
 from glmfb.measure.sequential import LookPlan, decide_with_floor
 
 __all__ = [

@@ -30,8 +30,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from glmfb.measure.stats import Estimate
 from glmfb.measure.tdist import t_quantile, t_two_sided_pvalue
-from glmfb.stats import Estimate
 
 # Variance of a sample median of n normal values is about (pi / 2) sigma^2 / n.
 MEDIAN_EFFICIENCY = math.pi / 2.0

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from glmfb.stats import Decision, Estimate, decide
+from glmfb.measure.stats import Decision, Estimate, decide
 
 DEFAULT_ALPHA = 0.05
 DEFAULT_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 1.0)
@@ -75,7 +75,7 @@ class LookPlan:
 
 
 def decide_with_floor(estimate: Estimate, threshold: float, floor: float) -> Decision:
-    """:func:`glmfb.stats.decide`, with effects below the A/A floor never called an effect:
+    """:func:`glmfb.measure.stats.decide`, with effects below the A/A floor never called an effect:
     a regression or an improvement needs the interval beyond ``max(threshold, floor)``.
     Raising the bar only removes fails and improvements, so it never adds an error; an
     equivalence is judged against the threshold alone."""

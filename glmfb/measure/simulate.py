@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from glmfb.measure.runner import Arm, Pair
+from glmfb.measure.loop import Arm, Pair
 
 
 @dataclass

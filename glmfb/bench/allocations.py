@@ -31,7 +31,7 @@ from typing import Any
 from glmfb.bench.config import kernel_name
 from glmfb.bench.timers import Kernel, Loop, Timer, first_nonfinite
 from glmfb.errors import TargetFailed
-from glmfb.measure.runner import Arm, Comparison, Pair
+from glmfb.measure.loop import Arm, Comparison, Pair
 from glmfb.targets import Target
 from glmfb.units import format_shape
 

@@ -1,6 +1,6 @@
 """The child process of the target form: build the target's callable, call it in a loop.
 
-``python -m glmfb.gil.runner --target REF --args JSON --duration S [--base-dir DIR]``.
+``python -m glmfb.gil.target_loop --target REF --args JSON --duration S [--base-dir DIR]``.
 Bad targets print one line on stderr and exit 3 (glmfb turns that into an error verdict).
 
 Once the callable is built and has run once (imports, allocation and lazy set-up are done),
@@ -32,7 +32,7 @@ def signal_ready(path: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="glmfb.gil.runner")
+    parser = argparse.ArgumentParser(prog="glmfb.gil.target_loop")
     parser.add_argument("--target", required=True)
     parser.add_argument("--args", default="{}")
     parser.add_argument("--duration", type=float, required=True)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from glmfb.measure.intervals import Interval, pair_interval
 from glmfb.measure.sequential import LookPlan, decide_with_floor
-from glmfb.stats import Decision, Estimate
+from glmfb.measure.stats import Decision, Estimate
 
 Clock = Callable[[], float]
 Progress = Callable[[str], None]

@@ -12,9 +12,9 @@ import pytest
 
 from glmfb.measure import Settings, compare
 from glmfb.measure.intervals import pair_interval
-from glmfb.measure.runner import Arm, Pair
+from glmfb.measure.loop import Arm, Pair
 from glmfb.measure.simulate import FakeClock, HostModel, ScriptedSide, constant_arm, scripted_pairs
-from glmfb.stats import Decision
+from glmfb.measure.stats import Decision
 
 
 def sides(effect: float, between_sd: float = 0.0, within_sd: float = 0.01) -> tuple[ScriptedSide, ScriptedSide]:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from glmfb.bench.runner import (
+from glmfb.bench.allocations import (
     Blocks,
     calls_per_sample,
     kernel_name,
@@ -25,7 +25,7 @@ from glmfb.bench.timers import CpuTimer, Kernel, Loop, first_nonfinite, make_tim
 from glmfb.errors import TargetFailed
 from glmfb.measure import Settings, compare
 from glmfb.measure.simulate import FakeClock
-from glmfb.stats import Decision
+from glmfb.measure.stats import Decision
 from glmfb.targets import Target, resolve
 
 HERE = __file__
