@@ -4,6 +4,7 @@ changed norm epsilon (targets referenced as tests/test_diff_precision.py:NAME)."
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -315,3 +316,94 @@ def test_a_changed_epsilon_is_systematic_not_rounding(tmp_path: Path, requests_f
         assert not any(word in text.lower() for word in ("bf16", "bfloat16", "fp16", "float16", "tf32"))
     found = evidence(verdict)
     assert found["bias"]["systematic"] and found["rounding_test"]["reproduced_by"] is None
+
+
+# ---- in-place writes into a preallocated output, and trials that break ---------------------------
+
+
+class SliceScan(nn.Module):
+    """A recurrence whose state is kept in ``state`` and whose outputs are written into a
+    preallocated buffer (``fill``: ``empty`` + slice assignment, ``index_put`` with a tensor
+    index, ``out=``) or collected with ``torch.stack``."""
+
+    def __init__(self, state: torch.dtype = torch.float32, fill: str = "slice") -> None:
+        super().__init__()
+        self.state, self.fill = state, fill
+
+    def forward(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        batch, length, width = k.shape
+        state = torch.zeros(batch, width, width, dtype=self.state)
+        out = torch.empty(batch, length, width)
+        rows = []
+        for t in range(length):
+            state = (0.99 * state + k[:, t, :, None] * v[:, t, None, :]).to(self.state)
+            row = state.to(torch.float32).sum(1)
+            if self.fill == "slice":
+                out[:, t] = row
+            elif self.fill == "index_put":
+                out[:, torch.tensor([t])] = row[:, None]
+            elif self.fill == "out":
+                torch.add(row, 0.0, out=out[:, t])
+            else:
+                rows.append(row)
+        return torch.stack(rows, 1) if self.fill == "stack" else out
+
+
+@pytest.mark.parametrize("fill", ["slice", "index_put", "out"])
+def test_a_rounding_trial_keeps_the_writes_into_a_preallocated_output(fill: str) -> None:
+    """Rounding an operand makes a copy: a view of a rounded copy (``out[:, t]``) took the slice
+    writes and left the output uninitialised (garbage of 7e31, or Inf in float16). Each way of
+    imposing a format gives what the same code collecting its outputs with torch.stack gives."""
+    torch.manual_seed(0)
+    k, v = torch.randn(1, 48, 8), torch.randn(1, 48, 8)
+    for fmt in ("bf16", "fp16", "tf32"):
+        for ops in ("matmul", "products", "all"):
+            with torch.no_grad(), rounding_mode(fmt, ops):
+                filled = SliceScan(fill=fill)(k, v)
+                stacked = SliceScan(fill="stack")(k, v)
+            assert torch.equal(filled, stacked), (fmt, ops)
+
+
+def test_the_every_operation_trial_names_a_bfloat16_state_written_by_slice() -> None:
+    torch.manual_seed(0)
+    k, v = torch.randn(1, 64, 8), torch.randn(1, 64, 8)
+    for fill in ("slice", "stack"):
+        base_module = SliceScan(torch.float32, fill)
+
+        def rerun(fmt: str, ops: str, module: nn.Module = base_module) -> torch.Tensor:
+            with torch.no_grad(), rounding_mode(fmt, ops):
+                return module(k.clone(), v.clone())
+
+        with torch.no_grad():
+            base, cand = base_module(k, v), SliceScan(torch.bfloat16, fill)(k, v)
+        test = rounding_test(base, cand, "own error of scan", rerun, ["float32"])
+        assert test is not None and test.format == "bf16" and not test.left_out, (fill, test)
+        assert test.best is not None and test.best.variant == "every operation" and test.best.correlation > 0.8
+
+
+def test_a_trial_whose_own_result_broke_is_left_out_and_said_so() -> None:
+    """A trial whose output is NaN or Inf where the baseline and the candidate are finite, or
+    whose error is larger than the output itself, is no rounding: it is left out, never read for
+    or against a format, and its reason is kept."""
+    torch.manual_seed(2)
+    lin = nn.Linear(32, 32)
+    x = torch.randn(1, 16, 32)
+
+    def rerun(fmt: str, ops: str) -> torch.Tensor:
+        with torch.no_grad(), rounding_mode(fmt, ops):
+            out = lin(x)
+        if ops == "all":  # what an uninitialised buffer gave: garbage, and Inf in float16
+            return torch.full_like(out, math.inf) if fmt == "fp16" else out * 0 + 7e31
+        return out
+
+    with torch.no_grad():
+        base = lin(x)
+        cand = rerun("bf16", "matmul")
+    test = rounding_test(base, cand, "own error", rerun, ["float32"])
+    assert test is not None and test.format == "bf16"
+    left = {(t.format, t.variant): t.note for t in test.left_out}
+    assert set(left) == {("bf16", "every operation"), ("fp16", "every operation"), ("tf32", "every operation")}
+    assert "NaN or Inf at 512 of 512 elements" in left[("fp16", "every operation")]
+    assert "larger than the output" in left[("bf16", "every operation")]
+    assert not any(t.reproduces for t in test.left_out)
+    assert test.left_out_text().startswith("3 of the 15 rounding trials were left out as invalid, not read as evidence")

@@ -274,3 +274,71 @@ def test_a_knob_that_closes_a_growing_error_of_rounding_size_makes_the_precision
     assert "TF32/fp16 (10-bit mantissa, 2^-11) rounding" in why and "merge_precision=tf32x3 closes the gap" in why
     without = diagnose(RULES, failing(length_fit=GROWING, rounding=None, signature=signature)).diagnosis.why
     assert "TF32" not in without and "accumulates over the context" in without  # the ratio alone claims nothing
+
+
+# ---- issue 37: the cast and its line, the module before what it flows into, float16's range ------
+
+
+def _cast_at(line: int) -> Any:
+    from glmfb.diff.optrace import SourceSite, TracedOp
+
+    site = SourceSite("/src/attention.py", line, "flash_attention", "l = (l * alpha + p.sum(-1)).type_as(bias)")
+    return TracedOp("aten._to_copy", ("float32",), "bfloat16", site, calls=6)
+
+
+def test_the_cast_inside_the_module_is_named_with_its_line_before_the_submodule_it_flows_into() -> None:
+    findings = failing(module="layers.0.attn", first_divergent="layers.0.attn.o_proj", profile=WINDOW, position=16,
+                       bias=None, narrowing=_cast_at(83), narrowing_module="layers.0.attn", reference="float32",
+                       first_carries=True)
+    outcome = diagnose(RULES, findings)
+    why = outcome.diagnosis.why
+    assert outcome.rule.name == "position-onset"
+    assert ("it starts in module layers.0.attn (its own error, measured on the baseline's inputs); there a float32 "
+            "value is cast to bfloat16 in flash_attention, line 83 of /src/attention.py") in why
+    assert why.index("a float32 value is cast to bfloat16") < why.index("layers.0.attn.o_proj")
+    assert "layers.0.attn.o_proj, is a submodule it calls after the computation in layers.0.attn's own forward" in why
+    assert "only carries it" in why and why.count("cast to bfloat16") == 1
+    assert any("read line 83 of /src/attention.py" in step.why for step in outcome.diagnosis.next)
+
+
+def test_a_cast_is_said_in_the_rules_that_do_not_read_the_location() -> None:
+    findings = failing(module="m.o_proj", rounding=rounding("bf16"), narrowing=_cast_at(12), narrowing_module="m.o_proj",
+                       reference="float32")
+    outcome = diagnose(RULES, findings)
+    assert outcome.rule.name == "precision-rounding"
+    assert "In m.o_proj, a float32 value is cast to bfloat16 in flash_attention, line 12" in outcome.diagnosis.why
+
+
+def test_without_a_narrowing_the_why_names_no_cast() -> None:
+    outcome = diagnose(RULES, failing(module="layers.0.attn", first_divergent="layers.0.attn.o_proj", profile=WINDOW,
+                                      bias=None, first_carries=True))
+    assert not re.search(r"cast|" + FORMATS, outcome.diagnosis.why, re.IGNORECASE), outcome.diagnosis.why
+
+
+def test_a_non_finite_candidate_says_float16_and_its_range_or_that_none_was_seen() -> None:
+    from glmfb.diff.optrace import TracedOp
+    from glmfb.diff.rounding import Float16Range
+
+    over = Float16Range("mlp.up", "mlp.up", 1.92e5, 527, 2048, ("aten.addmm takes float16 operands",), "its operations",
+                        TracedOp("aten.addmm", ("float16",) * 3, "float16", None))
+    why = diagnose(RULES, failing(shape=ErrorShape.NON_FINITE, nonfinite_tap="mlp.up", module="mlp.up",
+                                  range=over)).diagnosis.why
+    assert why.startswith("The candidate produces NaN or Inf where the baseline is finite, first at mlp.up: the "
+                          "candidate computes mlp.up in float16 (aten.addmm takes float16 operands), and the baseline's "
+                          "values there reach 1.92e+05 in magnitude, past float16's largest finite value, 65504 "
+                          "(527 of 2048 elements beyond it)"), why
+    none = replace(over, seen=(), first_nonfinite=None)
+    why = diagnose(RULES, failing(shape=ErrorShape.NON_FINITE, nonfinite_tap="mlp.up", range=none)).diagnosis.why
+    assert "glmfb saw no float16 in mlp.up (its operations), so it is not float16's range" in why
+
+
+def test_trials_left_out_as_invalid_are_said_in_the_why() -> None:
+    broken = Trial("bf16", "every operation", 7e31, 3.8e33, -0.008, 0.47, False,
+                   "left out: its error is 7e+31 of the output's own size (3.8e+33x the observed error): larger than "
+                   "the output, no rounding; the trial itself broke")
+    test = rounding(None)
+    test = replace(test, trials=(*test.trials, broken))
+    why = diagnose(RULES, failing(module="attn", fit=GROWING, length_fit=GROWING, shape=ErrorShape.GROWING,
+                                  rounding=test)).diagnosis.why
+    assert ("1 of the 4 rounding trials was left out as invalid, not read as evidence: its own result had an error "
+            "larger than the output itself") in why

@@ -34,11 +34,13 @@ from glmfb.diff.evidence import (
     Counterfactual,
     CounterfactualRun,
     DtypeDifference,
+    DtypeTrace,
     EntryStepRow,
     ErrorByPosition,
     ErrorEntry,
     ErrorShape,
     Fit,
+    FormatRange,
     InputDifferenceRow,
     LocalErrors,
     LocalRow,
@@ -59,6 +61,7 @@ from glmfb.diff.evidence import (
     TapTolerance,
     Tokens,
     TolerancesUsed,
+    TracedOpRow,
     TreeDifferences,
     Tried,
     ZeroRunRow,
@@ -78,11 +81,16 @@ from glmfb.diff.metrics import (
     typical_relative_error,
 )
 from glmfb.diff.minimize import Minimized, shortest_failing_prefix
+from glmfb.diff.optrace import OperationTrace, TracedOp, float16_seen
 from glmfb.diff.requests import Request, read_requests, write_requests
 from glmfb.diff.rounding import (
+    FLOAT16_MAX,
+    LEFT_OUT,
     BiasTest,
+    Float16Range,
     RoundingSize,
     bias_test,
+    float16_range,
     passing_atol,
     rounding_size,
     rounding_test,
@@ -360,6 +368,9 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
     evidence, artifacts = _tables(ctx, results, worst, tree)
     location = _locate(config, live, worst, failed, comparer, ctx.progress)
     evidence += location.evidence
+    traced = _traced(location)
+    if traced is not None:
+        evidence.append(_trace_evidence(*traced))
     along = _along_positions(baseline, candidate, results, worst, location.localized)
     evidence += along.evidence
     shape = _error_shape(results, along)
@@ -392,6 +403,8 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
     outcome = diagnose(ctx.rules("diff", RULES), findings)
     evidence.append(outcome.record)
     where = _where(outcome.diagnosis, failed, worst, location.module, along.first_failing, rank_record)
+    if failed and outcome.diagnosis.where is None and findings.narrowing is not None:
+        where.update(_site_where(findings.narrowing))
     return Verdict(
         probe="diff", name=config.name, status=outcome.diagnosis.status,
         layer=Layer.NUMERICS, why=outcome.diagnosis.why, where=where,
@@ -578,6 +591,78 @@ class _Precision:
     bias: BiasTest | None = None
     size: RoundingSize | None = None
     evidence: list[Evidence] = field(default_factory=list)
+    range: Float16Range | None = None  # a non-finite candidate: float16 there, against its range
+
+
+def _float16_range(location: _Location, nonfinite: TapResult, baseline: CaptureReader) -> Float16Range | None:
+    """At the first tap non-finite on the candidate's side only: what shows float16 there (the
+    module that makes it, traced on the baseline's inputs, when it is that tap's; else the
+    candidate's capture of the tap) and the baseline's largest values there."""
+    if not nonfinite.tap.dtype.startswith(("float", "bfloat")):
+        return None
+    module = nonfinite.tap.module if nonfinite.tap.module != OUTPUT else None
+    culprit = location.localization.culprit if location.localization is not None else None
+    seen: list[str] = []
+    if nonfinite.other.dtype == "float16":
+        seen.append("its output is float16 in the candidate's capture")
+    if culprit is not None and culprit.module == nonfinite.tap.module:
+        seen += float16_seen(culprit.trace, culprit.candidate_dtypes)
+        looked = ("its parameters, inputs and outputs, and the operands of its operations run on the baseline's "
+                  "inputs" + ("" if culprit.trace is not None else "; its operations could not be traced"))
+        first = culprit.trace.first_nonfinite if culprit.trace is not None else None
+    else:
+        looked, first = "the dtype of its output in the candidate's capture", None
+    return float16_range(baseline.load(nonfinite.tap), nonfinite.tap.name, module, tuple(dict.fromkeys(seen)),
+                         looked, first)
+
+
+def _range_evidence(found: Float16Range) -> FormatRange:
+    return FormatRange(tap=found.tap, module=found.module, baseline_max_abs=found.baseline_max_abs,
+                       float16_max=FLOAT16_MAX, beyond=found.beyond, elements=found.elements,
+                       float16_seen=found.seen, looked_at=found.looked_at)
+
+
+def _traced(location: _Location) -> tuple[str, OperationTrace, OperationTrace | None, TracedOp | None] | None:
+    """The module where the error starts (the culprit, else the parent whose forward makes it),
+    its candidate's and baseline's traces and the first narrowing the baseline does not run."""
+    culprit = location.localization.culprit if location.localization is not None else None
+    if location.localized is not None and culprit is not None and culprit.trace is not None:
+        return location.module or culprit.module, culprit.trace, culprit.baseline_trace, culprit.narrowing
+    entry = location.entry
+    if entry is not None and entry.module is not None and entry.trace is not None:
+        return entry.module or "the top-level module", entry.trace, entry.baseline_trace, entry.narrowing
+    return None
+
+
+TRACE_ROWS = 40  # narrowed operations the dtype_trace evidence lists
+
+
+def _op_row(op: TracedOp, baseline: OperationTrace | None = None) -> TracedOpRow:
+    site = op.site
+    return TracedOpRow(
+        operation=op.operation, inputs=op.inputs, output=op.output, cast=op.cast, calls=op.calls,
+        file=site.file if site else None, line=site.line if site else None,
+        function=site.function if site else None, code=site.code if site else None,
+        in_baseline=(op.key in {o.key for o in baseline.narrowed}) if baseline is not None else None,
+    )
+
+
+def _trace_evidence(module: str, trace: OperationTrace, baseline: OperationTrace | None,
+                    narrowing: TracedOp | None) -> DtypeTrace:
+    rows = tuple(_op_row(op, baseline) for op in trace.narrowed)
+    return DtypeTrace(
+        module=module, reference=trace.reference, narrowed=rows[:TRACE_ROWS],
+        named=narrowing.describe(trace.reference or "") if narrowing is not None else None,
+        first_nonfinite=_op_row(trace.first_nonfinite) if trace.first_nonfinite is not None else None,
+        truncated=f"{len(rows) - TRACE_ROWS} more operations" if len(rows) > TRACE_ROWS else None,
+    )
+
+
+def _site_where(op: TracedOp) -> dict[str, Any]:
+    """``file``, ``line`` and ``function`` of the user's line that narrows, for the verdict's where."""
+    if op.site is None:
+        return {}
+    return {"file": op.site.shown_file, "line": op.site.line, "function": op.site.function}
 
 
 def _precision(location: _Location, baseline: CaptureReader, candidate: CaptureReader, results: Sequence[RequestResult],
@@ -586,7 +671,11 @@ def _precision(location: _Location, baseline: CaptureReader, candidate: CaptureR
     first = worst.first_divergent
     signature = _signature(location.localized, first, baseline, candidate, worst.length)
     if nonfinite is not None:
-        return _Precision(signature, evidence=_signature_evidence(signature))
+        found = _float16_range(location, nonfinite, baseline)
+        evidence = _signature_evidence(signature)
+        if found is not None:
+            evidence.append(_range_evidence(found))
+        return _Precision(signature, evidence=evidence, range=found)
     if progress is not None:
         progress("testing whether rounding the baseline reproduces the error")
     rounding, bias = _precision_tests(location.localization, first, baseline, candidate, worst, tree)
@@ -704,6 +793,7 @@ def _findings(results: Sequence[RequestResult], worst: RequestResult, tree: Tree
     """What the measurements established, in the terms the rules speak."""
     failed = any(r.failed for r in results)
     first, localized, length_fit = worst.first_divergent, location.localized, shape.length_fit
+    narrowing = _traced(location)
     return DiffFindings(
         failed=failed, requests=len(results), failing_requests=sum(r.failed for r in results),
         request=worst.id if failed else None, module=location.module, step=_step(worst, location.module),
@@ -718,7 +808,24 @@ def _findings(results: Sequence[RequestResult], worst: RequestResult, tree: Tree
         rounding=precision.rounding, bias=precision.bias, tree=tree, entry=location.entry,
         size=precision.size,
         counterfactuals=tuple(knobs), minimize_note=reproducer.note,
+        narrowing=narrowing[3] if narrowing is not None else None,
+        narrowing_module=narrowing[0] if narrowing is not None else None,
+        reference=narrowing[1].reference if narrowing is not None else None,
+        first_carries=_carries(location, first), range=precision.range,
     )
+
+
+def _carries(location: _Location, first: TapResult | None) -> bool | None:
+    """Whether the first tap outside tolerance belongs to a module whose own error, measured on
+    the baseline's inputs, is within tolerance (it only carries an error made before it); None
+    when it was not measured."""
+    if first is None or location.localization is None:
+        return None
+    own = next((e for e in location.localization.errors
+                if e.module == first.tap.module and e.call == first.tap.call), None)
+    if own is None or own.metrics is None:
+        return None
+    return not own.failed
 
 
 def _where(diagnosis: Diagnosis, failed: bool, worst: RequestResult, module: str | None, position: int | None,
@@ -1028,6 +1135,7 @@ def _rounding_evidence(test: RoundingFound) -> RoundingTestEvidence:
         equally=test.equally, dtype_evidence=test.dtype_evidence, live=test.live, computes_in=test.computes_in,
         candidate_operands=tuple(f"{op}: {dtype}" for op, dtype in test.operands),
         same_rounding=test.same_rounding, named=test.name or None,
+        left_out=tuple(f"{t.format} {t.what}: {t.note.removeprefix(LEFT_OUT)}" for t in test.left_out),
     )
 
 

@@ -298,6 +298,56 @@ class RoundingTest(Evidence):
     same_rounding: bool = False  # fp16 and TF32 gave the same errors in every way tried
     named: str | None = None  # the format the why names ("a 10-bit-mantissa format (float16 or TF32)" on a tie)
     criteria: str = "reproduces: size ratio within [0.5, 2] and correlation >= 0.5"
+    left_out: tuple[str, ...] = ()  # "format variant: why" of each trial left out as invalid (never read as evidence)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TracedOpRow(Record):
+    operation: str
+    inputs: tuple[str, ...]  # the floating dtypes of its operands
+    output: str
+    cast: bool  # a wider floating operand went in
+    calls: int
+    file: str | None = None  # the line of the user's code that ran it (none: torch's own code)
+    line: int | None = None
+    function: str | None = None
+    code: str | None = None
+    in_baseline: bool | None = None  # the baseline's module runs it too, on the same inputs
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class DtypeTrace(Evidence):
+    """The candidate module's operations where the error starts, traced at the aten level on the
+    baseline's inputs: those that computed in a narrower format than its inputs (``reference``),
+    each with the line of the user's code that ran it and whether the baseline's module runs it
+    too; ``named``, the first the baseline does not; and the first operation whose output is NaN
+    or Inf on finite operands."""
+
+    kind: ClassVar[str] = "dtype_trace"
+    module: str
+    reference: str | None
+    narrowed: tuple[TracedOpRow, ...]
+    named: str | None = None  # the first narrowing the baseline does not run, in words
+    first_nonfinite: TracedOpRow | None = None
+    truncated: str | None = None
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class FormatRange(Evidence):
+    """Where the candidate first gives NaN or Inf: whether it computes there in float16, and the
+    baseline's largest magnitude there against float16's largest finite value."""
+
+    kind: ClassVar[str] = "format_range"
+    tap: str
+    module: str | None
+    baseline_max_abs: float
+    float16_max: float
+    beyond: int  # baseline elements past it
+    elements: int
+    float16_seen: tuple[str, ...]  # what shows float16 there (empty: none seen)
+    looked_at: str  # where glmfb looked for float16
 
 
 @evidence_kind
@@ -699,7 +749,7 @@ class ServedBy(Evidence):
 EVIDENCE_TYPES: tuple[type[Evidence], ...] = (
     RankErrors,
     Requests, Modules, LocalErrors, ErrorByPosition, ErrorShape, PositionProfile, PrecisionSignatureEvidence,
-    RoundingTest, Bias, TreeDifferences, ErrorEntry, Counterfactual, Tokens, MinimalReproducer, MinimizerNote,
+    RoundingTest, Bias, TreeDifferences, ErrorEntry, DtypeTrace, FormatRange, Counterfactual, Tokens, MinimalReproducer, MinimizerNote,
     TolerancesUsed, SideRun,
     ServingRequests, ServingDrift, ServingDivergence, ServingNoise, ServingThroughput, ServedBy,
 )

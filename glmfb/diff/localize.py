@@ -10,6 +10,11 @@ tolerance is where the error starts; a module whose output differs only because 
 has local error zero. The difference between the inputs the two sides gave the module is its
 *inherited* error.
 
+The module where the error starts is also traced at the aten level on both sides
+(:mod:`glmfb.diff.optrace`): the operations of the candidate's module in a narrower format than
+its inputs, with the line of the user's code that ran each, against the baseline's on the same
+inputs, and the first operation whose output is NaN or Inf on finite operands.
+
 When no module's own error exceeds tolerance, the error enters in code between modules: a
 parent's own forward (a mask, a position table or a constant made there and handed to its
 children). :func:`error_entry` climbs from the first module that diverged through its parents,
@@ -34,6 +39,7 @@ from glmfb.diff.metrics import (
     position_errors,
     typical_relative_error,
 )
+from glmfb.diff.optrace import OperationTrace, TracedOp, clone_tree, new_narrowing, trace_module
 from glmfb.diff.requests import Request
 from glmfb.diff.store import tap_name
 
@@ -76,6 +82,14 @@ class LocalCall:
     dim: int | None  # the position dimension of that output
     candidate_dtypes: tuple[str, ...]  # dtypes of the candidate module's parameters, inputs and outputs
     candidate_ops: tuple[tuple[str, str], ...] | None = None  # (operation, dtype) of its floating operands
+    trace: OperationTrace | None = None  # the candidate module's operations on these inputs (None: not recorded)
+    baseline_trace: OperationTrace | None = None  # the baseline module's, on the same inputs
+
+    @property
+    def narrowing(self) -> TracedOp | None:
+        """The candidate's first operation in a narrower format than the module's inputs that
+        the baseline's does not run."""
+        return new_narrowing(self.trace, self.baseline_trace) if self.trace is not None else None
 
     def rerun(self, fmt: str, ops: str, scope: str = "") -> torch.Tensor:
         """The baseline module on its recorded inputs with ``fmt`` imposed on ``ops``
@@ -88,7 +102,7 @@ class LocalCall:
 
         if not scope:
             with torch.no_grad(), rounding_mode(fmt, ops):
-                output = self.baseline_module(*_clone_tree(self.args), **_clone_tree(self.kwargs))
+                output = self.baseline_module(*clone_tree(self.args), **clone_tree(self.kwargs))
         else:
             inner = self.baseline_module.get_submodule(scope)
             active: list[Any] = []
@@ -106,7 +120,7 @@ class LocalCall:
             handles = [inner.register_forward_pre_hook(enter), inner.register_forward_hook(leave)]
             try:
                 with torch.no_grad():
-                    output = self.baseline_module(*_clone_tree(self.args), **_clone_tree(self.kwargs))
+                    output = self.baseline_module(*clone_tree(self.args), **clone_tree(self.kwargs))
             finally:
                 for handle in handles:
                     handle.remove()
@@ -131,20 +145,6 @@ class Localization:
 Recorded = dict[tuple[str, int], tuple[Any, Any, Any]]
 
 
-def _clone_tree(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_clone_tree(v) for v in value)
-    if isinstance(value, list):
-        return [_clone_tree(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _clone_tree(v) for k, v in value.items()}
-    return value
-
-
 def record_calls(side: LoadedSide, request: Request, wanted: Sequence[tuple[str, int]]) -> dict[tuple[str, int], tuple[Any, Any, Any]]:
     """Run ``request`` and keep (args, kwargs, output) of the wanted module calls."""
     wanted_set = set(wanted)
@@ -157,12 +157,12 @@ def record_calls(side: LoadedSide, request: Request, wanted: Sequence[tuple[str,
             call = counters.get(name, 0)
             counters[name] = call + 1
             if (name, call) in wanted_set:
-                inputs[(name, call)] = (_clone_tree(args), _clone_tree(kwargs))
+                inputs[(name, call)] = (clone_tree(args), clone_tree(kwargs))
 
         def post(module: Any, args: Any, output: Any) -> None:
             key = (name, counters.get(name, 1) - 1)
             if key in inputs:
-                kept[key] = (*inputs.pop(key), _clone_tree(output))
+                kept[key] = (*inputs.pop(key), clone_tree(output))
 
         return pre, post
 
@@ -208,36 +208,28 @@ def _tensor_dtypes(value: Any) -> list[str]:
     return found
 
 
-# Operations that move or cast values without computing with them (a ``.half()`` is a
-# ``_to_copy`` of float32 values: the float16 operands of what follows are the evidence).
-_MOVES = frozenset({"_to_copy", "copy_", "copy", "detach", "clone", "view", "_unsafe_view", "t", "transpose",
-                    "expand", "slice", "select", "unsqueeze", "squeeze", "permute", "contiguous", "alias",
-                    "as_strided", "split", "split_with_sizes", "chunk", "unbind", "lift_fresh"})
-
-
 def operand_dtypes(module: Any, args: Any, kwargs: Any) -> tuple[tuple[str, str], ...]:
     """``(operation, dtype)`` of every floating operand the module's operations take when
     called on ``args``/``kwargs`` (recorded at the aten level: a ``.half()`` inside its forward
-    shows as float16 operands of the product after it)."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
+    shows as float16 operands of the product after it; a cast is not a computation)."""
+    return trace_module(module, args, kwargs, nonfinite=False).operands
 
-    seen: dict[tuple[str, str], None] = {}
 
-    class Recording(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            kwargs = kwargs or {}
-            name = str(func.overloadpacket.__name__)
-            if name not in _MOVES:
-                for leaf in tree_leaves((args, kwargs)):
-                    if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
-                        seen[(f"aten.{name}", str(leaf.dtype).removeprefix("torch."))] = None
-            return func(*args, **kwargs)
+def traced(candidate: Any, candidate_call: tuple[Any, Any], baseline: Any,
+           baseline_call: tuple[Any, Any]) -> tuple[OperationTrace | None, OperationTrace | None]:
+    """The traces of one module call on both sides (:func:`glmfb.diff.optrace.trace_module`),
+    narrower formats measured against the baseline's inputs and parameters; None for a side
+    whose forward cannot run under a dispatch mode."""
+    from glmfb.diff.optrace import reference_dtype
 
-    with torch.no_grad(), Recording():
-        module(*_clone_tree(args), **_clone_tree(kwargs))
-    return tuple(seen)
+    found: list[OperationTrace | None] = []
+    reference = reference_dtype(baseline, *baseline_call)
+    for module, (args, kwargs) in ((candidate, candidate_call), (baseline, baseline_call)):
+        try:
+            found.append(trace_module(module, args, kwargs, reference, nonfinite=module is candidate))
+        except Exception:  # a forward that cannot run under a dispatch mode: not recorded
+            found.append(None)
+    return found[0], found[1]
 
 
 def _module_dtypes(module: Any) -> list[str]:
@@ -290,7 +282,7 @@ def local_errors(baseline: LoadedSide, candidate: LoadedSide, request: Request,
         call_args, call_kwargs = (_cast_like(args, own[0]), _cast_like(kwargs, own[1])) if own else (args, kwargs)
         try:
             with torch.no_grad():
-                cand_output = module(*_clone_tree(call_args), **_clone_tree(call_kwargs))
+                cand_output = module(*clone_tree(call_args), **clone_tree(call_kwargs))
         except (Exception, SystemExit) as exc:
             detail = str(exc).strip().splitlines()
             note = f"run in isolation, it raised {type(exc).__name__}" + (f": {detail[0]}" if detail else "")
@@ -325,12 +317,10 @@ def local_errors(baseline: LoadedSide, candidate: LoadedSide, request: Request,
         if culprit is None and entry.failed:
             dtypes = tuple(dict.fromkeys([*_module_dtypes(module), *_tensor_dtypes(call_args),
                                           *_tensor_dtypes(call_kwargs), *_tensor_dtypes(cand_output)]))
-            try:
-                computed: tuple[tuple[str, str], ...] | None = operand_dtypes(module, call_args, call_kwargs)
-            except Exception:  # a forward that cannot run under a dispatch mode: not recorded
-                computed = None
-            culprit = LocalCall(module_name, call, part_tap, part, baseline.submodule(module_name), args, kwargs,
-                                base_tensor, cand_tensor, dim, dtypes, computed)
+            base_module = baseline.submodule(module_name)
+            traces = traced(module, (call_args, call_kwargs), base_module, (args, kwargs))
+            culprit = LocalCall(module_name, call, part_tap, part, base_module, args, kwargs, base_tensor, cand_tensor,
+                                dim, dtypes, traces[0].operands if traces[0] is not None else None, *traces)
     return Localization(tuple(results), culprit)
 
 
@@ -366,6 +356,14 @@ class ErrorEntry:
     steps: tuple[EntryStep, ...]
     root_class: str = ""  # the top-level module's class, when the entry is the top level
     upstream: tuple[str, float] | None = None  # the first tap with any error, when the climb stopped there
+    trace: OperationTrace | None = None  # the candidate's entry module on its inputs (None: not recorded)
+    baseline_trace: OperationTrace | None = None  # the baseline's, on its own
+
+    @property
+    def narrowing(self) -> TracedOp | None:
+        """The candidate's first operation in the entry module narrower than its inputs that the
+        baseline's does not run."""
+        return new_narrowing(self.trace, self.baseline_trace) if self.trace is not None else None
 
     @property
     def handed(self) -> tuple[str, tuple[InputDifference, ...]] | None:
@@ -401,7 +399,7 @@ def _record_enclosing(side: LoadedSide, request: Request, module: str, call: int
             open_calls[name].append(number)
             if name == module:
                 if number == call:
-                    kept[name] = (_clone_tree(args), _clone_tree(kwargs))
+                    kept[name] = (clone_tree(args), clone_tree(kwargs))
                     for ancestor in names[1:]:
                         if open_calls[ancestor]:
                             enclosing[ancestor] = open_calls[ancestor][-1]
@@ -409,7 +407,7 @@ def _record_enclosing(side: LoadedSide, request: Request, module: str, call: int
                             if key in pending:
                                 kept[ancestor] = pending[key]
             else:
-                pending[(name, number)] = (_clone_tree(args), _clone_tree(kwargs))
+                pending[(name, number)] = (clone_tree(args), clone_tree(kwargs))
 
         def post(_: Any, __: Any, ___: Any) -> None:
             if open_calls[name]:
@@ -466,7 +464,12 @@ def error_entry(baseline: LoadedSide, candidate: LoadedSide, request: Request, m
         steps.append(EntryStep(name, differing, compared, note))
         if not differing and not below:
             root = type(baseline.module).__name__ if name == "" else ""
-            return ErrorEntry(name, tuple(steps), root)
+            try:
+                candidate_module = candidate.submodule(name) if name else candidate.module
+            except AttributeError:
+                return ErrorEntry(name, tuple(steps), root)
+            trace, base_trace = traced(candidate_module, recorded_c[name], target, recorded_b[name])
+            return ErrorEntry(name, tuple(steps), root, trace=trace, baseline_trace=base_trace)
         if below and upstream is not None:
             return ErrorEntry(None, tuple(steps), upstream=upstream)
     return ErrorEntry(None, tuple(steps))

@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from glmfb.diff.optrace import TracedOp
+
 FORMATS = ("bf16", "fp16", "tf32")
 FORMAT_NAMES = {"bf16": "bfloat16", "fp16": "float16", "tf32": "TF32"}
 MANTISSA_BITS = {"bf16": 7, "fp16": 10, "tf32": 10}  # explicit mantissa bits
@@ -67,6 +69,8 @@ SCOPED_VARIANTS: tuple[tuple[str, str, bool], ...] = (
     ("every operation", "all", True),
 )
 SIZE_FACTOR = 2.0  # a reproduction's error is within this factor of the observed one
+ABSURD_REL_L2 = 1.0  # a trial whose error is this large against the output itself (and no reproduction) broke
+LEFT_OUT = "left out: "  # the note of a trial whose own result is invalid (never read as evidence)
 MIN_CORRELATION = 0.5  # ... and its pattern correlates at least this well
 TIE_CORRELATION = 0.05  # formats whose best correlations are this close reproduce equally well
 MAX_ELEMENTS = 1 << 22  # the error patterns are compared on at most this many elements
@@ -119,11 +123,25 @@ def _op_sets() -> tuple[frozenset[Any], frozenset[Any]]:
     return matmul, products
 
 
+# Operations whose output holds no values yet (uninitialised memory, filled later by slice
+# assignment or ``out=``): rounding it would round garbage, so it is left alone.
+UNINITIALISED = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided",
+                           "empty_permuted"})
+
+
 @contextmanager
 def rounding_mode(fmt: str, ops: str) -> Iterator[None]:
     """Within the block, round the float32/float64 operands of ``ops`` (``matmul``: matrix
     products and attention; ``products``: those and elementwise multiplies; ``all``: every
-    operation, its outputs too) to ``fmt``. ``none`` changes nothing."""
+    operation, its outputs too) to ``fmt``. ``none`` changes nothing.
+
+    Rounding an operand makes a new tensor, so the modes keep every alias the code relies on: a
+    view (``out[:, t]``, ``x.view(...)``) is taken of the tensor itself, never of a rounded copy
+    (a slice assignment into a preallocated output writes into the output; rounding the view's
+    input wrote it into a copy and left the output uninitialised); an operation's written
+    operand (``copy_``'s destination, ``out=``) is the tensor itself, and what it writes is
+    rounded there (the values written, not a copy); the output of ``empty`` and its kind
+    (:data:`UNINITIALISED`) is not rounded."""
     if ops == "none":
         yield
         return
@@ -142,6 +160,12 @@ def rounding_mode(fmt: str, ops: str) -> Iterator[None]:
             kwargs = dict(kwargs or {})
             if selected is not None and func.overloadpacket not in selected:
                 return func(*args, **kwargs)
+            returns = func._schema.returns
+            if any(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+                # a view of an input: of the tensor itself (its values were rounded where they were made)
+                return func(*args, **kwargs)
+            if func.overloadpacket.__name__ in UNINITIALISED:
+                return func(*args, **kwargs)
             schema = func._schema.arguments
             written = {a.name for a in schema if a.alias_info is not None and a.alias_info.is_write}
             args = tuple(a if index < len(schema) and schema[index].name in written else tree_map(rounded, a)
@@ -150,9 +174,6 @@ def rounding_mode(fmt: str, ops: str) -> Iterator[None]:
             out = func(*args, **kwargs)
             if ops != "all":
                 return out
-            returns = func._schema.returns
-            if any(r.alias_info is not None and not r.alias_info.is_write for r in returns):
-                return out  # a view of an input: its values were rounded where they were made
             if any(r.alias_info is not None and r.alias_info.is_write for r in returns):
                 for item in (out if isinstance(out, (tuple, list)) else (out,)):
                     if isinstance(item, torch.Tensor) and item.is_floating_point():
@@ -223,6 +244,26 @@ class RoundingTest:
         return self.format is not None
 
     @property
+    def left_out(self) -> tuple[Trial, ...]:
+        """The trials whose own result was invalid (NaN or Inf where the baseline is finite, an
+        error larger than the output): never read as evidence, for or against a format."""
+        return tuple(t for t in self.trials if t.note.startswith(LEFT_OUT))
+
+    def left_out_text(self) -> str:
+        """``2 of the 15 rounding trials were left out ...`` for a why ("" when none was)."""
+        left = self.left_out
+        if not left:
+            return ""
+        reasons = []
+        if any("NaN or Inf" in t.note for t in left):
+            reasons.append("NaN or Inf where the baseline's output is finite")
+        if any("larger than the output" in t.note for t in left):
+            reasons.append("an error larger than the output itself")
+        return (f"{len(left)} of the {len(self.trials)} rounding trials {'was' if len(left) == 1 else 'were'} left "
+                f"out as invalid, not read as evidence: {'their' if len(left) > 1 else 'its'} own result had "
+                f"{' or '.join(reasons)} (each trial and why it was left out is in the rounding_test evidence)")
+
+    @property
     def ten_bit(self) -> bool:
         """fp16 and TF32 both reproduce it and nothing measured tells them apart."""
         return (self.format in ("fp16", "tf32") and {"fp16", "tf32"} <= {self.format, *self.equally}
@@ -287,6 +328,20 @@ def compare_errors(observed: torch.Tensor, simulated: torch.Tensor, base_norm: f
     return rel, norm_s / norm_e, correlation, agree
 
 
+def _invalid(simulated: torch.Tensor, observed: torch.Tensor, base: torch.Tensor) -> str:
+    """Why a trial's own result is not a rounding of the baseline ("": it is one): NaN or Inf
+    where the baseline and the candidate are finite (a trial that read an uninitialised buffer,
+    or a value past the format's range)."""
+    import torch
+
+    broken = ~torch.isfinite(simulated) & torch.isfinite(observed) & torch.isfinite(base)
+    count = int(broken.sum())
+    if not count:
+        return ""
+    return (f"{LEFT_OUT}its output is NaN or Inf at {count} of {simulated.numel()} elements where the baseline's "
+            "and the candidate's are finite")
+
+
 def _reproduces(size_ratio: float, correlation: float) -> bool:
     return 1.0 / SIZE_FACTOR <= size_ratio <= SIZE_FACTOR and correlation >= MIN_CORRELATION
 
@@ -338,7 +393,11 @@ def rounding_test(baseline: torch.Tensor, candidate: torch.Tensor, subject: str,
             if round_output:
                 simulated_out = round_to(simulated_out, fmt)
             simulated = _pattern(baseline, simulated_out)
+            note = _invalid(simulated, observed, base_flat)
             rel, size, correlation, agree = compare_errors(observed, simulated, base_norm)
+            if not note and rel >= ABSURD_REL_L2 and size > SIZE_FACTOR:
+                note = (f"{LEFT_OUT}its error is {rel:.2g} of the output's own size ({size:.2g}x the observed "
+                        "error): larger than the output, no rounding; the trial itself broke")
         except Exception as exc:  # a module that cannot run under the mode: that variant is not tested
             detail = str(exc).strip().splitlines()
             note = f"could not run: {type(exc).__name__}" + (f": {detail[0][:120]}" if detail else "")
@@ -559,3 +618,60 @@ def passing_atol(pairs: Sequence[tuple[torch.Tensor, torch.Tensor, float]]) -> f
         return 0.0
     scale = 10.0 ** (math.floor(math.log10(need)) - 1)
     return math.ceil(need / scale * (1 + 1e-9)) * scale
+
+
+# --------------------------------------------------------------------------------------------
+# float16's range
+# --------------------------------------------------------------------------------------------
+
+FLOAT16_MAX = 65504.0  # float16's largest finite value: past it, a value rounds to Inf
+
+
+@dataclass(frozen=True)
+class Float16Range:
+    """Where the candidate first gives NaN or Inf: what shows float16 there (``seen``; empty:
+    none, where glmfb looked: ``looked_at``), and the baseline's largest magnitude there against
+    float16's largest finite value."""
+
+    tap: str
+    module: str | None
+    baseline_max_abs: float
+    beyond: int  # baseline elements past FLOAT16_MAX
+    elements: int
+    seen: tuple[str, ...]
+    looked_at: str
+    first_nonfinite: TracedOp | None = None  # the candidate's first operation giving NaN or Inf on finite operands
+
+    def describe(self) -> str:
+        """The clause a non-finite why adds: the format, the values against its range, and the
+        first operation that gave NaN or Inf."""
+        place = self.module or self.tap
+        largest = f"{self.baseline_max_abs:.3g}"
+        if self.seen and self.beyond:
+            text = (f"the candidate computes {place} in float16 ({'; '.join(self.seen)}), and the baseline's values "
+                    f"there reach {largest} in magnitude, past float16's largest finite value, {FLOAT16_MAX:.0f} "
+                    f"({self.beyond} of {self.elements} elements beyond it): in float16 they overflow to Inf")
+        elif self.seen:
+            text = (f"the candidate computes {place} in float16 ({'; '.join(self.seen)}), but the baseline's values "
+                    f"there stay inside float16's range (at most {largest} in magnitude, against {FLOAT16_MAX:.0f}): "
+                    "what overflows is a value inside it, or something other than the range")
+        else:
+            text = (f"glmfb saw no float16 in {place} ({self.looked_at}), so it is not float16's range"
+                    + (f" (the baseline's values there reach {largest} in magnitude)" if self.baseline_max_abs else ""))
+        first = self.first_nonfinite
+        if first is not None:
+            text += (f"; the first operation whose output is NaN or Inf on finite operands is {first.operation} in "
+                     f"{first.output}" + (f", in {first.site.describe()}" if first.site is not None else ""))
+        return text
+
+
+def float16_range(baseline: torch.Tensor, tap: str, module: str | None, seen: Sequence[str], looked_at: str,
+                  first_nonfinite: TracedOp | None = None) -> Float16Range:
+    """The baseline's finite values at the first non-finite tap against float16's range."""
+    import torch
+
+    values = baseline.detach().reshape(-1).to(torch.float64).abs()
+    values = values[torch.isfinite(values)]
+    largest = float(values.max()) if values.numel() else 0.0
+    return Float16Range(tap, module, largest, int((values > FLOAT16_MAX).sum()), int(baseline.numel()), tuple(seen),
+                        looked_at, first_nonfinite)

@@ -36,10 +36,12 @@ from glmfb.diff.compare import TreeDifferences, group_names, tap_module
 from glmfb.diff.counterfactual import KnobResult
 from glmfb.diff.evidence import Tokens
 from glmfb.diff.localize import ErrorEntry
+from glmfb.diff.optrace import TracedOp
 from glmfb.diff.rounding import (
     FORMAT_NAMES,
     ROUNDING_SIZE_UNITS,
     BiasTest,
+    Float16Range,
     RoundingSize,
     RoundingTest,
 )
@@ -94,6 +96,11 @@ class DiffFindings:
     size: RoundingSize | None = None  # the error against its dtype's own unit roundoff
     zeros: ZeroRegion | None = None  # the exactly-zero region the error starts with, against chance and across requests
     step: int | None = None  # the generation step of the module call it starts in (live captures: 0 the prefill)
+    narrowing: TracedOp | None = None  # the first operation narrower than its inputs where it starts, not the baseline's
+    narrowing_module: str | None = None  # the module traced (where the error starts)
+    reference: str | None = None  # the dtype of that module's inputs narrowing is measured against
+    first_carries: bool | None = None  # the first divergent tap's module's own error is within tolerance
+    range: Float16Range | None = None  # non-finite: float16 where it starts, against its range
 
     def saw(self) -> dict[str, Any]:
         seen: dict[str, Any] = {
@@ -135,6 +142,11 @@ class DiffFindings:
             seen["counterfactual_closes"] = {k.knob: k.closes for k in self.counterfactuals}
         if self.distributed:
             seen["distributed"] = [list(entry) for entry in self.distributed]
+        if self.narrowing is not None:
+            seen["narrowing"] = self.narrowing.describe(self.reference or "")
+        if self.range is not None:
+            seen.update(float16_seen=list(self.range.seen), baseline_max_abs=self.range.baseline_max_abs,
+                        beyond_float16=self.range.beyond)
         return seen
 
 
@@ -193,17 +205,46 @@ def _upstream_phrase(f: DiffFindings) -> str:
 
 def _location(f: DiffFindings) -> str:
     entry = _entry_phrase(f)
-    return entry if entry else f"it starts in {_where(f)}{_first_tap_phrase(f)}"
+    narrowing = _narrowing_clause(f)
+    if entry:
+        return entry + (f"; {narrowing}" if narrowing else "")
+    return f"it starts in {_where(f)}" + (f"; {narrowing}" if narrowing else "") + _first_tap_phrase(f)
+
+
+def _narrowing_clause(f: DiffFindings) -> str:
+    """``there a float32 value is cast to bfloat16 in flash_attention, line 83 of f.py (`...`),
+    the first operation ...``: the first operation in the module where the error starts that
+    computes in a narrower format than the module's inputs and that the baseline's module, on the
+    same inputs, does not run (``dtype_trace``)."""
+    op = f.narrowing
+    if op is None:
+        return ""
+    code = f" (`{op.site.code}`)" if op.site is not None and op.site.code else ""
+    inputs = f"its {f.reference} inputs" if f.reference else "its inputs"
+    return (f"there {op.describe(f.reference or '')}{code}, the first operation in {_module_text(f.narrowing_module)} "
+            f"that computes in a narrower format than {inputs} and that the baseline's does not run")
+
+
+def _narrowing_sentence(f: DiffFindings) -> str:
+    clause = _narrowing_clause(f)
+    return f" In {_module_text(f.narrowing_module)}, {clause.removeprefix('there ')}." if clause else ""
 
 
 def _first_tap_phrase(f: DiffFindings) -> str:
     """How the first divergent tap relates to the blamed module, when it is one of the
-    module's own submodules (the tap is seen first; the module is where the error is made)."""
+    module's own submodules (the tap is seen first; the module is where the error is made).
+    When that submodule's own error on the baseline's inputs is within tolerance, it comes
+    after the computation that makes the error and only carries it: said so, so that it is
+    never read as where the error enters."""
     first, module = f.first_divergent, f.module
     if not first or not module or first.partition("#")[0] == module.partition("#")[0]:
         return ""
     if not first.startswith(module.partition("#")[0] + "."):
         return ""
+    if f.first_carries:
+        return (f"; the first tap outside tolerance, {first}, is a submodule it calls after the computation in "
+                f"{module}'s own forward that makes the error, and only carries it (its own error on the baseline's "
+                "inputs is within tolerance)")
     return f"; the first tap outside tolerance, {first}, is a submodule it calls"
 
 
@@ -312,8 +353,26 @@ def _counterfactual_steps(f: DiffFindings) -> list[str]:
     return steps
 
 
-def _suffix(f: DiffFindings, tree: bool = True) -> str:
-    return (_tree_phrase(f) if tree else "") + _counterfactual_phrase(f)
+def _narrowing_steps(f: DiffFindings) -> list[str]:
+    """Reading the line that narrows, when the trace found one in the user's code."""
+    op = f.narrowing
+    if op is None or op.site is None:
+        return []
+    keep = f.reference or "the module's own dtype"
+    return [f"read line {op.site.line} of {op.site.shown_file} ({op.site.function}: `{op.site.code}`): it "
+            f"{'casts to' if op.cast else 'computes in'} {op.output}; keep that value in {keep} and rerun the diff"]
+
+
+def _suffix(f: DiffFindings, tree: bool = True, narrowing: bool = True) -> str:
+    return ((_narrowing_sentence(f) if narrowing else "") + _left_out_phrase(f) + (_tree_phrase(f) if tree else "")
+            + _counterfactual_phrase(f))
+
+
+def _left_out_phrase(f: DiffFindings) -> str:
+    """`` 2 of the 15 rounding trials were left out as invalid ...``: a trial whose own result
+    broke is said, never read as evidence."""
+    text = f.rounding.left_out_text() if f.rounding is not None else ""
+    return f" {text[0].upper()}{text[1:]}." if text else ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -348,9 +407,10 @@ def _ranks_phrase(f: DiffFindings) -> str:
 
 
 def _nonfinite(f: DiffFindings) -> Explained:
-    why = f"The candidate produces NaN or Inf where the baseline is finite, first at {f.nonfinite_tap}."
-    return why + _suffix(f), [
-        *_counterfactual_steps(f),
+    why = f"The candidate produces NaN or Inf where the baseline is finite, first at {f.nonfinite_tap}"
+    why += f": {f.range.describe()}." if f.range is not None else "."
+    return why + _suffix(f, narrowing=False), [
+        *_counterfactual_steps(f), *_narrowing_steps(f),
         f"check {f.module or f.nonfinite_tap} for overflow (a narrower dtype's range), division by zero or log of zero",
         *_rerun(f),
     ]
@@ -477,8 +537,8 @@ def _onset(f: DiffFindings) -> Explained:
     if f.length_fit is not None and f.length_fit.growing:
         why += f" Across requests the error also grows with context length ({_fit_text(f.length_fit, 'length')} tokens)."
     where = _module_text(f.module) if f.module is not None else (f.tap or "the outputs")
-    return why + _suffix(f), [
-        *_counterfactual_steps(f),
+    return why + _suffix(f, narrowing=False), [
+        *_counterfactual_steps(f), *_narrowing_steps(f),
         f"read what {where} does at position {p.onset}: what changes there (an attention mask or window, a table "
         "indexed by position, a chunk or segment boundary)",
         *_rerun(f),
@@ -512,7 +572,7 @@ def _full_fp32_switches(f: DiffFindings) -> str:
 
 
 def _growth_steps(f: DiffFindings, what: str) -> list[Step | str]:
-    steps = _counterfactual_steps(f)
+    steps: list[Step | str] = [*_counterfactual_steps(f), *_narrowing_steps(f)]
     if f.rounding is not None and f.rounding.ten_bit:
         steps.append(f"keep the products in {f.module or f.tap} in float32: no float16 cast of their operands, "
                      f"and no TF32 ({_full_fp32_switches(f)}), then rerun the diff")
@@ -561,7 +621,7 @@ def _growing_with_length(f: DiffFindings) -> Explained:
     else:
         why += ": something there accumulates over the context (a recurrent state, a reduction, a table indexed by position)."
     place = f.module if f.module is not None else (f.tap or "the outputs")
-    return why + _suffix(f), _growth_steps(
+    return why + _suffix(f, narrowing=False), _growth_steps(
         f, f"find what in {_module_text(place)} depends on the context length (an accumulated state, a "
            "position-dependent table) and compare it at the longest request")
 
@@ -577,7 +637,7 @@ def _growing_along_sequence(f: DiffFindings) -> Explained:
         why += (": a quantity that depends on the position drifts further at every step (rotary angles, a decay "
                 "gate, a recurrent state).")
     place = f.module if f.module is not None else (f.tap or "the outputs")
-    return why + _suffix(f), _growth_steps(
+    return why + _suffix(f, narrowing=False), _growth_steps(
         f, f"compare what {_module_text(place)} computes from the position (rotary angles, decay gates, a "
            "recurrent state) at the last positions of the request")
 
@@ -591,7 +651,7 @@ def _rounded(f: DiffFindings) -> Explained:
     place = f.module or f.tap or "the module"
     keep = f.dtype if f.dtype and f.dtype not in ("bfloat16", "float16") else "the baseline's dtype"
     return why + _suffix(f), [
-        *_counterfactual_steps(f),
+        *_counterfactual_steps(f), *_narrowing_steps(f),
         (f"look for a float16 cast or an autocast region in {place}, or TF32 in its products "
          + ("(torch.backends.cuda.matmul.allow_tf32, Triton tl.dot input_precision)" if f.on_cuda else
             "(operands rounded to 10 mantissa bits in the code, Triton tl.dot input_precision)") if r.ten_bit else
@@ -614,7 +674,7 @@ def _tree_differs(f: DiffFindings) -> Explained:
            f"compared the {f.tree.shared} taps both sides share and cannot look inside the candidate's "
            f"{f.module}: the computation that replaced its submodules computes something else.")
     return why + _suffix(f, tree=False), [
-        *_counterfactual_steps(f),
+        *_counterfactual_steps(f), *_narrowing_steps(f),
         f"compare the candidate's forward of {f.module} with the baseline's (what replaced "
         f"{group_names([_short(m, f.module) for m in (only_b or only_c)], parent=f.module)}: activation, order of "
         "operations, weights used)",
@@ -640,7 +700,7 @@ def _systematic(f: DiffFindings) -> Explained:
         why += f" {entry[0].upper()}{entry[1:]}."
     place = f.module or f.tap or "the module"
     return why + _suffix(f), [
-        *_counterfactual_steps(f),
+        *_counterfactual_steps(f), *_narrowing_steps(f),
         f"compare the constants {place} uses on the two sides (an epsilon, a scale, an offset, the config "
         "fields it reads)",
         *_rerun(f),
@@ -665,13 +725,13 @@ def _parent_forward(f: DiffFindings) -> Explained:
                "forward), or grows from differences below tolerance upstream.")
         step = (f"read the code that produces the inputs of {f.first_divergent} in its parent's forward, "
                 "or tighten the tolerance on the upstream taps (--tol) to see where the first difference appears")
-    return why + _suffix(f), [*_counterfactual_steps(f), step, *_rerun(f)]
+    return why + _suffix(f), [*_counterfactual_steps(f), *_narrowing_steps(f), step, *_rerun(f)]
 
 
 def _spike(f: DiffFindings) -> Explained:
     why = (f"The error is confined to a few positions (first at position {f.position}) in {_where(f)}: "
            "a boundary, mask or indexing problem rather than a precision loss.")
-    return why + _suffix(f), [*_counterfactual_steps(f),
+    return why + _suffix(f), [*_counterfactual_steps(f), *_narrowing_steps(f),
                               f"inspect {f.module or f.tap} at position {f.position} (masks, chunk boundaries, padding)",
                               *_rerun(f)]
 
@@ -685,7 +745,7 @@ def _generic(f: DiffFindings) -> Explained:
         why += (f" No rounding of the baseline to a narrower format reproduces it (closest: size "
                 f"{r.best.size_ratio:.2g}x, correlation {r.best.correlation:.2f}).")
     place = f.module or f.tap or "output"
-    return why + _suffix(f), [*_counterfactual_steps(f),
+    return why + _suffix(f), [*_counterfactual_steps(f), *_narrowing_steps(f),
                               f"diff {place} in isolation (--tap '{place}*') and read its per-position error",
                               *_rerun(f)]
 

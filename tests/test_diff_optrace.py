@@ -1,0 +1,95 @@
+"""The aten-level trace of a module's operations (glmfb/diff/optrace.py): the operations that
+compute in a narrower format than the module's inputs, each with the line of the user's code
+that ran it, set against the baseline's; the first operation that gives NaN or Inf on finite
+operands; and what they make of a non-finite candidate (float16's range)."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+
+from glmfb.diff.optrace import float16_seen, new_narrowing, trace_module
+from glmfb.diff.rounding import FLOAT16_MAX, float16_range
+
+
+def _line_of(function: object, text: str) -> int:
+    """The line number of the first source line of ``function`` that holds ``text``."""
+    lines, start = inspect.getsourcelines(function)  # type: ignore[arg-type]
+    return start + next(i for i, line in enumerate(lines) if text in line)
+
+
+def online_sum(scores: torch.Tensor, bias: torch.Tensor, like_bias: bool) -> torch.Tensor:
+    """A running softmax sum over two blocks; from the second on it takes the mask's dtype when
+    ``like_bias`` (the planted cast)."""
+    like = bias if like_bias else scores
+    first, second = (scores + bias).chunk(2, dim=-1)
+    total = torch.exp(first).sum(-1)
+    total = (total + torch.exp(second).sum(-1)).type_as(like)
+    return total.float()
+
+
+class Summing(nn.Module):
+    def __init__(self, like_bias: bool) -> None:
+        super().__init__()
+        self.like_bias = like_bias
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        bias = torch.zeros(scores.shape[-1], dtype=torch.bfloat16)  # a bfloat16 mask on both sides
+        return online_sum(scores, bias, self.like_bias)
+
+
+def test_a_cast_to_the_masks_dtype_is_named_with_its_line_and_the_shared_mask_is_not() -> None:
+    scores = torch.randn(4, 16)
+    candidate = trace_module(Summing(True), (scores,), {})
+    baseline = trace_module(Summing(False), (scores,), {})
+    assert candidate.reference == "float32"
+    made = [op for op in baseline.narrowed if op.operation == "aten.zeros"]
+    assert made and made[0].site is not None and made[0].site.function == "Summing.forward"  # on both sides
+    named = new_narrowing(candidate, baseline)
+    assert named is not None and named.operation == "aten._to_copy" and named.cast
+    assert (named.inputs, named.output) == (("float32",), "bfloat16")
+    assert named.site is not None and named.site.function == "online_sum"
+    assert named.site.line == _line_of(online_sum, ".type_as(like)") and named.site.file == __file__
+    described = named.describe("float32")
+    assert described.startswith("a float32 value is cast to bfloat16 in online_sum, line ")
+    assert new_narrowing(baseline, baseline) is None  # nothing new against itself
+
+
+def test_a_module_run_in_float16_computes_narrower_than_its_inputs_in_torchs_own_code() -> None:
+    linear = nn.Linear(8, 8).half()
+    trace = trace_module(linear, (torch.randn(2, 8).half(),), {}, reference="float32")
+    named = new_narrowing(trace, trace_module(nn.Linear(8, 8), (torch.randn(2, 8),), {}))
+    assert named is not None and named.output == "float16" and not named.cast and named.site is None
+    assert "computes in float16 on float16 operands in torch's own code" in named.describe("float32")
+    assert float16_seen(trace, ["float16"]) == ("its parameters, inputs or outputs are float16",
+                                                "aten.addmm takes float16 operands")
+
+
+class ExpSiLU(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e = torch.exp(x)
+        return x * e / (1 + e)
+
+
+def test_the_first_operation_to_give_nan_or_inf_on_finite_operands_is_named_with_its_line() -> None:
+    trace = trace_module(ExpSiLU(), (torch.tensor([1.0, 100.0, -3.0]),), {})
+    first = trace.first_nonfinite
+    assert first is not None and first.operation == "aten.exp" and first.output == "float32"
+    assert first.site is not None and first.site.line == _line_of(ExpSiLU.forward, "torch.exp(x)")
+    assert float16_seen(trace, ["float32"]) == ()
+    assert trace_module(ExpSiLU(), (torch.tensor([1.0, 2.0]),), {}).first_nonfinite is None
+
+
+def test_float16s_range_against_the_baselines_values() -> None:
+    baseline = torch.tensor([1.0, -7.0e4, 2.0e5, 3.0])
+    over = float16_range(baseline, "mlp.up", "mlp.up", ("aten.addmm takes float16 operands",), "its operations")
+    assert over.beyond == 2 and over.baseline_max_abs == 2.0e5
+    text = over.describe()
+    assert "computes mlp.up in float16 (aten.addmm takes float16 operands)" in text
+    assert f"reach 2e+05 in magnitude, past float16's largest finite value, {FLOAT16_MAX:.0f} (2 of 4" in text
+    inside = float16_range(baseline / 100, "mlp.up", "mlp.up", ("its output is float16",), "its operations")
+    assert "stay inside float16's range (at most 2e+03" in inside.describe()
+    none = float16_range(baseline, "mlp.act", "mlp.act", (), "its parameters and operations")
+    assert none.describe().startswith("glmfb saw no float16 in mlp.act (its parameters and operations), so it is not")
