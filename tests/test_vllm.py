@@ -5,6 +5,12 @@ own server lifecycle (:mod:`glmfb.diff.servers`: the whole process tree stopped 
 starts an engine-core and a worker process) and each verdict is checked against what the servers
 answer when asked directly.
 
+Three of the servers also record a capture of their own (glmfb's vLLM plugin,
+:mod:`glmfb.capture.vllm`, installed in ``.venv-vllm`` with the checkout, switched on by
+``GLMFB_CAPTURE_DIR`` in their environment): the fp32 and bf16 servers of one folder and an
+fp32 server of the folder whose layer-1 MLP is scaled; ``glmfb diff`` of those captures names
+the module and the step where they part.
+
 Skipped, saying why, where ``.venv-vllm`` (or ``$GLMFB_VLLM_PYTHON``) holds no vLLM.
 """
 
@@ -34,8 +40,13 @@ pytestmark = [pytest.mark.slow,
                   "lib/python*/site-packages/vllm/__init__.py")),
                   reason=f"needs vLLM's CPU build in {VLLM_PYTHON.parent.parent}: bash .ci/setup --servers")]
 
-STARTUP_S = 400.0  # four servers at once on two cores: 90-150 s here
+STARTUP_S = 400.0  # five servers at once on two cores: 150-180 s here
 WORDS = [f"w{i}" for i in range(256)]
+MARK_IDS = "253,254,255"  # the token ids of w250 w251 w252 (w<i> is token i + 3): a marked prompt starts with them
+MARKED_PROMPTS = ("w250 w251 w252 w7 w8 w9", "w250 w251 w252 w10 w11 w12 w13 w14 w15 w16", "w250 w251 w252 w3")
+MARKED_IDS = ("match:253,254,255", "match:253,254,255.2", "match:253,254,255.3")
+UNMARKED_PROMPTS = ("w1 w2 w3 w4 w5", "w9 w250 w251 w252 w4")  # the mark inside is no mark: a prompt starts with it
+CAPTURE_TOKENS = 6  # tokens each marked request generates: the prefill and 5 decode steps
 
 
 def vllm_command(folder: Path, dtype: str, *extra: str) -> tuple[str, ...]:
@@ -59,13 +70,30 @@ SERVERS = {
     "bf16": ("llama", "bfloat16", ()),
     # prefill in chunks of 16 tokens, no prefix cache: a scheduling configuration, same numerics
     "chunked": ("llama", "float32", ("--max-num-batched-tokens", "16", "--no-enable-prefix-caching")),
+    # layer 1's MLP down projection scaled by 1.01; a shutdown that lets its worker finish its capture
+    "scaled": ("llama-scaled", "float32", ("--shutdown-timeout", "10")),
+}
+# the servers that record a capture (glmfb's vLLM plugin): each into <captures>/<name>/rank0; the
+# fp32 and bf16 ones finish it after the 3 marked requests, the scaled one when it stops
+CAPTURING = {
+    "f32": {"GLMFB_CAPTURE_MARK": MARK_IDS, "GLMFB_CAPTURE_REQUESTS": "3"},
+    "bf16": {"GLMFB_CAPTURE_MARK": MARK_IDS, "GLMFB_CAPTURE_REQUESTS": "3"},
+    "scaled": {"GLMFB_CAPTURE_MARK": MARK_IDS, "GLMFB_CAPTURE_MAX_BYTES": "64MiB"},
 }
 
 
 @pytest.fixture(scope="session")
-def vllm(hf_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, StartedServer]]:
-    """The four servers, started at once with glmfb's own server lifecycle, stopped (each whole
-    tree) at the end; the start-up time is printed."""
+def captures(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder the capturing servers' ``GLMFB_CAPTURE_DIR`` lie in."""
+    return tmp_path_factory.mktemp("vllm-captures")
+
+
+@pytest.fixture(scope="session")
+def vllm(hf_models: dict[str, Path], captures: Path,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, StartedServer]]:
+    """The five servers, started at once with glmfb's own server lifecycle, stopped (each whole
+    tree) at the end; the start-up time is printed. The capturing ones get their
+    ``GLMFB_CAPTURE_*`` variables in their environment only."""
     logs = tmp_path_factory.mktemp("vllm-logs")
     saved = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB of KV cache each
@@ -73,8 +101,13 @@ def vllm(hf_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -
     try:
         started = time.monotonic()
         for name, (model, dtype, extra) in SERVERS.items():
-            servers[name] = start(name, vllm_command(hf_models[model], dtype, *extra),
-                                  "openai:http://127.0.0.1:{port}/v1", logs / f"{name}.log", None)
+            with pytest.MonkeyPatch.context() as environment:
+                environment.delenv("GLMFB_CAPTURE_DIR", raising=False)
+                if name in CAPTURING:
+                    for variable, value in {"GLMFB_CAPTURE_DIR": str(captures / name), **CAPTURING[name]}.items():
+                        environment.setenv(variable, value)
+                servers[name] = start(name, vllm_command(hf_models[model], dtype, *extra),
+                                      "openai:http://127.0.0.1:{port}/v1", logs / f"{name}.log", None)
         wait_ready(list(servers.values()), STARTUP_S)
         print(f"\n{len(servers)} vLLM servers ready in {time.monotonic() - started:.1f} s")
         yield servers
@@ -256,3 +289,113 @@ def test_one_vllm_server_alone_against_among_seven_others(vllm: dict[str, Starte
     if code == 0:
         assert all(r["status"] in ("same", "tie") for r in rows)
     print(f"f32 alone vs among 7: {verdict['why']}")
+
+
+# ---- captures recorded inside the servers (glmfb.capture.vllm) ----------------------------------
+
+
+def complete(server: StartedServer, prompt: str, max_tokens: int = CAPTURE_TOKENS) -> list[str]:
+    """The server's greedy tokens for a prompt, asked directly; the end-of-sequence token does
+    not end it (each answer has ``max_tokens`` tokens, each marked request as many steps)."""
+    import httpx
+
+    body = {"model": json.loads(httpx.get(f"{url(server)}/models").text)["data"][0]["id"], "prompt": prompt,
+            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "logprobs": 1}
+    return httpx.post(f"{url(server)}/completions", json=body, timeout=60).json()["choices"][0]["logprobs"]["tokens"]
+
+
+def marked_beside_another(server: StartedServer) -> None:
+    """A marked and an unmarked prompt in one completion call: vLLM makes them two requests,
+    submitted together, so that they share the server's steps (both generate as many tokens)."""
+    import httpx
+
+    body = {"model": json.loads(httpx.get(f"{url(server)}/models").text)["data"][0]["id"],
+            "prompt": ["w250 w251 w252 w20 w21", "w5 w6 w7"], "max_tokens": CAPTURE_TOKENS, "temperature": 0,
+            "ignore_eos": True}
+    answer = httpx.post(f"{url(server)}/completions", json=body, timeout=60).json()
+    assert len(answer["choices"]) == 2, answer
+
+
+def diff_captures(baseline: Path, candidate: Path, out: Path) -> tuple[int, dict[str, Any]]:
+    result = runner.invoke(app, ["diff", str(baseline), str(candidate), "--out", str(out), "--json", "--no-history"])
+    assert result.stdout.strip(), result.output
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_captures_recorded_inside_the_servers_name_the_module_and_the_step(
+        vllm: dict[str, StartedServer], captures: Path, tmp_path: Path) -> None:
+    """Each capturing server is asked the 3 marked requests one at a time, with unmarked ones
+    between them (one holds the mark, not at its start); the fp32 and bf16 servers finish their
+    captures after the third, the scaled one is also sent a marked request together with an
+    unmarked one (not kept: its module outputs would hold both) and is then stopped, which
+    finishes its capture. Each capture holds exactly the marked requests, every step of them, and says which
+    live process made it; ``glmfb diff`` of two names the module and the step where they part."""
+    import psutil
+
+    from glmfb.diff.store import CaptureReader
+
+    workers = {}
+    for name in CAPTURING:
+        server = vllm[name]
+        workers[name] = {p.pid for p in psutil.Process(server.process.pid).children(recursive=True)}
+        for prompt in (MARKED_PROMPTS[0], UNMARKED_PROMPTS[0], MARKED_PROMPTS[1], UNMARKED_PROMPTS[1],
+                       MARKED_PROMPTS[2]):
+            assert len(complete(server, prompt)) == CAPTURE_TOKENS
+    marked_beside_another(vllm["scaled"])
+    vllm["scaled"].stop()  # its capture is finished by the worker on its way out
+
+    folders = {name: captures / name / "rank0" for name in CAPTURING}
+    for name, folder in folders.items():
+        manifest = CaptureReader(folder).manifest
+        assert manifest.complete and [r.id for r in manifest.requests] == list(MARKED_IDS), (name, manifest.requests)
+        assert sorted(p.name for p in folder.iterdir()) == ["manifest.json", "r0000", "r0001", "r0002"]
+        for request, prompt in zip(manifest.requests, MARKED_PROMPTS, strict=True):
+            taps = {t.name: t for t in request.taps}
+            assert taps["output#0"].shape == (len(prompt.split()), 128)  # the prefill: the marked prompt's tokens
+            assert {t.step for t in request.taps} == set(range(CAPTURE_TOKENS)), name
+            assert [taps[f"output#{k}"].step for k in range(CAPTURE_TOKENS)] == list(range(CAPTURE_TOKENS))
+        live = manifest.live
+        assert live is not None and live["stopped"] is None, live
+        assert live["pid"] in workers[name] and live["cmdline"] == ["VLLM::Worker"], live  # vLLM titles its worker
+        assert live["versions"]["vllm"] == "0.32.0" and live["plugin"] == "glmfb.capture.vllm"
+        assert live["server"]["pid"] == vllm[name].process.pid
+        assert "vllm.entrypoints.openai.api_server" in live["server"]["cmdline"]
+        assert live["compilation"].startswith("torch.compile turned off in this worker while it records")
+        print(f"{name}: {len(manifest.requests)} requests, {live['bytes']} tensor bytes; not kept: {live['not_kept']}")
+    assert manifest.live is not None and manifest.live["not_kept"] == [
+        "request 'match:253,254,255.4' shared a step with 1 other request(s): not kept"]
+    notes = (captures / "scaled" / "rank0.note.txt").read_text()
+    assert "shared a step" in notes and "capture finished (the worker stopped) with 3 request(s)" in notes, notes
+    assert "--shutdown-timeout 0" not in notes  # it was started with 10 s, which its capture needs
+    assert not (captures / "f32" / "rank0.note.txt").exists() and not (captures / "f32-again").exists()
+
+    code, verdict = diff_captures(folders["f32"], folders["scaled"], tmp_path / "scaled")
+    assert (code, verdict["status"]) == (1, "fail"), verdict["why"]
+    assert verdict["where"]["module"] == "model.layers.1.mlp.down_proj#0", verdict["where"]  # the scaled weight's
+    assert "model.layers.1.mlp.down_proj#0 (the prefill, step 0)" in verdict["why"], verdict["why"]
+    sides = {e["side"]: e["live"] for e in evidence(verdict, "side")}
+    assert sides["baseline"]["pid"] in workers["f32"] and sides["candidate"]["pid"] in workers["scaled"]
+    assert {s["versions"]["vllm"] for s in sides.values()} == {"0.32.0"}
+    assert all("vllm.entrypoints.openai.api_server" in s["server"]["cmdline"] for s in sides.values())
+    print(f"f32 vs scaled captures: {verdict['status']}, where {verdict['where']}: {verdict['why']}")
+
+    code, verdict = diff_captures(folders["f32"], folders["bf16"], tmp_path / "bf16")
+    assert (code, verdict["status"]) == (1, "fail"), verdict["why"]
+    assert verdict["where"]["module"] == "model.embed_tokens#0", verdict["where"]  # the weights rounded to bf16
+    assert "model.embed_tokens#0 (the prefill, step 0)" in verdict["why"], verdict["why"]
+    print(f"f32 vs bf16 captures: {verdict['status']}, where {verdict['where']}: {verdict['why']}")
+
+
+def test_a_server_without_the_variable_runs_no_plugin_code(vllm: dict[str, StartedServer]) -> None:
+    """The plugin is registered in .venv-vllm (vLLM loads it in every process), and a server
+    without ``GLMFB_CAPTURE_DIR`` shows no trace of it; a capturing one says in its log what it
+    records."""
+    import subprocess
+
+    plugins = subprocess.run([str(VLLM_PYTHON), "-c", "import importlib.metadata as m; print({e.name: e.value for e "
+                              "in m.entry_points(group='vllm.general_plugins')})"], capture_output=True, text=True,
+                             check=True).stdout
+    assert "'glmfb_capture': 'glmfb.capture.vllm:register'" in plugins
+    assert "glmfb capture" not in vllm["f32-again"].log.read_text(errors="replace")
+    assert "glmfb capture: recording the requests whose prompt starts with [253, 254, 255]" in (
+        vllm["f32"].log.read_text(errors="replace"))

@@ -129,6 +129,19 @@ class Recording:
         with self._lock:
             self._end()
 
+    def leave_out(self) -> None:
+        """Leave the request being written out of the capture (its files go); the block that
+        marked it then ends without writing it (an engine that finds the request was not
+        alone in its steps)."""
+        with self._lock:
+            self._drop()
+
+    def note_live(self, **fields: Any) -> None:
+        """Add fields to the manifest's ``live`` record, written with the final manifest (what
+        an engine's plugin knows about the process: its server, its mark, what it left out)."""
+        with self._lock:
+            self._guard(lambda: self._writer.note_live(**fields))
+
     def _begin(self, request_id: str, by_match: bool) -> None:
         if self.stopped is not None:
             return
