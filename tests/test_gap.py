@@ -391,6 +391,86 @@ def test_gil_finding_names_starved_thread_and_skips_startup_imports() -> None:
     assert "p99 61 ms" in sentence and "intranode_dispatch" in sentence and "idle in a native call (usleep)" in sentence
 
 
+def test_gil_finding_keeps_the_starved_threads_wall_share_interval() -> None:
+    """The interval of the starved thread's GIL wait as a share of wall time reaches the finding
+    (the gap weighs its low end against the gap) and the gil_attribution evidence."""
+    starvation = _starvation()
+    waiting = (WaitingThread(thread="prefill", tid=2, waiting_share=0.122, waiting_ci=(0.111, 0.144),
+                             of_runnable_share=0.13, of_runnable_ci=(0.118, 0.153)),)
+    verdict = _gil_verdict("scenarios/x.py", "hog", Starvation(**{
+        **{f: getattr(starvation, f) for f in ("threads", "canary", "threshold_ms", "starved", "ticks", "period_ms",
+                                               "p50_ms", "p99_ms", "max_ms", "wall_p99_ms", "cpu_wait_total_ms")},
+        "waiting_for_gil": waiting}))
+    finding = finding_from_verdict(verdict)
+    assert finding.starved_thread == "prefill" and finding.starved_waiting_ci == (0.111, 0.144)
+    assert finding.starved_wait == (0.13, 0.118)  # the share off the run queue is weighed
+    assert finding.evidence().to_dict()["starved_waiting_ci"] == [0.111, 0.144]
+
+
+def _pool_verdict() -> Verdict:
+    """A gil run of the tolist pool on a busy host: the prefill held the GIL most (its Python
+    between torch ops) and waited for it 41% of its time off the run queue, behind the pool
+    threads' Tensor.tolist; the thread named most starved besides it is a pool thread."""
+    starvation = _starvation()
+    waiting = (WaitingThread(thread="prefill", tid=1, waiting_share=0.2692, waiting_ci=(0.1415, 0.4534),
+                             of_runnable_share=0.4094, of_runnable_ci=(0.2297, 0.6172)),
+               WaitingThread(thread="kv-serializer_0", tid=5, waiting_share=0.1884, waiting_ci=(0.0332, 0.4075),
+                             of_runnable_share=0.23, of_runnable_ci=(0.0433, 0.463)))
+    holder = GilHolder(thread="prefill", tid=1, function="rotate_half", qualname="rotate_half",
+                       file="modeling_llama.py", line=121, samples=117, idle_share=0.0, share_of_time=0.146,
+                       c_function="torch::autograd::THPVariable_getitem", c_source="py-spy --native")
+    sites = (GilSite(thread="glmfb-heartbeat", tid=9, function="beat", qualname="beat", file="hb.py", line=3,
+                     samples=90),
+             GilSite(thread="kv-serializer_0", tid=5, function="_pickle_tolist", qualname="_pickle_tolist",
+                     file="gap_workloads.py", line=139, samples=85, share_of_time=0.106, idle_share=0.0,
+                     c_function="torch::autograd::THPVariable_tolist", c_source="py-spy --native"))
+    threads = GilThreads(samples=300, sample_instants=800, native=True, threads=(), sites=sites)
+    return Verdict(probe="gil", name="g", status=Status.INCONCLUSIVE, layer=Layer.RUNTIME, why="busy", evidence=(
+        Starvation(**{**{f: getattr(starvation, f) for f in (
+            "threads", "canary", "threshold_ms", "starved", "ticks", "period_ms", "p50_ms", "p99_ms", "max_ms",
+            "wall_p99_ms", "cpu_wait_total_ms")}, "waiting_for_gil": waiting}), holder, threads))
+
+
+def test_gil_finding_reads_the_top_holders_own_wait_too() -> None:
+    """The top holder waited for the GIL too: the finding keeps that reading, its holder the
+    site of another thread that held the GIL most (not glmfb's canary)."""
+    finding = finding_from_verdict(_pool_verdict())
+    assert (finding.holder_thread, finding.starved_thread) == ("prefill", "kv-serializer_0")
+    own = finding.holder_own_wait
+    assert own is not None and (own.holder_thread, own.starved_thread) == ("kv-serializer_0", "prefill")
+    assert (own.holder_function, own.holder_python_function, own.holder_line) == (
+        "torch::autograd::THPVariable_tolist", "_pickle_tolist", 139)
+    assert own.starved_of_runnable == 0.4094 and own.starved_of_runnable_ci == (0.2297, 0.6172)
+    assert own.holder_source == "gil_threads.sites[1] (the top holder, prefill, waited for the GIL too)"
+    amended = finding.amended(baseline_reason="r")
+    assert amended.baseline_reason == "r" and amended.holder_own_wait is not None
+    assert amended.holder_own_wait.baseline_reason == "r"
+
+
+def test_the_gap_reads_the_top_holders_own_wait_when_the_named_waiter_does_not_explain_it() -> None:
+    """The same run against its gap (+135% [+54%, +257%], threshold 50%): the pool thread's wait
+    explains too little and is unsettled; the prefill's own wait, 41% [23%, 62%] of its time off
+    the run queue, behind kv-serializer_0's Tensor.tolist, is the GIL's part of the gap."""
+    from glmfb.gap.phases import PhaseChange
+    from glmfb.gap.rules import RULES, GapFindings
+    from glmfb.rules import diagnose
+
+    finding = finding_from_verdict(_pool_verdict())
+    case = GapFindings(gap=1.347, low=0.545, high=2.565, threshold=0.5, iterations=12, stopped_by="decided",
+                       budget_s=25.0, repeats=40, grown=(PhaseChange("prefill_s", 0.0712, 0.1415),), gil=finding,
+                       baseline_median_s=0.0712)
+    assert not case.explained_by(finding) and case.gil_seen is finding.holder_own_wait
+    outcome = diagnose(RULES, case)
+    assert outcome.rule.name == "gil-starved-sender"
+    assert outcome.diagnosis.where == {"thread": "prefill", "function": "torch::autograd::THPVariable_tolist",
+                                       "file": "gap_workloads.py", "line": 139}
+    assert ("The prefill thread waited for the GIL 27% of the time (41% of the time it was not waiting for a CPU)"
+            in outcome.diagnosis.why)
+    assert "held by torch::autograd::THPVariable_tolist, called from _pickle_tolist" in outcome.diagnosis.why
+    assert "on thread kv-serializer_0" in outcome.diagnosis.why and "rotate_half" not in outcome.diagnosis.why
+    assert outcome.record.saw["gil_waiter"] == "the top holder's own wait"
+
+
 def test_gil_finding_drops_implausible_canary_lateness() -> None:
     verdict = _gil_verdict("scenarios/x.py", "hog", _starvation(p99_ms=1633183.5, max_ms=1633323.8))
     finding = finding_from_verdict(verdict)

@@ -67,6 +67,7 @@ class GilFinding:
     native_frame: str | None = None
     starved_thread: str | None = None
     starved_waiting_share: float | None = None
+    starved_waiting_ci: tuple[float, ...] = ()  # the interval of that share of wall time
     starved_of_runnable: float | None = None  # GIL wait / (wall - run-queue wait) of that thread
     starved_of_runnable_ci: tuple[float, ...] = ()
     holder_c_function: str | None = None  # the C function the holder held the GIL in (pickle.dumps)
@@ -90,6 +91,9 @@ class GilFinding:
     baseline_reason: str | None = None  # why there is no comparison, when one was wanted
     cpu_victim_baseline_runqueue_share: float | None = None
     competitor_baseline_cpu_share: float | None = None  # None: the baseline has no such thread
+    # Whether the baseline's gil run saw the slowed thread and the competitor (None: no such run).
+    cpu_victim_in_baseline: bool | None = None
+    competitor_in_baseline: bool | None = None
     canary_p50_ms: float | None = None
     canary_p99_ms: float | None = None
     canary_max_ms: float | None = None
@@ -98,6 +102,17 @@ class GilFinding:
     gil_missing: tuple[str, ...] = ()  # "signal: reason" of what the gil probe could not collect
     next: tuple[Step, ...] = ()  # the gil verdict's next steps
     artifacts: Mapping[str, str] = field(default_factory=dict)
+    # The same gil run read from the top holder's own wait for the GIL, held by the site of another
+    # thread that held it most: the iteration's thread can hold the GIL most (its Python between
+    # torch ops) and still wait for it behind a helper's long C calls. The gap's rules read it
+    # when the thread named starved does not explain the gap (glmfb.gap.rules).
+    holder_own_wait: GilFinding | None = None
+
+    def amended(self, **changes: Any) -> GilFinding:
+        """This finding with ``changes``, and its reading from the top holder's own wait too."""
+        own = self.holder_own_wait
+        amended = replace(self, **changes)
+        return amended if own is None else replace(amended, holder_own_wait=replace(own, **changes))
 
     @property
     def holder_known(self) -> bool:
@@ -122,10 +137,31 @@ class GilFinding:
         return share is not None and share >= GIL_WAIT_LOW
 
     @property
+    def holder_apart(self) -> bool:
+        """A thread of the candidate waited for the GIL beside a known holder on another thread."""
+        return self.holder_known and self.starved_thread is not None and self.starved_thread != self.holder_thread
+
+    @property
+    def starved_wait(self) -> tuple[float, float] | None:
+        """The starved thread's GIL wait as a share of the time it was not waiting for a CPU,
+        and the low end of its interval: what it would lose to the GIL over an iteration run on
+        CPUs of its own (the gil probe's own samplers take CPU time the gap's iterations did
+        not share). From the share of wall time for an older gil verdict without it."""
+        if self.starved_of_runnable is not None:
+            ci = self.starved_of_runnable_ci
+            return self.starved_of_runnable, ci[0] if ci else self.starved_of_runnable
+        if self.starved_waiting_share is not None:
+            ci = self.starved_waiting_ci
+            return self.starved_waiting_share, ci[0] if ci else self.starved_waiting_share
+        return None
+
+    @property
     def gil_bound(self) -> bool:
         """A thread of the candidate waited for the GIL a large share of its time off the run
-        queue, beside a known holder on another thread."""
-        if not self.holder_known or self.starved_thread is None or self.starved_thread == self.holder_thread:
+        queue (:data:`GIL_WAIT_SHARE`, the interval's low end at :data:`GIL_WAIT_LOW`), beside
+        a known holder on another thread. The gap's rule also weighs that wait against the
+        time the gap added (:mod:`glmfb.gap.rules`): a smaller share can explain a smaller gap."""
+        if not self.holder_apart:
             return False
         share = self.starved_of_runnable
         if share is None:  # an older gil verdict: its own failure stands for it
@@ -141,7 +177,14 @@ class GilFinding:
         contention, and the gap is the CPU's (measured under load here: short-lived zlib
         senders waited 20%+ of their time for the GIL the CPU-starved prefill held, and the gap
         read gil-starved-sender, blaming the prefill's own attention code)."""
-        return (self.gil_bound and self.cpu_bound and self.cpu_victim == self.holder_thread
+        return self.gil_bound and self.waiter_took_holders_cpu
+
+    @property
+    def waiter_took_holders_cpu(self) -> bool:
+        """The GIL holder is the thread CPU contention slowed, and the thread that waited for the
+        GIL is (or stands among) the threads that took its CPU: whatever that wait weighs, it
+        follows from the contention (:attr:`gil_wait_follows_cpu_wait`)."""
+        return (self.cpu_bound and self.holder_thread is not None and self.cpu_victim == self.holder_thread
                 and self.starved_thread is not None and self.starved_thread == self.competitor_thread)
 
     @property
@@ -223,8 +266,10 @@ class GilFinding:
                 f"{self.starved_of_runnable:.0%} of the time it was not waiting for a CPU, held by "
                 f"{self.cpu_victim}, the thread the contention slowed")
 
-    def sentence(self) -> str:
-        """The finding in one sentence, in the terms of its evidence."""
+    def sentence(self, name_holder: bool = True) -> str:
+        """The finding in one sentence, in the terms of its evidence. ``name_holder=False``: the
+        verdict does not lay the gap on the GIL (its ``where`` names no holder), so the sentence
+        says what waited for the GIL and how long, never who held it."""
         if not self.available:
             return f"The GIL signal is missing: {self.reason}."
         if not self.holder_known:
@@ -246,6 +291,8 @@ class GilFinding:
                 waited += f" (a canary thread woke p99 {self.canary_p99_ms:.0f} ms late)"
         elif self.canary_p99_ms is not None:  # the gil probe failed on the canary's lateness
             waited = f"a canary thread woke p99 {self.canary_p99_ms:.0f} ms late"
+        if not name_holder:
+            return self._unnamed_sentence(waited)
         location = f"{self.holder_file}:{self.holder_line}" if self.holder_file else "glmfb's target runner"
         if self.holder_c_function and self.holder_python_function:
             named = (" (named from that line's only call, a C function; py-spy --native sampled no frame below it)"
@@ -265,29 +312,47 @@ class GilFinding:
             return f"{waited[0].upper()}{waited[1:]}, {held}."
         return f"The gil probe failed: {self.gil_why} The GIL was {held}."
 
+    def _unnamed_sentence(self, waited: str) -> str:
+        """What waited for the GIL and how long, without the holder."""
+        if self.starved_thread is not None:
+            return f"{waited[0].upper()}{waited[1:]}."
+        seen = f"{waited[0].upper()}{waited[1:]}, but the gil probe" if waited else "The gil probe failed, but it"
+        return f"{seen} named no thread of the candidate that waited for the GIL: the GIL is not shown to explain the gap."
+
     def evidence(self) -> GilAttribution:
         """This finding as typed evidence: the evidence kind's fields are this finding's own."""
         return GilAttribution.of(self)
 
 
-def _starved_thread(starvation: Starvation | None, holder_thread: str | None
-                    ) -> tuple[str | None, float | None, float | None, tuple[float, ...]]:
+@dataclass(frozen=True)
+class _Waiter:
+    """A thread of the program that waited for the GIL, as the gil verdict gives its wait."""
+
+    thread: str | None = None
+    waiting_share: float | None = None  # of wall time
+    waiting_ci: tuple[float, ...] = ()
+    of_runnable: float | None = None  # of the time off the run queue
+    of_runnable_ci: tuple[float, ...] = ()
+
+
+def _starved_thread(starvation: Starvation | None, holder_thread: str | None) -> _Waiter:
     """The program thread (not the holder, not glmfb's canary) that waited for the GIL most,
     by its share of the time off the run queue (else by the share of wall time an older gil
-    verdict gives): ``(thread, wall share, off-run-queue share, its interval)``."""
+    verdict gives)."""
     if starvation is None:
-        return None, None, None, ()
+        return _Waiter()
     starved = set(starvation.threads)
     waiting = [w for w in starvation.waiting_for_gil
                if w.thread != holder_thread and not w.thread.startswith(CANARY_PREFIX)
                and (w.thread in starved or w.of_runnable_share is not None)]
     if not waiting:
-        return None, None, None, ()
+        return _Waiter()
     top = max(waiting, key=lambda w: (w.of_runnable_share if w.of_runnable_share is not None else -1.0,
                                       w.waiting_share))
     if top.of_runnable_share is None and top.thread not in starved:
-        return None, None, None, ()
-    return top.thread, top.waiting_share, top.of_runnable_share, tuple(top.of_runnable_ci)
+        return _Waiter()
+    return _Waiter(top.thread, top.waiting_share, tuple(top.waiting_ci), top.of_runnable_share,
+                   tuple(top.of_runnable_ci))
 
 
 def cpu_set(text: str | None) -> set[int]:
@@ -350,10 +415,14 @@ def _cpu_contention(times: ThreadTimes | None, driver: str | None,
                              "cpu_victim_gil_share": victim.gil_wait_share}
     if slowed:
         found.update(baseline_compared=True, cpu_victim_baseline_runqueue_share=before[victim.thread].runqueue_share)
+    if baseline is not None:
+        found["cpu_victim_in_baseline"] = victim.thread in before
     if others:
         competitor = max(others, key=cpu_grown if slowed else (lambda t: t.cpu_share))
         if slowed and competitor.thread in before:
             found["competitor_baseline_cpu_share"] = before[competitor.thread].cpu_share
+        if baseline is not None:
+            found["competitor_in_baseline"] = competitor.thread in before
         shared = sorted(mine & cpu_set(competitor.cpus)) if mine and competitor.cpus else []
         used = victim.cpu_share + sum(t.cpu_share for t in others)
         found.update(competitor_thread=competitor.thread, competitor_thread_count=competitor.thread_count,
@@ -414,6 +483,49 @@ def _glmfb_file(file: str) -> bool:
         return False
 
 
+def _holder_fields(site: HeldSite | None) -> dict[str, Any]:
+    """A finding's holder fields from the site that held the GIL."""
+    if site is None:
+        return {"holder_thread": None}
+    c_function = site.c_function
+    own = not _glmfb_file(site.file)
+    return {
+        "holder_thread": site.thread, "holder_thread_count": site.thread_count,
+        "holder_function": c_function or site.function, "holder_c_function": c_function,
+        "holder_python_function": site.qualname if c_function else None,
+        "holder_c_source": site.c_source if c_function else None,
+        "holder_file": site.file if own else None, "holder_line": site.line if own else None,
+        "holder_idle_share": site.idle_share, "holder_share": site.share_of_time, "native_frame": site.native_frame,
+    }
+
+
+def _waiter_fields(waiter: _Waiter) -> dict[str, Any]:
+    return {"starved_thread": waiter.thread, "starved_waiting_share": waiter.waiting_share,
+            "starved_waiting_ci": waiter.waiting_ci, "starved_of_runnable": waiter.of_runnable,
+            "starved_of_runnable_ci": waiter.of_runnable_ci}
+
+
+def _holders_own_wait(verdict: Verdict, starvation: Starvation | None, holder: HeldSite | None
+                      ) -> tuple[_Waiter, HeldSite, str] | None:
+    """The top holder's own wait for the GIL (its share of the time off the run queue known),
+    and the site of another program thread that held the GIL most: ``(waiter, site, where the
+    site comes from)``; None when either is missing."""
+    if holder is None or starvation is None:
+        return None
+    own = [w for w in starvation.waiting_for_gil if w.thread == holder.thread and w.of_runnable_share is not None]
+    threads = verdict.find(GilThreads)
+    if not own or threads is None:
+        return None
+    for index, site in enumerate(threads.sites):
+        if (site.thread != holder.thread and not site.thread.startswith(CANARY_PREFIX)
+                and not (_startup_frame(site) or _glmfb_frame(site))):
+            wait = own[0]
+            waiter = _Waiter(wait.thread, wait.waiting_share, tuple(wait.waiting_ci), wait.of_runnable_share,
+                             tuple(wait.of_runnable_ci))
+            return waiter, site, f"gil_threads.sites[{index}] (the top holder, {holder.thread}, waited for the GIL too)"
+    return None
+
+
 def finding_from_verdict(verdict: Verdict, baseline: Verdict | None = None) -> GilFinding:
     """Read a gil verdict into a finding, through its typed evidence; ``baseline``, a gil
     verdict of the baseline target, tells the threads the CPU contention slowed from those the
@@ -425,34 +537,19 @@ def finding_from_verdict(verdict: Verdict, baseline: Verdict | None = None) -> G
         return GilFinding(available=False, status=status, reason=f"the gil probe could not run: {verdict.why}",
                           artifacts=dict(verdict.artifacts))
     holder_thread = holder.thread if holder else None
-    starved_thread, waiting_share, of_runnable, of_runnable_ci = _starved_thread(starvation, holder_thread)
     contention = _cpu_contention(verdict.find(ThreadTimes), holder_thread,
                                  baseline.find(ThreadTimes) if baseline is not None else None)
     victim_waits = [w for w in (starvation.waiting_for_gil if starvation else ())
                     if contention.get("cpu_victim") is not None and w.thread == contention["cpu_victim"]]
     if len(victim_waits) == 1 and victim_waits[0].of_runnable_ci:
         contention["cpu_victim_gil_of_runnable_ci"] = tuple(victim_waits[0].of_runnable_ci)
-    c_function = holder.c_function if holder else None
-    return GilFinding(
+    finding = GilFinding(
         available=True,
         status=status,
         reason=None if holder else holder_source,
         holder_source=holder_source,
-        holder_thread=holder_thread,
-        holder_thread_count=holder.thread_count if holder else 1,
-        holder_function=(c_function or holder.function) if holder else None,
-        holder_c_function=c_function,
-        holder_python_function=holder.qualname if holder and c_function else None,
-        holder_c_source=holder.c_source if holder and c_function else None,
-        holder_file=holder.file if holder and not _glmfb_file(holder.file) else None,
-        holder_line=holder.line if holder and not _glmfb_file(holder.file) else None,
-        holder_idle_share=holder.idle_share if holder else None,
-        holder_share=holder.share_of_time if holder else None,
-        native_frame=holder.native_frame if holder else None,
-        starved_thread=starved_thread,
-        starved_waiting_share=waiting_share,
-        starved_of_runnable=of_runnable,
-        starved_of_runnable_ci=of_runnable_ci,
+        **_holder_fields(holder),
+        **_waiter_fields(_starved_thread(starvation, holder_thread)),
         **contention,
         canary_p50_ms=_lateness_ms(starvation.p50_ms) if starvation else None,
         canary_p99_ms=_lateness_ms(starvation.p99_ms) if starvation else None,
@@ -462,6 +559,12 @@ def finding_from_verdict(verdict: Verdict, baseline: Verdict | None = None) -> G
         next=tuple(verdict.next),
         artifacts=dict(verdict.artifacts),
     )
+    own = _holders_own_wait(verdict, starvation, holder)
+    if own is None:
+        return finding
+    waiter, site, source = own
+    return replace(finding, holder_own_wait=replace(finding, holder_source=source, **_holder_fields(site),
+                                                    **_waiter_fields(waiter)))
 
 
 def _gil_config(config_type: type, config: GapConfig, side: str, **overrides: Any) -> Any:
@@ -515,16 +618,16 @@ def trace_candidate_gil(config: GapConfig, ctx: ProbeContext) -> GilFinding:
         ctx.progress("running the gil probe on the baseline (which threads the contention slowed)")
         baseline = _trace(config, ctx.child("baseline"), "baseline")
         if isinstance(baseline, str):
-            finding = replace(finding, baseline_reason=baseline)
+            finding = finding.amended(baseline_reason=baseline)
         elif baseline.status.value == "error":
-            finding = replace(finding, baseline_reason=f"the gil probe could not run the baseline: {baseline.why}")
+            finding = finding.amended(baseline_reason=f"the gil probe could not run the baseline: {baseline.why}")
         else:
             finding = finding_from_verdict(verdict, baseline)
             if not finding.baseline_compared:
-                finding = replace(finding, baseline_reason="no thread the baseline also runs waited longer for a CPU")
+                finding = finding.amended(baseline_reason="no thread the baseline also runs waited longer for a CPU")
     artifacts = dict(finding.artifacts)
     for key, path in (("verdict", ctx.artifact_dir / "gil-verdict.json"),
                       ("baseline_verdict", ctx.artifact_dir / "baseline" / "gil-verdict.json")):
         if path.is_file():
             artifacts[key] = str(path)
-    return replace(finding, artifacts=artifacts)
+    return finding.amended(artifacts=artifacts)

@@ -166,8 +166,6 @@ def _judge(config: GapConfig, measurement: Measurement, candidate: Any, ctx: Pro
         evidence.append(_transfer_info("candidate", candidate))
     if bandwidth is not None:
         evidence.append(bandwidth.evidence())
-    if gil is not None:
-        evidence.append(gil.evidence())
 
     findings = GapFindings(
         gap=estimate.value, low=estimate.low, high=estimate.high, threshold=threshold, iterations=n,
@@ -176,6 +174,8 @@ def _judge(config: GapConfig, measurement: Measurement, candidate: Any, ctx: Pro
         host_load=measurement.host_load, baseline_median_s=statistics.median(measurement.baseline.times_s),
         **next_steps(config, attributed=gil is not None),
     )
+    if findings.gil_seen is not None:  # the reading the rules take: the holder and waiter the why names
+        evidence.append(findings.gil_seen.evidence())
     outcome = diagnose(ctx.rules("gap", RULES), findings)
     evidence.append(outcome.record)
     diagnosis = outcome.diagnosis

@@ -115,6 +115,7 @@ class GilAttribution(Evidence):
     holder_source: str | None = None
     starved_thread: str | None = None
     starved_waiting_share: float | None = None
+    starved_waiting_ci: tuple[float, ...] = ()
     starved_of_runnable: float | None = None
     starved_of_runnable_ci: tuple[float, ...] = ()
     holder_c_function: str | None = None
@@ -135,6 +136,8 @@ class GilAttribution(Evidence):
     baseline_reason: str | None = None
     cpu_victim_baseline_runqueue_share: float | None = None
     competitor_baseline_cpu_share: float | None = None
+    cpu_victim_in_baseline: bool | None = None
+    competitor_in_baseline: bool | None = None
     canary_p50_ms: float | None = None
     canary_p99_ms: float | None = None
     canary_max_ms: float | None = None

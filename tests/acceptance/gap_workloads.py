@@ -12,6 +12,9 @@ prepares a layer is the case:
 - ``"plain"``: the layer as it is (the fix of the two below);
 - ``"pickle"``: ``pickle.dumps`` of the layer's page table, a few ms per call, several calls
   per layer: short GIL holds that add up while the prefill thread needs the GIL between ops;
+- ``"tolist"``: ``pickle.dumps(layer.tolist())``, the layer's K and V turned into one Python list
+  of floats (``Tensor.tolist``: one C++ call of a few ms that keeps the GIL) and pickled;
+- ``"clone"``: ``layer.clone()``, a copy that releases the GIL (the clean twin of ``"tolist"``);
 - ``"zlib"``: ``zlib.compress`` of the layer's bytes, which releases the GIL; with ``cpus=1``
   (the prefill, the sender and Mooncake's threads pinned to one core, as a container's
   cpuset does) it competes with the prefill for the core, not for the GIL;
@@ -32,10 +35,12 @@ is left as it was. ``on_caller=True`` runs the prefill on the calling thread ins
 while the target lives), as a serving engine's main loop does: under ``glmfb gil`` that is the
 thread of glmfb's own runner. ``thread_per`` says how long a sender thread lives: the target's
 life (``"target"``, the default: one ``kv-sender``), one iteration (``"iteration"``: started
-afresh for each and joined at its end) or one layer (``"layer"``: one thread per layer, all
+afresh for each and joined at its end), one layer (``"layer"``: one thread per layer, all
 joined at the iteration's end), as code that ships each step's or layer's KV from a thread of
-its own does. Those threads are started unnamed, so Python calls them ``Thread-N (_send_loop)``
-or ``Thread-N (_send_layer)``. Each iteration returns phase timings
+its own does, or the target's life in a pool (``"pool"``: two reused ``ThreadPoolExecutor``
+threads, ``kv-serializer_0`` and ``kv-serializer_1``, each layer submitted to them). The
+per-iteration and per-layer threads are started unnamed, so Python calls them ``Thread-N
+(_send_loop)`` or ``Thread-N (_send_layer)``. Each iteration returns phase timings
 (``prefill_s``, ``kv_wait_s``), ``kv_bytes`` and ``transfer_busy_s``; the target offers
 ``measure_ceiling()`` / ``measure_page_rate()`` (docs/gap.md), ``describe()`` and ``close()``.
 """
@@ -50,17 +55,20 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
 ACK_PER_LAYER = 2.0  # the "sleep" sender waits this many times the layer's compute time before it writes
-SENDERS = ("none", "plain", "pickle", "zlib", "bulk", "sync", "sleep")
+SENDERS = ("none", "plain", "pickle", "tolist", "clone", "zlib", "bulk", "sync", "sleep")
 ONE_WRITE = ("bulk", "sync")  # senders that write one buffer after the prefill
-PER_LAYER = ("plain", "pickle", "zlib", "sleep")  # senders that ship each layer from a thread
-THREAD_PER = ("target", "iteration", "layer")  # how long a sender thread lives
+PER_LAYER = ("plain", "pickle", "tolist", "clone", "zlib", "sleep")  # senders that ship each layer from a thread
+THREAD_PER = ("target", "iteration", "layer", "pool")  # how long a sender thread lives
+POOL_WORKERS = 2
 PREFILL_THREAD = "prefill"
 SENDER_THREAD = "kv-sender"
+SERIALIZER_PREFIX = "kv-serializer"  # the pool's threads: kv-serializer_0, kv-serializer_1
 CALL_TIMEOUT_S = 60.0
 
 
@@ -125,13 +133,19 @@ def unpin_this_thread() -> None:
         os.sched_setaffinity(0, before)
 
 
+def _pickle_tolist(layer: torch.Tensor) -> int:
+    """``pickle.dumps`` of the layer's K and V as one flat Python list of floats (one list: no
+    container the garbage collector tracks, so no collection runs inside the call); its size."""
+    return len(pickle.dumps(layer.view(-1).tolist(), pickle.HIGHEST_PROTOCOL))
+
+
 class PrefillKV:
     """One gap target: the ``prefill`` thread owns the model, the KV pool, the Mooncake link and
     the sender thread; calling the target runs one iteration there and waits for it."""
 
     def __init__(
         self, sender: str = "none", threads: int = 1, cpus: int = 0, tokens: int = 1024,
-        layers: int = 4, hidden: int = 128, page_table: int = 6000, pickles_per_layer: int = 6,
+        layers: int = 4, hidden: int = 128, kv_heads: int = 2, page_table: int = 6000, pickles_per_layer: int = 6,
         zlib_level: int = 6, bulk_mib: int = 64, on_caller: bool = False, thread_per: str = "target",
         seed: int = 0,
     ) -> None:
@@ -139,7 +153,7 @@ class PrefillKV:
             raise ValueError(f"sender {sender!r}: use one of {', '.join(SENDERS)}")
         self.sender = sender
         self.settings: dict[str, int] = {"threads": threads, "cpus": cpus, "tokens": tokens, "layers": layers,
-                         "hidden": hidden, "seed": seed, "bulk_mib": bulk_mib}
+                         "hidden": hidden, "kv_heads": kv_heads, "seed": seed, "bulk_mib": bulk_mib}
         self.page_table = [{"layer": 0, "page": i, "offset": i * 4096, "tokens": list(range(8)),
                             "id": f"page-{i}"} for i in range(page_table)]
         self.pickles_per_layer = pickles_per_layer
@@ -161,6 +175,7 @@ class PrefillKV:
         if thread_per not in THREAD_PER:
             raise ValueError(f"thread_per {thread_per!r}: use one of {', '.join(THREAD_PER)}")
         self.thread_per = thread_per
+        self.serializers: ThreadPoolExecutor | None = None  # thread_per="pool"
         self.layer_senders: list[threading.Thread] = []
         self.layer_s = [0.0] * layers  # each layer's compute time in this iteration (the "sleep" sender's wait)
         self.layer_done = 0.0
@@ -201,7 +216,7 @@ class PrefillKV:
         torch.set_num_threads(self.settings["threads"])
         seed = self.settings["seed"]
         self.model = causal_lm("llama", seed, layers=self.settings["layers"], hidden_size=hidden,
-                               intermediate_size=2 * hidden)
+                               intermediate_size=2 * hidden, num_key_value_heads=self.settings["kv_heads"])
         generator = torch.Generator().manual_seed(seed + 1)
         self.prompt = torch.randint(0, 512, (1, tokens), generator=generator)
         config = self.model.config
@@ -218,6 +233,10 @@ class PrefillKV:
             if self.thread_per == "target":
                 self.sender_thread = threading.Thread(target=self._send_loop, name=SENDER_THREAD, daemon=True)
                 self.sender_thread.start()
+            elif self.thread_per == "pool":  # started here, so its threads inherit this thread's CPU mask
+                self.serializers = ThreadPoolExecutor(POOL_WORKERS, thread_name_prefix=SERIALIZER_PREFIX)
+                for started in [self.serializers.submit(time.sleep, 0.01) for _ in range(POOL_WORKERS)]:
+                    started.result(timeout=CALL_TIMEOUT_S)
 
     def _hook(self, index: int, part: int) -> Any:
         """Keep K (``part`` 0) or V (1) of layer ``index``; once V is in, send the layer."""
@@ -227,7 +246,9 @@ class PrefillKV:
             if part == 1:  # the layer's compute time: since the previous layer's V (or the iteration's start)
                 now = time.perf_counter()
                 self.layer_s[index], self.layer_done = now - self.layer_done, now
-            if part == 1 and self.thread_per == "layer":
+            if part == 1 and self.serializers is not None:
+                self.serializers.submit(self._send_layer, index)
+            elif part == 1 and self.thread_per == "layer":
                 sender = threading.Thread(target=self._send_layer, args=(index,), daemon=True)
                 sender.start()  # unnamed: "Thread-N (_send_layer)", joined at the iteration's end
                 self.layer_senders.append(sender)
@@ -297,6 +318,10 @@ class PrefillKV:
                     pickle.dumps(self.page_table, pickle.HIGHEST_PROTOCOL)
             elif self.sender == "sleep":
                 time.sleep(ACK_PER_LAYER * self.layer_s[index])  # an acknowledgement round trip per layer
+            elif self.sender == "tolist":
+                _pickle_tolist(self.pool[index])
+            elif self.sender == "clone":
+                self.pool[index].clone()
             elif self.sender == "zlib":
                 zlib.compress(self.pool[index].numpy().tobytes(), self.zlib_level)
             self.link.write(index * self.layer_bytes, self.layer_bytes)
@@ -360,12 +385,16 @@ class PrefillKV:
         return rate
 
     def describe(self) -> dict[str, Any]:
-        return {"transfer_path": self.transfer_path, "sender": self.sender, **self.settings}
+        return {"transfer_path": self.transfer_path, "sender": self.sender, "thread_per": self.thread_per,
+                **self.settings}
 
     def close(self) -> None:
         if self.sender_thread is not None:
             self.jobs.put(None)
             self.sender_thread.join(timeout=5)
+        if self.serializers is not None:
+            self.serializers.shutdown(wait=True)
+            self.serializers = None
         if self.thread is not None and self.thread.is_alive():
             self.calls.put(None)
             self.thread.join(timeout=5)
