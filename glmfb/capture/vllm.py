@@ -119,8 +119,9 @@ class CaptureSettings:
     def request_name(self, ordinal: int) -> str:
         """The capture id of the ``ordinal``-th marked request (1-based), as
         :func:`~glmfb.capture.recording` names matched requests."""
-        name = f"match:{','.join(map(str, self.mark))}"
-        return name if ordinal == 1 else f"{name}.{ordinal}"
+        from glmfb.diff.live import matched_id
+
+        return matched_id(self.mark, ordinal)
 
 
 # ---- the entry point --------------------------------------------------------------------------

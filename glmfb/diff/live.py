@@ -91,6 +91,18 @@ def _contains(rows: Sequence[Sequence[int]], pattern: Sequence[int]) -> bool:
     return any(list(row[i:i + n]) == list(pattern) for row in rows for i in range(len(row) - n + 1))
 
 
+def matched_id(match: Sequence[int], ordinal: int) -> str:
+    """The capture id of the ``ordinal``-th request (from 1) marked by the token pattern
+    ``match``: ``match:253,254,255``, then ``match:253,254,255.2``, ...; an engine's plugin that
+    marks the requests itself names them so too."""
+    return numbered(f"match:{','.join(map(str, match))}", ordinal)
+
+
+def numbered(name: str, ordinal: int) -> str:
+    """``name`` for the first, ``name.2``, ``name.3``, ... for the next."""
+    return name if ordinal == 1 else f"{name}.{ordinal}"
+
+
 class Recording:
     """The handle ``recording`` yields: marks requests, and says what was recorded."""
 
@@ -103,7 +115,7 @@ class Recording:
         self.stopped: str | None = None  # why recording stopped (None: it did not)
         self.requests: list[str] = []  # ids of the requests written, in order
         self._match = [int(t) for t in match] if match is not None else None
-        self._match_id = match_id or (f"match:{','.join(map(str, self._match))}" if self._match else None)
+        self._match_id = match_id or (matched_id(self._match, 1) if self._match else None)
         self._matched = 0
         self._active: str | None = None  # the request being written
         self._by_match = False  # it was started by the token pattern
@@ -219,8 +231,7 @@ class Recording:
                        and all(row[:len(old)] == old for row, old in zip(rows, last, strict=True)))
             if not extends:
                 self._matched += 1
-                suffix = "" if self._matched == 1 else f".{self._matched}"
-                self._begin(f"{self._match_id}{suffix}", by_match=True)
+                self._begin(numbered(str(self._match_id), self._matched), by_match=True)
         elif self._active is not None and not (rows and all(len(row) == 1 for row in rows)):
             self._end()
 
