@@ -44,6 +44,15 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _listing() -> list[tuple[str, str]]:
+    """Every command's name and line of help, in the order ``glmfb --help`` lists them: the
+    table's, then the probes' and the commands they bring (:func:`glmfb.registry.command_list`)."""
+    from glmfb.registry import command_list
+
+    return [(name, summary) for name, _, summary in COMMANDS] + [
+        (name, summary) for name, summary in command_list() if name not in _COMMANDS]
+
+
 def _code(name: str) -> int:
     """An exit code of :class:`glmfb.verdict.ExitCode`, imported when an error needs one (the
     contract is not loaded for ``glmfb --help``)."""
@@ -72,9 +81,7 @@ class _BoundaryGroup(TyperGroup):
     probe, and a probe installed by another package gets its command)."""
 
     def list_commands(self, ctx: Any) -> list[str]:
-        from glmfb.registry import command_list
-
-        return [name for name, _, _ in COMMANDS] + [name for name, _ in command_list() if name not in _COMMANDS]
+        return [name for name, _ in _listing()]
 
     def get_command(self, ctx: Any, name: str) -> Any:
         if name in _COMMANDS:
@@ -96,10 +103,7 @@ class _BoundaryGroup(TyperGroup):
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         """The list of commands in ``glmfb --help``, from the tables: no command is built and
         no probe imported to write it."""
-        from glmfb.registry import command_list
-
-        listed = [(name, summary) for name, _, summary in COMMANDS]
-        listed += [(name, summary) for name, summary in command_list() if name not in _COMMANDS]
+        listed = _listing()
         limit = formatter.width - 6 - max(len(name) for name, _ in listed)
         with formatter.section("Commands"):
             formatter.write_dl([(name, typer.core.TyperCommand(name, help=summary).get_short_help_str(limit))

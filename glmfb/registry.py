@@ -91,7 +91,7 @@ def command_list() -> list[tuple[str, str]]:
     skips it."""
     kinds = known_kinds()
     listed: list[tuple[str, str]] = []
-    brought: list[tuple[str, str]] = []
+    brought: dict[str, str] = {}  # the first probe to bring a name keeps it
     for entry in probe_entries():
         if entry.builtin:
             package = importlib.import_module(entry.package)
@@ -105,9 +105,10 @@ def command_list() -> list[tuple[str, str]]:
             except Exception:  # said where the probe is used (glmfb.probe.get_probe)
                 continue
         listed.append((entry.kind, summary))
-        brought += [(name, line) for name, line in commands.items()
-                    if name not in kinds and name not in {taken for taken, _ in brought}]
-    return listed + brought
+        for name, line in commands.items():
+            if name not in kinds:
+                brought.setdefault(name, line)
+    return listed + list(brought.items())
 
 
 def import_ref(ref: str) -> Any:
