@@ -556,8 +556,9 @@ def _innermost_frame(stack: str) -> str | None:
     the most recent frame of all if every frame is theirs. Frames are told apart by the folders
     those packages are installed in, never by a name in the path (a user's checkout may well sit
     in a folder called ``glmfb`` or ``torch``)."""
+    from glmfb.diff.optrace import is_users
+
     first: str | None = None
-    roots = _library_roots()
     for line in stack.splitlines():
         if first is not None and not line.startswith(" "):
             break  # the next thread
@@ -567,32 +568,9 @@ def _innermost_frame(stack: str) -> str | None:
         path = match.group(1)
         frame = f"{os.path.basename(path.replace(chr(92), '/'))}:{match.group(2)} in {match.group(3)}"
         first = first or frame
-        if not path.startswith("<") and not _under(path, roots):
+        if is_users(path):
             return frame
     return first
-
-
-def _library_roots() -> tuple[Path, ...]:
-    """The folders of glmfb, torch and the standard library in this interpreter (a rank runs the
-    same one), found without importing torch."""
-    import importlib.util
-    import sysconfig
-
-    roots = {Path(__file__).resolve().parents[1]}
-    spec = importlib.util.find_spec("torch")
-    if spec is not None and spec.origin is not None:
-        roots.add(Path(spec.origin).resolve().parent)
-    for name in ("stdlib", "platstdlib"):
-        roots.add(Path(sysconfig.get_paths()[name]).resolve())
-    return tuple(roots)
-
-
-def _under(path: str, roots: tuple[Path, ...]) -> bool:
-    try:
-        resolved = Path(path).resolve()
-    except (OSError, ValueError):
-        return False
-    return any(resolved.is_relative_to(root) for root in roots)
 
 
 def _failure(code: int, status_dir: Path, log_path: Path, world_size: int) -> RankFailure:

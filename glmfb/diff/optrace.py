@@ -124,13 +124,17 @@ def bits(dtype: str) -> int:
 
 
 @cache
-def _skipped_roots() -> tuple[str, ...]:
-    """Folders whose frames are not the user's: torch, glmfb and the standard library."""
-    import torch
+def _library_roots() -> tuple[str, ...]:
+    """The folders of glmfb, torch and the standard library in this interpreter (a rank runs the
+    same one), found without importing torch, each ending in a separator."""
+    import importlib.util
 
     import glmfb
 
-    roots = [os.path.dirname(torch.__file__), os.path.dirname(glmfb.__file__)]
+    roots = [os.path.dirname(glmfb.__file__)]
+    spec = importlib.util.find_spec("torch")
+    if spec is not None and spec.origin is not None:
+        roots.append(os.path.dirname(spec.origin))
     for key in ("stdlib", "platstdlib"):
         path = sysconfig.get_paths().get(key)
         if path:
@@ -139,10 +143,13 @@ def _skipped_roots() -> tuple[str, ...]:
 
 
 @cache
-def _is_users(filename: str) -> bool:
+def is_users(filename: str) -> bool:
+    """Whether a frame's file is the user's code: not a frame without a file (``<string>``),
+    nor glmfb's, torch's or the standard library's, told apart by the folders those are installed
+    in, never by a name in the path (a user's checkout may sit in a folder called ``torch``)."""
     if filename.startswith("<"):
         return False
-    return not os.path.realpath(filename).startswith(_skipped_roots())
+    return not os.path.realpath(filename).startswith(_library_roots())
 
 
 def user_site(boundary: Any = None) -> SourceSite | None:
@@ -152,7 +159,7 @@ def user_site(boundary: Any = None) -> SourceSite | None:
     frame = sys._getframe(1)
     while frame is not None and frame is not boundary:
         code = frame.f_code
-        if _is_users(code.co_filename):
+        if is_users(code.co_filename):
             line = frame.f_lineno
             text = linecache.getline(code.co_filename, line).strip()
             return SourceSite(code.co_filename, line, code.co_qualname, text)
