@@ -29,6 +29,7 @@ from glmfb.gil.evidence import (
     Starvation,
     ThreadTimeRow,
     ThreadTimes,
+    WaitingThread,
 )
 from glmfb.io import write_json_atomic
 from glmfb.probe import ProbeContext, get_probe
@@ -334,6 +335,12 @@ class _Waiter:
     of_runnable: float | None = None  # of the time off the run queue
     of_runnable_ci: tuple[float, ...] = ()
 
+    @classmethod
+    def of(cls, wait: WaitingThread) -> _Waiter:
+        """From an entry of the gil verdict's ``starvation.waiting_for_gil``."""
+        return cls(wait.thread, wait.waiting_share, tuple(wait.waiting_ci), wait.of_runnable_share,
+                   tuple(wait.of_runnable_ci))
+
 
 def _starved_thread(starvation: Starvation | None, holder_thread: str | None) -> _Waiter:
     """The program thread (not the holder, not glmfb's canary) that waited for the GIL most,
@@ -351,8 +358,7 @@ def _starved_thread(starvation: Starvation | None, holder_thread: str | None) ->
                                       w.waiting_share))
     if top.of_runnable_share is None and top.thread not in starved:
         return _Waiter()
-    return _Waiter(top.thread, top.waiting_share, tuple(top.waiting_ci), top.of_runnable_share,
-                   tuple(top.of_runnable_ci))
+    return _Waiter.of(top)
 
 
 def cpu_set(text: str | None) -> set[int]:
@@ -519,9 +525,7 @@ def _holders_own_wait(verdict: Verdict, starvation: Starvation | None, holder: H
     for index, site in enumerate(threads.sites):
         if (site.thread != holder.thread and not site.thread.startswith(CANARY_PREFIX)
                 and not (_startup_frame(site) or _glmfb_frame(site))):
-            wait = own[0]
-            waiter = _Waiter(wait.thread, wait.waiting_share, tuple(wait.waiting_ci), wait.of_runnable_share,
-                             tuple(wait.of_runnable_ci))
+            waiter = _Waiter.of(own[0])
             return waiter, site, f"gil_threads.sites[{index}] (the top holder, {holder.thread}, waited for the GIL too)"
     return None
 
