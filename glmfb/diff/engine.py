@@ -637,19 +637,22 @@ def _traced(location: _Location) -> tuple[str, OperationTrace, OperationTrace | 
 TRACE_ROWS = 40  # narrowed operations the dtype_trace evidence lists
 
 
-def _op_row(op: TracedOp, baseline: OperationTrace | None = None) -> TracedOpRow:
+def _op_row(op: TracedOp, in_baseline: frozenset[Any] | None = None) -> TracedOpRow:
+    """A traced operation as evidence; ``in_baseline``: the keys of the baseline's narrowed
+    operations (None: the baseline was not traced)."""
     site = op.site
     return TracedOpRow(
         operation=op.operation, inputs=op.inputs, output=op.output, cast=op.cast, calls=op.calls,
         file=site.file if site else None, line=site.line if site else None,
         function=site.function if site else None, code=site.code if site else None,
-        in_baseline=(op.key in {o.key for o in baseline.narrowed}) if baseline is not None else None,
+        in_baseline=(op.key in in_baseline) if in_baseline is not None else None,
     )
 
 
 def _trace_evidence(module: str, trace: OperationTrace, baseline: OperationTrace | None,
                     narrowing: TracedOp | None) -> DtypeTrace:
-    rows = tuple(_op_row(op, baseline) for op in trace.narrowed)
+    in_baseline = frozenset(o.key for o in baseline.narrowed) if baseline is not None else None
+    rows = tuple(_op_row(op, in_baseline) for op in trace.narrowed)
     return DtypeTrace(
         module=module, reference=trace.reference, narrowed=rows[:TRACE_ROWS],
         named=narrowing.describe(trace.reference or "") if narrowing is not None else None,
