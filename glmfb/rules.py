@@ -123,19 +123,20 @@ def load_rules_file(path: Path) -> list[Rule[Any]]:
 
 
 def entry_point_rules() -> list[Rule[Any]]:
-    """Rules installed by packages through the ``glmfb.rules`` entry-point group."""
-    from importlib.metadata import entry_points
+    """Rules installed by packages through the ``glmfb.rules`` entry-point group (read as the
+    probes' are: :func:`glmfb.registry.entry_points`)."""
+    from glmfb.registry import entry_points, import_ref
 
     rules: list[Rule[Any]] = []
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
+    for name, value, _ in entry_points(ENTRY_POINT_GROUP):
         try:
-            obj = entry.load()
+            obj = import_ref(value)
         except Exception as exc:
             raise InputError(
-                f"the rules entry point {entry.name} ({entry.value}) does not load: {type(exc).__name__}: {exc}",
+                f"the rules entry point {name} ({value}) does not load: {type(exc).__name__}: {exc}",
                 "fix or uninstall the package that provides it",
             ) from exc
-        rules.extend(_as_rules(obj, f"entry point {entry.name} ({entry.value})"))
+        rules.extend(_as_rules(obj, f"entry point {name} ({value})"))
     return rules
 
 

@@ -18,7 +18,7 @@ from glmfb.registry import BUILTIN_PROBES, command_list, entry_points, known_kin
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("group", ["console_scripts", "pytest11", "glmfb.probes", "vllm.general_plugins"])
+@pytest.mark.parametrize("group", ["console_scripts", "pytest11", "glmfb.probes", "glmfb.rules", "vllm.general_plugins"])
 def test_entry_points_read_from_the_dist_folders_are_importlib_metadatas(group: str, toy: Path) -> None:
     """The fast reader finds what importlib.metadata finds, in this environment and with the
     toy's dist-info on the path (the first distribution of a name on the path wins there too)."""
