@@ -79,7 +79,7 @@ class CorpusError(Exception):
 class Case:
     """One acceptance case: the probe definition and what a correct verdict says."""
 
-    definition: Any  # glmfb.suite.ProbeDefinition
+    definition: Any  # glmfb.workflows.suite.ProbeDefinition
     rule: str
     why: str | None = None
     why_not: str | None = None
@@ -129,8 +129,8 @@ def parse_tag(description: str, label: str) -> dict[str, str]:
 
 def load_cases(corpus: Path = CORPUS, patterns: Sequence[str] = ()) -> list[Case]:
     """Every case of the corpus (or those whose name matches a pattern), checked."""
-    from glmfb.errors import GlmfbError
-    from glmfb.suite import discover, load_definitions, select
+    from glmfb.contract.errors import GlmfbError
+    from glmfb.workflows.suite import discover, load_definitions, select
 
     try:
         definitions = select(load_definitions(discover([corpus])), list(patterns))
@@ -165,7 +165,7 @@ def load_cases(corpus: Path = CORPUS, patterns: Sequence[str] = ()) -> list[Case
 # --------------------------------------------------------------------------------------------
 
 
-from glmfb.measure.hostload import BUSY_OTHER_CPUS  # noqa: E402  (what a probe's why calls a busy host)
+from glmfb.core.measure.hostload import BUSY_OTHER_CPUS  # noqa: E402  (what a probe's why calls a busy host)
 
 # the inconclusive rules for a loaded host: the gil probe's, then the gap probe's
 BUSY_HOST_RULES = ("busy-host", "busy-waiter", "undecided-wait-share", "undecided-busy-host")
@@ -356,8 +356,8 @@ def score(case: Case, verdict: Any, seconds: float) -> Score:
 def run_case(case: Case, context: Any) -> Score:
     """Run one case through glmfb (the suite's Python API) and score its verdict, which is kept
     as ``verdict.json`` beside the case's artifacts (a wrong case can be read after the run)."""
-    from glmfb.io import write_json_atomic
-    from glmfb.suite import run_definition
+    from glmfb.core.io import write_json_atomic
+    from glmfb.workflows.suite import run_definition
 
     started = time.perf_counter()
     verdict = run_definition(case.definition, context)
@@ -370,8 +370,8 @@ def run_case(case: Case, context: Any) -> Score:
 
 def new_context(out: Path, progress: bool = False) -> Any:
     """A suite context writing artifacts under ``out/accuracy-<run id>/``."""
-    from glmfb.clock import new_run_id
-    from glmfb.suite import SuiteContext
+    from glmfb.contract.clock import new_run_id
+    from glmfb.workflows.suite import SuiteContext
 
     run_id = f"accuracy-{new_run_id()}"
     on_progress = (lambda message: print(f"    {message}", file=sys.stderr)) if progress else None
@@ -472,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(scores, options.verbose))
     print(f"wall time {wall_s:.0f} s for {len(cases)} cases")
     if options.json is not None:
-        from glmfb.io import write_json_atomic
+        from glmfb.core.io import write_json_atomic
 
         write_json_atomic(options.json, {
             "schema": "glmfb.accuracy/1",

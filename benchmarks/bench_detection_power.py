@@ -192,7 +192,7 @@ class Sizes:
     gap_budget_s: float = 45.0
     pyperf_args: tuple[str, ...] = ("-p", "3")
     pytest_benchmark_args: tuple[str, ...] = ()  # pytest-benchmark's defaults
-    floor_args: tuple[str, ...] = ()  # glmfb.measure.floor's defaults
+    floor_args: tuple[str, ...] = ()  # glmfb.core.measure.floor's defaults
 
 
 SMOKE = Sizes(calibrate_s=0.3, calibrate_rounds=1, verify_s=0.5, verify_steps=1, true_s=0.5,
@@ -255,9 +255,9 @@ def measured_slowdown(directory: Path, kernel: str, extra: int, seconds: float, 
 
     from glmfb.bench.allocations import prepare_pairs
     from glmfb.bench.timers import CpuTimer
-    from glmfb.measure import Settings, compare
-    from glmfb.targets import Target
-    from glmfb.units import parse_shape
+    from glmfb.contract.units import parse_shape
+    from glmfb.core.measure import Settings, compare
+    from glmfb.core.targets import Target
 
     torch.set_num_threads(1)
     ref = f"{directory / 'dp_kernels.py'}:{kernel}"
@@ -450,7 +450,7 @@ def run_gap(directory: Path, extra: int, sizes: Sizes) -> Outcome:
 def gap_slowdown(directory: Path, extra: int, seconds: float, width: int) -> float:
     """The gap target's slowdown, interleaved in this process over 8 builds a side."""
     sys.path.insert(0, str(directory))
-    from glmfb.measure import Arm, Pair, Settings, compare
+    from glmfb.core.measure import Arm, Pair, Settings, compare
 
     dp_kernels = __import__("dp_kernels")
 
@@ -557,7 +557,7 @@ def main() -> None:
         for line in [] if args.skip_units else check_units(directory):
             print(f"units: {line}", flush=True)
         if not args.skip_floor:
-            floor = subprocess.run([sys.executable, "-m", "glmfb.measure.floor", *sizes.floor_args],
+            floor = subprocess.run([sys.executable, "-m", "glmfb.core.measure.floor", *sizes.floor_args],
                                    capture_output=True, text=True, cwd=ROOT)
             print(f"floor: {floor.stdout.strip() or floor.stderr.strip()[-200:]}", flush=True)
 

@@ -3,7 +3,7 @@ a per-run threshold gate, on synthetic series with noise as this machine produce
 
 The noise: a small numpy kernel (a sort of 2,048 float64 values: one thread, no BLAS pool
 to fight over) timed in ``--runs`` runs of 48 samples (each sample a batch of 20 calls); each run's value is its batch-means statistic, as
-``glmfb bench`` takes one run's (``glmfb.measure.intervals.batch_means``), with its 95% t
+``glmfb bench`` takes one run's (``glmfb.core.measure.intervals.batch_means``), with its 95% t
 interval. The runs' relative deviations from their median, each with its own interval, are
 the noise pool: a synthetic run draws one (seeded, with replacement, so the pool's drift over
 time is not kept) and scales it onto the planted level.
@@ -12,7 +12,7 @@ The series, ``--per-kind`` of each, 30 runs: a step of +3%, +8% or -5% at a rand
 8..22; a creep of +1% a run over 10 runs (then flat at +10%); spikes (two single runs +30%,
 which must not count); pure noise. The methods, on the same series:
 
-- glmfb: ``glmfb.history.changepoints.change_points`` with the runs' intervals (defaults:
+- glmfb: ``glmfb.workflows.history.changepoints.change_points`` with the runs' intervals (defaults:
   three runs a segment, alpha 1%, the permutation test); also with the t distribution's
   p-value alone (Otava's test) and on the point values alone (no intervals);
 - ruptures Pelt (least squares) with a BIC penalty ``2 sigma^2 log n`` (sigma from the
@@ -41,9 +41,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from glmfb.history.changepoints import Observation, change_points
-from glmfb.measure.intervals import batch_means
-from glmfb.measure.tdist import t_quantile
+from glmfb.core.measure.intervals import batch_means
+from glmfb.core.measure.tdist import t_quantile
+from glmfb.workflows.history.changepoints import Observation, change_points
 
 RUNS_PER_SERIES = 30
 STEPS = {"+3%": 0.03, "+8%": 0.08, "-5%": -0.05}
@@ -191,7 +191,7 @@ def score(method: Callable[[Series], list[int]], all_series: Sequence[Series]) -
 
 
 def _newest_worse(series: Series, points: Sequence[int]) -> bool:
-    """What ``glmfb history --check`` reads (glmfb.history.series.Series.check): whether the
+    """What ``glmfb history --check`` reads (glmfb.workflows.history.series.Series.check): whether the
     last segment's mean is more than CHECK above the mean of the segment before its unbroken
     run of worsening segments began (the one before, unless that one worsened too)."""
     if not points:

@@ -33,7 +33,7 @@ SMOKE_SCENARIO = {"tokens": 512, "dispatch_ms": 10.0}
 def run(transport: str, rounds: int, sizes: dict[str, Any]) -> None:
     """The three variants over one transport, interleaved; ``sizes``: scenario arguments
     (none for the calibration figures, the scenario's defaults)."""
-    from glmfb.targets import Target
+    from glmfb.core.targets import Target
 
     scenario = str(ROOT / "scenarios" / "kv_transfer" / "scenario.py")
     variants = {

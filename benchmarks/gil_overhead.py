@@ -130,7 +130,7 @@ def run_glmfb(seconds: float, folder: Path) -> tuple[dict[str, float], str]:
     )
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     self_before = os.times()
-    from glmfb.probe import ProbeContext
+    from glmfb.core.probe import ProbeContext
 
     verdict = trace_gil(config, ProbeContext(run_id="overhead", artifact_dir=folder))
     self_after = os.times()
@@ -197,7 +197,7 @@ def main() -> int:
         f"plain median {statistics.median(r['ops_per_s'] for r in plain_runs):.0f} serializer ops/s, "
         f"{statistics.median(r['jobs_per_s'] for r in plain_runs):.0f} transfer jobs/s"
     )
-    from glmfb.measure.stats import paired_median_ratio
+    from glmfb.core.measure.stats import paired_median_ratio
 
     print(
         f"{'mode':<10} {'ops ratio':>10} {'(min-max)':>14} {'jobs ratio':>11} "

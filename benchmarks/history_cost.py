@@ -30,20 +30,20 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORD = """
 import json, sys, time
 from pathlib import Path
-import glmfb.env
-from glmfb import suite
-from glmfb.verdict import load_document
+import glmfb.core.env
+from glmfb.workflows import suite
+from glmfb.contract.verdict import load_document
 definitions = suite.select(suite.load_definitions(suite.discover([Path(sys.argv[3])])), [sys.argv[4]])
 run = load_document(json.loads(Path(sys.argv[2]).read_text()))
 started = time.perf_counter()
-from glmfb.history.record import record_run, suite_origins
+from glmfb.workflows.history.record import record_run, suite_origins
 record_run(sys.argv[1], run, suite_origins(definitions))
 print(time.perf_counter() - started)
 """
 
 GROW = """
 import sys
-from glmfb.history.store import Record, open_store
+from glmfb.workflows.history.store import Record, open_store
 with open_store(sys.argv[1]) as store:
     store.record([Record(time="2026-01-01T00:00:00+00:00", run_id=f"old-{i}", definition=f"d{i % 50}",
                          definition_hash=None, probe="bench", status="pass", layer="kernel", metric="time_change",

@@ -114,10 +114,10 @@ def probe_timing(world_size: int, layout: str, atol: float, requests: Path = REQ
     """One CP probe's work, once per merge precision, in this process: captures of both
     sides, then the diff."""
     sys.path.insert(0, str(ROOT))
+    from glmfb.core.probe import ProbeContext
     from glmfb.diff.config import CaptureConfig, DiffConfig
     from glmfb.diff.distributed import DistributedCaptureConfig, run_distributed_capture
     from glmfb.diff.engine import run_capture, run_diff
-    from glmfb.probe import ProbeContext
 
     taps = ("layers.*.attn.merge", "layers.*.attn.o_proj")
     lines = [f"probe timing (world {world_size}, {layout}, taps {', '.join(taps)}, atol {atol:g}):"]

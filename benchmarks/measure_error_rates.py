@@ -1,7 +1,7 @@
 """Error rates of glmfb's measurement core, by simulation on scripted timings (no real timing).
 
-Each trial runs :func:`glmfb.measure.compare` on scripted allocation pairs
-(:mod:`glmfb.measure.simulate`): every allocation gets its own luck (log-normal, sd
+Each trial runs :func:`glmfb.core.measure.compare` on scripted allocation pairs
+(:mod:`glmfb.core.measure.simulate`): every allocation gets its own luck (log-normal, sd
 ``between``), every sample its own jitter (sd ``within``), and bursts of host load add 50%
 to everything running for 0.3 s at random times; the fake clock advances by each sample.
 For each setting it prints how often the decision was fail (regression), pass (equivalent
@@ -29,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from glmfb.measure import Settings, compare
-from glmfb.measure.intervals import pair_interval
-from glmfb.measure.simulate import FakeClock, HostModel, ScriptedSide, scripted_pairs
-from glmfb.measure.stats import decide
+from glmfb.core.measure import Settings, compare
+from glmfb.core.measure.intervals import pair_interval
+from glmfb.core.measure.simulate import FakeClock, HostModel, ScriptedSide, scripted_pairs
+from glmfb.core.measure.stats import decide
 
 SMOKE_NOTE = "smoke run (--smoke): every setting, 8 trials; the rates are measured but are not the benchmark's"
 SETTINGS = [

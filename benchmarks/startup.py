@@ -7,7 +7,7 @@ Targets (issue 18): ``glmfb --help`` at most 0.10 s and ``glmfb gate`` at most 0
 on the 2-core development machine when it is otherwise idle; on a loaded machine read the
 figures beside ``python -c pass`` (the "x python" column). The floors are printed too: the
 interpreter, ``import typer`` (the CLI framework every command loads) and ``import
-glmfb.verdict`` (the contract).
+glmfb.contract.verdict`` (the contract).
 
 Commands run as an installed package runs: with its bytecode. The sources are compiled first
 and the children run without ``PYTHONDONTWRITEBYTECODE`` (set on some machines, where it makes
@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from glmfb.step import Step
-from glmfb.verdict import Layer, Metric, Run, Status, Verdict
+from glmfb.contract.step import Step
+from glmfb.contract.verdict import Layer, Metric, Run, Status, Verdict
 
 TARGETS = {"glmfb --help": 0.10, "glmfb gate (1,000 verdicts)": 0.15}  # median seconds
 SMOKE_NOTE = "smoke run (--smoke): every command, 2 rounds; the figures are measured but are not the benchmark's"
@@ -79,7 +79,7 @@ def main() -> None:
         commands = {
             "python -c pass": [sys.executable, "-c", "pass"],
             "python -c 'import typer'": [sys.executable, "-c", "import typer"],
-            "python -c 'import glmfb.verdict'": [sys.executable, "-c", "import glmfb.verdict"],
+            "python -c 'import glmfb.contract.verdict'": [sys.executable, "-c", "import glmfb.contract.verdict"],
             "glmfb --help": [sys.executable, "-m", "glmfb", "--help"],
             "glmfb gate (1,000 verdicts)": [sys.executable, "-m", "glmfb", "gate", str(run_file)],
         }

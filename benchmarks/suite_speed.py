@@ -9,7 +9,7 @@ machine, with all 16 expectations met. The machine is shared, so read the load b
 figure (``os.getloadavg()`` before and after each run). ``--smoke`` runs two small diffs (the
 pair the scheduler runs side by side) once, with their phases.
 
-``--phases`` runs every selected definition on its own through :func:`glmfb.suite.run_suite`
+``--phases`` runs every selected definition on its own through :func:`glmfb.workflows.suite.run_suite`
 (each in its supervised child, as ``glmfb run`` does) and timestamps every progress message as
 it arrives: a phase is the time from one message to the next, grouped by the message with its
 numbers taken out ("building allocation N of N a side"), the last one up to the verdict.
@@ -59,7 +59,7 @@ def run_once(out: Path, select: list[str], paths: list[str]) -> tuple[float, dic
 
 def phases(select: list[str], paths: list[str], out: Path) -> None:
     """Every selected definition alone, its progress messages timestamped (see the docstring)."""
-    from glmfb import suite
+    from glmfb.workflows import suite
 
     search = paths or [str(ROOT / "probes")]
     chosen = suite.selected(suite.load_definitions(suite.discover(search)), select, search)

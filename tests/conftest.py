@@ -12,7 +12,7 @@ TOY = Path(__file__).parent / "toy"
 def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The toy probe of tests/toy, installed through the glmfb.probes entry point (its folder
     holds a dist-info); yields that folder, for subprocesses' PYTHONPATH."""
-    from glmfb.probe import reset_registry
+    from glmfb.core.probe import reset_registry
 
     monkeypatch.syspath_prepend(str(TOY))
     reset_registry()
@@ -43,7 +43,7 @@ def _process_floor_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: 
     """Every test gets its own glmfb cache holding a between-process floor (2% sd, as
     measured on the development host), so no saved comparison in a test starts the fresh
     worker processes that measuring the floor takes. Tests of the floor itself override it."""
-    from glmfb.measure.floor import ProcessFloor, machine_key, save_floor
+    from glmfb.core.measure.floor import ProcessFloor, machine_key, save_floor
 
     monkeypatch.setenv("GLMFB_CACHE_DIR", str(tmp_path_factory.mktemp("glmfb-cache")))
     save_floor(ProcessFloor(0.02, 14.0, 8, 1.0, "2026-12-01T00:00:00+00:00", 0.5, "test floor",

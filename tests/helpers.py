@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from glmfb.host import run_probe
-from glmfb.probe import ProbeContext, get_probe
-from glmfb.verdict import Verdict
+from glmfb.contract.verdict import Verdict
+from glmfb.core.host import run_probe
+from glmfb.core.probe import ProbeContext, get_probe
 
 
 def context(folder: Path, name: str = "t") -> ProbeContext:

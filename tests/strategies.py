@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from glmfb.evidence import registered_kinds
-from glmfb.verdict import Expectation, Layer, Metric, Status, Verdict
+from glmfb.contract.evidence import registered_kinds
+from glmfb.contract.verdict import Expectation, Layer, Metric, Status, Verdict
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 text = st.text(min_size=1, max_size=20)

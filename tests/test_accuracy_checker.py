@@ -31,7 +31,7 @@ def _score(status: str, *evidence: dict[str, object]) -> object:
 
 
 def test_an_undecided_case_on_a_busy_host_is_counted_apart_never_right() -> None:
-    from glmfb.measure.hostload import BUSY_OTHER_CPUS
+    from glmfb.core.measure.hostload import BUSY_OTHER_CPUS
 
     assert accuracy.BUSY_OTHER_CPUS == BUSY_OTHER_CPUS
     busy = _score("inconclusive", {"kind": "host_load", "other_busy_cpus": 1.3, "cpus": 2})

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from glmfb.registry import BUILTIN_PROBES
+from glmfb.core.registry import BUILTIN_PROBES
 
 GLMFB = Path(__file__).resolve().parents[1] / "glmfb"
 
@@ -25,19 +25,49 @@ ENGINES = tuple(sorted({ref.partition(":")[0].rpartition(".")[0] for _, ref in B
 # the engines' public faces for code outside glmfb (an engine recording its own capture)
 FACES = ("glmfb.capture",)
 
-# The layer table of docs/design.md, bottom first: a module may import its own layer and the
-# layers below it. A name covers the module and, for a package, everything in it.
-LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("contract", ("glmfb", "glmfb.verdict", "glmfb.evidence", "glmfb.errors", "glmfb.units", "glmfb.options",
-                  "glmfb.clock", "glmfb.step")),
-    ("probe API", ("glmfb.probe", "glmfb.registry", "glmfb.rules", "glmfb.host", "glmfb.targets", "glmfb.env", "glmfb.io",
-                   "glmfb.tables", "glmfb.measure.stats", "glmfb.commandline", "glmfb.documents", "glmfb.runs", "glmfb.shards",
-                   "glmfb.supervise", "glmfb.child", "glmfb.process", "glmfb.plotting", "glmfb.measure")),
+# The layer table of docs/design.md, bottom first, read from the folders: a layer is a folder
+# of glmfb (the engines are the probe packages), and a module may import its own layer and
+# the layers below it. A name covers the module and, for a package, everything in it.
+LAYER_FOLDERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("contract", ("glmfb.contract",)),
+    ("probe API", ("glmfb.core",)),
     ("engines", (*ENGINES, *FACES)),
-    ("suite, reports, gate, agent server", ("glmfb.suite", "glmfb.invocation", "glmfb.report", "glmfb.gate", "glmfb.mcp",
-                                             "glmfb.history", "glmfb.bisect")),
-    ("CLI", ("glmfb.cli", "glmfb.__main__", "glmfb.commands")),
+    ("suite, reports, gate, agent server", ("glmfb.workflows",)),
+    ("CLI", ("glmfb.cli",)),
 )
+# glmfb's own top level: the version, ``python -m glmfb``, and the public paths a probe or a
+# rule in another package imports (each re-exports one module of a layer folder)
+TOP_LEVEL = ("glmfb", "glmfb.__main__")
+
+
+def public_paths(root: Path) -> dict[str, str]:
+    """Each module at glmfb's top level that re-exports a module of a layer folder -> that
+    module (``glmfb.verdict`` -> ``glmfb.contract.verdict``)."""
+    found = {}
+    for path in sorted((root / "glmfb").glob("*.py")):
+        name = module_name(path, root)
+        if name in TOP_LEVEL:
+            continue
+        imports = [node for node in ast.parse(path.read_text(encoding="utf-8")).body
+                   if isinstance(node, ast.ImportFrom)]
+        if len(imports) == 1 and imports[0].module and [a.name for a in imports[0].names] == ["*"]:
+            found[name] = imports[0].module
+    return found
+
+
+@functools.cache
+def layers(root: Path) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """:data:`LAYER_FOLDERS` with the top level placed: the version in the contract, the public
+    paths in the layer of what they re-export, ``__main__`` in the CLI's."""
+    table = [(label, list(names)) for label, names in LAYER_FOLDERS]
+    table[0][1].append("glmfb")
+    table[-1][1].append("glmfb.__main__")
+    for public, module in public_paths(root).items():
+        index = next(i for i, (_, names) in enumerate(LAYER_FOLDERS)
+                     if any(module == n or module.startswith(n + ".") for n in names))
+        table[index][1].append(public)
+    return tuple((label, tuple(names)) for label, names in table)
+
 
 CLI_ONLY = ("typer", "click")  # imported by the CLI layer only
 
@@ -91,6 +121,9 @@ def import_graph(root: Path) -> dict[str, set[str]]:
     files = module_files(root)
     known = set(files)
     return {name: imports_of(path, name, known) for name, path in files.items()}
+
+
+LAYERS = layers(GLMFB.parent)
 
 
 def layer_of(module: str) -> int | None:
@@ -185,6 +218,38 @@ def test_the_engines_come_from_the_registry() -> None:
     assert all((GLMFB.parent / engine.replace(".", "/") / "__init__.py").is_file() for engine in ENGINES)
 
 
+def misplaced(root: Path) -> list[str]:
+    """Each module or package at glmfb's top level that is neither a layer folder, an engine,
+    the version, ``__main__`` nor a public path."""
+    placed = {name for _, names in LAYER_FOLDERS for name in names} | set(TOP_LEVEL) | set(public_paths(root))
+    return sorted(f"glmfb.{path.stem}" for path in (root / "glmfb").iterdir()
+                  if (path.suffix == ".py" or (path.is_dir() and (path / "__init__.py").is_file()))
+                  and module_name(path / "__init__.py" if path.is_dir() else path, root) not in placed)
+
+
+def test_the_top_level_holds_the_layer_folders_the_engines_and_the_public_paths(tmp_path: Path) -> None:
+    assert misplaced(GLMFB.parent) == []
+    shutil.copytree(GLMFB, tmp_path / "glmfb", ignore=shutil.ignore_patterns("__pycache__", "_site"))
+    (tmp_path / "glmfb" / "helpers.py").write_text("from glmfb.contract.units import parse_shape\n")
+    assert misplaced(tmp_path) == ["glmfb.helpers"]
+
+
+def test_a_public_path_is_the_module_it_names() -> None:
+    """``glmfb.verdict``, ``glmfb.probe``, ``glmfb.rules`` ... give a probe outside glmfb the
+    same objects as the layer folder's module, every public name of it; and every glmfb module
+    the toy probe (a probe of another package, tests/toy) imports is one of them."""
+    import importlib
+
+    paths = public_paths(GLMFB.parent)
+    toy = Path(__file__).parent / "toy"
+    used = {name for path in toy.glob("*.py") for name in imports_of(path, path.stem, set()) if name.startswith("glmfb.")}
+    assert used and used <= set(paths), used - set(paths)
+    for public, module in paths.items():
+        inner, outer = importlib.import_module(module), importlib.import_module(public)
+        names = [n for n in vars(inner) if not n.startswith("_")]
+        assert names and all(getattr(outer, n) is getattr(inner, n) for n in names), public
+
+
 def test_every_module_imports_only_its_layer_and_the_layers_below() -> None:
     assert layer_violations(GLMFB.parent) == []
 
@@ -196,26 +261,26 @@ def test_no_import_cycle() -> None:
 def test_the_checker_fails_on_planted_wrong_imports(tmp_path: Path) -> None:
     shutil.copytree(GLMFB, tmp_path / "glmfb", ignore=shutil.ignore_patterns("__pycache__", "_site"))
     engine = tmp_path / "glmfb" / "diff" / "engine.py"
-    engine.write_text(engine.read_text() + "\n\ndef _planted():\n    from glmfb.report.html import write_html\n")
-    verdict = tmp_path / "glmfb" / "verdict.py"
-    verdict.write_text(verdict.read_text() + "\n\ndef _planted():\n    from glmfb.probe import known_kinds\n")
+    engine.write_text(engine.read_text() + "\n\ndef _planted():\n    from glmfb.workflows.report.html import write_html\n")
+    verdict = tmp_path / "glmfb" / "contract" / "verdict.py"
+    verdict.write_text(verdict.read_text() + "\n\ndef _planted():\n    from glmfb.core.probe import known_kinds\n")
     assert layer_violations(tmp_path) == [
-        "glmfb.diff.engine (engines) imports glmfb.report.html (suite, reports, gate, agent server)",
-        "glmfb.verdict (contract) imports glmfb.probe (probe API)",
+        "glmfb.contract.verdict (contract) imports glmfb.core.probe (probe API)",
+        "glmfb.diff.engine (engines) imports glmfb.workflows.report.html (suite, reports, gate, agent server)",
     ]
-    assert any({"glmfb.probe", "glmfb.verdict"} <= set(group) for group in import_cycles(tmp_path))
+    assert any({"glmfb.core.probe", "glmfb.contract.verdict"} <= set(group) for group in import_cycles(tmp_path))
 
 
 def test_an_import_for_the_type_checker_only_does_not_count(tmp_path: Path) -> None:
     shutil.copytree(GLMFB, tmp_path / "glmfb", ignore=shutil.ignore_patterns("__pycache__", "_site"))
-    errors = tmp_path / "glmfb" / "errors.py"
-    errors.write_text(errors.read_text() + "\nif TYPE_CHECKING:\n    from glmfb.probe import Probe\n")
+    errors = tmp_path / "glmfb" / "contract" / "errors.py"
+    errors.write_text(errors.read_text() + "\nif TYPE_CHECKING:\n    from glmfb.core.probe import Probe\n")
     assert layer_violations(tmp_path) == []
 
 
 def test_reading_a_document_imports_only_the_contract() -> None:
     """Importing the contract loads nothing above it; an untyped read (the gate) loads no probe."""
-    code = ("import sys, glmfb.verdict as v; v.load_document({'schema': 'glmfb.run/2', 'id': 'r', 'started': '', "
+    code = ("import sys, glmfb.contract.verdict as v; v.load_document({'schema': 'glmfb.run/2', 'id': 'r', 'started': '', "
             "'verdicts': []}, typed=False); print(sorted(m for m in sys.modules if m.startswith('glmfb')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = eval(result.stdout)
@@ -225,10 +290,10 @@ def test_reading_a_document_imports_only_the_contract() -> None:
 def test_typer_and_the_mcp_sdk_stay_in_their_layers() -> None:
     graph = import_graph(GLMFB.parent)
     mcp_sdk = sorted(m for m, names in graph.items() if any(n.split(".")[0] == "mcp" for n in names))
-    assert all(m.startswith("glmfb.mcp.") for m in mcp_sdk), mcp_sdk
+    assert all(m.startswith("glmfb.workflows.mcp.") for m in mcp_sdk), mcp_sdk
     into_mcp = sorted(m for m, names in graph.items()
-                      if not m.startswith("glmfb.mcp") and any(n.startswith("glmfb.mcp") for n in names))
-    assert into_mcp == ["glmfb.commands.mcp"]
+                      if not m.startswith("glmfb.workflows.mcp") and any(n.startswith("glmfb.workflows.mcp") for n in names))
+    assert into_mcp == ["glmfb.cli.commands.mcp"]
 
 
 def test_engines_do_not_print_or_exit() -> None:

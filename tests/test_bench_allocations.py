@@ -22,11 +22,11 @@ from glmfb.bench.allocations import (
     warm_up,
 )
 from glmfb.bench.timers import CpuTimer, Kernel, Loop, first_nonfinite, make_timer
-from glmfb.errors import TargetFailed
-from glmfb.measure import Settings, compare
-from glmfb.measure.simulate import FakeClock
-from glmfb.measure.stats import Decision
-from glmfb.targets import Target, resolve
+from glmfb.contract.errors import TargetFailed
+from glmfb.core.measure import Settings, compare
+from glmfb.core.measure.simulate import FakeClock
+from glmfb.core.measure.stats import Decision
+from glmfb.core.targets import Target, resolve
 
 HERE = __file__
 SEEDS: list[int] = []
@@ -268,7 +268,7 @@ def test_gpu_end_to_end_tiled_vs_fused_on_cuda() -> None:
 
     from glmfb.bench.config import BenchConfig
     from glmfb.bench.evidence import BenchHarness
-    from glmfb.verdict import Status
+    from glmfb.contract.verdict import Status
 
     kernels = str(Path(__file__).resolve().parents[1] / "scenarios" / "decode_norm" / "kernels.py")
     for cuda_graph in (False, True):

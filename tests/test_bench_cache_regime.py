@@ -23,7 +23,9 @@ from glmfb.bench.evidence import CacheRegime, Measurement
 from glmfb.bench.footprint import Footprint, input_footprint
 from glmfb.bench.rules import RULES, BenchFindings, HotFigure, ShapeOutcome, hot_differs, pct
 from glmfb.bench.timers import CpuTimer
-from glmfb.measure.cache import (
+from glmfb.contract.options import options_of
+from glmfb.contract.verdict import Status, Verdict
+from glmfb.core.measure.cache import (
     COLD,
     HOT,
     UNKNOWN,
@@ -34,10 +36,8 @@ from glmfb.measure.cache import (
     last_level_cache,
     regime_of,
 )
-from glmfb.options import options_of
-from glmfb.rules import diagnose
-from glmfb.targets import Target
-from glmfb.verdict import Status, Verdict
+from glmfb.core.rules import diagnose
+from glmfb.core.targets import Target
 
 HERE = __file__
 MiB = 1 << 20

@@ -20,8 +20,8 @@ from glmfb.bench.decision import (
     samples_needed,
     saved_change,
 )
-from glmfb.measure.intervals import pair_interval
-from glmfb.measure.stats import Decision
+from glmfb.core.measure.intervals import pair_interval
+from glmfb.core.measure.stats import Decision
 
 
 def units(effect: float, pairs: int, between: float, within: float, seed: int) -> list[list[float]]:

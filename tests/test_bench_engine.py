@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 from glmfb.bench.config import BenchConfig
 from glmfb.bench.evidence import BenchSummary, OpDiff, Roofline
 from glmfb.cli import app
-from glmfb.errors import TargetError, UsageError
-from glmfb.targets import Target
-from glmfb.verdict import Layer, Status, Verdict
+from glmfb.contract.errors import TargetError, UsageError
+from glmfb.contract.verdict import Layer, Status, Verdict
+from glmfb.core.targets import Target
 
 HERE = __file__
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,7 +120,7 @@ def test_planted_regression_tiled_vs_fused_names_the_repeated_reductions() -> No
     assert verdict.where["shape"] in ("8x4096", "32x1024")
     assert "redundant recomputation" in verdict.why
     assert "aten::mean" in verdict.why
-    from glmfb.evidence import RuleFired
+    from glmfb.contract.evidence import RuleFired
 
     assert verdict.find(RuleFired).rule == "redundant-recomputation"  # type: ignore[union-attr]
     op_diff = verdict.find(OpDiff)

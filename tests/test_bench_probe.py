@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from glmfb import suite
-from glmfb.errors import InputError, UsageError
-from glmfb.verdict import Status
+from glmfb.contract.errors import InputError, UsageError
+from glmfb.contract.verdict import Status
+from glmfb.workflows import suite
 
 ROOT = Path(__file__).resolve().parents[1]
 

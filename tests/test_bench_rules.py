@@ -16,10 +16,10 @@ from glmfb.bench.config import BenchConfig
 from glmfb.bench.evidence import OpDiff
 from glmfb.bench.opdiff import InputStats, OpStats, TensorMeta, build_op_diff, copy_facts
 from glmfb.bench.rules import RULES, BenchFindings, ShapeOutcome
-from glmfb.commandline import rerun_step, shell_line
-from glmfb.rules import diagnose
-from glmfb.targets import Target
-from glmfb.verdict import Status
+from glmfb.contract.verdict import Status
+from glmfb.core.commandline import rerun_step, shell_line
+from glmfb.core.rules import diagnose
+from glmfb.core.targets import Target
 
 SIZES = {"float32": 4, "bfloat16": 2, "float64": 8, "bool": 1}
 
@@ -278,7 +278,7 @@ def test_a_layout_change_is_named_without_advice_the_profile_does_not_back() -> 
 
 
 def test_undecided_on_a_busy_host_says_how_busy_it_was() -> None:
-    from glmfb.measure.hostload import HostLoad
+    from glmfb.core.measure.hostload import HostLoad
 
     busy = HostLoad(window_s=3.0, cpus=2, host_busy_s=6.0, own_busy_s=1.2)
     why = diagnose(RULES, findings("undecided", change=0.09, host_load=busy)).diagnosis.why

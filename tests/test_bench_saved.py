@@ -15,9 +15,9 @@ from glmfb.bench.config import BenchConfig
 from glmfb.bench.evidence import ProcessFloorEvidence, SavedComparison, ShapeChange
 from glmfb.bench.saved import SAVED_SCHEMA, load_runs, load_side
 from glmfb.cli import app
-from glmfb.errors import InputError
-from glmfb.targets import Target
-from glmfb.verdict import Status, Verdict
+from glmfb.contract.errors import InputError
+from glmfb.contract.verdict import Status, Verdict
+from glmfb.core.targets import Target
 
 HERE = __file__
 runner = CliRunner()
@@ -128,7 +128,7 @@ def test_environment_mismatch_is_stated_and_downgrades_a_pass(tmp_path: Path) ->
     verdict = compare_saved("s", str(old), str(new), tmp_path, threshold=0.10)
     assert verdict.status is Status.WARN
     assert "environments differ (torch: 2.12 vs 2.13)" in verdict.why
-    from glmfb.evidence import EnvDifferences
+    from glmfb.contract.evidence import EnvDifferences
 
     assert verdict.find(EnvDifferences) is not None
 

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from glmfb.bisect.search import Outcome, Search
 from glmfb.cli import app
-from glmfb.commandline import argv, shell_line
-from glmfb.step import Step
+from glmfb.contract.step import Step
+from glmfb.core.commandline import argv, shell_line
+from glmfb.workflows.bisect.search import Outcome, Search
 
 runner = CliRunner()
 
@@ -323,8 +323,8 @@ def test_k_must_select_exactly_one_definition(tmp_path: Path) -> None:
         assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     # refused before any probe ran; nothing but the gate's pointer moved, so a gate cannot read an older run
     assert not list((tmp_path / "r").glob("*/run.json"))
-    from glmfb.errors import HarnessError
-    from glmfb.runs import latest_run
+    from glmfb.contract.errors import HarnessError
+    from glmfb.core.runs import latest_run
 
     with pytest.raises(HarnessError, match=r"wrote no run\.json"):
         latest_run(tmp_path / "r")

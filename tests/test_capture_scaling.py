@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import torch
 
+from glmfb.contract.errors import InputError
+from glmfb.core.io import write_json_atomic
 from glmfb.diff import store
 from glmfb.diff.store import CAPTURE_SCHEMA, MANIFEST, CaptureReader, CaptureWriter, Manifest
-from glmfb.errors import InputError
-from glmfb.io import write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from glmfb.cli import app
-from glmfb.step import Step
-from glmfb.verdict import Layer, Run, Status, Verdict
+from glmfb.contract.step import Step
+from glmfb.contract.verdict import Layer, Run, Status, Verdict
 
 runner = CliRunner()
 
@@ -249,8 +249,8 @@ def test_a_user_rule_file_changes_the_why(tmp_path: Path, toy: Path) -> None:
     (tmp_path / "p.toml").write_text(
         '[[probe]]\nname = "t"\nprobe = "toy"\nrules = "my_rules.py"\noptions = { outcome = "fail" }\n'
     )
-    from glmfb.evidence import RuleFired
-    from glmfb.suite import SuiteContext, load_definitions, run_definition
+    from glmfb.contract.evidence import RuleFired
+    from glmfb.workflows.suite import SuiteContext, load_definitions, run_definition
 
     [definition] = load_definitions([tmp_path / "p.toml"])
     verdict = run_definition(definition, SuiteContext("r", tmp_path / "reports"))
@@ -294,8 +294,8 @@ def test_the_stale_run_recipe_exits_non_zero(tmp_path: Path, toy: Path) -> None:
 
 
 def test_a_rule_installed_through_the_entry_point_group_comes_first(tmp_path: Path, toy: Path) -> None:
-    from glmfb.evidence import RuleFired
-    from glmfb.suite import SuiteContext, load_definitions, run_definition
+    from glmfb.contract.evidence import RuleFired
+    from glmfb.workflows.suite import SuiteContext, load_definitions, run_definition
 
     (tmp_path / "p.toml").write_text('[[probe]]\nname = "t"\nprobe = "toy"\n'
                                      'options = { outcome = "fail", kernel = "known-slow-kernel" }\n')

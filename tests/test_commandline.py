@@ -17,7 +17,11 @@ import typer
 import glmfb.cli
 from glmfb.bench.config import BenchConfig
 from glmfb.bench.engine import next_steps as bench_steps
-from glmfb.commandline import (
+from glmfb.cli.commands.probes import spec_from_command_line
+from glmfb.contract.options import options_of, parse_table
+from glmfb.contract.step import Step
+from glmfb.contract.verdict import Run, Status, Verdict, load_document
+from glmfb.core.commandline import (
     Signature,
     argv,
     command_line,
@@ -26,19 +30,15 @@ from glmfb.commandline import (
     shell_line,
     signature,
 )
-from glmfb.commands.probes import spec_from_command_line
+from glmfb.core.probe import Probe, get_probe
+from glmfb.core.registry import known_kinds
+from glmfb.core.targets import Target
 from glmfb.diff.config import DiffConfig
 from glmfb.diff.engine import reproducer_step
 from glmfb.gap.config import GapConfig
 from glmfb.gap.engine import next_steps as gap_steps
 from glmfb.gil.config import GilConfig
 from glmfb.gil.engine import trace_step
-from glmfb.options import options_of, parse_table
-from glmfb.probe import Probe, get_probe
-from glmfb.registry import known_kinds
-from glmfb.step import Step
-from glmfb.targets import Target
-from glmfb.verdict import Run, Status, Verdict, load_document
 
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = "scenarios/decode_norm/kernels.py"
@@ -278,12 +278,12 @@ def test_a_failing_verdicts_steps_are_tool_calls_the_toolbox_accepts(root: Path)
     pytest.importorskip("mcp")
     from glmfb.bench.rules import RULES as BENCH_RULES
     from glmfb.bench.rules import BenchFindings, ShapeOutcome
+    from glmfb.core.rules import diagnose
     from glmfb.gil.heartbeat import Heartbeat
     from glmfb.gil.pyspy import parse_raw, profile_holders
     from glmfb.gil.verdict import Observations, decide
-    from glmfb.mcp.boundary import Boundary
-    from glmfb.mcp.tools import Toolbox
-    from glmfb.rules import diagnose
+    from glmfb.workflows.mcp.boundary import Boundary
+    from glmfb.workflows.mcp.tools import Toolbox
 
     box = Toolbox(Boundary(root))
     # bench: a regression on 8x4096 that one shape leaves undecided, the engine's steps

@@ -13,11 +13,11 @@ from torch import nn
 from typer.testing import CliRunner
 
 from glmfb.cli import app
+from glmfb.contract.errors import InputError
+from glmfb.contract.verdict import Verdict
 from glmfb.diff.engine import CaptureConfig, run_capture
 from glmfb.diff.requests import draw_ids, read_requests
 from glmfb.diff.store import CAPTURE_SCHEMA, CaptureReader
-from glmfb.errors import InputError
-from glmfb.verdict import Verdict
 
 runner = CliRunner()
 HERE = Path(__file__).resolve()
@@ -212,9 +212,9 @@ def test_capture_writes_taps_in_execution_order_with_stable_names(tmp_path: Path
 def test_capture_writes_tensors_as_they_are_produced(tmp_path: Path, requests_file: Path) -> None:
     import os
 
+    from glmfb.core.targets import Target
     from glmfb.diff.capture import load_side, run_requests
     from glmfb.diff.engine import capture as capture_side
-    from glmfb.targets import Target
 
     out = tmp_path / "cap"
     partial = tmp_path / f".cap.partial-{os.getpid()}"  # where a capture is written until complete

@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from glmfb.contract.errors import InputError
 from glmfb.diff.distributed import (
     DistributedCaptureConfig,
     Layout,
@@ -38,7 +39,6 @@ from glmfb.diff.distributed import (
 )
 from glmfb.diff.metrics import Tolerance
 from glmfb.diff.store import CAPTURE_SCHEMA, CaptureReader, Manifest, RequestRecord, TapRecord
-from glmfb.errors import InputError
 
 HERE = Path(__file__).resolve()
 
@@ -341,7 +341,7 @@ def test_bad_input_is_refused_before_any_launch(tmp_path: Path) -> None:
     (tmp_path / "busy" / "notes.txt").write_text("mine")
     with pytest.raises(InputError, match="not empty and not a capture"):
         run_distributed_capture(DistributedCaptureConfig(f"{HERE}:toy_sharded", requests, tmp_path / "busy", 2))
-    from glmfb.errors import TargetError
+    from glmfb.contract.errors import TargetError
 
     with pytest.raises(TargetError):
         run_distributed_capture(DistributedCaptureConfig(f"{HERE}:nothing_here", requests, tmp_path / "o", 2))

@@ -10,10 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from glmfb.cli import app
-from glmfb.commandline import argv, command_line
+from glmfb.contract.verdict import Verdict
+from glmfb.core.commandline import argv, command_line
 from glmfb.diff.config import DiffConfig
 from glmfb.diff.requests import read_requests
-from glmfb.verdict import Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMERICS = ROOT / "scenarios" / "numerics"

@@ -206,7 +206,7 @@ def test_read_ahead_depth_does_not_change_a_metric(tmp_path: Path) -> None:
 
 def test_a_truncated_file_fails_with_reads_in_flight(tmp_path: Path) -> None:
     """A file cut short under the reader: an InputError, and the comparer still works."""
-    from glmfb.errors import InputError
+    from glmfb.contract.errors import InputError
 
     base = torch.randn(40_000)
     b, c = stored(tmp_path, "b", base), stored(tmp_path, "c", base + 1e-3)

@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glmfb.contract.step import Step
+from glmfb.contract.units import OptionValueError
+from glmfb.contract.verdict import Verdict
 from glmfb.diff.config import DiffConfig
 from glmfb.diff.counterfactual import parse_counterfactuals
 from glmfb.diff.requests import NotShrinkable, draw_ids, parse_request, read_requests
-from glmfb.step import Step
-from glmfb.units import OptionValueError
-from glmfb.verdict import Verdict
 
 HERE = Path(__file__).resolve()
 

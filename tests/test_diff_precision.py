@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from glmfb.commandline import shell_line
+from glmfb.contract.verdict import Verdict
+from glmfb.core.commandline import shell_line
 from glmfb.diff.config import DiffConfig
 from glmfb.diff.rounding import bias_test, round_to, rounding_mode, rounding_test
-from glmfb.verdict import Verdict
 
 HERE = Path(__file__).resolve()
 

@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 
-from glmfb.commandline import shell_line
+from glmfb.contract.step import Step
+from glmfb.contract.verdict import Status
+from glmfb.core.commandline import shell_line
+from glmfb.core.rules import diagnose
 from glmfb.diff.compare import TreeDifferences
 from glmfb.diff.counterfactual import KnobResult, KnobRun
 from glmfb.diff.localize import EntryStep, ErrorEntry, InputDifference
@@ -24,9 +27,6 @@ from glmfb.diff.shape import (
     position_profile,
     precision_signature,
 )
-from glmfb.rules import diagnose
-from glmfb.step import Step
-from glmfb.verdict import Status
 
 FORMATS = r"bf16|bfloat16|fp16|(?<!b)float16|tf32"
 

@@ -20,6 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from glmfb.cli import app
+from glmfb.core.rules import diagnose
 from glmfb.diff.rounding import RoundingSize
 from glmfb.diff.rules import RULES, DiffFindings
 from glmfb.diff.shape import (
@@ -32,7 +33,6 @@ from glmfb.diff.shape import (
     quiet_run,
     run_needed,
 )
-from glmfb.rules import diagnose
 
 runner = CliRunner()
 BOUNDARY_TEXT = ("block boundary", "exactly zero before position", "reordering starts there")

@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import json_values
 
-from glmfb.documents import json_schema
-from glmfb.evidence import Evidence, RawEvidence, Record, parse_evidence, registered_kinds
-from glmfb.probe import load_evidence_types
-from glmfb.verdict import Layer, Status, Verdict
+from glmfb.contract.evidence import Evidence, RawEvidence, Record, parse_evidence, registered_kinds
+from glmfb.contract.verdict import Layer, Status, Verdict
+from glmfb.core.documents import json_schema
+from glmfb.core.probe import load_evidence_types
 
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 load_evidence_types()  # every probe's kinds, registered by the probe API as a reader does

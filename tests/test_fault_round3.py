@@ -3,7 +3,7 @@
 - ``glmfb mcp --http`` refused ``Authorization: bearer TOKEN``: RFC 9110 makes the scheme's
   name case-insensitive, so any case is the token's scheme; a wrong token is still refused.
 - A target's forked children inherited the supervised child's SIGTERM handler: glmfb stopping
-  a target that forked left one ``BrokenPipeError`` traceback from glmfb/child.py per process
+  a target that forked left one ``BrokenPipeError`` traceback from glmfb/core/child.py per process
   in probe-stderr.txt (and one from the child itself), which read as a crash of glmfb; and a
   target that stopped its own forked worker with SIGTERM got the error verdict "stopped by
   glmfb", sent by the worker's copy of the probe.
@@ -36,11 +36,11 @@ TOKEN = "round3-token_0123456789"
 
 
 def _asgi_status(authorization: bytes | None) -> int:
-    """The status :class:`~glmfb.mcp.server.BearerToken` answers a request with this
+    """The status :class:`~glmfb.workflows.mcp.server.BearerToken` answers a request with this
     ``Authorization`` value (None: no header); 200 when it lets the request through."""
     import anyio
 
-    from glmfb.mcp.server import BearerToken
+    from glmfb.workflows.mcp.server import BearerToken
 
     sent: list[dict[str, Any]] = []
 
@@ -184,7 +184,7 @@ def test_glmfb_stopping_a_target_that_forked_leaves_no_traceback_of_glmfb(tmp_pa
     forked = [int(p) for p in pids.read_text().split()]  # the forks happened before glmfb stopped the tree
     assert len(forked) == FORKS
     stderr = next(tmp_path.glob("reports/*/*/probe-stderr.txt")).read_text()
-    assert "Traceback" not in stderr and "glmfb/child.py" not in stderr and "BrokenPipeError" not in stderr, stderr
+    assert "Traceback" not in stderr and "glmfb/core/child.py" not in stderr and "BrokenPipeError" not in stderr, stderr
     [process] = [e for e in verdict["evidence"] if e["kind"] == "process"]
     assert process["stderr_tail"] is None and process["description"] == "was killed by signal 15 (SIGTERM)", process
     assert not [p for p in forked if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]

@@ -13,7 +13,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from glmfb.errors import InputError, TargetError, UsageError
+from glmfb.contract.errors import InputError, TargetError, UsageError
+from glmfb.contract.verdict import Layer, Status, Verdict
+from glmfb.core.measure.stats import paired_median_ratio
+from glmfb.core.targets import Target
 from glmfb.gap import GapConfig
 from glmfb.gap.attribution import GilFinding, finding_from_verdict
 from glmfb.gap.bandwidth import achieved_bytes_per_s, check_bandwidth, paired_times
@@ -28,10 +31,7 @@ from glmfb.gil.evidence import (
     ThreadTimes,
     WaitingThread,
 )
-from glmfb.measure.stats import paired_median_ratio
-from glmfb.suite import load_definitions
-from glmfb.targets import Target
-from glmfb.verdict import Layer, Status, Verdict
+from glmfb.workflows.suite import load_definitions
 
 HERE = Path(__file__).resolve()
 THIS = f"{HERE}"
@@ -451,9 +451,9 @@ def test_the_gap_reads_the_top_holders_own_wait_when_the_named_waiter_does_not_e
     """The same run against its gap (+135% [+54%, +257%], threshold 50%): the pool thread's wait
     explains too little and is unsettled; the prefill's own wait, 41% [23%, 62%] of its time off
     the run queue, behind kv-serializer_0's Tensor.tolist, is the GIL's part of the gap."""
+    from glmfb.core.rules import diagnose
     from glmfb.gap.phases import PhaseChange
     from glmfb.gap.rules import RULES, GapFindings
-    from glmfb.rules import diagnose
 
     finding = finding_from_verdict(_pool_verdict())
     case = GapFindings(gap=1.347, low=0.545, high=2.565, threshold=0.5, iterations=12, stopped_by="decided",

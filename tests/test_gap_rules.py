@@ -7,16 +7,16 @@ from typing import Any
 
 import pytest
 
-from glmfb.commandline import shell_line
+from glmfb.contract.verdict import Status
+from glmfb.core.commandline import shell_line
+from glmfb.core.rules import diagnose
+from glmfb.core.targets import Target
 from glmfb.gap.attribution import GilFinding
 from glmfb.gap.bandwidth import BandwidthCheck
 from glmfb.gap.config import GapConfig
 from glmfb.gap.engine import next_steps
 from glmfb.gap.phases import PhaseChange
 from glmfb.gap.rules import RULES, GapFindings
-from glmfb.rules import diagnose
-from glmfb.targets import Target
-from glmfb.verdict import Status
 
 GREW = (PhaseChange("kv_wait_s", None, 0.169),)
 HOLDER_IDLE = GilFinding(available=True, status="fail", holder_thread="MainThread", holder_function="intranode_dispatch",
@@ -358,7 +358,7 @@ def test_an_unsettled_bandwidth_share_is_not_called_the_link_not_the_limit() -> 
 
 
 def test_an_unexplained_gap_on_a_busy_host_is_not_decided() -> None:
-    from glmfb.measure.hostload import HostLoad
+    from glmfb.core.measure.hostload import HostLoad
 
     # A fresh-clone run of the bundled releasing case (the fix): +199.7% [+104.7%, +338.6%] against
     # 5%, nothing measured explaining it, other processes keeping 0.7 of the 2 CPUs busy; 3 runs
@@ -380,7 +380,7 @@ def test_an_unexplained_gap_on_a_busy_host_is_not_decided() -> None:
 
 
 def test_undecided_on_a_busy_host_says_how_busy_it_was() -> None:
-    from glmfb.measure.hostload import HostLoad
+    from glmfb.core.measure.hostload import HostLoad
 
     # A CI run of the bundled releasing case: +5.8% [+0.6%, +11.4%] against 5% on a loaded host.
     busy = HostLoad(window_s=40.0, cpus=2, host_busy_s=76.0, own_busy_s=24.0)
@@ -482,7 +482,7 @@ def test_a_backwards_cpu_guess_on_a_busy_host_is_not_decided() -> None:
     competitor; the GIL wait explained a quarter of the gap. Not decided; on a quiet host, with
     a guess the other way round (the zlib sender's runs), or compared with the baseline, the CPU
     rule decides as before."""
-    from glmfb.measure.hostload import HostLoad
+    from glmfb.core.measure.hostload import HostLoad
 
     guessed = replace(COMPRESSING, holder_thread="kv-serializer_0", holder_function="pickle.dumps",
                       starved_thread="prefill", starved_waiting_share=0.0768, starved_of_runnable=0.1393,

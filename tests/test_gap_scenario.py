@@ -15,10 +15,10 @@ import pytest
 from helpers import run
 from typer.testing import CliRunner
 
-from glmfb.evidence import HostActivity
+from glmfb.contract.evidence import HostActivity
+from glmfb.contract.verdict import Layer, Status
+from glmfb.core.targets import Target
 from glmfb.gap import GapConfig
-from glmfb.targets import Target
-from glmfb.verdict import Layer, Status
 
 pytestmark = pytest.mark.slow  # the real scenario: a receiver process, Mooncake or a socket
 

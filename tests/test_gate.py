@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from glmfb.errors import InputError
-from glmfb.gate import GateDecision, Policy, evaluate, load_policy, parse_policy
-from glmfb.report.junit import render_junit
-from glmfb.report.markdown import render_markdown
-from glmfb.verdict import ExitCode, Layer, Metric, Run, Status, Verdict
+from glmfb.contract.errors import InputError
+from glmfb.contract.verdict import ExitCode, Layer, Metric, Run, Status, Verdict
+from glmfb.workflows.gate import GateDecision, Policy, evaluate, load_policy, parse_policy
+from glmfb.workflows.report.junit import render_junit
+from glmfb.workflows.report.markdown import render_markdown
 
 
 def verdict(name: str, status: Status, probe: str = "bench") -> Verdict:

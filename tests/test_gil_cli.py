@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from glmfb import suite
 from glmfb.cli import app
-from glmfb.verdict import ExitCode, Status
+from glmfb.contract.verdict import ExitCode, Status
+from glmfb.workflows import suite
 
 ROOT = Path(__file__).resolve().parents[1]
 DISPATCH = ROOT / "scenarios" / "dispatch_gil" / "dispatch.py"
@@ -106,9 +106,9 @@ def test_ready_and_load_options_come_from_the_declarations(tmp_path: Path) -> No
 
 def test_the_agent_server_treats_load_as_a_command_line(tmp_path: Path) -> None:
     pytest.importorskip("mcp")
-    from glmfb.errors import InputError
-    from glmfb.mcp.boundary import Boundary
-    from glmfb.mcp.tools import Toolbox
+    from glmfb.contract.errors import InputError
+    from glmfb.workflows.mcp.boundary import Boundary
+    from glmfb.workflows.mcp.tools import Toolbox
 
     (tmp_path / "work.py").write_text("def make():\n    return lambda: None\n")
     arguments = {"target": "work.py:make", "load": ["python", "load.py"], "duration": "1s"}

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from helpers import run
 
+from glmfb.contract.verdict import Layer, Status, Verdict
+from glmfb.core.targets import Target
 from glmfb.gil import GilConfig
 from glmfb.gil import engine as gil_engine
-from glmfb.targets import Target
-from glmfb.verdict import Layer, Status, Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 DISPATCH = ROOT / "scenarios" / "dispatch_gil" / "dispatch.py"

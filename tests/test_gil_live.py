@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 from helpers import run
 
+from glmfb.contract.verdict import Status, Verdict
 from glmfb.gil import GilConfig
 from glmfb.gil.engine import SIGNAL_HEARTBEAT, SIGNAL_HOLDERS, SIGNAL_PROC
 from glmfb.gil.pyspy import find_pyspy
-from glmfb.verdict import Status, Verdict
 
 pytestmark = [
     pytest.mark.slow,

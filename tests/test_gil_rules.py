@@ -9,7 +9,11 @@ from typing import Any
 
 import pytest
 
-from glmfb.evidence import MissingSignal
+from glmfb.contract.evidence import MissingSignal
+from glmfb.contract.step import Step
+from glmfb.contract.verdict import Status
+from glmfb.core.measure.hostload import HostLoad
+from glmfb.core.rules import diagnose
 from glmfb.gil.evidence import GilHolder, GilStartup, LoadRun, WaitingThread
 from glmfb.gil.native import (
     NativeStack,
@@ -22,10 +26,6 @@ from glmfb.gil.native import (
 )
 from glmfb.gil.procwatch import GIL_SPAN_AFTER, GIL_SPAN_BEFORE, Tick, account, gil_region
 from glmfb.gil.rules import RULES, GilFindings
-from glmfb.measure.hostload import HostLoad
-from glmfb.rules import diagnose
-from glmfb.step import Step
-from glmfb.verdict import Status
 
 LIBPYTHON = "/usr/lib/libpython3.11.so.1.0"
 SORTER = GilHolder(thread="sorter", tid=7, function="loop", qualname="Worker.loop", file="w.py", line=105,

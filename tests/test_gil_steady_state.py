@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from helpers import run
 
+from glmfb.contract.verdict import Status
+from glmfb.core.targets import Target
 from glmfb.gil import GilConfig
-from glmfb.targets import Target
-from glmfb.verdict import Status
 
 pytestmark = pytest.mark.slow  # a real trace of a child process
 

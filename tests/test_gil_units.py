@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from glmfb.commandline import command_line, shell_line
-from glmfb.errors import UsageError
+from glmfb.contract.errors import UsageError
+from glmfb.contract.units import OptionValueError, parse_milliseconds
+from glmfb.contract.verdict import Layer, Status, Verdict
+from glmfb.core.commandline import command_line, shell_line
+from glmfb.core.process import describe_returncode
+from glmfb.core.targets import Target
 from glmfb.gil import GilConfig
 from glmfb.gil.engine import python_command, trace_step
 from glmfb.gil.heartbeat import Heartbeat, injection_env, read_heartbeat
 from glmfb.gil.pyspy import explain_failure, parse_raw, profile_holders, sampled_cleanly
 from glmfb.gil.trace import overlap_blame
 from glmfb.gil.verdict import Observations, decide
-from glmfb.process import describe_returncode
-from glmfb.targets import Target
-from glmfb.units import OptionValueError, parse_milliseconds
-from glmfb.verdict import Layer, Status, Verdict
 
 # As py-spy 0.4.3 writes it with --gil --idle --threads --native --full-filenames (shortened).
 RAW_HOLD = """\
@@ -170,7 +170,7 @@ def test_rule_idle_holder_with_starvation_fails_naming_the_native_call(tmp_path:
     holder = next(e for e in (x.to_dict() for x in verdict.evidence) if e["kind"] == "gil_holder")
     assert holder["idle_share"] == 1.0 and holder["native_frame"] == "usleep"
     assert "share_of_samples" not in holder  # the old duplicate of share_of_time is gone
-    from glmfb.evidence import RuleFired
+    from glmfb.contract.evidence import RuleFired
 
     assert verdict.find(RuleFired).rule == "gil-hold-native"  # type: ignore[union-attr]
     assert Verdict.from_dict(verdict.to_dict()) == verdict

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import pytest
 from test_history_postgres import Server, record
 
-from glmfb.history.store import (
+from glmfb.workflows.history.store import (
     LOCK_WAIT_ENV,
     LOCK_WAIT_S,
     HistoryError,

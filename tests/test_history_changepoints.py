@@ -1,4 +1,4 @@
-"""Change points of a series of runs (glmfb.history.changepoints), on synthetic series with
+"""Change points of a series of runs (glmfb.workflows.history.changepoints), on synthetic series with
 planted steps and seeded noise."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from glmfb.history.changepoints import Observation, change_points, segments
+from glmfb.workflows.history.changepoints import Observation, change_points, segments
 
 
 def series(levels: list[float], *, sd: float = 0.01, half_width: float = 0.005, seed: int = 0

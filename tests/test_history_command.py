@@ -16,9 +16,9 @@ import pytest
 from typer.testing import CliRunner
 
 from glmfb.cli import app
-from glmfb.history.series import HISTORY_JSON_SCHEMA
-from glmfb.history.store import Record, open_store
-from glmfb.verdict import validate
+from glmfb.contract.verdict import validate
+from glmfb.workflows.history.series import HISTORY_JSON_SCHEMA
+from glmfb.workflows.history.store import Record, open_store
 
 runner = CliRunner()
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from test_bisect import GIT_ENV, _git
 
-from glmfb.history.store import open_store
-from glmfb.runs import latest_run
+from glmfb.core.runs import latest_run
+from glmfb.workflows.history.store import open_store
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from glmfb.history.store import POSTGRES, SCHEMA_VERSION, Record, migrate, open_store
+from glmfb.workflows.history.store import POSTGRES, SCHEMA_VERSION, Record, migrate, open_store
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = "scan-state-update-fp32"  # the fastest bundled definition (a small diff, ~4 s)
@@ -139,7 +139,7 @@ def test_a_database_of_an_older_schema_is_migrated_when_opened(server: Server) -
 
 WRITER = """
 import sys
-from glmfb.history.store import Record, open_store
+from glmfb.workflows.history.store import Record, open_store
 
 url, name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 for index in range(count):  # a connection and a transaction per row; the first ones race to migrate

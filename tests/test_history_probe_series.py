@@ -1,5 +1,5 @@
 """What the history records of a verdict comes from its probe: the direction and kind of each
-metric (``metrics``: :class:`glmfb.probe.MetricSpec`), and the secondary series beside the
+metric (``metrics``: :class:`glmfb.core.probe.MetricSpec`), and the secondary series beside the
 headline (``series``): bench's each side's own time per shape, or per shape of one target
 alone; gap's each side's own time per iteration. Fast: verdicts built here, no probe runs."""
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 import random
 
 from glmfb.bench.evidence import Measurement, ShapeChange
+from glmfb.contract.verdict import Layer, Metric, Run, Status, Verdict
+from glmfb.core.probe import get_probe
 from glmfb.gap.evidence import GapMeasurement
-from glmfb.history.metrics import DEFAULT_KIND, MetricKind, Worse, metric_kind
-from glmfb.history.record import Origin, records_of
-from glmfb.probe import get_probe
-from glmfb.verdict import Layer, Metric, Run, Status, Verdict
+from glmfb.workflows.history.metrics import DEFAULT_KIND, MetricKind, Worse, metric_kind
+from glmfb.workflows.history.record import Origin, records_of
 
 
 def samples(level: float, count: int = 40, seed: int = 0) -> tuple[float, ...]:
@@ -100,7 +100,7 @@ def test_two_serving_endpoints_record_each_sides_latency_per_token() -> None:
 def test_no_sides_own_time_is_recorded_from_a_busy_host() -> None:
     """The interleaving cancels other processes' load out of a pair's change, not out of either
     side's own time: measured beside other work, a pair records its change alone."""
-    from glmfb.evidence import HostActivity
+    from glmfb.contract.evidence import HostActivity
 
     shape = ShapeChange(shape="8", decision="equivalent", change=0.0, ci=(-0.01, 0.01),
                         side_time_s={"baseline": (1e-4, 0.99e-4, 1.01e-4), "candidate": (1e-4, 0.99e-4, 1.01e-4)})
@@ -113,7 +113,7 @@ def test_no_sides_own_time_is_recorded_from_a_busy_host() -> None:
 
 
 def test_a_run_over_fresh_processes_is_their_geometric_mean_with_their_spread() -> None:
-    from glmfb.measure.intervals import processes_interval
+    from glmfb.core.measure.intervals import processes_interval
 
     value, low, high = processes_interval([100e-6, 110e-6, 121e-6])  # type: ignore[misc]
     assert abs(value - 110e-6) < 1e-9 and low < 100e-6 < 121e-6 < high  # 2 degrees of freedom: a wide t

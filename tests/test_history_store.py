@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from glmfb.history.record import definition_digest, machine_of
-from glmfb.history.store import (
+from glmfb.workflows.history.record import definition_digest, machine_of
+from glmfb.workflows.history.store import (
     MIGRATIONS,
     SCHEMA_VERSION,
     SQLITE,
@@ -25,7 +25,7 @@ from glmfb.history.store import (
     migrate,
     open_store,
 )
-from glmfb.suite import discover, load_definitions, select
+from glmfb.workflows.suite import discover, load_definitions, select
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = "scan-state-update-fp32"  # the fastest bundled definition (a small diff, ~4 s)
@@ -104,7 +104,7 @@ def test_a_url_that_names_no_store_is_refused_before_anything_runs(tmp_path: Pat
 
 WRITER = textwrap.dedent("""
     import sys
-    from glmfb.history.store import Record, open_store
+    from glmfb.workflows.history.store import Record, open_store
 
     url, name, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     for index in range(count):  # a transaction per row, as a run records each of its runs

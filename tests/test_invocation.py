@@ -1,4 +1,4 @@
-"""One invocation for every surface (:mod:`glmfb.invocation`), and the gate after faults.
+"""One invocation for every surface (:mod:`glmfb.workflows.invocation`), and the gate after faults.
 
 Every surface (each probe command, ``glmfb run``, ``glmfb bisect``, and their agent-server
 tools) leaves the same things: its run folder with run.json (with the run's environment),
@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from test_bisect import build_repo
 
-from glmfb.clock import new_run_id
-from glmfb.errors import HarnessError
-from glmfb.runs import latest_run
+from glmfb.contract.clock import new_run_id
+from glmfb.contract.errors import HarnessError
+from glmfb.core.runs import latest_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = Path(__file__).resolve().parent / "toy"
@@ -43,7 +43,7 @@ def cli(*args: str, cwd: Path, timeout: float = 180, **env: str) -> subprocess.C
 def left_behind(out: Path) -> dict[str, Any]:
     """What the latest invocation into ``out`` left: its run folder's files, whether run.json
     carries an environment, and its rows in the history."""
-    from glmfb.history.store import open_store
+    from glmfb.workflows.history.store import open_store
 
     run_id = (out / "LATEST").read_text().strip()
     folder = out / run_id
@@ -57,8 +57,8 @@ def left_behind(out: Path) -> dict[str, Any]:
 @pytest.mark.slow
 def test_every_surface_leaves_the_same_artifacts(tmp_path: Path, toy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("mcp")
-    from glmfb.mcp.boundary import Boundary
-    from glmfb.mcp.tools import CallContext, Toolbox
+    from glmfb.workflows.mcp.boundary import Boundary
+    from glmfb.workflows.mcp.tools import CallContext, Toolbox
 
     monkeypatch.delenv("GLMFB_HISTORY", raising=False)
     repo = build_repo(tmp_path / "project", 3, {

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from glmfb.errors import InputError
-from glmfb.io import atomic_writer, read_json, write_text_atomic
+from glmfb.contract.errors import InputError
+from glmfb.core.io import atomic_writer, read_json, write_text_atomic
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:

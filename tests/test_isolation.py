@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from glmfb.verdict import Run
+from glmfb.contract.verdict import Run
 
 pytestmark = pytest.mark.slow
 
@@ -163,7 +163,7 @@ def _wait_for_child(mark: str, within_s: float = 30.0) -> None:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         for line in leftovers(mark):
-            if "glmfb.child" in line:
+            if "glmfb.core.child" in line:
                 time.sleep(1.0)  # let it reach the target
                 return
         time.sleep(0.1)

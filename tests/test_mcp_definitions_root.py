@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from glmfb.errors import InputError
-from glmfb.mcp.boundary import Boundary
-from glmfb.mcp.tools import CallContext, Toolbox
+from glmfb.contract.errors import InputError
+from glmfb.workflows.mcp.boundary import Boundary
+from glmfb.workflows.mcp.tools import CallContext, Toolbox
 
 OUTSIDE_TARGET = '''from pathlib import Path
 

@@ -17,9 +17,9 @@ pytest.importorskip("mcp")
 from test_bisect import KERNELS, build_repo
 from test_history_command import planted, store_of
 
-from glmfb.errors import InputError
-from glmfb.mcp.boundary import Boundary
-from glmfb.mcp.tools import Answer, CallContext, Toolbox
+from glmfb.contract.errors import InputError
+from glmfb.workflows.mcp.boundary import Boundary
+from glmfb.workflows.mcp.tools import Answer, CallContext, Toolbox
 
 STEP = [0.02] * 12 + [0.12] * 12  # +10 points of the baseline's time at run 12
 FLAT = [0.02] * 24
@@ -125,7 +125,7 @@ def test_history_through_the_client_is_typed_and_a_bad_url_is_a_tool_error(proje
     import jsonschema
     from mcp import Client
 
-    from glmfb.mcp.server import GlmfbServer
+    from glmfb.workflows.mcp.server import GlmfbServer
 
     monkeypatch.chdir(project)
     monkeypatch.delenv("GLMFB_HISTORY", raising=False)

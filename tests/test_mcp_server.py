@@ -30,8 +30,8 @@ import psutil
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
-from glmfb.commandline import shell_line
-from glmfb.step import Step
+from glmfb.contract.step import Step
+from glmfb.core.commandline import shell_line
 
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = "scenarios/decode_norm/kernels.py"

@@ -16,11 +16,11 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from glmfb.errors import InputError
-from glmfb.mcp.boundary import Boundary
-from glmfb.mcp.tools import Toolbox
-from glmfb.options import options_of
-from glmfb.probe import ProbeForm, all_probes
+from glmfb.contract.errors import InputError
+from glmfb.contract.options import options_of
+from glmfb.core.probe import ProbeForm, all_probes
+from glmfb.workflows.mcp.boundary import Boundary
+from glmfb.workflows.mcp.tools import Toolbox
 
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = "scenarios/decode_norm/kernels.py"
@@ -90,8 +90,8 @@ def test_an_installed_probe_gets_a_tool_too(root: Path, toy: Path) -> None:
 def test_the_output_schema_of_a_probe_tool_accepts_what_glmfb_schema_accepts(root: Path) -> None:
     import jsonschema
 
-    from glmfb.documents import json_schema
-    from glmfb.verdict import Verdict
+    from glmfb.contract.verdict import Verdict
+    from glmfb.core.documents import json_schema
 
     verdict = Verdict.harness_error("bench", "x", "why").to_dict()
     jsonschema.validate(verdict, json_schema())
@@ -134,8 +134,8 @@ def test_glmfbs_own_model_factory_loads_only_a_folder_under_the_root(root: Path,
     message = refused(box, "diff", {"baseline": FACTORY, "candidate": FACTORY, "requests": "r.jsonl",
                                     "baseline_args": {"path": str(outside)}, "candidate_args": {"path": "model"}})
     assert "argument 'baseline_args.path'" in message and "outside the root" in message, message
-    message = refused(box, "diff", {"baseline": "glmfb.io:write_text_atomic", "candidate": FACTORY})
-    assert "module glmfb.io is not under the root" in message, message
+    message = refused(box, "diff", {"baseline": "glmfb.core.io:write_text_atomic", "candidate": FACTORY})
+    assert "module glmfb.core.io is not under the root" in message, message
 
 
 def test_paths_outside_the_root_are_refused_symlinks_included(root: Path, tmp_path: Path) -> None:
@@ -186,11 +186,11 @@ def test_every_call_has_a_time_budget_capped_by_the_server(root: Path) -> None:
 
 def test_next_steps_that_are_glmfb_commands_become_tool_calls_that_are_accepted(root: Path) -> None:
     from glmfb.bench.config import BenchConfig
-    from glmfb.commandline import rerun_step, run_step, shell_line
+    from glmfb.contract.step import Step
+    from glmfb.core.commandline import rerun_step, run_step, shell_line
+    from glmfb.core.targets import Target
     from glmfb.gap.config import GapConfig
     from glmfb.gil.config import GilConfig
-    from glmfb.step import Step
-    from glmfb.targets import Target
 
     box = toolbox(root)
     bench = BenchConfig("b", Target(FUSED), Target(TILED), shapes=((8, 4096), (32, 2048)), profile=False)
@@ -237,9 +237,9 @@ def test_next_steps_that_are_glmfb_commands_become_tool_calls_that_are_accepted(
 
 
 def test_resources_serve_runs_and_stay_inside_their_run_folder(root: Path, tmp_path: Path) -> None:
-    from glmfb.mcp import resources
-    from glmfb.runs import start_run
-    from glmfb.verdict import Run, Verdict
+    from glmfb.contract.verdict import Run, Verdict
+    from glmfb.core.runs import start_run
+    from glmfb.workflows.mcp import resources
 
     boundary = Boundary(root)
     run_dir = start_run(boundary.reports, "20260101-000000-abcd")
@@ -284,12 +284,12 @@ def _imports(path: Path) -> set[str]:
 def test_only_the_mcp_command_imports_the_server_and_the_server_imports_no_cli() -> None:
     glmfb = REPO / "glmfb"
     importers = sorted(str(path.relative_to(REPO)) for path in glmfb.rglob("*.py")
-                       if "mcp" not in path.relative_to(glmfb).parts[:1]
-                       and any(name == "glmfb.mcp" or name.startswith("glmfb.mcp.") or name == "mcp"
+                       if path.relative_to(glmfb).parts[:2] != ("workflows", "mcp")
+                       and any(name == "glmfb.workflows.mcp" or name.startswith("glmfb.workflows.mcp.") or name == "mcp"
                                or name.startswith("mcp.") for name in _imports(path)))
-    assert importers == ["glmfb/commands/mcp.py"]
-    forbidden = ("typer", "click", "glmfb.cli", "glmfb.commands")
-    for path in (glmfb / "mcp").rglob("*.py"):
+    assert importers == ["glmfb/cli/commands/mcp.py"]
+    forbidden = ("typer", "click", "glmfb.cli", "glmfb.cli.commands")
+    for path in (glmfb / "workflows" / "mcp").rglob("*.py"):
         bad = [name for name in _imports(path) if any(name == f or name.startswith(f + ".") for f in forbidden)]
         assert bad == [], (path, bad)
 
@@ -305,8 +305,8 @@ def test_in_memory_the_server_answers_bad_calls_with_tool_errors_and_runs_an_ins
     import jsonschema
     from mcp import Client
 
-    from glmfb.documents import json_schema
-    from glmfb.mcp.server import GlmfbServer
+    from glmfb.core.documents import json_schema
+    from glmfb.workflows.mcp.server import GlmfbServer
 
     monkeypatch.chdir(root)
     server = GlmfbServer(Boundary(root))
@@ -339,7 +339,7 @@ def test_run_refuses_command_line_definitions_without_allow_commands_and_stops_w
     import threading
     import time
 
-    from glmfb.mcp.tools import CallContext
+    from glmfb.workflows.mcp.tools import CallContext
 
     (root / "probes" / "gil.toml").write_text(
         '[[probe]]\nname = "gil-cmd"\nprobe = "gil"\ncommand = ["python", "-c", "pass"]\n'
@@ -367,7 +367,7 @@ def test_a_probe_waits_for_the_slot_within_its_budget_and_its_cancellation(root:
     import threading
     import time
 
-    from glmfb.mcp.tools import CallContext
+    from glmfb.workflows.mcp.tools import CallContext
 
     slot = threading.Lock()
     said: list[str] = []

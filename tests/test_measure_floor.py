@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from glmfb.measure.floor import (
+from glmfb.core.measure.floor import (
     ProcessFloor,
     floor_path,
     load_floor,

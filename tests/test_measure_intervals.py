@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from glmfb.measure.intervals import (
+from glmfb.core.measure.intervals import (
     RunStatistic,
     batch_means,
     pair_interval,
@@ -103,7 +103,7 @@ def test_an_interval_whose_end_overflows_is_unbounded_not_an_error() -> None:
     """Two allocations a side on a loaded host: one degree of freedom at a sequential look's
     level puts the upper end hundreds of units out in log space. ``glmfb bench`` broke there
     with "OverflowError: math range error" (2 of 30 runs of a real history); the end is +inf."""
-    from glmfb.measure.intervals import Interval
+    from glmfb.core.measure.intervals import Interval
 
     wide = Interval(log_point=-0.5, log_se=4.0, df=1.0, confidence=0.99687, units=2, samples=9, method="pairs")
     assert wide.log_high > 709  # past what math.expm1 can return

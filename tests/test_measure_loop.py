@@ -10,11 +10,17 @@ from itertools import count, pairwise
 
 import pytest
 
-from glmfb.measure import Settings, compare
-from glmfb.measure.intervals import pair_interval
-from glmfb.measure.loop import Arm, Pair
-from glmfb.measure.simulate import FakeClock, HostModel, ScriptedSide, constant_arm, scripted_pairs
-from glmfb.measure.stats import Decision
+from glmfb.core.measure import Settings, compare
+from glmfb.core.measure.intervals import pair_interval
+from glmfb.core.measure.loop import Arm, Pair
+from glmfb.core.measure.simulate import (
+    FakeClock,
+    HostModel,
+    ScriptedSide,
+    constant_arm,
+    scripted_pairs,
+)
+from glmfb.core.measure.stats import Decision
 
 
 def sides(effect: float, between_sd: float = 0.0, within_sd: float = 0.01) -> tuple[ScriptedSide, ScriptedSide]:

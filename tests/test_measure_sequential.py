@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from glmfb.measure.sequential import LookPlan, bonferroni_pvalue, decide_with_floor
-from glmfb.measure.stats import Decision, Estimate
+from glmfb.core.measure.sequential import LookPlan, bonferroni_pvalue, decide_with_floor
+from glmfb.core.measure.stats import Decision, Estimate
 
 
 def test_levels_spend_exactly_alpha() -> None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from glmfb.measure.tdist import betainc, t_cdf, t_quantile, t_two_sided_pvalue
+from glmfb.core.measure.tdist import betainc, t_cdf, t_quantile, t_two_sided_pvalue
 
 
 @pytest.mark.parametrize(

@@ -47,8 +47,8 @@ def test_the_toy_gets_its_report_section_with_its_question_and_its_plot(tmp_path
 
 
 def test_sections_follow_the_probes_order_and_an_unknown_kind_comes_last_without_plots(toy: Path) -> None:
-    from glmfb.report.html import render_html
-    from glmfb.verdict import Layer, Run, Status, Verdict
+    from glmfb.contract.verdict import Layer, Run, Status, Verdict
+    from glmfb.workflows.report.html import render_html
 
     def verdict(probe: str, name: str) -> Verdict:
         return Verdict(probe=probe, name=name, status=Status.PASS, layer=Layer.KERNEL, why="fine")
@@ -68,8 +68,8 @@ def test_the_toy_is_an_mcp_tool_whose_next_step_a_client_follows(tmp_path: Path,
     import anyio
     from mcp import Client
 
-    from glmfb.mcp.boundary import Boundary
-    from glmfb.mcp.server import GlmfbServer
+    from glmfb.workflows.mcp.boundary import Boundary
+    from glmfb.workflows.mcp.server import GlmfbServer
 
     root = tmp_path / "project"
     root.mkdir()

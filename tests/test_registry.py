@@ -1,4 +1,4 @@
-"""The registry (glmfb.registry) and the command table (glmfb.cli.COMMANDS): which probe kinds
+"""The registry (glmfb.core.registry) and the command table (glmfb.cli.COMMANDS): which probe kinds
 exist and what `glmfb --help` lists, read without importing a probe or a command's module."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from glmfb.probe import get_probe
-from glmfb.registry import BUILTIN_PROBES, command_list, entry_points, known_kinds
+from glmfb.core.probe import get_probe
+from glmfb.core.registry import BUILTIN_PROBES, command_list, entry_points, known_kinds
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,12 +55,12 @@ def test_help_imports_no_command_no_probe_and_not_the_contract() -> None:
     """`glmfb --help` lists every command from the tables: the commands' modules, the probes,
     the verdict contract and rich stay unimported (the start-up figure is benchmarks/startup.py's)."""
     loaded = _modules_loaded("--help")
-    assert not [name for name in loaded if name.startswith(("glmfb.commands.", "glmfb.verdict", "glmfb.probe",
+    assert not [name for name in loaded if name.startswith(("glmfb.cli.commands.", "glmfb.contract.verdict", "glmfb.core.probe",
                                                               "glmfb.diff.", "glmfb.bench.", "rich", "torch"))], loaded
 
 
 def test_a_command_imports_its_own_module_only() -> None:
     loaded = _modules_loaded("schema", "history")
-    assert "glmfb.commands.schema" in loaded
-    assert not [name for name in loaded if name in ("glmfb.commands.run", "glmfb.commands.gate",
-                                                      "glmfb.commands.bisect", "glmfb.commands.mcp")], loaded
+    assert "glmfb.cli.commands.schema" in loaded
+    assert not [name for name in loaded if name in ("glmfb.cli.commands.run", "glmfb.cli.commands.gate",
+                                                      "glmfb.cli.commands.bisect", "glmfb.cli.commands.mcp")], loaded

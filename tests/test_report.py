@@ -4,8 +4,8 @@ import io
 
 from rich.console import Console
 
-from glmfb.report.terminal import render_run, render_verdict, theme
-from glmfb.verdict import Expectation, Layer, Metric, Run, Status, Verdict
+from glmfb.contract.verdict import Expectation, Layer, Metric, Run, Status, Verdict
+from glmfb.workflows.report.terminal import render_run, render_verdict, theme
 
 
 def render(renderable: object) -> str:
@@ -56,7 +56,7 @@ def test_run_table_shows_expected_against_got() -> None:
 def test_a_run_shows_panels_only_for_what_needs_a_look_and_the_table_last() -> None:
     from rich.console import Console
 
-    from glmfb.report.terminal import render_run, theme
+    from glmfb.workflows.report.terminal import render_run, theme
 
     expect = Expectation(status=Status.FAIL)
     met = Verdict(probe="bench", name="planted", status=Status.FAIL, layer=Layer.KERNEL, why="slower: found"

@@ -17,8 +17,8 @@ from test_history_command import planted, store_of
 from typer.testing import CliRunner
 
 from glmfb.cli import app
-from glmfb.history.series import history_of_run
-from glmfb.report.html import render_html
+from glmfb.workflows.history.series import history_of_run
+from glmfb.workflows.report.html import render_html
 
 REPO = Path(__file__).resolve().parents[1]
 STEP = [0.02] * 12 + [0.12] * 12  # +10 points of the baseline's time at run 12
@@ -104,8 +104,8 @@ def test_the_page_is_the_same_byte_for_byte_drawn_here_or_beside_workers(tmp_pat
     process alone and beside two spawned workers: the same page."""
     from test_report_html import run_document as gap_run
 
-    from glmfb.report.plots import MIN_PARALLEL_JOBS
-    from glmfb.verdict import load_document
+    from glmfb.contract.verdict import load_document
+    from glmfb.workflows.report.plots import MIN_PARALLEL_JOBS
 
     url = planted_store(tmp_path)
     run_id = f"run-{CURRENT:03d}"

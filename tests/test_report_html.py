@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from glmfb.contract.verdict import load_document
 from glmfb.gap import plots as gap_plots
-from glmfb.report.html import render_html, write_html
-from glmfb.report.plots import PlotSpec
-from glmfb.verdict import load_document
+from glmfb.workflows.report.html import render_html, write_html
+from glmfb.workflows.report.plots import PlotSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_ID = "20260101-000000-abcd"

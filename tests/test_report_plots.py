@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from glmfb.core.plotting import figure_to_svg, new_axes, number, resolve_artifact, style
 from glmfb.gap.plots import stacked_phases
-from glmfb.plotting import figure_to_svg, new_axes, number, resolve_artifact, style
-from glmfb.report.plots import Drawn, VerdictView, draw, specs_for
+from glmfb.workflows.report.plots import Drawn, VerdictView, draw, specs_for
 
 RUN_ID = "20260101-000000-abcd"
 

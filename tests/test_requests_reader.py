@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from glmfb.contract.errors import InputError
 from glmfb.diff.endpoint import read_serving_requests
 from glmfb.diff.requests import read_requests
-from glmfb.errors import InputError
 
 MODEL = '{"id": "a", "length": 8, "seed": 1, "vocab": 64}'
 SERVING = '{"id": "a", "prompt": "hello"}'

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from glmfb.contract.errors import InputError, UsageError
+from glmfb.contract.verdict import Status
+from glmfb.core.rules import diagnose
 from glmfb.diff.endpoint import Answer, TokenStep, parse_endpoint, read_serving_requests
 from glmfb.diff.serving import (
     SERVING_RULES,
@@ -17,9 +20,6 @@ from glmfb.diff.serving import (
     jitter,
     shared_kl,
 )
-from glmfb.errors import InputError, UsageError
-from glmfb.rules import diagnose
-from glmfb.verdict import Status
 
 
 def _answer(*steps: tuple[str, float, dict[str, float]]) -> Answer:

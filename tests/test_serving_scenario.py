@@ -23,15 +23,15 @@ import pytest
 from typer.testing import CliRunner
 
 from glmfb.cli import app
-from glmfb.commandline import argv
+from glmfb.contract.options import options_of, options_schema
+from glmfb.contract.step import Step
+from glmfb.contract.units import OptionValueError
+from glmfb.core.commandline import argv
+from glmfb.core.probe import ProbeContext
 from glmfb.diff.config import DiffConfig
 from glmfb.diff.endpoint import ServingRequest
 from glmfb.diff.servers import parse_command
 from glmfb.diff.serving import MODULE_DIFF_REQUESTS, next_steps
-from glmfb.options import options_of, options_schema
-from glmfb.probe import ProbeContext
-from glmfb.step import Step
-from glmfb.units import OptionValueError
 
 pytest.importorskip("httpx")
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from conftest import TOY
 
-from glmfb import suite
-from glmfb.report.html import render_html
-from glmfb.shards import Source, combine, parse_shard, shard_of, shard_record, suite_identity
-from glmfb.verdict import Layer, Run, SchemaError, Shard, Status, Verdict, load_document
+from glmfb.contract.verdict import Layer, Run, SchemaError, Shard, Status, Verdict, load_document
+from glmfb.core.shards import Source, combine, parse_shard, shard_of, shard_record, suite_identity
+from glmfb.workflows import suite
+from glmfb.workflows.report.html import render_html
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = [f"definition-{i}" for i in range(40)] + ["gated-norm-tiled-vs-fused", "gil-dispatch-target-holds-gil",
@@ -95,7 +95,7 @@ def test_the_split_is_the_same_in_every_process() -> None:
     """sha256 of the name, not Python's hash(): fresh interpreters with different hash seeds
     split alike, and the split is pinned (a glmfb that split otherwise would not combine with
     shards run by this one)."""
-    code = ("import json, sys\nfrom glmfb.shards import shard_of\n"
+    code = ("import json, sys\nfrom glmfb.core.shards import shard_of\n"
             "print(json.dumps({n: shard_of(n, k) for n in json.loads(sys.argv[1]) for k in [3]}))")
     here = {name: shard_of(name, 3) for name in NAMES}
     for seed in ("0", "1", "12345"):
@@ -111,7 +111,7 @@ def test_the_split_is_the_same_in_every_process() -> None:
     ("4/3", "K must be between 1 and N"), ("1/0", "K must be between 1 and N"), ("-1/3", "is not K/N"),
 ])
 def test_a_bad_shard_is_a_usage_error(text: str, message: str) -> None:
-    from glmfb.errors import UsageError
+    from glmfb.contract.errors import UsageError
 
     with pytest.raises(UsageError, match=message):
         parse_shard(text)
@@ -167,7 +167,7 @@ def test_the_report_of_several_shards_links_each_verdicts_files_in_its_own_run_f
         assert shard.names == (name,)
         sources.append(Source(str(folder / "run.json"), Run(id=f"run-{index}", started="s", verdicts=(verdict,),
                                                             shard=shard)))
-    from glmfb.shards import verdict_folders
+    from glmfb.core.shards import verdict_folders
 
     page = render_html(combine(sources), None, tmp_path / "report.html", verdict_folders(sources))
     for index, name in enumerate(("beta", "delta", "alpha"), start=1):

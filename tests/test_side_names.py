@@ -2,7 +2,7 @@
 
 - Two sides that share an attribute name (``stack_v1/kernels.py:make_norm`` against
   ``stack_v2/kernels.py:make_norm``) read "make_norm is slower than make_norm": one function,
-  :func:`glmfb.targets.side_labels`, names the two sides so that they differ, and every why that
+  :func:`glmfb.core.targets.side_labels`, names the two sides so that they differ, and every why that
   names sides goes through it.
 - A refactor that fuses q/k/v in every layer listed "12 taps in the baseline only and 4 in the
   candidate only": the why now says it in one clause, the repeated per-layer names grouped
@@ -24,11 +24,11 @@ from typer.testing import CliRunner
 from glmfb.bench.rules import RULES as BENCH_RULES
 from glmfb.bench.rules import BenchFindings, ShapeOutcome
 from glmfb.cli import app
+from glmfb.core.rules import diagnose
+from glmfb.core.targets import side_labels
 from glmfb.diff.compare import TreeDifferences, group_names, tap_module
 from glmfb.diff.rules import RULES as DIFF_RULES
 from glmfb.diff.rules import DiffFindings
-from glmfb.rules import diagnose
-from glmfb.targets import side_labels
 
 runner = CliRunner()
 

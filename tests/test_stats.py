@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from glmfb.measure.stats import (
+from glmfb.core.measure.stats import (
     Decision,
     Estimate,
     benjamini_hochberg,

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from glmfb import suite
-from glmfb.errors import InputError
-from glmfb.evidence import TargetError, Traceback
-from glmfb.suite import SuiteContext
-from glmfb.verdict import Layer, Run, Status
+from glmfb.contract.errors import InputError
+from glmfb.contract.evidence import TargetError, Traceback
+from glmfb.contract.verdict import Layer, Run, Status
+from glmfb.workflows import suite
+from glmfb.workflows.suite import SuiteContext
 
 DEFINITIONS = """
 [[probe]]

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from glmfb import suite
-from glmfb.probe import Placement, get_probe, placement, reset_registry
-from glmfb.suite import SuiteContext, next_startable
-from glmfb.verdict import Run, Status, Verdict
+from glmfb.contract.verdict import Run, Status, Verdict
+from glmfb.core.probe import Placement, get_probe, placement, reset_registry
+from glmfb.workflows import suite
+from glmfb.workflows.suite import SuiteContext, next_startable
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from glmfb.errors import TargetError, UsageError
-from glmfb.targets import Target, parse_arg, parse_args, resolve, side_args
+from glmfb.contract.errors import TargetError, UsageError
+from glmfb.core.targets import Target, parse_arg, parse_args, resolve, side_args
 
 
 def write(path: Path, text: str) -> Path:
@@ -51,7 +51,7 @@ def test_resolve_relative_to_base_dir(tmp_path: Path) -> None:
 
 
 def test_resolve_module_target() -> None:
-    assert resolve("glmfb.units:parse_shape")("2x3") == (2, 3)
+    assert resolve("glmfb.contract.units:parse_shape")("2x3") == (2, 3)
 
 
 def test_package_file_supports_relative_imports(tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ def test_resolve_missing_module_and_bad_ref() -> None:
     with pytest.raises(TargetError, match="no module named 'nopkg_zz'"):
         resolve("nopkg_zz.mod:f")
     with pytest.raises(TargetError, match="no ':attr'"):
-        resolve("glmfb.units")
+        resolve("glmfb.contract.units")
 
 
 def test_portable_ref_is_typed_from_the_current_directory(
@@ -109,7 +109,7 @@ def test_portable_ref_is_typed_from_the_current_directory(
     assert target.portable_ref == "scenarios/k.py:f"
     assert target.describe() == "scenarios/k.py:f --arg n=2"
     assert Target("scenarios/k.py:f", base_dir=tmp_path / "probes").portable_ref == "scenarios/k.py:f"
-    assert Target("glmfb.units:parse_shape", base_dir=tmp_path).portable_ref == "glmfb.units:parse_shape"
+    assert Target("glmfb.contract.units:parse_shape", base_dir=tmp_path).portable_ref == "glmfb.contract.units:parse_shape"
 
 
 def test_a_side_is_anchored_in_its_definitions_folder_one_way_for_every_surface(tmp_path: Path) -> None:
@@ -117,7 +117,7 @@ def test_a_side_is_anchored_in_its_definitions_folder_one_way_for_every_surface(
     commit all read a side through ProbeSpec.anchored: a file it names is made absolute beside
     the definition; a serving endpoint, a module name and an absolute path are left as written
     (an endpoint's ``host:port/v1`` once read as ``file:attr``)."""
-    from glmfb.probe import ProbeSpec, anchored
+    from glmfb.core.probe import ProbeSpec, anchored
 
     write(tmp_path / "kernels" / "norm.py", "def make():\n    return None\n")
     (tmp_path / "saved.json").write_text("{}")

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from glmfb.options import FRACTION, options_of
-from glmfb.probe import get_probe
-from glmfb.registry import known_kinds
-from glmfb.units import OptionValueError, parse_fraction
+from glmfb.contract.options import FRACTION, options_of
+from glmfb.contract.units import OptionValueError, parse_fraction
+from glmfb.core.probe import get_probe
+from glmfb.core.registry import known_kinds
 
 HERE = Path(__file__).resolve()
 

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from strategies import verdicts
 
-from glmfb.documents import json_schema
-from glmfb.verdict import (
+from glmfb.contract.verdict import (
     ExitCode,
     Expectation,
     Layer,
@@ -20,6 +19,7 @@ from glmfb.verdict import (
     Verdict,
     load_document,
 )
+from glmfb.core.documents import json_schema
 
 SCHEMA = json_schema()
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)

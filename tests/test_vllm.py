@@ -244,8 +244,8 @@ def test_the_endpoint_to_module_step_followed_names_the_module(vllm: dict[str, S
     import anyio
     from mcp import Client
 
-    from glmfb.mcp.boundary import Boundary
-    from glmfb.mcp.server import GlmfbServer
+    from glmfb.workflows.mcp.boundary import Boundary
+    from glmfb.workflows.mcp.server import GlmfbServer
 
     root = hf_models["llama"].parent  # the project: the model folders, the requests
     (root / "requests.jsonl").write_text(requests_file.read_text())

@@ -11,7 +11,7 @@ pytest-benchmark JSON), :mod:`.engine` (builds the verdict) and :mod:`.probe`
 
 from __future__ import annotations
 
-# What `glmfb --help` lists about this probe, read without importing it (glmfb.registry).
+# What `glmfb --help` lists about this probe, read without importing it (glmfb.core.registry).
 SUMMARY = (
     "Compare two kernels in one process (interleaved ABBA blocks): how much slower or faster the "
     "candidate is, with a confidence interval, and why (operator diff)."

@@ -1,5 +1,5 @@
 """Loading kernels from factories and timing them: allocations, warm-up, calibration, and the
-allocation pairs that :func:`glmfb.measure.compare` runs in interleaved ABBA blocks.
+allocation pairs that :func:`glmfb.core.measure.compare` runs in interleaved ABBA blocks.
 
 Factory contract: ``factory(shape, **args)`` returns a zero-argument callable that runs the
 kernel once on inputs it has already allocated. One *allocation* of a side is ``input_sets``
@@ -15,7 +15,7 @@ otherwise each call is expected to allocate fresh inputs.
 
 A kernel's result is checked for NaN/Inf on every warm-up call and on the last call of every
 timed sample; a kernel that raises or returns a non-finite value stops the measurement with
-:class:`~glmfb.errors.TargetFailed`, which the host turns into an error verdict (never a pass).
+:class:`~glmfb.contract.errors.TargetFailed`, which the host turns into an error verdict (never a pass).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from typing import Any
 
 from glmfb.bench.config import kernel_name
 from glmfb.bench.timers import Kernel, Loop, Timer, first_nonfinite
-from glmfb.errors import TargetFailed
-from glmfb.measure.loop import Arm, Comparison, Pair
-from glmfb.targets import Target
-from glmfb.units import format_shape
+from glmfb.contract.errors import TargetFailed
+from glmfb.contract.units import format_shape
+from glmfb.core.measure.loop import Arm, Comparison, Pair
+from glmfb.core.targets import Target
 
 
 @dataclass

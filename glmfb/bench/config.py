@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from glmfb.errors import UsageError
-from glmfb.options import (
+from glmfb.contract.errors import UsageError
+from glmfb.contract.options import (
     BOOL,
     FILE,
     FRACTION,
@@ -20,7 +20,7 @@ from glmfb.options import (
     choice,
     option,
 )
-from glmfb.targets import Target
+from glmfb.core.targets import Target
 
 
 def is_saved_ref(ref: str) -> bool:

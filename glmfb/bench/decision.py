@@ -1,15 +1,15 @@
-"""Statistics of one bench comparison, on top of :mod:`glmfb.measure`.
+"""Statistics of one bench comparison, on top of :mod:`glmfb.core.measure`.
 
 In process the estimator is the **mean over allocation pairs of each pair's median block
 log-ratio** ``log(candidate / baseline)``, reported as ``exp(.) - 1``, with a t interval over
-the pairs (:func:`glmfb.measure.intervals.pair_interval`, a random-effects interval: the
+the pairs (:func:`glmfb.core.measure.intervals.pair_interval`, a random-effects interval: the
 pairs are independent allocations, the blocks within a pair are not). A block's time per
 side is the faster of its two samples. Sequential looks spend alpha over a fixed schedule
-(:mod:`glmfb.measure.sequential`).
+(:mod:`glmfb.core.measure.sequential`).
 
 Saved files (other processes) are compared by :func:`saved_change`: with several runs a
 side, a two-sample t over the runs' statistics; with one run a side, each run's batch-means
-error plus the between-process floor measured on this machine (:mod:`glmfb.measure.floor`).
+error plus the between-process floor measured on this machine (:mod:`glmfb.core.measure.floor`).
 
 :func:`combine` carries the decisions across shapes (Benjamini-Hochberg on look-adjusted
 p-values) and the geometric mean of the changes.
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from glmfb.measure.intervals import (
+from glmfb.core.measure.intervals import (
     Interval,
     RunStatistic,
     batch_means,
@@ -31,9 +31,9 @@ from glmfb.measure.intervals import (
     runs_interval,
     single_runs_interval,
 )
-from glmfb.measure.sequential import LookPlan, bonferroni_pvalue
-from glmfb.measure.sequential import decide_with_floor as _decide_with_floor
-from glmfb.measure.stats import Decision, Estimate, benjamini_hochberg
+from glmfb.core.measure.sequential import LookPlan, bonferroni_pvalue
+from glmfb.core.measure.sequential import decide_with_floor as _decide_with_floor
+from glmfb.core.measure.stats import Decision, Estimate, benjamini_hochberg
 
 if TYPE_CHECKING:
     import numpy as np
@@ -80,7 +80,7 @@ def _t_draws(point: float, se: float, df: float, resamples: int, seed: int) -> n
 def change_from_interval(
     interval: Interval, *, alpha: float = PLAN.alpha, resamples: int = RESAMPLES, seed: int = 0
 ) -> Change:
-    """A :class:`Change` from a :class:`~glmfb.measure.intervals.Interval` at its level; the
+    """A :class:`Change` from a :class:`~glmfb.core.measure.intervals.Interval` at its level; the
     p-value is put on the overall scale of ``alpha`` (Bonferroni for the look's share)."""
     return Change(
         estimate=interval.estimate,
@@ -103,7 +103,7 @@ def normal_change(
 
 
 def decide_with_floor(change: Change, threshold: float, noise_floor: float) -> Decision:
-    """:func:`glmfb.measure.sequential.decide_with_floor` on a :class:`Change`."""
+    """:func:`glmfb.core.measure.sequential.decide_with_floor` on a :class:`Change`."""
     return _decide_with_floor(change.estimate, threshold, noise_floor)
 
 

@@ -2,7 +2,7 @@
 
 :func:`run_bench` compares two kernel factories in one process (or measures one target for
 ``--save``); :func:`compare_saved` compares two saved result files. A factory or kernel that
-raises, returns a non-callable or NaN raises :class:`~glmfb.errors.TargetFailed`, which the
+raises, returns a non-callable or NaN raises :class:`~glmfb.contract.errors.TargetFailed`, which the
 host turns into an error verdict. The statistics decide per shape; the rules in
 :mod:`glmfb.bench.rules` turn that and the operator diff into the verdict's status and why.
 """
@@ -53,20 +53,20 @@ from glmfb.bench.evidence import (
 )
 from glmfb.bench.footprint import Footprint, input_footprint, larger
 from glmfb.bench.rules import RULES, BenchFindings, HotFigure, ShapeOutcome, hot_differs
-from glmfb.commandline import rerun_step
-from glmfb.env import differences, fingerprint
-from glmfb.errors import InputError, UsageError
-from glmfb.evidence import EnvDifferences, Evidence
-from glmfb.measure.cache import CacheSize, Regime, last_level_cache, regime_of
-from glmfb.measure.hostload import HostLoadMeter, busy_note
-from glmfb.measure.intervals import processes_interval, time_interval
-from glmfb.measure.stats import Decision, Estimate
-from glmfb.probe import ProbeContext
-from glmfb.rules import diagnose
-from glmfb.step import Step
-from glmfb.targets import side_labels, target_labels
-from glmfb.units import format_shape
-from glmfb.verdict import Layer, Metric, Status, Verdict
+from glmfb.contract.errors import InputError, UsageError
+from glmfb.contract.evidence import EnvDifferences, Evidence
+from glmfb.contract.step import Step
+from glmfb.contract.units import format_shape
+from glmfb.contract.verdict import Layer, Metric, Status, Verdict
+from glmfb.core.commandline import rerun_step
+from glmfb.core.env import differences, fingerprint
+from glmfb.core.measure.cache import CacheSize, Regime, last_level_cache, regime_of
+from glmfb.core.measure.hostload import HostLoadMeter, busy_note
+from glmfb.core.measure.intervals import processes_interval, time_interval
+from glmfb.core.measure.stats import Decision, Estimate
+from glmfb.core.probe import ProbeContext
+from glmfb.core.rules import diagnose
+from glmfb.core.targets import side_labels, target_labels
 
 MIN_BLOCKS = 4  # blocks a comparison needs at least (2 allocation pairs, 2 blocks each)
 # The hot check of a pair's focus shape (one input set reused, inputs hot in cache), on top of
@@ -192,7 +192,7 @@ def _measure_shape(
     config: BenchConfig, ctx: ProbeContext, timer: Any, shape: tuple[int, ...], budget_s: float,
     seed: int, cache: CacheSize | None = None,
 ) -> ShapeResult:
-    from glmfb.measure import Settings, compare
+    from glmfb.core.measure import Settings, compare
 
     assert config.candidate is not None
     label = format_shape(shape)
@@ -273,8 +273,8 @@ def _hot_check(config: BenchConfig, ctx: ProbeContext, timer: Any, shape: tuple[
     with one look at 95%: a figure to set beside the main one, which decides nothing. Not run
     when it could not differ (one set already, or one set alone beyond the cache), when the
     main measurement estimated no change, or with ``hot_check = false``."""
-    from glmfb.measure import Settings, compare
-    from glmfb.measure.sequential import LookPlan
+    from glmfb.core.measure import Settings, compare
+    from glmfb.core.measure.sequential import LookPlan
 
     assert config.candidate is not None
     if not config.hot_check:
@@ -584,7 +584,7 @@ def _save(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, Any
                 threads=int(env.get("threads") or 0), timer=timer.describe(), sides=sides, shapes=shapes)
     artifacts = {"samples": str(artifact)}
     if config.save is not None:
-        from glmfb.io import atomic_writer
+        from glmfb.core.io import atomic_writer
 
         with atomic_writer(config.save, "wb") as handle, open(artifact, "rb") as source:
             shutil.copyfileobj(source, handle)
@@ -676,7 +676,7 @@ def _measure_in_processes(config: BenchConfig, ctx: ProbeContext, shape: tuple[i
     import subprocess
     import sys
 
-    from glmfb.errors import HarnessError
+    from glmfb.contract.errors import HarnessError
 
     target = config.baseline
     blocks, calls, per_process = Blocks(), 0, []
@@ -725,7 +725,7 @@ def compare_saved(config: BenchConfig, ctx: ProbeContext) -> Verdict:
     """Compare two saved sides (glmfb ``--save`` files or pytest-benchmark JSON), unpaired."""
     from glmfb.bench.decision import SavedChange, SavedRun, saved_change
     from glmfb.bench.saved import SavedSide, load_runs
-    from glmfb.measure.floor import ProcessFloor, get_floor
+    from glmfb.core.measure.floor import ProcessFloor, get_floor
 
     assert config.candidate is not None
     baseline_runs = load_runs(config.baseline.ref)
@@ -865,7 +865,7 @@ def _runs_note(a_runs: int, b_runs: int, saved: Sequence[Any], floor_used: Seque
         now, then = floor.evidence(source)["load_1m_now"], floor.load_1m
         if now is not None and then is not None and now > 2 * then + 1:
             note += (f"; the host is busier now (load {now:.1f}), so that floor may understate the "
-                     "noise: remeasure it with python -m glmfb.measure.floor")
+                     "noise: remeasure it with python -m glmfb.core.measure.floor")
         return note
     if any(c.method == "runs" for c in saved):
         return f"{a_runs} run(s) against {b_runs}: the spread between runs is in the interval"

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from glmfb.evidence import Evidence, Record, evidence_kind
+from glmfb.contract.evidence import Evidence, Record, evidence_kind
 
 
 @evidence_kind
@@ -287,7 +287,7 @@ class ProcessFloorEvidence(Evidence):
 @dataclass(frozen=True, kw_only=True)
 class CacheRegime(Evidence):
     """Which cache regime a shape was measured in: its input sets (rotated; 1: reused) and their
-    bytes against the last-level cache (:mod:`glmfb.measure.cache`). On a pair's focus shape,
+    bytes against the last-level cache (:mod:`glmfb.core.measure.cache`). On a pair's focus shape,
     also the hot check: both sides timed briefly on one input set reused, interleaved like the
     main measurement, and whether that change differs from the main one (the verdict's status
     and metric stay the main measurement's)."""

@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from glmfb.plotting import (
+from glmfb.core.plotting import (
     BAND_COLOR,
     BASELINE_COLOR,
     CANDIDATE_COLOR,

@@ -12,8 +12,9 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from glmfb.bench import SUMMARY
-from glmfb.errors import UsageError
-from glmfb.probe import (
+from glmfb.contract.errors import UsageError
+from glmfb.contract.verdict import Layer, Metric, Verdict
+from glmfb.core.probe import (
     BaseProbe,
     MetricSpec,
     ProbeContext,
@@ -24,8 +25,7 @@ from glmfb.probe import (
     imported,
     measured_on_busy_host,
 )
-from glmfb.targets import Target
-from glmfb.verdict import Layer, Metric, Verdict
+from glmfb.core.targets import Target
 
 if TYPE_CHECKING:
     from glmfb.bench.config import BenchConfig

@@ -42,11 +42,11 @@ from typing import Any
 
 from glmfb.bench.evidence import InputRow, OpDiff, OpRow
 from glmfb.bench.opdiff import REPEATED, SAME_CALLS, call_ratio, repeated_input
-from glmfb.measure.hostload import HostLoad, busy_note
-from glmfb.rules import Diagnosis, Rule
-from glmfb.step import Step
-from glmfb.targets import side_labels
-from glmfb.verdict import Status
+from glmfb.contract.step import Step
+from glmfb.contract.verdict import Status
+from glmfb.core.measure.hostload import HostLoad, busy_note
+from glmfb.core.rules import Diagnosis, Rule
+from glmfb.core.targets import side_labels
 
 KIND = "bench"
 MAJORITY = 0.5  # of the added time
@@ -121,7 +121,7 @@ class BenchFindings:
     approximate: int = 0  # saved comparisons made from summaries only (no raw samples)
     host_load: HostLoad | None = None  # the rest of the host while the shapes were measured
     labels: tuple[str, str] | None = None  # how a why names (baseline, candidate); None: from the kernel names
-    # The focus shape's cache regime in words (glmfb.measure.cache.Regime.clause: "inputs cold in
+    # The focus shape's cache regime in words (glmfb.core.measure.cache.Regime.clause: "inputs cold in
     # cache (4 rotated input sets, 64 MiB in all, beyond the 32 MiB last-level cache)"); "" unknown.
     regime: str = ""
     hot: HotFigure | None = None  # the hot check of the focus shape (a pair measured now)
@@ -130,7 +130,7 @@ class BenchFindings:
 
     @property
     def names(self) -> tuple[str, str]:
-        """(baseline, candidate) as a why names them, told apart (:func:`glmfb.targets.side_labels`):
+        """(baseline, candidate) as a why names them, told apart (:func:`glmfb.core.targets.side_labels`):
         two kernels both called ``make_norm`` never read "make_norm is slower than make_norm"."""
         return self.labels if self.labels is not None else side_labels(self.baseline, self.candidate)
 

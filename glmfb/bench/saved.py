@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from glmfb.errors import InputError
-from glmfb.io import read_json, write_json_atomic
+from glmfb.contract.errors import InputError
+from glmfb.core.io import read_json, write_json_atomic
 
 SAVED_SCHEMA = "glmfb.bench/1"
 SIDE_NAMES = ("baseline", "candidate")

@@ -32,8 +32,8 @@ def main() -> None:
     from glmfb.bench.allocations import measure_single
     from glmfb.bench.footprint import input_footprint
     from glmfb.bench.timers import CpuTimer
-    from glmfb.errors import GlmfbError, TargetFailed
-    from glmfb.targets import Target
+    from glmfb.contract.errors import GlmfbError, TargetFailed
+    from glmfb.core.targets import Target
 
     if job.get("threads"):
         torch.set_num_threads(int(job["threads"]))

@@ -23,7 +23,7 @@ Torch is imported only inside these modules, which load when the probe runs.
 
 from __future__ import annotations
 
-# What `glmfb --help` lists about this probe, read without importing it (glmfb.registry).
+# What `glmfb --help` lists about this probe, read without importing it (glmfb.core.registry).
 SUMMARY = "Compare two sides per request and tap; localize the error to a module, a position and a cause."
 COMMANDS: dict[str, str] = {  # the commands it brings besides its own: name -> one line of help
     "capture": ("Run a target over a request set; store every tapped module output (safetensors) and a "

@@ -18,10 +18,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from glmfb.contract.errors import InputError, TargetFailed
+from glmfb.core.targets import Target
 from glmfb.diff.requests import Request
 from glmfb.diff.store import call_counts, tap_name
-from glmfb.errors import InputError, TargetFailed
-from glmfb.targets import Target
 
 if TYPE_CHECKING:
     import torch

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from glmfb.contract.errors import InputError
 from glmfb.diff.capture import OUTPUT
 from glmfb.diff.metrics import PairComparer, TensorMetrics, Tolerances
 from glmfb.diff.store import CaptureReader, RequestRecord, TapRecord
-from glmfb.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from glmfb.diff.metrics import DEFAULT_CHUNK_ELEMENTS, Tolerances
-from glmfb.diff.requests import DEFAULT_MAX_ELEMENTS
-from glmfb.errors import TargetError
-from glmfb.options import (
+from glmfb.contract.errors import TargetError
+from glmfb.contract.options import (
     BOOL,
     FILE,
     GLOBS,
@@ -23,7 +21,9 @@ from glmfb.options import (
     nonnegative_float,
     option,
 )
-from glmfb.units import OptionValueError, parse_number, parse_str
+from glmfb.contract.units import OptionValueError, parse_number, parse_str
+from glmfb.diff.metrics import DEFAULT_CHUNK_ELEMENTS, Tolerances
+from glmfb.diff.requests import DEFAULT_MAX_ELEMENTS
 
 PerTap = tuple[tuple[str, float | None, float | None], ...]
 
@@ -91,7 +91,7 @@ TOLERANCE = nonnegative_float("tolerance")
 
 
 def _parse_target(raw: Any) -> str:
-    from glmfb.targets import split_ref
+    from glmfb.core.targets import split_ref
 
     text = parse_str(raw).strip()
     try:
@@ -102,7 +102,7 @@ def _parse_target(raw: Any) -> str:
 
 
 # A command line: a string (split as a shell would) or a list of strings. The MCP server runs
-# none unless it allows commands (glmfb/mcp/tools/probes.py checks the type's name).
+# none unless it allows commands (glmfb/workflows/mcp/tools/probes.py checks the type's name).
 COMMAND = command_type("a command line: a string split as a shell would, or a list of strings; {port} is a free "
                        "loopback port (also in the side's URL), {python} this interpreter",
                        '["{python}", "server.py", "--port", "{port}"]')

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from glmfb.units import OptionValueError
+from glmfb.contract.units import OptionValueError
 
 if TYPE_CHECKING:
     from glmfb.diff.compare import RequestResult
@@ -251,7 +251,7 @@ def try_knob(knob: str, values: Sequence[Any], candidate_value: Any, candidate_r
     """Run each value through ``rerun(value)`` (the candidate rebuilt with it, compared with
     the baseline) and pick the value that closes the gap. ``not_tried``: why none can be run
     (torch's switch on a CPU candidate)."""
-    from glmfb.errors import GlmfbError, TargetFailed
+    from glmfb.contract.errors import GlmfbError, TargetFailed
 
     runs: list[KnobRun] = []
     for value in values:

@@ -51,9 +51,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from glmfb.errors import HarnessError, InputError
-from glmfb.io import write_json_atomic
-from glmfb.process import ProcessTree
+from glmfb.contract.errors import HarnessError, InputError
+from glmfb.core.io import write_json_atomic
+from glmfb.core.process import ProcessTree
 
 if TYPE_CHECKING:
     import torch
@@ -393,8 +393,8 @@ def run_distributed_capture(config: DistributedCaptureConfig, progress: Progress
     Returns the manifest of the unsharded capture (``out/manifest.json``). Raises
     :class:`InputError` for bad input, :class:`RankFailure` when a rank raises, dies, hangs or
     disagrees on taps. No process of the launch outlives the call."""
+    from glmfb.core.targets import Target
     from glmfb.diff.requests import read_requests
-    from glmfb.targets import Target
 
     if config.nproc < 1:
         raise InputError(f"--nproc must be at least 1, got {config.nproc}")
@@ -687,8 +687,8 @@ def unshard_capture(directory: Path, base_dir: Path | None = None, backend: str 
     ``directory/manifest.json`` for them. Checks the ranks agree first."""
     from safetensors.torch import save_file
 
+    from glmfb.core.targets import resolve
     from glmfb.diff.store import MANIFEST, CaptureReader, Manifest, RequestRecord, write_manifest
-    from glmfb.targets import resolve
 
     rank_dirs = sorted((p for p in directory.glob("rank*") if p.is_dir() and p.name[4:].isdigit()),
                        key=lambda p: int(p.name[4:]))

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from glmfb.errors import HarnessError, InputError, TargetFailed, UsageError
+from glmfb.contract.errors import HarnessError, InputError, TargetFailed, UsageError
 
 if TYPE_CHECKING:
     from glmfb.diff.evidence import ServedBy

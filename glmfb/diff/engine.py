@@ -15,7 +15,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from glmfb.commandline import command_line, rerun_step
+from glmfb.contract.errors import UsageError
+from glmfb.contract.evidence import EnvDifferences, Evidence
+from glmfb.contract.step import Step
+from glmfb.contract.verdict import Layer, Metric, Verdict
+from glmfb.core.commandline import command_line, rerun_step
+from glmfb.core.env import differences, fingerprint, git_revision
+from glmfb.core.probe import ProbeContext
+from glmfb.core.rules import Diagnosis, diagnose
+from glmfb.core.targets import Target
 from glmfb.diff.capture import OUTPUT, LoadedSide, load_side, run_requests
 from glmfb.diff.compare import RequestResult, TapResult, compare_and_match
 from glmfb.diff.compare import TreeDifferences as TreeDifferencesFound
@@ -115,14 +123,6 @@ from glmfb.diff.shape import (
 )
 from glmfb.diff.shape import ErrorShape as ErrorShapeFound
 from glmfb.diff.store import MANIFEST, CaptureReader, CaptureWriter, Manifest, write_manifest
-from glmfb.env import differences, fingerprint, git_revision
-from glmfb.errors import UsageError
-from glmfb.evidence import EnvDifferences, Evidence
-from glmfb.probe import ProbeContext
-from glmfb.rules import Diagnosis, diagnose
-from glmfb.step import Step
-from glmfb.targets import Target
-from glmfb.verdict import Layer, Metric, Verdict
 
 Progress = Callable[[str], None]
 EVIDENCE_ROWS = 200  # the per-module table in the verdict is cut here (the CSV has every row)
@@ -155,8 +155,8 @@ def capture(side: LoadedSide, requests: Sequence[Request], out: Path, taps: Sequ
 
 def run_capture(config: CaptureConfig, progress: Progress | None = None) -> Manifest:
     """``glmfb capture``: a target over a request set into ``config.out``. A target that
-    raises is a :class:`~glmfb.errors.HarnessError` naming the exception."""
-    from glmfb.errors import HarnessError, TargetFailed
+    raises is a :class:`~glmfb.contract.errors.HarnessError` naming the exception."""
+    from glmfb.contract.errors import HarnessError, TargetFailed
 
     if config.requests is None:
         raise UsageError("glmfb capture needs --requests FILE")
@@ -182,8 +182,8 @@ def capture_on_ranks(target: str, args: Mapping[str, Any], base_dir: Path | None
     import os
     import shutil
 
+    from glmfb.contract.errors import InputError
     from glmfb.diff.distributed import DistributedCaptureConfig, run_distributed_capture
-    from glmfb.errors import InputError
 
     if (out.exists() or out.is_symlink()) and not force:
         raise InputError(f"{out} already exists", "give a new --out folder, or --force to replace it whole")
@@ -234,7 +234,7 @@ def _capture_dir(ref: str, base_dir: Path | None) -> Path | None:
 
 
 def run_diff(config: DiffConfig, ctx: ProbeContext) -> Verdict:
-    """Compare the two sides; a target that raises raises :class:`~glmfb.errors.TargetFailed`
+    """Compare the two sides; a target that raises raises :class:`~glmfb.contract.errors.TargetFailed`
     (the host makes it an error verdict)."""
     import torch  # noqa: F401  (imported first so that the fingerprint records torch's threads)
 
@@ -1220,7 +1220,7 @@ def _write_module_csv(path: Path, request: RequestResult) -> None:
     """Every tap of the request (the evidence keeps the first rows), as a pandas table."""
     import pandas as pd
 
-    from glmfb.io import atomic_writer
+    from glmfb.core.io import atomic_writer
 
     rows = _module_rows(request)
     for row in rows:

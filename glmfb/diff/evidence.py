@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from glmfb.evidence import Evidence, Record, evidence_kind
+from glmfb.contract.evidence import Evidence, Record, evidence_kind
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,9 +31,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from glmfb.core.env import fingerprint
 from glmfb.diff.capture import OUTPUT, module_hooks, select_submodules
 from glmfb.diff.store import CaptureWriter, Manifest
-from glmfb.env import fingerprint
 
 if TYPE_CHECKING:
     import torch
@@ -273,7 +273,7 @@ def recording(model: torch.nn.Module, directory: str | Path, *, modules: Sequenc
     request is named ``match_id``, else ``match:1,2,3``, then ``.2``, ``.3`` for the next
     requests that hold it). Written aside and moved into place when the block ends, with the
     process's provenance in the manifest's ``live``. A folder that exists is refused
-    (:class:`~glmfb.errors.InputError`) unless ``force``; so is a glob that matches no module.
+    (:class:`~glmfb.contract.errors.InputError`) unless ``force``; so is a glob that matches no module.
     After that nothing raises into the caller: a failure, or ``max_bytes`` of tensors, stops the
     recording with a note in ``live.stopped``."""
     chosen = select_submodules(model, list(modules), type(model).__name__, option="modules=")

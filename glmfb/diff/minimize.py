@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from glmfb.contract.errors import TargetFailed
 from glmfb.diff.capture import LoadedSide, MemorySink, run_requests
 from glmfb.diff.metrics import PairComparer, Tolerances
 from glmfb.diff.requests import NotShrinkable, Request
-from glmfb.errors import TargetFailed
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from glmfb.plotting import (
+from glmfb.core.plotting import (
     BASELINE_COLOR,
     CANDIDATE_COLOR,
     FAIL_COLOR,

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from glmfb.diff import COMMANDS, SUMMARY
-from glmfb.errors import UsageError
-from glmfb.probe import (
+from glmfb.contract.errors import UsageError
+from glmfb.contract.verdict import Layer, Metric, Verdict
+from glmfb.core.probe import (
     BaseProbe,
     MetricSpec,
     ProbeCommand,
@@ -25,7 +25,7 @@ from glmfb.probe import (
     machine_cores,
     side_times,
 )
-from glmfb.verdict import Layer, Metric, Verdict
+from glmfb.diff import COMMANDS, SUMMARY
 
 if TYPE_CHECKING:
     from glmfb.diff.config import DiffConfig
@@ -105,8 +105,8 @@ def _check_batches(spec: ProbeSpec, options: dict[str, Any]) -> None:
 
 def _check_models(spec: ProbeSpec, options: dict[str, Any]) -> None:
     """``baseline_model`` and ``candidate_model`` come together, each a target that exists."""
-    from glmfb.errors import TargetError
-    from glmfb.targets import Target
+    from glmfb.contract.errors import TargetError
+    from glmfb.core.targets import Target
 
     given = [side for side in ("baseline", "candidate") if options.get(f"{side}_model")]
     if len(given) == 1:
@@ -213,7 +213,7 @@ class DiffProbe(BaseProbe):
 
             read_requests(options["requests"], options.get("max_elements", DEFAULT_MAX_ELEMENTS))  # checked now
         for ref in targets:
-            from glmfb.targets import Target
+            from glmfb.core.targets import Target
 
             Target(ref, {}, spec.base_dir).check()
         from glmfb.diff.config import DiffConfig
@@ -236,7 +236,7 @@ class DiffProbe(BaseProbe):
 
     def outside_side(self, text: str) -> bool:
         """A serving endpoint (``openai:URL``) is a side outside the file system; a malformed
-        one raises :class:`~glmfb.errors.UsageError`."""
+        one raises :class:`~glmfb.contract.errors.UsageError`."""
         from glmfb.diff.endpoint import is_endpoint, parse_endpoint
 
         if not is_endpoint(text):

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from glmfb.core.io import write_json_atomic
 from glmfb.diff.distributed import layouts_to_json, stack_path, status_path
-from glmfb.io import write_json_atomic
 
 if TYPE_CHECKING:
     import torch
@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _capture(spec, rank, world_size, local_rank, status)
     except (Exception, SystemExit) as exc:
-        from glmfb.errors import TargetFailed
+        from glmfb.contract.errors import TargetFailed
 
         original = exc.error if isinstance(exc, TargetFailed) else exc
         message = str(exc) if isinstance(exc, TargetFailed) else _one_line(exc)
@@ -106,12 +106,12 @@ def _capture(spec: dict[str, Any], rank: int, world_size: int, local_rank: int, 
     import torch
     import torch.distributed as dist
 
+    from glmfb.core.env import fingerprint, git_revision
+    from glmfb.core.targets import Target
     from glmfb.diff.capture import load_side, run_requests
     from glmfb.diff.distributed import declared_layouts
     from glmfb.diff.requests import read_requests
     from glmfb.diff.store import CaptureWriter
-    from glmfb.env import fingerprint, git_revision
-    from glmfb.targets import Target
 
     backend = spec["backend"]
     if backend == "nccl":

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from glmfb.errors import InputError
-from glmfb.io import write_text_atomic
+from glmfb.contract.errors import InputError
+from glmfb.core.io import write_text_atomic
 
 if TYPE_CHECKING:
     import torch

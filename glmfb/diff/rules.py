@@ -3,7 +3,7 @@
 Each rule looks at the :class:`DiffFindings` of a diff (what failed, where, the shape of the
 error along positions and across lengths, the rounding and bias tests, what the two module
 trees do not share, the counterfactual reruns) and, when it applies, says what it saw and what
-to try next. They are tried in order (see :mod:`glmfb.rules`); the first that applies wins.
+to try next. They are tried in order (see :mod:`glmfb.core.rules`); the first that applies wins.
 Every claim a why makes is a measurement in the evidence: a format is named only when rounding
 the baseline to it reproduces the error (``rounding_test``), "systematic" only when a scale and
 shift of the baseline explain it (``bias``), a position only where the error starts there, and
@@ -32,6 +32,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from glmfb.contract.step import Step, as_step
+from glmfb.contract.verdict import Status
+from glmfb.core.rules import Diagnosis, Rule
 from glmfb.diff.compare import TreeDifferences, group_names, tap_module
 from glmfb.diff.counterfactual import KnobResult
 from glmfb.diff.evidence import Tokens
@@ -53,9 +56,6 @@ from glmfb.diff.shape import (
     PrecisionSignature,
     ZeroRegion,
 )
-from glmfb.rules import Diagnosis, Rule
-from glmfb.step import Step, as_step
-from glmfb.verdict import Status
 
 KIND = "diff"
 

@@ -9,7 +9,7 @@ starts asking once ``GET <base>/models`` answers 200; a server that exits before
 does not answer within ``server_startup``, is :class:`ServerStartFailed`, which names the side,
 the command and the tail of its log. At the end each server's process group is stopped
 (SIGTERM, then SIGKILL after a grace period) and every process below it that the walk saw
-(:class:`glmfb.process.ProcessTree`); the probe's supervised child stops its whole tree anyway.
+(:class:`glmfb.core.process.ProcessTree`); the probe's supervised child stops its whole tree anyway.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from glmfb.errors import HarnessError
+from glmfb.contract.errors import HarnessError
 
 PORT = "{port}"
 PYTHON = "{python}"
@@ -34,8 +34,8 @@ STOP_GRACE_S = 5.0
 
 
 def parse_command(raw: Any) -> tuple[str, ...]:
-    """A server command from what a user wrote (:func:`glmfb.options.parse_command`)."""
-    from glmfb.options import parse_command as parse
+    """A server command from what a user wrote (:func:`glmfb.contract.options.parse_command`)."""
+    from glmfb.contract.options import parse_command as parse
 
     return parse(raw, '["{python}", "server.py", "--port", "{port}"]')
 
@@ -98,7 +98,7 @@ class StartedServer:
 
 def start(side: str, command: Sequence[str], endpoint: str, log: Path, cwd: Path | None) -> StartedServer:
     """Start one side's server (``{port}`` and ``{python}`` filled in)."""
-    from glmfb.process import ProcessTree
+    from glmfb.core.process import ProcessTree
 
     port = free_port()
     words = tuple(expand(word, port) for word in command)
@@ -119,8 +119,8 @@ def wait_ready(servers: Sequence[StartedServer], startup_s: float) -> None:
     for the first (in the order given) that exited or did not answer within ``startup_s``."""
     import httpx
 
+    from glmfb.core.process import describe_returncode
     from glmfb.diff.endpoint import parse_endpoint
-    from glmfb.process import describe_returncode
 
     deadline = time.monotonic() + startup_s
     waiting = list(servers)

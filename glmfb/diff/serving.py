@@ -37,6 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from glmfb.contract.errors import TargetFailed, UsageError
+from glmfb.contract.evidence import Evidence
+from glmfb.contract.step import Step
+from glmfb.contract.verdict import Layer, Metric, Status, Verdict
+from glmfb.core.probe import ProbeContext
+from glmfb.core.rules import Diagnosis, Rule, diagnose
 from glmfb.diff.endpoint import (
     Answer,
     ClientSettings,
@@ -62,12 +68,6 @@ from glmfb.diff.evidence import (
     SideRun,
 )
 from glmfb.diff.servers import ServerStartFailed, StartedServer, started_servers
-from glmfb.errors import TargetFailed, UsageError
-from glmfb.evidence import Evidence
-from glmfb.probe import ProbeContext
-from glmfb.rules import Diagnosis, Rule, diagnose
-from glmfb.step import Step
-from glmfb.verdict import Layer, Metric, Status, Verdict
 
 SIDES = ("baseline", "candidate")
 DRIFT_ROWS = 200  # per-position rows kept in the verdict's drift evidence
@@ -463,9 +463,9 @@ def next_steps(config: Any, ctx: ProbeContext, request: ServingRequest, position
         return (Step(f"request {request.id} gives a text prompt, and the baseline server did not give its token ids "
                      f"(vLLM's /tokenize and return_tokens_as_token_ids): tokenize it as the servers do, write the ids "
                      f"as a request's input_ids, and run glmfb diff {baseline} {candidate} --requests FILE"),)
-    from glmfb.commandline import rerun_step
+    from glmfb.core.commandline import rerun_step
+    from glmfb.core.io import write_text_atomic
     from glmfb.diff.config import DiffConfig
-    from glmfb.io import write_text_atomic
 
     path = ctx.artifact(MODULE_DIFF_REQUESTS)
     write_text_atomic(path, json.dumps({"id": request.id, "input_ids": tokens}) + "\n")
@@ -553,7 +553,7 @@ class SavedAnswers:
     def read(cls, folder: Path) -> SavedAnswers:
         import json
 
-        from glmfb.errors import InputError
+        from glmfb.contract.errors import InputError
 
         path = folder / SERVING_CAPTURE
         try:
@@ -574,8 +574,8 @@ def capture_endpoint(config: Any, progress: Callable[[str], None] | None = None)
     import os
     import shutil
 
-    from glmfb.errors import InputError
-    from glmfb.io import write_json_atomic
+    from glmfb.contract.errors import InputError
+    from glmfb.core.io import write_json_atomic
 
     if config.requests is None:
         raise UsageError("glmfb capture needs --requests FILE")
@@ -608,7 +608,7 @@ def capture_endpoint(config: Any, progress: Callable[[str], None] | None = None)
 
 
 def _saved_side(saved: SavedAnswers, side: str, folder: str, requests: Sequence[ServingRequest]) -> None:
-    from glmfb.errors import InputError
+    from glmfb.contract.errors import InputError
 
     missing = [r.id for r in requests if r.id not in saved.answers]
     if missing:
@@ -618,7 +618,7 @@ def _saved_side(saved: SavedAnswers, side: str, folder: str, requests: Sequence[
 
 def run_serving_diff(config: Any, ctx: ProbeContext) -> Verdict:
     """The verdict of two serving endpoints over ``config.requests``; a server that cannot be
-    reached or answers with an error raises :class:`~glmfb.errors.TargetFailed` naming it (the
+    reached or answers with an error raises :class:`~glmfb.contract.errors.TargetFailed` naming it (the
     host makes it an error verdict). A side with a server command (``baseline_server``) is
     served by a server started here first (:mod:`glmfb.diff.servers`) and stopped at the end;
     one that does not come up is an error verdict naming the side, the command and its output."""
@@ -645,8 +645,8 @@ def _side_failed(config: Any, failure: TargetFailed, servers: Mapping[str, Start
                  log_artifacts: Mapping[str, str]) -> Verdict:
     """A server that failed mid-run (the host's error verdict for it); where glmfb started that
     server and it has exited, the why says so, with the tail of its log."""
-    from glmfb.host import target_failed_verdict
-    from glmfb.process import describe_returncode
+    from glmfb.core.host import target_failed_verdict
+    from glmfb.core.process import describe_returncode
 
     verdict = target_failed_verdict("diff", config.name, failure)
     side = failure.side.removesuffix(" server")
@@ -667,8 +667,8 @@ def _server_failed(config: Any, failed: ServerStartFailed, log_artifacts: Mappin
     """The error verdict of a server glmfb started that did not come up."""
     import shlex
 
-    from glmfb.evidence import ProcessExit, TargetError
-    from glmfb.process import describe_returncode
+    from glmfb.contract.evidence import ProcessExit, TargetError
+    from glmfb.core.process import describe_returncode
 
     evidence = [TargetError(side=failed.side, stage="while starting its server", error=failed.problem),
                 ProcessExit(returncode=failed.returncode,
@@ -814,7 +814,7 @@ def _regime_text(batches: Mapping[str, int | None], companions: Mapping[str, Com
 def _both(clients: Mapping[str, EndpointClient],
           ask: Callable[[str], dict[str, Answer]]) -> dict[str, dict[str, Answer]]:
     """``ask(side)`` for every live side, the two servers at once; a side that fails raises its
-    :class:`~glmfb.errors.TargetFailed` (the baseline's first) once both have ended."""
+    :class:`~glmfb.contract.errors.TargetFailed` (the baseline's first) once both have ended."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -895,7 +895,7 @@ def _write_answers(config: Any, ctx: ProbeContext, answers: Mapping[str, Mapping
     ``--keep-captures``."""
     if not (config.keep_captures or findings.first_failing is not None):
         return {}
-    from glmfb.io import write_json_atomic
+    from glmfb.core.io import write_json_atomic
 
     path = ctx.artifact("serving-answers.json")
     write_json_atomic(path, {side: {"answers": [a.to_dict() for a in answers[side].values()],

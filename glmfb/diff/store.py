@@ -45,9 +45,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
-from glmfb.errors import InputError
-from glmfb.io import atomic_writer
-from glmfb.verdict import to_json_value
+from glmfb.contract.errors import InputError
+from glmfb.contract.verdict import to_json_value
+from glmfb.core.io import atomic_writer
 
 if TYPE_CHECKING:
     import torch

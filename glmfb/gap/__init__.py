@@ -30,6 +30,6 @@ def __getattr__(name: str) -> object:
     raise AttributeError(name)
 
 
-# What `glmfb --help` lists about this probe, read without importing it (glmfb.registry).
+# What `glmfb --help` lists about this probe, read without importing it (glmfb.core.registry).
 SUMMARY = "Is the candidate more than THRESHOLD slower than the baseline? If so, what ate the time."
 COMMANDS: dict[str, str] = {}  # the commands it brings besides its own: none

@@ -15,9 +15,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from glmfb.commandline import rerun_step
-from glmfb.errors import InputError
-from glmfb.evidence import MissingSignal
+from glmfb.contract.errors import InputError
+from glmfb.contract.evidence import MissingSignal
+from glmfb.contract.step import Step
+from glmfb.contract.verdict import Verdict
+from glmfb.core.commandline import rerun_step
+from glmfb.core.io import write_json_atomic
+from glmfb.core.probe import ProbeContext, get_probe
 from glmfb.gap.config import GapConfig
 from glmfb.gap.evidence import GilAttribution
 from glmfb.gil import SOURCE_LINE
@@ -31,10 +35,6 @@ from glmfb.gil.evidence import (
     ThreadTimes,
     WaitingThread,
 )
-from glmfb.io import write_json_atomic
-from glmfb.probe import ProbeContext, get_probe
-from glmfb.step import Step
-from glmfb.verdict import Verdict
 
 IDLE_MAJORITY = 0.5  # a holder blocked in this share of its samples holds the GIL while idle
 CANARY_PREFIX = "glmfb-"  # threads the gil probe injects, never the starved thread we name
@@ -595,7 +595,7 @@ def gil_rerun_step(config: GapConfig, duration_s: float = 15.0) -> Step:
 
 def _trace(config: GapConfig, ctx: ProbeContext, side: str) -> Verdict | str:
     """The gil probe's verdict on one side's target, or why there is none."""
-    from glmfb.host import run_probe
+    from glmfb.core.host import run_probe
 
     try:
         probe = get_probe("gil")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from glmfb.errors import UsageError
-from glmfb.options import (
+from glmfb.contract.errors import UsageError
+from glmfb.contract.options import (
     BOOL,
     FRACTION,
     HERTZ,
@@ -16,7 +16,7 @@ from glmfb.options import (
     check_declared,
     option,
 )
-from glmfb.targets import Target
+from glmfb.core.targets import Target
 
 
 @dataclass(frozen=True)

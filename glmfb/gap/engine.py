@@ -3,7 +3,7 @@
 The statistics say whether the gap's interval lies above the threshold (then the candidate
 is attributed: bandwidth against the path's ceiling, the gil probe on the candidate), below
 it, or straddles it; the rules in :mod:`glmfb.gap.rules` turn that into the verdict. A side
-that cannot be built or raises raises :class:`~glmfb.errors.TargetFailed` (the host makes it
+that cannot be built or raises raises :class:`~glmfb.contract.errors.TargetFailed` (the host makes it
 an error verdict, with what each side said about its transfer).
 """
 
@@ -13,9 +13,14 @@ import statistics
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from glmfb.commandline import rerun_step
-from glmfb.errors import TargetFailed
-from glmfb.evidence import Evidence
+from glmfb.contract.errors import TargetFailed
+from glmfb.contract.evidence import Evidence
+from glmfb.contract.step import Step
+from glmfb.contract.verdict import Layer, Metric, Verdict
+from glmfb.core.commandline import rerun_step
+from glmfb.core.probe import ProbeContext
+from glmfb.core.rules import diagnose
+from glmfb.core.targets import Target
 from glmfb.gap.attribution import GilFinding, gil_rerun_step, trace_candidate_gil
 from glmfb.gap.bandwidth import BandwidthCheck, check_bandwidth
 from glmfb.gap.config import GapConfig
@@ -23,11 +28,6 @@ from glmfb.gap.evidence import GapMeasurement, Phase, TransferInfo
 from glmfb.gap.phases import compare_phases, grown_phases
 from glmfb.gap.rules import RULES, GapFindings
 from glmfb.gap.runner import Measurement, close_all, measure
-from glmfb.probe import ProbeContext
-from glmfb.rules import diagnose
-from glmfb.step import Step
-from glmfb.targets import Target
-from glmfb.verdict import Layer, Metric, Verdict
 
 Progress = Callable[[str], None]
 
@@ -36,7 +36,7 @@ def run_gap(config: GapConfig, ctx: ProbeContext) -> Verdict:
     """Compare baseline and candidate iterations and return the gap verdict."""
     from dataclasses import replace
 
-    from glmfb.env import fingerprint
+    from glmfb.core.env import fingerprint
 
     started = ctx.clock.monotonic()
     baseline_factory = config.baseline.load()
@@ -51,7 +51,7 @@ def run_gap(config: GapConfig, ctx: ProbeContext) -> Verdict:
         ))
         verdict = _judge(config, measurement, sides[1], ctx)
     except TargetFailed as failure:
-        from glmfb.host import target_failed_verdict
+        from glmfb.core.host import target_failed_verdict
 
         verdict = target_failed_verdict("gap", config.name, failure, next=(_alone(config, failure.side),))
         verdict = replace(verdict, evidence=(*verdict.evidence, *_transfers(sides)))
@@ -63,7 +63,7 @@ def run_gap(config: GapConfig, ctx: ProbeContext) -> Verdict:
 
 def _alone(config: GapConfig, side: str) -> str:
     target = config.baseline if side == "baseline" else config.candidate
-    return (f"run the {side} alone: python -c \"from glmfb.targets import Target; "
+    return (f"run the {side} alone: python -c \"from glmfb.core.targets import Target; "
             f"f = Target({target.portable_ref!r}).load()(**{dict(target.args)!r}); f(); f()\"")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from glmfb.evidence import Evidence, evidence_kind
+from glmfb.contract.evidence import Evidence, evidence_kind
 
 
 @evidence_kind

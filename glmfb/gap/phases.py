@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from glmfb.measure.stats import median_ratio
+from glmfb.core.measure.stats import median_ratio
 
 BUSY_SUFFIX = "_busy_s"
 BYTES_SUFFIX = "_bytes"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from glmfb.gap import SUMMARY
-from glmfb.probe import (
+from glmfb.contract.verdict import Layer, Metric, Verdict
+from glmfb.core.probe import (
     BaseProbe,
     MetricSpec,
     ProbeContext,
@@ -21,7 +21,7 @@ from glmfb.probe import (
     imported,
     side_times,
 )
-from glmfb.verdict import Layer, Metric, Verdict
+from glmfb.gap import SUMMARY
 
 if TYPE_CHECKING:
     from glmfb.gap.config import GapConfig

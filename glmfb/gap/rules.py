@@ -30,14 +30,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from glmfb.contract.step import Step
+from glmfb.contract.verdict import Status
+from glmfb.core.measure.hostload import HostLoad, busy_note
+from glmfb.core.rules import Diagnosis, Rule
 from glmfb.gap.attribution import GilFinding
 from glmfb.gap.bandwidth import BandwidthCheck, rate_text
 from glmfb.gap.phases import PhaseChange
 from glmfb.gil import describe_threads as describe
-from glmfb.measure.hostload import HostLoad, busy_note
-from glmfb.rules import Diagnosis, Rule
-from glmfb.step import Step
-from glmfb.verdict import Status
 
 KIND = "gap"
 # A GIL wait that comes to this share of the time the gap added to an iteration explains the

@@ -1,5 +1,5 @@
 """Interleaved A/B measurement of two iteration callables in one process, on the shared
-measurement core (:mod:`glmfb.measure`).
+measurement core (:mod:`glmfb.core.measure`).
 
 Each side is built several times (``repeats / 8``, 6 to 12; independent instances: a
 build's own weights, buffers, threads), so the interval sees the variance between builds
@@ -7,9 +7,9 @@ instead of mistaking one build's luck for a gap. The pairs (baseline build ``j``
 rounds: every round runs one ``AB`` or ``BA`` block on every pair (alternating per pair), so
 drift and bursts of host load fall on both sides alike. The gap is the mean over pairs of
 each pair's median ``log(candidate / baseline)`` iteration time, as ``exp(.) - 1``, with a t
-interval over pairs (a random-effects interval; see :mod:`glmfb.measure.intervals`). The
+interval over pairs (a random-effects interval; see :mod:`glmfb.core.measure.intervals`). The
 interval is looked at on a fixed schedule at levels that spend the overall error (5%) over
-the looks (:mod:`glmfb.measure.sequential`), so stopping early does not inflate it; the loop
+the looks (:mod:`glmfb.core.measure.sequential`), so stopping early does not inflate it; the loop
 stops once the gap is settled (fail, or the whole interval below the threshold) or when the
 budget or ``repeats`` (iterations a side) runs out.
 """
@@ -24,11 +24,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from glmfb.errors import TargetFailed
+from glmfb.contract.errors import TargetFailed
+from glmfb.core.measure import Arm, Comparison, Look, Pair, Settings, compare
+from glmfb.core.measure.hostload import HostLoad, HostLoadMeter
+from glmfb.core.measure.stats import Decision, Estimate, decide
 from glmfb.gap.config import GapConfig
-from glmfb.measure import Arm, Comparison, Look, Pair, Settings, compare
-from glmfb.measure.hostload import HostLoad, HostLoadMeter
-from glmfb.measure.stats import Decision, Estimate, decide
 
 BYTES_SUFFIX = "_bytes"
 MIN_ALLOCATIONS, MAX_ALLOCATIONS = 6, 12  # builds per side

@@ -5,7 +5,7 @@ Public API, what another probe may use (``glmfb gap`` does; its evidence kinds, 
 :mod:`glmfb.gil.evidence`, are read through their types)::
 
     from glmfb.gil import GilConfig, trace_gil
-    ctx = ProbeContext(run_id="x", artifact_dir=Path("reports/x/gil"))  # from glmfb.probe
+    ctx = ProbeContext(run_id="x", artifact_dir=Path("reports/x/gil"))  # from glmfb.core.probe
     verdict = trace_gil(GilConfig(name="x", command=("python", "prog.py")), ctx)
 
 - ``describe_threads(name, count)``: how a holder that stands for ``count`` short-lived
@@ -49,6 +49,6 @@ def __getattr__(name: str) -> object:
     return getattr(importlib.import_module(module), attr)
 
 
-# What `glmfb --help` lists about this probe, read without importing it (glmfb.registry).
+# What `glmfb --help` lists about this probe, read without importing it (glmfb.core.registry).
 SUMMARY = "Trace GIL contention: name the thread that holds the GIL (and where), and the starved one."
 COMMANDS: dict[str, str] = {}  # the commands it brings besides its own: none

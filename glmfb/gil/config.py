@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from glmfb.errors import UsageError
-from glmfb.options import (
+from glmfb.contract.errors import UsageError
+from glmfb.contract.options import (
     BOOL,
     HERTZ,
     MILLISECONDS,
@@ -18,8 +18,8 @@ from glmfb.options import (
     command_type,
     option,
 )
-from glmfb.targets import Target
-from glmfb.units import OptionValueError, parse_str
+from glmfb.contract.units import OptionValueError, parse_str
+from glmfb.core.targets import Target
 
 DEFAULT_RATE_HZ = 100
 DEFAULT_NATIVE_RATE_HZ = 10
@@ -33,7 +33,7 @@ PYTHON = "{python}"  # in a load command: the interpreter running glmfb
 
 
 # A command line glmfb runs (its type's name, "command", is what the agent server refuses
-# unless it runs with --allow-commands: glmfb/mcp/tools/probes.py).
+# unless it runs with --allow-commands: glmfb/workflows/mcp/tools/probes.py).
 COMMAND = command_type("a command line: a string split as a shell would (no shell runs it), or a list of strings; "
                        "{python} is the interpreter running glmfb", '["{python}", "load.py", "--requests", "16"]')
 
@@ -64,7 +64,7 @@ class GilConfig:
     """What to trace and how.
 
     Give exactly one of ``command`` (a command line that starts a Python program), ``target``
-    (a :class:`~glmfb.targets.Target` whose factory returns a zero-argument callable, called
+    (a :class:`~glmfb.core.targets.Target` whose factory returns a zero-argument callable, called
     in a loop in a child process for ``duration_s``) or ``pid`` (attach to a running process;
     no heartbeat then, since injecting one needs the process to start under glmfb).
     """

@@ -19,9 +19,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from glmfb.commandline import rerun_step
-from glmfb.errors import UsageError
-from glmfb.evidence import ProcessExit
+from glmfb.contract.errors import UsageError
+from glmfb.contract.evidence import ProcessExit
+from glmfb.contract.step import Step
+from glmfb.contract.verdict import Layer, Status, Verdict
+from glmfb.core.commandline import rerun_step
+from glmfb.core.measure.hostload import HostLoad, HostLoadMeter
+from glmfb.core.probe import ProbeContext
+from glmfb.core.process import describe_returncode
 from glmfb.gil import heartbeat as hb
 from glmfb.gil import pyspy
 from glmfb.gil.config import HEARTBEAT_THREAD, PYTHON, GilConfig
@@ -32,11 +37,6 @@ from glmfb.gil.procwatch import GilWaitSampler, ThreadTime
 from glmfb.gil.rules import RULES
 from glmfb.gil.target_loop import READY_ENV
 from glmfb.gil.verdict import MIN_WAITING_SHARE, Observations, decide
-from glmfb.measure.hostload import HostLoad, HostLoadMeter
-from glmfb.probe import ProbeContext
-from glmfb.process import describe_returncode
-from glmfb.step import Step
-from glmfb.verdict import Layer, Status, Verdict
 
 STARTUP_TIMEOUT_S = 10.0  # for the heartbeat to appear (interpreter start, imports)
 STOP_GRACE_S = 5.0
@@ -60,7 +60,7 @@ def trace_gil(config: GilConfig, ctx: ProbeContext) -> Verdict:
     """Trace one program's GIL and return the verdict (artifacts go to ``ctx.artifact_dir``).
 
     A program that cannot start, exits non-zero or crashes gives an error verdict. Raises
-    :class:`~glmfb.errors.UsageError` for a configuration it cannot run (``trace`` with a
+    :class:`~glmfb.contract.errors.UsageError` for a configuration it cannot run (``trace`` with a
     command that is not ``python ...``, a ``pid`` that does not exist). The program runs in its
     own process group, killed whole at the end: nothing is left behind.
     """
@@ -68,7 +68,7 @@ def trace_gil(config: GilConfig, ctx: ProbeContext) -> Verdict:
     artifact_dir = Path(ctx.artifact_dir)
     artifact_dir.mkdir(parents=True, exist_ok=True)
     verdict = _Session(config, artifact_dir, ctx.progress, ctx).run()
-    from glmfb.env import fingerprint
+    from glmfb.core.env import fingerprint
 
     return replace(verdict, duration_s=ctx.clock.monotonic() - started, env=fingerprint())
 

@@ -72,11 +72,11 @@ class Heartbeat:
 
     def percentile_interval_ms(self, q: float) -> tuple[float, float] | None:
         """A 95% interval of :meth:`percentile_ms` (net of CPU waits) from a block bootstrap over
-        stretches of the run (see :func:`glmfb.measure.stats.block_quantile`); None with under
+        stretches of the run (see :func:`glmfb.core.measure.stats.block_quantile`); None with under
         :data:`MIN_INTERVAL_TICKS` wake-ups, too few for a tail's interval."""
         if self.ticks < MIN_INTERVAL_TICKS:
             return None
-        from glmfb.measure.stats import block_quantile
+        from glmfb.core.measure.stats import block_quantile
 
         estimate = block_quantile(self.gil_lateness_s, q / 100.0, resamples=INTERVAL_RESAMPLES)
         return (1e3 * max(0.0, estimate.low), 1e3 * max(0.0, estimate.high))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from glmfb.plotting import (
+from glmfb.core.plotting import (
     BAND_COLOR,
     BASELINE_COLOR,
     CANDIDATE_COLOR,

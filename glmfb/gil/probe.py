@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from glmfb.gil import SUMMARY
-from glmfb.probe import (
+from glmfb.contract.verdict import Layer, Verdict
+from glmfb.core.probe import (
     BaseProbe,
     MetricSpec,
     ProbeContext,
@@ -23,7 +23,7 @@ from glmfb.probe import (
     ReportSection,
     imported,
 )
-from glmfb.verdict import Layer, Verdict
+from glmfb.gil import SUMMARY
 
 if TYPE_CHECKING:
     from glmfb.gil.config import GilConfig

@@ -1,5 +1,5 @@
 """Starting the traced program in its own process group, and leaving nothing behind (the
-stopping is :class:`glmfb.process.ProcessTree`'s, the one way glmfb stops a process tree)."""
+stopping is :class:`glmfb.core.process.ProcessTree`'s, the one way glmfb stops a process tree)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from glmfb.process import ProcessTree
+from glmfb.core.process import ProcessTree
 
 
 class Launched:

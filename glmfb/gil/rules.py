@@ -39,15 +39,15 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from glmfb.evidence import MissingSignal
+from glmfb.contract.evidence import MissingSignal
+from glmfb.contract.step import Step
+from glmfb.contract.verdict import Status
+from glmfb.core.measure.hostload import HostLoad, busy_note
+from glmfb.core.rules import Diagnosis, Rule
 from glmfb.gil.config import HEARTBEAT_THREAD
 from glmfb.gil.evidence import GilHolder, GilStartup, LoadRun, OverlapRow, WaitingThread
 from glmfb.gil.groups import describe
 from glmfb.gil.holders import SOURCE_LINE, glmfb_file
-from glmfb.measure.hostload import HostLoad, busy_note
-from glmfb.rules import Diagnosis, Rule
-from glmfb.step import Step
-from glmfb.verdict import Status
 
 KIND = "gil"
 

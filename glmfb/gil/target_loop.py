@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-dir", default=None)
     options = parser.parse_args(argv)
 
-    from glmfb.errors import GlmfbError
-    from glmfb.targets import Target
+    from glmfb.contract.errors import GlmfbError
+    from glmfb.core.targets import Target
 
     try:
         target = Target(

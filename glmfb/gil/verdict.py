@@ -1,6 +1,6 @@
 """The verdict of one ``glmfb gil`` trace, assembled: the engine's :class:`Observations` in;
 the typed evidence, the :class:`~glmfb.gil.rules.GilFindings` the rules read, and the
-:class:`~glmfb.verdict.Verdict` out. The rules (:mod:`glmfb.gil.rules`) decide the status,
+:class:`~glmfb.contract.verdict.Verdict` out. The rules (:mod:`glmfb.gil.rules`) decide the status,
 the why and the next steps; this module only measures against the thresholds and assembles."""
 
 from __future__ import annotations
@@ -10,7 +10,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from glmfb.evidence import Evidence, MissingSignal
+from glmfb.contract.evidence import Evidence, MissingSignal
+from glmfb.contract.step import Step
+from glmfb.contract.verdict import Layer, Metric, Verdict
+from glmfb.core.measure.hostload import HostLoad
+from glmfb.core.rules import Rule, diagnose
 from glmfb.gil.config import HEARTBEAT_THREAD, GilConfig
 from glmfb.gil.evidence import (
     GilHolder,
@@ -37,10 +41,6 @@ from glmfb.gil.heartbeat import Heartbeat, lateness_series
 from glmfb.gil.holders import holder_evidence, holder_site
 from glmfb.gil.pyspy import CallSite, HolderProfile
 from glmfb.gil.rules import MIN_WAIT_WALL_SHARE_ATTACHED, RULES, WAIT_SHARE_FAIL, GilFindings
-from glmfb.measure.hostload import HostLoad
-from glmfb.rules import Rule, diagnose
-from glmfb.step import Step
-from glmfb.verdict import Layer, Metric, Verdict
 
 MIN_HEARTBEAT_TICKS = 50
 MIN_COVERED_S = 0.5

@@ -47,7 +47,7 @@ class Model:
     def __init__(self, factory: str, args: dict[str, Any], threads: int) -> None:
         import torch
 
-        from glmfb.targets import resolve
+        from glmfb.core.targets import resolve
 
         torch.set_num_threads(threads)
         self.module = resolve(factory)(**args)
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     options = parser.parse_args(argv)
 
-    from glmfb.targets import parse_args
+    from glmfb.core.targets import parse_args
 
     model = Model(options.factory, parse_args(options.arg), options.threads)
     name = options.model_name or options.factory.rpartition(":")[2]

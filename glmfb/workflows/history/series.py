@@ -1,0 +1,295 @@
+"""Series and their change points: the ``glmfb.history/1`` document and ``--check``.
+
+A series is the rows of one (definition, metric, machine), oldest first; machines are never
+mixed unless asked (``all_machines``: one series per definition and metric). Its change points
+come from :func:`glmfb.workflows.history.changepoints.change_points` on each run's value and interval;
+each names the last run before it and the first run after it (with their commits), the size
+of the step with its interval, and its confidence (1 - p).
+
+``--check`` asks of each series whether its newest segment (the runs after its last change
+point) is worse than the segment before by more than a threshold, in the metric's own terms
+(:func:`glmfb.workflows.history.metrics.regression`); when the change points before it worsened too
+(a creep cut into several steps), against the segment before the first of them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from glmfb.workflows.history.metrics import MetricKind, Worse, regression
+from glmfb.workflows.history.store import Record
+
+HISTORY_SCHEMA = "glmfb.history/1"
+
+
+@dataclass(frozen=True)
+class Step:
+    """A change point of a series, with the runs on either side of it."""
+
+    index: int  # the first run of the new segment
+    before_run: Record
+    after_run: Record
+    before: float
+    after: float
+    change: float
+    change_low: float | None
+    change_high: float | None
+    p_value: float
+    regression: float  # how much worse after is than before (negative: better), as the metric compares
+    regression_low: float | None
+    regression_high: float | None
+
+    @property
+    def confidence(self) -> float:
+        return 1.0 - self.p_value
+
+
+@dataclass(frozen=True)
+class Series:
+    """The runs of one definition and metric on one machine (or all, when asked)."""
+
+    definition: str
+    metric: str
+    machine: str | None  # None: machines mixed (--all-machines)
+    records: tuple[Record, ...]
+    steps: tuple[Step, ...]
+
+    @property
+    def kind(self) -> MetricKind:
+        newest = self.records[-1]
+        return MetricKind(Worse(newest.worse), newest.relative)
+
+    @property
+    def newest(self) -> Record:
+        return self.records[-1]
+
+    @property
+    def machine_label(self) -> str:
+        return self.newest.machine_label if self.machine is not None else "all machines"
+
+    def worsening(self) -> tuple[Step, ...]:
+        """The newest change point and the unbroken run of worsening change points before it:
+        a creep of +1% a commit is often cut into two or three steps, each under a threshold,
+        that only add up to a regression together. Empty when the newest change point is an
+        improvement or there is none."""
+        chain: list[Step] = []
+        for step in reversed(self.steps):
+            if step.regression <= 0:
+                break
+            chain.insert(0, step)
+        return tuple(chain) if chain and chain[-1] is self.steps[-1] else ()
+
+    def check(self, threshold: float) -> float | None:
+        """How much worse the newest segment is than the segment before its worsening began
+        (:meth:`worsening`: the one before, unless the steps before it also worsened), when
+        that exceeds ``threshold``; None otherwise (also with no change point)."""
+        chain = self.worsening()
+        if not chain:
+            return None
+        worse = chain[0].regression if len(chain) == 1 else regression(chain[0].before, chain[-1].after, self.kind)
+        return worse if worse > threshold else None
+
+
+def matches(name: str, patterns: Sequence[str]) -> bool:
+    """A definition name against ``glmfb run -k`` patterns (glob or substring; all when none)."""
+    return not patterns or any(fnmatch.fnmatchcase(name, p) or p in name for p in patterns)
+
+
+def build_series(records: Sequence[Record], patterns: Sequence[str] = (), *, all_machines: bool = False,
+                 min_segment: int = 3, alpha: float = 0.01) -> list[Series]:
+    """The series of the rows whose definition matches ``patterns`` (rows without a metric
+    value, such as an error verdict's, are in none), sorted by definition, metric, machine."""
+    groups: dict[tuple[str, str, str | None], list[Record]] = {}
+    for record in records:
+        if record.metric is None or record.value is None or not matches(record.definition, patterns):
+            continue
+        key = (record.definition, record.metric, None if all_machines else record.machine)
+        groups.setdefault(key, []).append(record)
+    return [_series(key, tuple(rows), min_segment, alpha)
+            for key, rows in sorted(groups.items(), key=lambda item: (item[0][0], item[0][1], item[0][2] or ""))]
+
+
+def _series(key: tuple[str, str, str | None], records: tuple[Record, ...], min_segment: int, alpha: float) -> Series:
+    from glmfb.workflows.history.changepoints import Observation, change_points
+
+    observations = [Observation(r.value if r.value is not None else 0.0, r.low, r.high) for r in records]
+    kind = MetricKind(Worse(records[-1].worse), records[-1].relative)
+    steps = tuple(_step(point, records, kind) for point in change_points(observations, min_segment=min_segment,
+                                                                         alpha=alpha))
+    return Series(key[0], key[1], key[2], records, steps)
+
+
+def _step(point: Any, records: Sequence[Record], kind: MetricKind) -> Step:
+    """A change point with its runs, and its size as the metric compares (the interval of the
+    change carried over the same way, oriented so that low <= high)."""
+    before, after = float(point.before), float(point.after)
+    low = high = None
+    if point.change_low is not None and point.change_high is not None:
+        ends = sorted(regression(before, before + float(edge), kind) for edge in (point.change_low, point.change_high))
+        low, high = ends
+    return Step(index=int(point.index), before_run=records[point.index - 1], after_run=records[point.index],
+                before=before, after=after, change=float(point.change),
+                change_low=None if point.change_low is None else float(point.change_low),
+                change_high=None if point.change_high is None else float(point.change_high),
+                p_value=float(point.p_value), regression=regression(before, after, kind),
+                regression_low=low, regression_high=high)
+
+
+# --------------------------------------------------------------------------------------------
+# The document
+# --------------------------------------------------------------------------------------------
+
+
+def _run(record: Record) -> dict[str, Any]:
+    return {"run_id": record.run_id, "time": record.time, "commit": record.commit, "dirty": record.dirty}
+
+
+def _point(record: Record) -> dict[str, Any]:
+    ci = [record.low, record.high] if record.low is not None and record.high is not None else None
+    return {**_run(record), "value": record.value, "ci": ci, "status": record.status,
+            "definition_hash": record.definition_hash, "machine": record.machine}
+
+
+def _number(value: float) -> float | None:
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def series_document(series: Series, threshold: float | None = None) -> dict[str, Any]:
+    newest = series.newest
+    data: dict[str, Any] = {
+        "definition": series.definition, "metric": series.metric, "unit": newest.unit or "",
+        "worse": newest.worse, "relative": newest.relative, "probe": newest.probe,
+        "machine": series.machine, "machine_label": series.machine_label, "runs": len(series.records),
+        "newest": _point(newest), "points": [_point(r) for r in series.records],
+        "change_points": [{
+            "index": step.index, "last_before": _run(step.before_run), "first_after": _run(step.after_run),
+            "before": step.before, "after": step.after, "change": step.change,
+            "change_ci": ([step.change_low, step.change_high]
+                          if step.change_low is not None and step.change_high is not None else None),
+            "regression": _number(step.regression),
+            "regression_ci": ([_number(step.regression_low), _number(step.regression_high)]
+                              if step.regression_low is not None and step.regression_high is not None else None),
+            "p_value": step.p_value, "confidence": step.confidence,
+        } for step in series.steps],
+    }
+    if threshold is not None:
+        data["regressed"] = series.check(threshold) is not None
+    return data
+
+
+def history_document(series: Sequence[Series], *, store: str, patterns: Sequence[str], all_machines: bool,
+                     threshold: float | None = None) -> dict[str, Any]:
+    """The ``glmfb.history/1`` document (``threshold``: the check's, when one was asked)."""
+    data: dict[str, Any] = {
+        "schema": HISTORY_SCHEMA, "store": store, "patterns": list(patterns), "all_machines": all_machines,
+        "series": [series_document(s, threshold) for s in series],
+    }
+    if threshold is not None:
+        data["threshold"] = threshold
+        data["regressed"] = sum(1 for s in series if s.check(threshold) is not None)
+    return data
+
+
+_NUMBER_OR_NULL = {"type": ["number", "null"]}
+_INTERVAL = {"type": ["array", "null"], "items": _NUMBER_OR_NULL, "minItems": 2, "maxItems": 2}
+_RUN: dict[str, Any] = {
+    "type": "object",
+    "required": ["run_id", "time", "commit", "dirty"],
+    "properties": {
+        "run_id": {"type": "string"}, "time": {"type": "string"},
+        "commit": {"type": ["string", "null"]}, "dirty": {"type": ["boolean", "null"]},
+    },
+    "additionalProperties": False,
+}
+_POINT: dict[str, Any] = {
+    "type": "object",
+    "required": ["run_id", "time", "commit", "dirty", "value", "ci", "status"],
+    "properties": {
+        **_RUN["properties"], "value": {"type": "number"}, "ci": _INTERVAL, "status": {"type": "string"},
+        "definition_hash": {"type": ["string", "null"]}, "machine": {"type": "string"},
+    },
+    "additionalProperties": False,
+}
+_CHANGE_POINT: dict[str, Any] = {
+    "type": "object",
+    "required": ["index", "last_before", "first_after", "before", "after", "change", "regression", "p_value",
+                 "confidence"],
+    "properties": {
+        "index": {"type": "integer", "minimum": 1, "description": "the first run of the new segment"},
+        "last_before": _RUN, "first_after": _RUN,
+        "before": {"type": "number", "description": "the level of the segment before"},
+        "after": {"type": "number", "description": "the level of the segment after"},
+        "change": {"type": "number", "description": "after - before, in the metric's unit"},
+        "change_ci": _INTERVAL,
+        "regression": {**_NUMBER_OR_NULL, "description": "how much worse after is (negative: better): the "
+                       "difference for a relative metric, else a fraction of before (null: before is 0)"},
+        "regression_ci": _INTERVAL,
+        "p_value": {"type": "number", "minimum": 0},
+        "confidence": {"type": "number", "minimum": 0},
+    },
+    "additionalProperties": False,
+}
+HISTORY_JSON_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://glmfb.dev/schema/history-1.json",
+    "title": HISTORY_SCHEMA,
+    "type": "object",
+    "required": ["schema", "store", "patterns", "all_machines", "series"],
+    "properties": {
+        "schema": {"const": HISTORY_SCHEMA},
+        "store": {"type": "string", "description": "the store read (without a password)"},
+        "patterns": {"type": "array", "items": {"type": "string"}},
+        "all_machines": {"type": "boolean"},
+        "threshold": {"type": "number", "minimum": 0},
+        "regressed": {"type": "integer", "minimum": 0, "description": "series whose newest segment is worse "
+                      "than the one before by more than the threshold"},
+        "series": {"type": "array", "items": {
+            "type": "object",
+            "required": ["definition", "metric", "unit", "worse", "relative", "machine", "machine_label", "runs",
+                         "newest", "points", "change_points"],
+            "properties": {
+                "definition": {"type": "string"}, "metric": {"type": "string"}, "unit": {"type": "string"},
+                "worse": {"enum": [w.value for w in Worse]}, "relative": {"type": "boolean"},
+                "probe": {"type": "string"},
+                "machine": {"type": ["string", "null"], "description": "the machine fingerprint (null: all)"},
+                "machine_label": {"type": "string"}, "runs": {"type": "integer", "minimum": 1},
+                "newest": _POINT, "points": {"type": "array", "items": _POINT},
+                "change_points": {"type": "array", "items": _CHANGE_POINT},
+                "regressed": {"type": "boolean"},
+            },
+            "additionalProperties": False,
+        }},
+    },
+    "additionalProperties": False,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# The series of one run, for its report
+# --------------------------------------------------------------------------------------------
+
+
+def series_of_run(records: Sequence[Record], run_id: str, *, min_runs: int = 2) -> list[Series]:
+    """The series that the verdicts of run ``run_id`` belong to (each definition, metric and
+    machine that run recorded), with every run of each, when it has at least ``min_runs``:
+    one run alone is no history yet."""
+    keys = {(r.definition, r.metric, r.machine) for r in records
+            if r.run_id == run_id and r.metric is not None and r.value is not None}
+    chosen = [r for r in records if (r.definition, r.metric, r.machine) in keys]
+    return [s for s in build_series(chosen) if len(s.records) >= min_runs]
+
+
+def history_of_run(url: str, run_id: str) -> list[dict[str, Any]]:
+    """The series documents (as in ``glmfb.history/1``) of run ``run_id``'s verdicts, read from
+    the store at ``url``; none when that SQLite file does not exist. A store that cannot be read
+    raises :class:`~glmfb.workflows.history.store.HistoryError`."""
+    from glmfb.workflows.history.store import SQLITE_PREFIX, open_store, sqlite_path
+
+    if url.startswith(SQLITE_PREFIX) and not sqlite_path(url).is_file():
+        return []
+    with open_store(url, create=False) as store:
+        records = store.records()
+    return [series_document(s) for s in series_of_run(records, run_id)]
