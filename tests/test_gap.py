@@ -20,8 +20,8 @@ from glmfb.core.targets import Target
 from glmfb.gap import GapConfig
 from glmfb.gap.attribution import GilFinding, finding_from_verdict
 from glmfb.gap.bandwidth import achieved_bytes_per_s, check_bandwidth, paired_times
+from glmfb.gap.interleave import phase_dict
 from glmfb.gap.phases import compare_phases, grown_phases, median_bytes
-from glmfb.gap.runner import phase_dict
 from glmfb.gil.evidence import (
     GilHolder,
     GilSite,

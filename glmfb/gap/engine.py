@@ -25,9 +25,9 @@ from glmfb.gap.attribution import GilFinding, gil_rerun_step, trace_candidate_gi
 from glmfb.gap.bandwidth import BandwidthCheck, check_bandwidth
 from glmfb.gap.config import GapConfig
 from glmfb.gap.evidence import GapMeasurement, Phase, TransferInfo
+from glmfb.gap.interleave import Measurement, close_all, measure
 from glmfb.gap.phases import compare_phases, grown_phases
 from glmfb.gap.rules import RULES, GapFindings
-from glmfb.gap.runner import Measurement, close_all, measure
 
 Progress = Callable[[str], None]
 
