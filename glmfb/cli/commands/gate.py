@@ -45,7 +45,7 @@ def gate_command(
     from glmfb.core.runs import latest_run
     from glmfb.core.shards import combine, describe, read_sources
     from glmfb.workflows.gate import evaluate, load_policy
-    from glmfb.workflows.report.terminal import render_gate
+    from glmfb.workflows.report.terminal import gate_lines, render_gate
 
     sources = read_sources(source or [str(latest_run(out))], typed=False)
     run = combine(sources)
@@ -69,5 +69,8 @@ def gate_command(
         elif step_summary:
             with open(step_summary, "a", encoding="utf-8") as handle:
                 handle.write(text)
-    console().print(render_gate(result))
+    if sys.stdout.isatty() or os.environ.get("FORCE_COLOR"):
+        console().print(render_gate(result))
+    else:  # a CI log, a pipe: the same lines, unstyled and unwrapped, without loading rich
+        sys.stdout.write("".join(f"{text}\n" for text, _ in gate_lines(result)))
     raise typer.Exit(int(result.exit_code))

@@ -133,21 +133,26 @@ def render_run(run: Run, *, verbose: bool = False, folder_size: str | None = Non
     return Group(*parts)
 
 
-def render_gate(result: GateResult) -> RenderableType:
-    from rich.console import Group
-    from rich.text import Text
-
+def gate_lines(result: GateResult) -> list[tuple[str, str | None]]:
+    """The gate's summary, each line with its style (None: plain): what
+    :func:`render_gate` draws in a terminal and what a log gets as plain lines."""
     from glmfb.workflows.gate import GateDecision
 
     word = "passed" if result.passed else f"failed (exit {int(result.exit_code)})"
     counts = ", ".join(f"{result.count(d)} {d.value}" for d in GateDecision if result.count(d))
-    style = "status.pass" if result.passed else "status.fail"
-    lines: list[RenderableType] = [Text(f"glmfb gate {word}: {counts or 'no verdicts'}", style=style)]
-    lines.extend(Text(f"  {problem}", style="status.error") for problem in result.problems)
+    lines: list[tuple[str, str | None]] = [
+        (f"glmfb gate {word}: {counts or 'no verdicts'}", "status.pass" if result.passed else "status.fail")
+    ]
+    lines.extend((f"  {problem}", "status.error") for problem in result.problems)
     for row in result.rows:
         if row.decision is not GateDecision.OK:
             suffix = f" (allowed: {row.reason})" if row.reason else ""
-            lines.append(
-                Text(f"  {row.decision.value}: {row.verdict.name}: {row.verdict.why}{suffix}")
-            )
-    return Group(*lines)
+            lines.append((f"  {row.decision.value}: {row.verdict.name}: {row.verdict.why}{suffix}", None))
+    return lines
+
+
+def render_gate(result: GateResult) -> RenderableType:
+    from rich.console import Group
+    from rich.text import Text
+
+    return Group(*(Text(text, style=style or "") for text, style in gate_lines(result)))
