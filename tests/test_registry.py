@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,28 @@ def test_a_command_imports_its_own_module_only() -> None:
     assert "glmfb.cli.commands.schema" in loaded
     assert not [name for name in loaded if name in ("glmfb.cli.commands.run", "glmfb.cli.commands.gate",
                                                       "glmfb.cli.commands.bisect", "glmfb.cli.commands.mcp")], loaded
+
+
+def test_the_gate_in_a_log_loads_neither_rich_nor_the_evidence_kinds(tmp_path: Path) -> None:
+    """`glmfb gate` with its output going to a log reads the run untyped and writes the summary's
+    lines plain: rich and the contract's evidence kinds stay unimported; with FORCE_COLOR (or a
+    terminal) rich draws the same lines."""
+    from glmfb.contract.verdict import Layer, Run, Status, Verdict
+
+    run = Run(id="r", started="2026-12-06T00:00:00+00:00", verdicts=(
+        Verdict(probe="bench", name="k", status=Status.FAIL, layer=Layer.KERNEL, why="slower by 20%",
+                evidence=[{"kind": "process_exit", "returncode": 1}]),
+    ))
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run.to_dict()))
+    loaded = _modules_loaded("gate", str(path))
+    assert "glmfb.cli.commands.gate" in loaded
+    assert not [name for name in loaded if name.startswith(("rich", "glmfb.contract.evidence"))], loaded
+    plain = subprocess.run([sys.executable, "-m", "glmfb", "gate", str(path)], capture_output=True, text=True,
+                           cwd=ROOT, check=False)
+    coloured = subprocess.run([sys.executable, "-m", "glmfb", "gate", str(path)], capture_output=True, text=True,
+                              cwd=ROOT, check=False, env={**os.environ, "FORCE_COLOR": "1", "COLUMNS": "200"})
+    assert plain.returncode == coloured.returncode == 1
+    assert plain.stdout == "glmfb gate failed (exit 1): 1 failed\n  failed: k: slower by 20%\n"
+    assert "\x1b[" in coloured.stdout
+    assert re.sub(r"\x1b\[[0-9;]*m", "", coloured.stdout) == plain.stdout

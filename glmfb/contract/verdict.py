@@ -29,7 +29,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from glmfb.contract.errors import ExitCode
-from glmfb.contract.evidence import (
+from glmfb.contract.record import (
     Evidence,
     EvidenceError,
     RawEvidence,
@@ -241,7 +241,8 @@ class Verdict:
         object.__setattr__(self, "where", to_json_value(dict(self.where)))
         object.__setattr__(
             self, "evidence",
-            tuple(as_evidence(item, f"evidence[{i}]") for i, item in enumerate(self.evidence)),
+            tuple(as_evidence(item, f"evidence[{i}]") if isinstance(item, Evidence) else _typed(item, f"evidence[{i}]")
+                  for i, item in enumerate(self.evidence)),
         )
         object.__setattr__(self, "next", tuple(as_step(step) for step in self.next))
         object.__setattr__(
@@ -304,7 +305,7 @@ class Verdict:
             layer=Layer.HARNESS,
             why=why,
             next=tuple(as_step(step) for step in next),
-            evidence=tuple(as_evidence(item) for item in evidence),
+            evidence=tuple(item if isinstance(item, Evidence) else _typed(item) for item in evidence),
             env=env or {},
             duration_s=duration_s,
         )
@@ -471,6 +472,14 @@ class Run:
         )
 
 
+def _typed(item: Mapping[str, Any], path: str = "evidence") -> Evidence:
+    """Evidence data read into its kind, the contract's own kinds registered first: they are
+    imported on the first typed read, so an untyped one (the gate) loads none of them."""
+    import glmfb.contract.evidence  # noqa: F401  (registers the kinds every probe may use)
+
+    return parse_evidence(item, path)
+
+
 def _read_evidence(items: Iterable[Any], typed: bool, path: str) -> tuple[Evidence, ...]:
     if not typed:
         return tuple(
@@ -480,7 +489,7 @@ def _read_evidence(items: Iterable[Any], typed: bool, path: str) -> tuple[Eviden
     result: list[Evidence] = []
     for index, item in enumerate(items):
         try:
-            result.append(parse_evidence(item, f"{path}evidence[{index}]"))
+            result.append(_typed(item, f"{path}evidence[{index}]"))
         except EvidenceError:
             # An item that does not fit its kind (written by another version, or by hand) is
             # kept as it was read: a reader never loses evidence, and never fails on it.
