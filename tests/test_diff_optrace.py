@@ -82,6 +82,33 @@ def test_the_first_operation_to_give_nan_or_inf_on_finite_operands_is_named_with
     assert trace_module(ExpSiLU(), (torch.tensor([1.0, 2.0]),), {}).first_nonfinite is None
 
 
+class FilledBySlice(nn.Module):
+    """A preallocated output filled column by column (fla's recurrent kernels do this)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        o = torch.empty_like(x)
+        for t in range(x.shape[1]):
+            o[:, t] = x[:, t] * 2
+        return o
+
+
+def test_an_uninitialised_output_is_not_an_operation_that_gave_nan() -> None:
+    """``empty_like``'s memory may hold NaN bit patterns: garbage that the slice writes
+    overwrite, not an operation that overflowed. With deterministic algorithms on, torch fills
+    that memory with NaN, so the trace sees it every time; an operation that really gives NaN
+    after it is still named."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert torch.isnan(torch.empty_like(torch.ones(3))).all()  # the premise: the memory is NaN
+        assert trace_module(FilledBySlice(), (torch.ones(2, 4),), {}).first_nonfinite is None
+        overflowing = nn.Sequential(FilledBySlice(), ExpSiLU())
+        first = trace_module(overflowing, (torch.full((2, 4), 60.0),), {}).first_nonfinite
+        assert first is not None and first.operation == "aten.exp"
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+
+
 def test_float16s_range_against_the_baselines_values() -> None:
     baseline = torch.tensor([1.0, -7.0e4, 2.0e5, 3.0])
     over = float16_range(baseline, "mlp.up", "mlp.up", ("aten.addmm takes float16 operands",), "its operations")

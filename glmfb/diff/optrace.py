@@ -36,6 +36,11 @@ MOVES = frozenset({"_to_copy", "copy_", "copy", "detach", "clone", "view", "_uns
                    "as_strided", "split", "split_with_sizes", "chunk", "unbind", "lift_fresh", "_reshape_alias",
                    "reshape", "view_as", "expand_as", "diagonal", "unfold", "narrow"})
 CASTS = frozenset({"_to_copy", "copy_", "copy"})
+# Operations whose output holds no values yet (uninitialised memory, filled later by slice
+# assignment or ``out=``): rounding it would round garbage, and a NaN in it is garbage too, not
+# an operation that overflowed.
+UNINITIALISED = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided",
+                           "empty_permuted"})
 
 
 @dataclass(frozen=True)
@@ -238,7 +243,7 @@ def trace_module(module: Any, args: Any, kwargs: Any, reference: str | None = No
                 known = narrowed.get(op.key)
                 narrowed[op.key] = op if known is None else TracedOp(op.operation, op.inputs, op.output,
                                                                      known.site, known.calls + 1)
-            if (nonfinite and not first_bad and name not in MOVES
+            if (nonfinite and not first_bad and name not in MOVES and name not in UNINITIALISED
                     and not all(bool(torch.isfinite(t).all()) for t in outputs)
                     and all(bool(torch.isfinite(t).all()) for t in inputs)):
                 first_bad.append(TracedOp(f"aten.{name}", in_dtypes, out_dtype, user_site(boundary)))

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
     from glmfb.diff.optrace import TracedOp
 
+from glmfb.diff.optrace import UNINITIALISED
+
 FORMATS = ("bf16", "fp16", "tf32")
 FORMAT_NAMES = {"bf16": "bfloat16", "fp16": "float16", "tf32": "TF32"}
 MANTISSA_BITS = {"bf16": 7, "fp16": 10, "tf32": 10}  # explicit mantissa bits
@@ -123,10 +125,6 @@ def _op_sets() -> tuple[frozenset[Any], frozenset[Any]]:
     return matmul, products
 
 
-# Operations whose output holds no values yet (uninitialised memory, filled later by slice
-# assignment or ``out=``): rounding it would round garbage, so it is left alone.
-UNINITIALISED = frozenset({"empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided",
-                           "empty_permuted"})
 
 
 @contextmanager
@@ -141,7 +139,7 @@ def rounding_mode(fmt: str, ops: str) -> Iterator[None]:
     input wrote it into a copy and left the output uninitialised); an operation's written
     operand (``copy_``'s destination, ``out=``) is the tensor itself, and what it writes is
     rounded there (the values written, not a copy); the output of ``empty`` and its kind
-    (:data:`UNINITIALISED`) is not rounded."""
+    (:data:`glmfb.diff.optrace.UNINITIALISED`) is not rounded."""
     if ops == "none":
         yield
         return
