@@ -6,6 +6,7 @@ import math
 import jsonschema
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from strategies import verdicts
 
 from glmfb.contract.verdict import (
@@ -47,6 +48,31 @@ def test_round_trip_and_schema(verdict: Verdict) -> None:
     data = json.loads(json.dumps(verdict.to_dict(), allow_nan=False))
     VALIDATOR.validate(data)
     assert Verdict.from_dict(data) == verdict
+
+
+@settings(max_examples=300, deadline=None)
+@given(verdicts(), st.booleans())
+def test_reading_validated_json_builds_what_the_constructor_builds(verdict: Verdict, typed: bool) -> None:
+    """A read sets the fields of validated JSON as read, without ``__post_init__``
+    (``_as_read``): the same verdict, field types included, as the constructor's normalizing
+    gives from the same data."""
+    from glmfb.contract.record import RawEvidence, parse_evidence
+    from glmfb.contract.step import Step
+
+    data = json.loads(json.dumps(verdict.to_dict(), allow_nan=False))
+    read = Verdict.from_dict(data, typed=typed)
+    evidence = [parse_evidence(item) if typed else RawEvidence(raw_kind=item["kind"], data={
+        k: v for k, v in item.items() if k != "kind"}) for item in data.get("evidence", [])]
+    built = Verdict(probe=data["probe"], name=data["name"], status=data["status"], layer=data["layer"], why=data["why"],
+                    where=data.get("where") or {}, metric=Metric.from_dict(data["metric"]) if data.get("metric") is not None else None,
+                    evidence=evidence, next=[Step.from_json(step) for step in data.get("next") or ()],
+                    artifacts=data.get("artifacts") or {}, env=data.get("env") or {},
+                    duration_s=data.get("duration_s", 0.0),
+                    expect=Expectation.from_dict(data["expect"]) if data.get("expect") is not None else None,
+                    expect_met=data.get("expect_met"))
+    assert read == built
+    assert json.dumps(read.to_dict()) == json.dumps(built.to_dict())
+    assert {f: type(getattr(read, f)) for f in vars(built)} == {f: type(getattr(built, f)) for f in vars(built)}
 
 
 @settings(max_examples=50, deadline=None)

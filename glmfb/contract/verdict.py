@@ -21,7 +21,9 @@ field (``verdicts[3].metric.value: expected number or null, got 'fast'``).
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
+import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -347,24 +349,77 @@ class Verdict:
 
     @classmethod
     def _from_valid_dict(cls, data: Mapping[str, Any], *, typed: bool = True, path: str = "") -> Verdict:
+        """A verdict from JSON that :func:`validate` passed: plain data already, what
+        ``__post_init__``'s normalizing would make it, so the fields are set as read
+        (:func:`_as_read`; a thousand-verdict run is read by every ``glmfb gate``)."""
         metric = data.get("metric")
         expect = data.get("expect")
-        return cls(
+        return _as_read(
+            cls,
             probe=data["probe"],
             name=data["name"],
             status=Status(data["status"]),
             layer=Layer(data["layer"]),
             why=data["why"],
             where=data.get("where") or {},
-            metric=Metric.from_dict(metric) if metric is not None else None,
+            metric=_metric_as_read(metric) if metric is not None else None,
             evidence=_read_evidence(data.get("evidence") or (), typed, path),
-            next=tuple(Step.from_json(step) for step in data.get("next") or ()),
+            next=tuple(_step_as_read(step) for step in data.get("next") or ()),
             artifacts=data.get("artifacts") or {},
             env=data.get("env") or {},
-            duration_s=data.get("duration_s", 0.0),
+            duration_s=float(data.get("duration_s", 0.0)),
             expect=Expectation.from_dict(expect) if expect is not None else None,
             expect_met=data.get("expect_met"),
         )
+
+
+T = TypeVar("T")
+
+
+def _as_read(cls: type[T], **fields: Any) -> T:
+    """An instance of the frozen dataclass ``cls`` with ``fields`` set as given, without its
+    ``__post_init__``: for validated JSON only, which is plain data already (no tuple, no
+    non-finite number, no key that is not a string). A field not given gets its default."""
+    instance = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(instance, name, value)
+    for name, default in _defaults(cls):  # type: ignore[arg-type]
+        if name not in fields:
+            object.__setattr__(instance, name, default())
+    return instance
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+@functools.cache
+def _defaults(cls: type) -> tuple[tuple[str, Callable[[], Any]], ...]:
+    """Each field of a dataclass and a function giving its default (one that has none raises)."""
+    found: list[tuple[str, Callable[[], Any]]] = []
+    for spec in dataclasses.fields(cls):
+        if spec.default is not dataclasses.MISSING:
+            found.append((spec.name, functools.partial(_same, spec.default)))
+        elif spec.default_factory is not dataclasses.MISSING:
+            found.append((spec.name, spec.default_factory))
+        else:
+            def missing(name: str = spec.name) -> Any:
+                raise TypeError(f"{cls.__name__}: field {name!r} needs a value")
+            found.append((spec.name, missing))
+    return tuple(found)
+
+
+def _metric_as_read(data: Mapping[str, Any]) -> Metric:
+    ci = data.get("ci")
+    return _as_read(Metric, name=data["name"], value=_finite_or_none(data.get("value")), unit=data.get("unit", ""),
+                    threshold=_finite_or_none(data.get("threshold")),
+                    ci=(float(ci[0]), float(ci[1])) if ci is not None else None)
+
+
+def _step_as_read(data: Any) -> Step:
+    if isinstance(data, str) or (data.get("command") is None and data.get("arguments")):
+        return Step.from_json(data)  # an old document's plain string; or what __post_init__ refuses
+    return _as_read(Step, why=data["why"], command=data.get("command"), arguments=data.get("arguments") or {})
 
 
 @dataclass(frozen=True)
@@ -482,10 +537,8 @@ def _typed(item: Mapping[str, Any], path: str = "evidence") -> Evidence:
 
 def _read_evidence(items: Iterable[Any], typed: bool, path: str) -> tuple[Evidence, ...]:
     if not typed:
-        return tuple(
-            RawEvidence(raw_kind=item["kind"], data={k: v for k, v in item.items() if k != "kind"})
-            for item in items
-        )
+        return tuple(_as_read(RawEvidence, raw_kind=item["kind"], data={k: v for k, v in item.items() if k != "kind"})
+                     for item in items)
     result: list[Evidence] = []
     for index, item in enumerate(items):
         try:
