@@ -19,8 +19,8 @@ Whether a job goes warm is decided in one place, :meth:`Pool.refusal`; a job goe
   OPENBLAS_* GOTO_* BLIS_*``, numpy's ``NPY_* NUMPY_*``, torch's ``TORCH* PYTORCH_*``, CUDA's
   ``CUDA_* NVIDIA_*``): the zygote's modules were set up with the values it started with;
 - the job's import path does not begin with the zygote's, or its working folder holds a glmfb
-  package other than the one the zygote's folder holds (a cold child, started there, would
-  import that one).
+  package other than the one the zygote runs (a cold child, started there, would import that
+  one: ``glmfb bisect`` of glmfb's own repository).
 
 How the job went is counted (:meth:`Pool.summary`, which ``glmfb run`` records in its run's
 ``env.workers``); the verdict is the same either way.
@@ -174,8 +174,8 @@ class Pool:
             return f"${changed[0]}{more} differs from the zygote's environment"
         if list(sys_path[: len(self.sys_path)]) != self.sys_path:
             return "the import path changed since the zygote started"
-        if _own_glmfb(cwd) != _own_glmfb(self.cwd):
-            return f"{cwd} holds a glmfb package of its own"
+        if glmfb_run_in(cwd) != glmfb_run_in(self.cwd):
+            return f"{cwd} holds a glmfb package other than the one the zygote runs"
         return None
 
     # ---- a job -------------------------------------------------------------------------------
@@ -267,10 +267,15 @@ class Pool:
             self.process.wait()
 
 
-def _own_glmfb(folder: Path) -> Path | None:
-    """The glmfb package in ``folder`` itself (which ``python -m`` started there imports first)."""
+def glmfb_run_in(folder: Path) -> Path:
+    """The glmfb package that ``python -m glmfb...`` started in ``folder`` imports: the one in
+    the folder itself (it comes first on the import path), else this process's."""
     package = folder / "glmfb"
-    return package.resolve() if (package / "__init__.py").is_file() else None
+    if (package / "__init__.py").is_file():
+        return package.resolve()
+    import glmfb
+
+    return Path(glmfb.__file__).parent.resolve()
 
 
 class WarmChild:

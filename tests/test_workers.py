@@ -284,6 +284,19 @@ def test_a_job_goes_cold_when_the_import_path_changed(warm: Warm, tmp_path: Path
     assert "the import path changed since the zygote started" in warm.pool.summary()["why_cold"]
 
 
+def test_a_job_goes_cold_when_its_folder_holds_another_glmfb(warm: Warm, tmp_path: Path) -> None:
+    """A cold child started in a folder with a glmfb package imports that one (glmfb bisect of
+    glmfb's own repository); a folder without one, or with the zygote's own, stays warm."""
+    pool = warm.pool
+    job_env = {**pool.environ, "GLMFB_PROBE_COOKIE": "x"}
+    assert pool.refusal(job_env, pool.sys_path, tmp_path) is None
+    assert pool.refusal(job_env, pool.sys_path, workers.glmfb_run_in(pool.cwd).parent) is None
+    (tmp_path / "glmfb").mkdir()
+    (tmp_path / "glmfb" / "__init__.py").write_text("")
+    assert pool.refusal(job_env, pool.sys_path, tmp_path) == (
+        f"{tmp_path} holds a glmfb package other than the one the zygote runs")
+
+
 def test_a_job_goes_cold_when_no_pool_is_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(workers, "_current", None)  # the module's pool, if open, is not this process's now
     monkeypatch.setenv(workers.WORKERS_ENV, "off")
