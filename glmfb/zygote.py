@@ -284,18 +284,20 @@ def _watch(channel: Channel, pid: int) -> None:
     """Report C's exit status when it is reaped (and reap every orphan reparented here) until
     the supervisor closes the socket."""
     try:
-        pidfd: int | None = os.pidfd_open(pid)
+        pidfd: int | None = os.pidfd_open(pid)  # readable when C exits: no polling for it
     except (AttributeError, OSError):
         pidfd = None
+    ended = False
     while True:
         for reaped, status in _reap_any():
             if reaped == pid:
                 channel.send({"returncode": os.waitstatus_to_exitcode(status)})
+                ended = True
                 if pidfd is not None:
                     os.close(pidfd)
                     pidfd = None
         watched = [channel.fileno()] if pidfd is None else [channel.fileno(), pidfd]
-        ready, _, _ = select.select(watched, [], [], REAP_S if pidfd is not None else 0.05)
+        ready, _, _ = select.select(watched, [], [], REAP_S if pidfd is not None or ended else 0.05)
         if channel.fileno() in ready:
             try:
                 if not channel.sock.recv(4096):
@@ -312,10 +314,11 @@ def _sweep() -> None:
     deadline = time.monotonic() + SWEEP_S
     while time.monotonic() < deadline:
         _reap_any()
-        try:
-            below = [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
-        except psutil.Error:
-            below = []
+        below = []
+        for process in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    below.append(process)
         if not below:
             return
         for number in (signal.SIGSTOP, signal.SIGKILL):
