@@ -115,10 +115,11 @@ def server_process() -> psutil.Process:
 
 
 def probes_of(processes: list[psutil.Process]) -> list[psutil.Process]:
-    """The processes of the probes among ``processes`` (the server's descendants): all but the
-    server's warm workers, which are glmfb's own (glmfb.workers: the zygote, a child of the
-    server, lives as long as it; a job's reaper, a child of the zygote, exits once the job is
-    done). A job's process and whatever it left (reparented to the reaper) are the probe's."""
+    """The processes of the probes among ``processes`` (the server's descendants, while the
+    server runs): all but the server's warm workers, which are glmfb's own (glmfb.workers: the
+    zygote, a child of the server, lives as long as it; a job's reaper, a child of the zygote,
+    exits once the job is done). A job's process and whatever it left (reparented to the
+    reaper) are the probe's."""
     own: set[int] = set()
     for process in processes:
         try:
@@ -475,7 +476,8 @@ def test_a_server_stopped_mid_call_leaves_no_process_and_keeps_the_cancelled_ver
         if text_.startswith("warm-up"):
             break
     descendants = psutil.Process(server.pid).children(recursive=True)
-    assert len(probes_of(descendants)) >= 2
+    probes = probes_of(descendants)  # told apart while the server, the zygote's parent, is there
+    assert len(probes) >= 2
     stopped_at = time.monotonic()
     if stop == "sigterm":
         server.send_signal(signal.SIGTERM)
@@ -484,7 +486,7 @@ def test_a_server_stopped_mid_call_leaves_no_process_and_keeps_the_cancelled_ver
         server.stdin.close()
     assert server.wait(timeout=30) == 0
     print(f"{stop}: the server exited {time.monotonic() - stopped_at:.2f} s later")
-    assert alive(probes_of(descendants)) == []
+    assert alive(probes) == []
     deadline = time.monotonic() + 5  # the server's warm workers read end-of-file as it exits
     while alive(descendants) and time.monotonic() < deadline:
         time.sleep(0.05)
