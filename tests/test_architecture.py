@@ -42,7 +42,7 @@ TOP_LEVEL = ("glmfb", "glmfb.__main__")
 
 def public_paths(root: Path) -> dict[str, str]:
     """Each module at glmfb's top level that re-exports a module of a layer folder -> that
-    module (``glmfb.verdict`` -> ``glmfb.contract.verdict``)."""
+    module (``glmfb.contract.verdict`` -> ``glmfb.contract.verdict``)."""
     found = {}
     for path in sorted((root / "glmfb").glob("*.py")):
         name = module_name(path, root)
@@ -235,7 +235,7 @@ def test_the_top_level_holds_the_layer_folders_the_engines_and_the_public_paths(
 
 
 def test_a_public_path_is_the_module_it_names() -> None:
-    """``glmfb.verdict``, ``glmfb.probe``, ``glmfb.rules`` ... give a probe outside glmfb the
+    """``glmfb.contract.verdict``, ``glmfb.core.probe``, ``glmfb.core.rules`` ... give a probe outside glmfb the
     same objects as the layer folder's module, every public name of it; and every glmfb module
     the toy probe (a probe of another package, tests/toy) imports is one of them."""
     import importlib

@@ -6,6 +6,11 @@ print to stdout, and glmfb itself getting SIGTERM or SIGINT. Each case runs the 
 subprocess and checks the exit code, the verdict's status and message, a valid run.json, and
 that no process is left behind (every process glmfb started carries a marker in its
 environment; the process table is searched for it afterwards).
+
+Each case runs cold (a fresh ``python -m glmfb.core.child``, ``GLMFB_WORKERS=off``) and, for some
+of the kinds (the whole matrix through the pool is tests/test_workers.py), warm: forked from
+the zygote of glmfb's warm workers (``GLMFB_WORKERS=on``); run.json's ``env.workers`` says
+which it was.
 """
 
 from __future__ import annotations
@@ -73,10 +78,26 @@ def requests(tmp_path: Path) -> Path:
     return path
 
 
-def glmfb(args: list[str], tmp_path: Path, mark: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, MARK: mark, "PYTHONPATH": str(ROOT)}
+def environment(mark: str, workers: str) -> dict[str, str]:
+    """glmfb's environment: the marker, and its probes cold or warm (GLMFB_WORKERS)."""
+    return {**os.environ, MARK: mark, "PYTHONPATH": str(ROOT), "GLMFB_WORKERS": "on" if workers == "warm" else "off"}
+
+
+def glmfb(args: list[str], tmp_path: Path, mark: str, timeout_s: float = 120,
+          workers: str = "cold") -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "glmfb", *args], capture_output=True, text=True, cwd=tmp_path,
-                          env=env, timeout=timeout_s)
+                          env=environment(mark, workers), timeout=timeout_s)
+
+
+def ran_warm(run: Run) -> bool:
+    """Whether the run's probes went through a warm worker (run.json's env.workers)."""
+    used = run.env.get("workers") or {}
+    return bool(used.get("warm")) and not used.get("cold")
+
+
+def cases(kinds: tuple[str, ...], warm_kinds: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(kind, workers): every kind cold, ``warm_kinds`` warm too."""
+    return [(kind, "cold") for kind in kinds] + [(kind, "warm") for kind in warm_kinds]
 
 
 def run_json(out: Path) -> Run:
@@ -95,9 +116,10 @@ FAILING = {
 KINDS = ("diff", "bench", "gap", "gil")
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "workers"), cases(KINDS, ("diff", "gil")))
 @pytest.mark.parametrize("behavior", list(FAILING))
-def test_a_broken_target_is_an_error_verdict(kind: str, behavior: str, tmp_path: Path, requests: Path) -> None:
+def test_a_broken_target_is_an_error_verdict(kind: str, workers: str, behavior: str, tmp_path: Path,
+                                             requests: Path) -> None:
     mark = uuid.uuid4().hex
     out = tmp_path / "reports"
     started = time.monotonic()
@@ -106,7 +128,7 @@ def test_a_broken_target_is_an_error_verdict(kind: str, behavior: str, tmp_path:
     # never read as a hang.
     timeout = "4s" if behavior == "hang" else "60s"
     result = glmfb([*probe_args(kind, behavior, requests), "--json", "--out", str(out), "--timeout", timeout],
-                   tmp_path, mark)
+                   tmp_path, mark, workers=workers)
     elapsed = time.monotonic() - started
     assert result.returncode == 3, (result.returncode, result.stdout[-500:], result.stderr[-1000:])
     verdict = json.loads(result.stdout)  # stdout holds exactly one JSON document
@@ -115,64 +137,84 @@ def test_a_broken_target_is_an_error_verdict(kind: str, behavior: str, tmp_path:
     assert phrase in verdict["why"], verdict["why"]
     run = run_json(out)
     assert run.verdicts[0].to_dict()["why"] == verdict["why"] and not run.interrupted
+    assert ran_warm(run) is (workers == "warm"), run.env.get("workers")
     if behavior == "hang":
         assert elapsed < 40, elapsed  # the timeout bounds it (start-up on a loaded host included)
     assert wait_for_no_leftovers(mark) == []
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "workers"), cases(KINDS, ("bench", "gil")))
 @pytest.mark.parametrize("behavior", ["thread", "print"])
-def test_a_target_that_leaks_a_thread_or_prints_still_gets_its_verdict(kind: str, behavior: str, tmp_path: Path,
-                                                                      requests: Path) -> None:
+def test_a_target_that_leaks_a_thread_or_prints_still_gets_its_verdict(kind: str, workers: str, behavior: str,
+                                                                      tmp_path: Path, requests: Path) -> None:
     mark = uuid.uuid4().hex
     out = tmp_path / "reports"
     result = glmfb([*probe_args(kind, behavior, requests), "--json", "--out", str(out), "--timeout", "60s"],
-                   tmp_path, mark)
+                   tmp_path, mark, workers=workers)
     verdict = json.loads(result.stdout)  # the target's print is not in the JSON stream
     assert verdict["status"] != "error", verdict["why"]
     assert result.returncode in (0, 1, 4)
     assert "TARGET NOISE" not in result.stdout
     if behavior == "print" and kind != "gil":
         assert "TARGET NOISE ON STDOUT" in Path(verdict["artifacts"]["probe_stdout"]).read_text()
-    assert run_json(out).verdicts[0].status.value == verdict["status"]
+    run = run_json(out)
+    assert run.verdicts[0].status.value == verdict["status"]
+    assert ran_warm(run) is (workers == "warm"), run.env.get("workers")
     assert wait_for_no_leftovers(mark) == []
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("behavior", ["daemon", "double_fork"])
-def test_a_daemon_the_target_leaves_is_stopped_and_named(kind: str, behavior: str, tmp_path: Path,
+@pytest.mark.parametrize(("kind", "workers"), cases(KINDS, ("diff", "bench")))
+@pytest.mark.parametrize("behavior", ["daemon", "double_fork", "double_fork_no_exec"])
+def test_a_daemon_the_target_leaves_is_stopped_and_named(kind: str, workers: str, behavior: str, tmp_path: Path,
                                                         requests: Path) -> None:
     """A server started in a session of its own and never stopped, or a daemon that
-    double-forked (init adopts it: it is no longer below the probe): the probe still answers,
-    nothing is left in the process table, and where the target ran in the probe's child, the
-    verdict lists what was stopped."""
+    double-forked (init adopts it: it is no longer below the probe), with exec or without (a
+    copy of the probe's process): the probe still answers, nothing is left in the process
+    table, and where the target ran in the probe's child, the verdict lists what was stopped."""
     mark = uuid.uuid4().hex
     out = tmp_path / "reports"
     result = glmfb([*probe_args(kind, behavior, requests), "--json", "--out", str(out), "--timeout", "60s"],
-                   tmp_path, mark)
+                   tmp_path, mark, workers=workers)
     verdict = json.loads(result.stdout)
     assert verdict["status"] != "error", verdict["why"]
+    assert ran_warm(run_json(out)) is (workers == "warm")
     assert wait_for_no_leftovers(mark) == []
     if kind in ("diff", "bench"):
         stopped = next(e for e in verdict["evidence"] if e["kind"] == "stopped_processes")
-        sleepers = [p for p in stopped["processes"] if "left by misbehave" in p["command"]]
+        if behavior == "double_fork_no_exec":  # its command line is the probe process's
+            sleepers = [p for p in stopped["processes"] if "glmfb" in p["command"]]
+        else:
+            sleepers = [p for p in stopped["processes"] if "left by misbehave" in p["command"]]
         assert len(sleepers) == 1 and sleepers[0]["own_session"], stopped
+
+
+def _is_probe_child(process: psutil.Process) -> bool:
+    """A cold probe child (``python -m glmfb.core.child``), or a warm one: a process forked from
+    a warm worker's reaper, itself forked from the zygote (all three show the zygote's command line)."""
+    line = " ".join(process.cmdline())
+    if "glmfb.core.child" in line:
+        return True
+    lineage = [process, *process.parents()[:2]]
+    return len(lineage) == 3 and all("glmfb.core.zygote" in " ".join(p.cmdline()) for p in lineage)
 
 
 def _wait_for_child(mark: str, within_s: float = 30.0) -> None:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         for line in leftovers(mark):
-            if "glmfb.core.child" in line:
-                time.sleep(1.0)  # let it reach the target
-                return
+            try:
+                if _is_probe_child(psutil.Process(int(line.split()[0]))):
+                    time.sleep(1.0)  # let it reach the target
+                    return
+            except psutil.Error:
+                continue
         time.sleep(0.1)
     raise AssertionError("the probe's child process never started")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-@pytest.mark.parametrize("kind", [*KINDS, "run"])
-def test_a_signal_to_glmfb_stops_everything_and_keeps_a_valid_run(kind: str, sig: int, tmp_path: Path,
+@pytest.mark.parametrize(("kind", "workers"), cases((*KINDS, "run"), ("gap", "run")))
+def test_a_signal_to_glmfb_stops_everything_and_keeps_a_valid_run(kind: str, workers: str, sig: int, tmp_path: Path,
                                                                    requests: Path) -> None:
     mark = uuid.uuid4().hex
     out = tmp_path / "reports"
@@ -187,7 +229,7 @@ def test_a_signal_to_glmfb_stops_everything_and_keeps_a_valid_run(kind: str, sig
         args = ["run", str(tmp_path / "p.toml"), "--json"]
     else:
         args = [*probe_args(kind, "hang", requests), "--json"]
-    env = {**os.environ, MARK: mark, "PYTHONPATH": str(ROOT)}
+    env = environment(mark, workers)
     # SIGINT as a terminal delivers it: a shell that starts jobs in the background (without job
     # control) leaves SIGINT ignored in them, and a program that starts with it ignored keeps it so.
     process = subprocess.Popen([sys.executable, "-m", "glmfb", *args, "--out", str(out), "--timeout", "120s"],
@@ -211,6 +253,7 @@ def test_a_signal_to_glmfb_stops_everything_and_keeps_a_valid_run(kind: str, sig
     assert stopped_s < 20
     run = run_json(out)
     assert run.interrupted
+    assert ran_warm(run) is (workers == "warm"), run.env.get("workers")
     document: dict[str, Any] = json.loads(stdout)
     name = signal.Signals(sig).name
     if kind == "run":
@@ -223,7 +266,8 @@ def test_a_signal_to_glmfb_stops_everything_and_keeps_a_valid_run(kind: str, sig
     assert wait_for_no_leftovers(mark) == []
 
 
-def test_a_run_goes_on_past_broken_targets(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["cold", "warm"])
+def test_a_run_goes_on_past_broken_targets(workers: str, tmp_path: Path) -> None:
     mark = uuid.uuid4().hex
     rows = []
     for behavior in ("raise", "os_exit", "segfault", "hang", "none"):
@@ -234,9 +278,11 @@ def test_a_run_goes_on_past_broken_targets(tmp_path: Path) -> None:
             + ('timeout = "4s"\n' if behavior == "hang" else "")
         )
     (tmp_path / "p.toml").write_text("".join(rows))
-    result = glmfb(["run", str(tmp_path / "p.toml"), "--json", "--out", str(tmp_path / "reports")], tmp_path, mark)
+    result = glmfb(["run", str(tmp_path / "p.toml"), "--json", "--out", str(tmp_path / "reports")], tmp_path, mark,
+                   workers=workers)
     assert result.returncode == 3, result.stderr[-1000:]
     run = Run.from_dict(json.loads(result.stdout))
+    assert ran_warm(run) is (workers == "warm"), run.env.get("workers")
     by_name = {v.name: v for v in run.verdicts}
     assert [by_name[n].status.value for n in ("raise", "os_exit", "segfault", "hang")] == ["error"] * 4
     assert "killed after 4 s timeout" in by_name["hang"].why

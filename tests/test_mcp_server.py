@@ -114,6 +114,31 @@ def server_process() -> psutil.Process:
     return children[0]
 
 
+def probes_of(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """The processes of the probes among ``processes`` (the server's descendants, while the
+    server runs): all but the server's warm workers, which are glmfb's own (glmfb.core.workers: the
+    zygote, a child of the server, lives as long as it; a job's reaper, a child of the zygote,
+    exits once the job is done). A job's process and whatever it left (reparented to the
+    reaper) are the probe's."""
+    own: set[int] = set()
+    for process in processes:
+        try:
+            if "glmfb.core.zygote" in " ".join(process.cmdline()):
+                parent = process.parent()
+                if parent is not None and "glmfb.core.zygote" not in " ".join(parent.cmdline()):
+                    own.add(process.pid)  # the zygote
+        except psutil.Error:
+            continue
+    reapers = set()
+    for process in processes:
+        try:
+            if process.ppid() in own:
+                reapers.add(process.pid)
+        except psutil.Error:
+            continue
+    return [process for process in processes if process.pid not in own | reapers]
+
+
 def alive(processes: list[psutil.Process]) -> list[int]:
     left = []
     for process in processes:
@@ -203,7 +228,7 @@ def cancel_gap(measured: dict[str, float]) -> Callable[[Client], Awaitable[None]
         with anyio.fail_after(180):
             await started.wait()
         run_id = messages[0].split()[1]
-        descendants = server_process().children(recursive=True)
+        descendants = probes_of(server_process().children(recursive=True))
         assert len(descendants) >= 2, descendants  # the probe's child and the scenario's receiver
         return run_id, descendants
 
@@ -229,7 +254,7 @@ def cancel_gap(measured: dict[str, float]) -> Callable[[Client], Awaitable[None]
         verdict = document["verdicts"][0]
         assert verdict["status"] == "error" and "cancelled" in verdict["why"], verdict["why"]
         assert document["interrupted"] is True
-        assert alive(descendants) == [] and server_process().children(recursive=True) == []
+        assert alive(descendants) == [] and alive(probes_of(server_process().children(recursive=True))) == []
 
         # 2. the cancel tool: the cancelled call itself answers with the cancelled verdict
         answers = []
@@ -241,7 +266,7 @@ def cancel_gap(measured: dict[str, float]) -> Callable[[Client], Awaitable[None]
         measured["cancel_tool_s"] = time.monotonic() - cancelled_at
         answer = structured(answers[0])
         assert answer["verdict"]["status"] == "error" and "cancelled" in answer["verdict"]["why"]
-        assert alive(descendants) == [] and server_process().children(recursive=True) == []
+        assert alive(descendants) == [] and alive(probes_of(server_process().children(recursive=True))) == []
 
     return session
 
@@ -451,7 +476,8 @@ def test_a_server_stopped_mid_call_leaves_no_process_and_keeps_the_cancelled_ver
         if text_.startswith("warm-up"):
             break
     descendants = psutil.Process(server.pid).children(recursive=True)
-    assert len(descendants) >= 2
+    probes = probes_of(descendants)  # told apart while the server, the zygote's parent, is there
+    assert len(probes) >= 2
     stopped_at = time.monotonic()
     if stop == "sigterm":
         server.send_signal(signal.SIGTERM)
@@ -460,6 +486,10 @@ def test_a_server_stopped_mid_call_leaves_no_process_and_keeps_the_cancelled_ver
         server.stdin.close()
     assert server.wait(timeout=30) == 0
     print(f"{stop}: the server exited {time.monotonic() - stopped_at:.2f} s later")
+    assert alive(probes) == []
+    deadline = time.monotonic() + 5  # the server's warm workers read end-of-file as it exits
+    while alive(descendants) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert alive(descendants) == []
     document = json.loads((root / "reports" / run_id / "run.json").read_text())
     assert document["interrupted"] is True and "cancelled" in document["verdicts"][0]["why"]

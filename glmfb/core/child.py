@@ -1,6 +1,7 @@
 """The child process of a supervised probe run (see :mod:`glmfb.core.supervise`).
 
-``python -m glmfb.core.child`` reads its job (JSON) on stdin, runs the probe through the host
+``python -m glmfb.core.child`` reads its job (JSON) on stdin (a warm worker's job process gets it
+from :mod:`glmfb.core.zygote` and calls :func:`serve` on it), runs the probe through the host
 boundary, and writes progress and the verdict as JSON lines to the pipe named by
 ``$GLMFB_RESULT_FD``; then it leaves with ``os._exit``, so a thread the target left running
 cannot keep it alive. SIGTERM (glmfb stopping it) raises inside the probe, so the probe's own
@@ -56,6 +57,13 @@ def _leave_stopped() -> None:
 
 
 def main() -> None:
+    """``python -m glmfb.core.child``: the job on stdin."""
+    serve(json.loads(sys.stdin.read()))
+
+
+def serve(job: dict[str, Any]) -> None:
+    """Run ``job`` and answer on the pipe named by ``$GLMFB_RESULT_FD``; never returns. The cold
+    child's :func:`main` and a warm worker's job process (:mod:`glmfb.core.zygote`) both end here."""
     fd = int(os.environ["GLMFB_RESULT_FD"])
     os.set_inheritable(fd, False)  # a program the target execs (a daemon it forks) must not hold the pipe
     channel = os.fdopen(fd, "w", buffering=1, encoding="utf-8")
@@ -70,7 +78,6 @@ def main() -> None:
                 raise Stopped() from None  # unwind as on SIGTERM: the probe's own clean-up runs
             _leave_stopped()
 
-    job = json.loads(sys.stdin.read())
     sys.path[:] = [p for p in job["sys_path"] if p]  # the parent's import path (installed probes)
     signal.signal(signal.SIGTERM, _on_sigterm)
     os.register_at_fork(after_in_child=_default_sigterm_after_fork)

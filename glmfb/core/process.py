@@ -13,6 +13,13 @@ Jenkins' process-tree killer does with its build id); every process below it inh
 whatever session or parent it ends up with, and :meth:`ProcessTree.stop` also stops every
 process of this user that carries it. A process that clears its own environment escapes this
 search; nothing else a target starts does.
+
+A warm worker's job process (:mod:`glmfb.core.zygote`) is forked, not executed, so its own
+``/proc/PID/environ`` and that of every process it forks without exec still show the fork
+server's environment, without the cookie. There the tree has a ``reaper``: the job's parent, a
+child subreaper that every orphan below it is reparented to; the walk goes below it too (the
+reaper itself is glmfb's, never signalled nor listed), so a daemon that double-forked, with or
+without exec, is still below it.
 """
 
 from __future__ import annotations
@@ -79,6 +86,7 @@ class ProcessTree:
     seen: dict[int, float] = field(default_factory=dict)  # pid -> create time
     walked: set[int] = field(default_factory=set)  # the pids seen below the root (not only by the cookie)
     session: int | None = None  # the root's session
+    reaper: int | None = None  # a subreaper above the root (a warm worker's): everything below it is the root's
 
     def __post_init__(self) -> None:
         with contextlib.suppress(OSError):
@@ -91,15 +99,19 @@ class ProcessTree:
         environment, done when stopping)."""
         import psutil
 
-        try:
-            root = psutil.Process(self.pid)
-            self.seen.setdefault(self.pid, root.create_time())
-            for child in root.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    self.seen.setdefault(child.pid, child.create_time())
-                    self.walked.add(child.pid)
-        except psutil.Error:
-            pass
+        for top in (self.pid, self.reaper):
+            if top is None:
+                continue
+            try:
+                root = psutil.Process(top)
+                if top == self.pid:
+                    self.seen.setdefault(self.pid, root.create_time())
+                for child in root.children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        self.seen.setdefault(child.pid, child.create_time())
+                        self.walked.add(child.pid)
+            except psutil.Error:
+                pass
         if marked_too and self.cookie is not None:
             for pid, created in marked(self.cookie).items():
                 self.seen.setdefault(pid, created)

@@ -21,6 +21,11 @@ the CLI, the suite and the agent server run each probe in a child process
   the cookie every process below it inherits in its environment) is stopped, and the verdict
   lists it (evidence ``stopped_processes``).
 
+While a pool of warm workers is open (:mod:`glmfb.core.workers`: ``glmfb run``, ``glmfb bisect``,
+``glmfb mcp``), the child is forked from a process that has already imported glmfb, numpy and
+torch instead of started afresh; :func:`_supervise` follows it the same way, the one
+lifecycle for both.
+
 The timing of ``glmfb bench`` happens entirely inside the child.
 """
 
@@ -47,6 +52,7 @@ from glmfb.contract.evidence import ProcessExit, StoppedProcess, StoppedProcesse
 from glmfb.contract.verdict import ExitCode, Verdict
 from glmfb.core.probe import TIMEOUT
 from glmfb.core.process import COOKIE_ENV, ProcessTree, describe_returncode, new_cookie
+from glmfb.core.workers import WarmChild, start_job
 
 if TYPE_CHECKING:
     from glmfb.core.targets import ImportFence
@@ -197,8 +203,9 @@ def call_isolated(function: str, config: Any, *, artifact_dir: Path, progress: C
 def _supervise(job: dict[str, Any], artifact_dir: Path, progress: Callable[[str], None], timeout_s: float | None,
                cancel: threading.Event | None,
                workdir: Path | None = None) -> tuple[list[dict[str, Any]], int | None, str]:
-    """Start ``python -m glmfb.core.child`` on ``job``; collect its messages until it answers,
-    times out or is cancelled; stop its process tree. ``(messages, returncode, outcome)``."""
+    """Start the job's child (a warm worker's process when a pool takes it, else
+    ``python -m glmfb.core.child``); collect its messages until it answers, times out or is
+    cancelled; stop its process tree. ``(messages, returncode, outcome)``."""
     timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
     artifact_dir.mkdir(parents=True, exist_ok=True)
     stdout_path, stderr_path = artifact_dir / STDOUT_NAME, artifact_dir / STDERR_NAME
@@ -206,75 +213,92 @@ def _supervise(job: dict[str, Any], artifact_dir: Path, progress: Callable[[str]
     cookie = new_cookie()  # every process below the child inherits it, also one that leaves the tree
     env = {**os.environ, RESULT_FD_ENV: str(write_fd), COOKIE_ENV: cookie}
     started = time.monotonic()
-    with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
-        try:
-            child = subprocess.Popen(
-                [sys.executable, "-m", "glmfb.core.child"], stdin=subprocess.PIPE, stdout=stdout, stderr=stderr,
-                pass_fds=(write_fd,), start_new_session=True, env=env, close_fds=True, cwd=workdir,
-            )
-        except OSError as exc:
-            os.close(read_fd)
-            os.close(write_fd)
-            raise HarnessError(f"cannot start the probe's child process: {exc}") from exc
-    os.close(write_fd)
-    tree = ProcessTree(child.pid, cookie=cookie)
+    try:
+        with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
+            child = _start_child(job, env, workdir, stdout.fileno(), stderr.fileno(), write_fd)
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
+    tree = ProcessTree(child.pid, cookie=cookie, reaper=child.reaper if isinstance(child, WarmChild) else None)
     messages: list[dict[str, Any]] = []
     buffer = b""
     outcome = "answered"
-    try:
-        assert child.stdin is not None
+    # a warm worker's reaper stays until the leftover check below is done (a Popen's own exit
+    # would wait for the child, also when glmfb itself fails here: not used)
+    with child if isinstance(child, WarmChild) else contextlib.nullcontext():
         try:
-            child.stdin.write(json.dumps(job).encode())
-            child.stdin.close()
-        except BrokenPipeError:
-            pass
-        last_refresh = 0.0
-        while True:
-            if cancel is not None and cancel.is_set():
-                outcome = "cancelled"
-                break
-            remaining = timeout_s - (time.monotonic() - started)
-            if remaining <= 0:
-                outcome = "timeout"
-                break
-            ready, _, _ = select.select([read_fd], [], [], min(POLL_S, remaining))
-            if ready:
-                chunk = os.read(read_fd, 65536)
-                if not chunk:
-                    break  # the child closed its end: it answered, or it is gone
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    if not line.strip():
-                        continue
-                    message = json.loads(line)
-                    if "progress" in message:
-                        progress(str(message["progress"]))
-                    else:
-                        messages.append(message)
-                if any(FINAL_KEYS & m.keys() for m in messages):
-                    break  # it answered: a process it forked may still hold the pipe open
-            if time.monotonic() - last_refresh > 1.0:
-                tree.refresh()
-                last_refresh = time.monotonic()
-    except KeyboardInterrupt:
-        tree.stop(STOP_GRACE_S)
+            if child.stdin is not None:  # a cold child reads its job on stdin
+                try:
+                    child.stdin.write(json.dumps(job).encode())
+                    child.stdin.close()
+                except BrokenPipeError:
+                    pass
+            last_refresh = 0.0
+            while True:
+                if cancel is not None and cancel.is_set():
+                    outcome = "cancelled"
+                    break
+                remaining = timeout_s - (time.monotonic() - started)
+                if remaining <= 0:
+                    outcome = "timeout"
+                    break
+                ready, _, _ = select.select([read_fd], [], [], min(POLL_S, remaining))
+                if ready:
+                    chunk = os.read(read_fd, 65536)
+                    if not chunk:
+                        break  # the child closed its end: it answered, or it is gone
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if not line.strip():
+                            continue
+                        message = json.loads(line)
+                        if "progress" in message:
+                            progress(str(message["progress"]))
+                        else:
+                            messages.append(message)
+                    if any(FINAL_KEYS & m.keys() for m in messages):
+                        break  # it answered: a process it forked may still hold the pipe open
+                if time.monotonic() - last_refresh > 1.0:
+                    tree.refresh()
+                    last_refresh = time.monotonic()
+        except KeyboardInterrupt:
+            tree.stop(STOP_GRACE_S)
+            child.wait()
+            raise
+        finally:
+            os.close(read_fd)
+        if outcome != "answered":
+            tree.stop(STOP_GRACE_S)
+            child.wait()
+            return messages, child.returncode, outcome
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=STOP_GRACE_S)
+        left = tree.left_running()  # what the target left: a server, a daemon, a thread's child process
+        killed = tree.stop(0.5) if left else []
         child.wait()
-        raise
-    finally:
-        os.close(read_fd)
-    if outcome != "answered":
-        tree.stop(STOP_GRACE_S)
-        child.wait()
-        return messages, child.returncode, outcome
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        child.wait(timeout=STOP_GRACE_S)
-    left = tree.left_running()  # what the target left: a server, a daemon, a thread's child process
-    killed = tree.stop(0.5) if left else []
-    child.wait()
     if left:
         messages.append({"leftovers": [p.to_dict() for p in left], "killed": killed})
     return messages, child.returncode, outcome
+
+
+def _start_child(job: dict[str, Any], env: dict[str, str], workdir: Path | None, stdout_fd: int, stderr_fd: int,
+                 result_fd: int) -> subprocess.Popen[bytes] | WarmChild:
+    """The job's child: a warm worker's process when the open pool takes the job
+    (:func:`glmfb.core.workers.start_job` decides), else a fresh ``python -m glmfb.core.child`` in a
+    session of its own, its job still to be written to its stdin."""
+    try:
+        warm = start_job(job, env, workdir, stdout_fd, stderr_fd, result_fd)
+        if warm is not None:
+            return warm
+        return subprocess.Popen(
+            [sys.executable, "-m", "glmfb.core.child"], stdin=subprocess.PIPE, stdout=stdout_fd, stderr=stderr_fd,
+            pass_fds=(result_fd,), start_new_session=True, env=env, close_fds=True, cwd=workdir,
+        )
+    except OSError as exc:
+        raise HarnessError(f"cannot start the probe's child process: {exc}") from exc
 
 
 def run_isolated(

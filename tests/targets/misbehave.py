@@ -28,7 +28,7 @@ def act(behavior: str) -> None:
         threading.Thread(target=time.sleep, args=(3600,), name="leaked").start()
     if behavior == "print":
         print("TARGET NOISE ON STDOUT", flush=True)
-    if behavior in ("daemon", "double_fork") and not _STARTED:
+    if behavior in ("daemon", "double_fork", "double_fork_no_exec") and not _STARTED:
         _STARTED.append(_daemon(behavior))
 
 
@@ -39,7 +39,9 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(3600)  # left by misbe
 def _daemon(behavior: str) -> int:
     """A process that outlives the target: a server started in a session of its own and never
     stopped (``daemon``), or a daemon the classic way (``double_fork``: fork, setsid, fork, the
-    middle process exits, so init adopts the last one and it is no longer below the target)."""
+    middle process exits, so init adopts the last one and it is no longer below the target);
+    ``double_fork_no_exec`` does the same without exec, so the daemon is a copy of the target's
+    process, with its command line and (in /proc) the environment that process started with."""
     if behavior == "daemon":
         return subprocess.Popen(SLEEPER, start_new_session=True, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid
@@ -47,6 +49,9 @@ def _daemon(behavior: str) -> int:
     if middle == 0:
         os.setsid()
         if os.fork() == 0:
+            if behavior == "double_fork_no_exec":
+                time.sleep(3600)
+                os._exit(0)
             os.execv(SLEEPER[0], SLEEPER)
         os._exit(0)
     os.waitpid(middle, 0)

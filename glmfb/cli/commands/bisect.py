@@ -40,6 +40,8 @@ def bisect_command(
         bool, typer.Option("--json", help="Print exactly one JSON document on stdout; human text goes to stderr."),
     ] = False,
 ) -> None:
+    from glmfb.core import workers
+    from glmfb.core.env import fingerprint
     from glmfb.workflows.bisect import BisectRequest, bisect, choose_definition
     from glmfb.workflows.invocation import begin
 
@@ -48,8 +50,10 @@ def bisect_command(
                             max_evaluations=max_evaluations, timeout_s=parse_timeout(timeout))
     choose_definition(definition, request.select)  # bad input is exit 2
     notes = console(stderr=True)
-    result = bisect(request, invocation.run_id, invocation.report_dir,
-                    progress=lambda message: notes.print(message, markup=False))
-    finished = invocation.finish([result.verdict], interrupted=result.interrupted)  # a bisection records no history
+    with workers.pool("bisect") as warm:  # each evaluation's probe forks from one warm zygote
+        result = bisect(request, invocation.run_id, invocation.report_dir,
+                        progress=lambda message: notes.print(message, markup=False))
+    finished = invocation.finish([result.verdict], interrupted=result.interrupted,  # a bisection records no history
+                                 env=workers.recorded(fingerprint(), warm))
     show_finished(finished)
     emit_verdict(finished.run.verdicts[0], as_json)

@@ -143,8 +143,11 @@ def register_probe(app: typer.Typer, probe: Probe) -> None:
 
     def command(**values: Any) -> None:
         import os
+        from contextlib import nullcontext
 
         from glmfb.contract.verdict import Verdict
+        from glmfb.core import workers
+        from glmfb.core.env import fingerprint
         from glmfb.core.host import run_probe
         from glmfb.workflows.invocation import begin
 
@@ -159,19 +162,21 @@ def register_probe(app: typer.Typer, probe: Probe) -> None:
         spec = spec_from_command_line(probe, values)
         config = probe.build(spec)
         interrupted = False
-        with progress_messages() as progress:
+        isolate = os.environ.get("GLMFB_ISOLATE", "1") != "0"
+        # cold unless GLMFB_WORKERS=on: a zygote would cost the same imports as the one child
+        with progress_messages() as progress, workers.pool("probe") if isolate else nullcontext() as warm:
             ctx = ProbeContext(run_id=invocation.run_id, artifact_dir=invocation.report_dir / safe_component(spec.name),
                                progress=progress, rules_files=rules)
             try:
-                verdict = run_probe(probe, config, ctx, isolate=os.environ.get("GLMFB_ISOLATE", "1") != "0",
-                                    timeout_s=timeout_s)
+                verdict = run_probe(probe, config, ctx, isolate=isolate, timeout_s=timeout_s)
             except KeyboardInterrupt as exc:
                 interrupted = True
                 verdict = Verdict.harness_error(
                     probe.kind, spec.name,
                     f"interrupted ({getattr(exc, 'signal_name', 'SIGINT')}) while running; its processes were stopped")
         finished = invocation.finish([verdict], interrupted=interrupted, history=store,
-                                     origins=lambda: _history_origins(spec, probe))
+                                     origins=lambda: _history_origins(spec, probe),
+                                     env=workers.recorded(fingerprint(), warm) if warm is not None else None)
         show_finished(finished)
         if values.get("csv") is not None:
             from glmfb.core.tables import write_csv

@@ -55,60 +55,63 @@ def run_command(
     history: HistoryOpt = None,
     no_history: NoHistoryOpt = False,
 ) -> None:
+    from glmfb.core import workers
     from glmfb.workflows import suite
     from glmfb.workflows.invocation import begin
 
     invocation = begin(out)  # the gate's pointer, before anything can fail (bad input included)
     run_id, report_dir = invocation.run_id, invocation.report_dir
-    timeout_s = parse_timeout(timeout)
-    store = history_url(history, out, no_history)
-    search = paths or ["probes"]
-    definitions = suite.selected(suite.load_definitions(suite.discover(search)), select or [], search)
-    notes = console(stderr=True)
-    part = None
-    if shard is not None:
-        from glmfb.core.shards import parse_shard
+    with workers.pool("run") as warm:  # the zygote imports while the definitions load
+        timeout_s = parse_timeout(timeout)
+        store = history_url(history, out, no_history)
+        search = paths or ["probes"]
+        definitions = suite.selected(suite.load_definitions(suite.discover(search)), select or [], search)
+        notes = console(stderr=True)
+        part = None
+        if shard is not None:
+            from glmfb.core.shards import parse_shard
 
-        total = len(definitions)
-        definitions, part = suite.take_shard(definitions, *parse_shard(shard))
-        notes.print(f"shard {part.label} of suite {part.suite}: {len(definitions)} of its {total} definitions")
-    show_progress = interactive()
+            total = len(definitions)
+            definitions, part = suite.take_shard(definitions, *parse_shard(shard))
+            notes.print(f"shard {part.label} of suite {part.suite}: {len(definitions)} of its {total} definitions")
+        show_progress = interactive()
 
-    if show_progress:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        if show_progress:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        bar = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
-            console=notes,
-            transient=True,
-        )
-        task = bar.add_task("probes", total=len(definitions))
-        context = suite.SuiteContext(
-            run_id, report_dir, on_progress=lambda m: bar.update(task, description=m), timeout_s=timeout_s,
-        )
-        with bar:
+            bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TimeElapsedColumn(),
+                console=notes,
+                transient=True,
+            )
+            task = bar.add_task("probes", total=len(definitions))
+            context = suite.SuiteContext(
+                run_id, report_dir, on_progress=lambda m: bar.update(task, description=m), timeout_s=timeout_s,
+            )
+            with bar:
+                run = suite.run_suite(
+                    definitions,
+                    context,
+                    on_start=lambda d: bar.update(task, description=f"{d.probe} {d.name}"),
+                    on_done=lambda d, v: bar.advance(task),
+                    shard=part,
+                )
+        else:
+            context = suite.SuiteContext(run_id, report_dir, timeout_s=timeout_s)
             run = suite.run_suite(
                 definitions,
                 context,
-                on_start=lambda d: bar.update(task, description=f"{d.probe} {d.name}"),
-                on_done=lambda d, v: bar.advance(task),
+                on_done=lambda d, v: notes.print(f"{status_label(v):>24}  {d.probe:<5} {d.name}"),
                 shard=part,
             )
-    else:
-        context = suite.SuiteContext(run_id, report_dir, timeout_s=timeout_s)
-        run = suite.run_suite(
-            definitions,
-            context,
-            on_done=lambda d, v: notes.print(f"{status_label(v):>24}  {d.probe:<5} {d.name}"),
-            shard=part,
-        )
     from glmfb.workflows.history.record import suite_origins
 
-    finished = invocation.finish(run.verdicts, interrupted=run.interrupted, shard=run.shard, env=run.env,
-                                 history=store, origins=lambda: suite_origins(definitions))
+    finished = invocation.finish(run.verdicts, interrupted=run.interrupted, shard=run.shard,
+                                 env=workers.recorded(run.env, warm), history=store,
+                                 origins=lambda: suite_origins(definitions))
     if part is not None and part.count > 1 and store is not None:
         notes.print(f"shard {part.label}: its verdicts go into the history when glmfb gate takes the "
                     f"{part.count} shards as one run")

@@ -388,7 +388,10 @@ def run(options: ServerOptions) -> None:
     listening = listen(*parse_http(options.http), options.http) if options.http is not None else None
     os.chdir(root)
     server = GlmfbServer(Boundary(root, allow_commands=options.allow_commands, max_call_s=options.max_call_s))
-    anyio.run(server.serve, options, listening)
+    from glmfb.core import workers
+
+    with workers.pool("mcp"):  # every call's probe forks from one warm zygote, started here
+        anyio.run(server.serve, options, listening)
 
 
 def listen(host: str, port: int, given: str) -> socket.socket:
