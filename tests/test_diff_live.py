@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import BundledRun
 from typer.testing import CliRunner
 
 from glmfb.cli import app
@@ -111,10 +112,13 @@ def test_fixed_scan_passes_with_zero_error(tmp_path: Path, scan_requests: Path) 
 
 
 @pytest.mark.slow
-def test_probe_definitions_meet_their_expectations(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["run", str(ROOT / "probes" / "diff.toml"), "--out", str(tmp_path), "--json"])
-    assert result.exit_code == 0, result.stdout[-2000:] + result.stderr
-    run = json.loads(result.stdout)
+@pytest.mark.bundled("diff.toml")
+def test_probe_definitions_meet_their_expectations(bundled_run: BundledRun) -> None:
+    """probes/diff.toml's verdicts in the session's one run of the bundled suite (conftest.py):
+    its exit code and summary for them are what ``glmfb run probes/diff.toml`` reports."""
+    part = bundled_run.part("diff.toml")
+    assert part.exit_code == 0, bundled_run.stderr[-2000:]
+    run = part.to_dict()
     assert run["summary"]["expect_met"] == 4 and run["summary"]["expect_unmet"] == 0
     statuses = {v["name"]: v["status"] for v in run["verdicts"]}
     assert statuses == {"llama-down-proj-bf16": "fail", "llama-clean-vs-itself": "pass",
