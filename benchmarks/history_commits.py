@@ -94,7 +94,7 @@ def main() -> None:
         databases = {name: server.create_database() for name in scenarios}
         stores["postgresql"] = lambda name: databases[name]
     started = time.monotonic()
-    results = []
+    results: list[tuple[str, str, str, bool | None]] = []  # right: None when no run recorded a point
     busy: dict[tuple[str, str], int] = {}  # runs on a busy host: inconclusive, no point of the series
     try:
         for scenario, scales in scenarios.items():
@@ -111,6 +111,9 @@ def main() -> None:
                 print(f"{scenario}: commit {number}/{len(shas)} recorded ({time.monotonic() - started:.0f} s)",
                       file=sys.stderr)
             for store, url in stores.items():
+                if busy.get((scenario, store), 0) == len(shas):  # no run recorded a point: no series to read
+                    results.append((scenario, store, "no point: every run was on a busy host", None))
+                    continue
                 code, document = history(url(scenario), folder)
                 said, right = judge(scenario, shas, code, document, step_at)
                 results.append((scenario, store, said, right))
@@ -123,9 +126,10 @@ def main() -> None:
           f"over {args.processes} fresh processes, {args.rows} rows, {time.monotonic() - started:.0f} s in all")
     for scenario, store, said, right in results:
         skipped = busy.get((scenario, store), 0)
-        print(f"{scenario:>6} {store:>10}: {'RIGHT' if right else 'WRONG'}: {said}"
+        label = "UNDECIDED" if right is None else "RIGHT" if right else "WRONG"
+        print(f"{scenario:>6} {store:>10}: {label}: {said}"
               + (f"; {skipped} run(s) on a busy host left out" if skipped else ""))
-    print(f"right {sum(r[3] for r in results)}/{len(results)}")
+    print(f"right {sum(r[3] is True for r in results)}/{len(results)}")
 
 
 if __name__ == "__main__":
