@@ -3,7 +3,7 @@ PostgreSQL: is the change point at the right commit, is a creep caught by ``--ch
 a twin with no change stay without a change point?
 
     python benchmarks/history_commits.py [--budget 2] [--no-postgres]
-    python benchmarks/history_commits.py --smoke   # 6 commits with a +50% step, SQLite: the path, not the figure
+    python benchmarks/history_commits.py --smoke   # 4 commits with a +50% step, SQLite: the path, not the figure
 
 Three repositories of 15 commits each (``tests/test_history_commits.py`` builds them: a
 pure-Python kernel whose rows a commit scales): ``step``, the kernel's rows x1.09 from commit 8
@@ -77,11 +77,11 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=8, help="fresh processes a run's budget is spread over")
     parser.add_argument("--no-postgres", action="store_true")
     parser.add_argument("--only", choices=sorted(SCENARIOS), action="append", help="run only these scenarios")
-    parser.add_argument("--smoke", action="store_true", help="6 commits, a +50%% step, SQLite only, 0.5 s runs")
+    parser.add_argument("--smoke", action="store_true", help="4 commits, a +50%% step, SQLite only, 0.5 s runs")
     args = parser.parse_args()
     scenarios, step_at = {k: v for k, v in SCENARIOS.items() if not args.only or k in args.only}, 8
     if args.smoke:
-        scenarios, step_at = {"step": [1.0] * 3 + [1.5] * 3}, 4
+        scenarios, step_at = {"step": [1.0] * 2 + [1.5] * 2}, 3
         args.budget, args.rows, args.no_postgres, args.processes = 0.5, 400, True, 2
     folder = Path(tempfile.mkdtemp(prefix="glmfb-history-commits-"))
     server = None
