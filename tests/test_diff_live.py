@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from glmfb.cli import app
 from glmfb.commandline import argv, command_line
 from glmfb.diff.config import DiffConfig
 from glmfb.diff.requests import read_requests
+from glmfb.suite import load_definitions
 from glmfb.verdict import Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,10 +68,24 @@ def test_llama_live_names_the_patched_projection(tmp_path: Path) -> None:
     assert Path(verdict["artifacts"]["modules_csv"]).is_file()
 
 
+def _from_here(ref: str, base_dir: Path | None) -> str:
+    """A definition's file reference (relative to its file) as an absolute one."""
+    location, _, attr = ref.rpartition(":")
+    return f"{((base_dir or Path.cwd()) / location).resolve()}:{attr}"
+
+
 @pytest.mark.slow
-def test_llama_against_itself_passes_with_zero_error(tmp_path: Path) -> None:
-    verdict = run_diff(DiffConfig("self", f"{LLAMA}:clean", f"{LLAMA}:clean",
-                                  requests=NUMERICS / "llama_requests.jsonl"), tmp_path)
+@pytest.mark.bundled("diff.toml")
+def test_llama_against_itself_passes_with_zero_error(bundled_run: BundledRun) -> None:
+    """This configuration is probes/diff.toml's llama-clean-vs-itself: its verdict in the
+    session's one run of the bundled suite (conftest.py)."""
+    config = DiffConfig("self", f"{LLAMA}:clean", f"{LLAMA}:clean", requests=NUMERICS / "llama_requests.jsonl")
+    name = "llama-clean-vs-itself"
+    (definition,) = [d for d in load_definitions([ROOT / "probes" / "diff.toml"]) if d.name == name]
+    bundled = definition.config
+    assert replace(bundled, name=config.name, baseline=_from_here(bundled.baseline, bundled.base_dir),
+                   candidate=_from_here(bundled.candidate, bundled.base_dir), base_dir=None) == config
+    verdict = Verdict.from_dict(bundled_run.verdicts("diff.toml")[name])
     assert verdict.status.value == "pass"
     assert verdict.metric is not None and verdict.metric.value == 0.0
     rows = evidence(verdict)["modules"]["rows"]
