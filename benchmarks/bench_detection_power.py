@@ -42,7 +42,7 @@ included. The machine's load average is printed at the start and the end.
     python benchmarks/bench_detection_power.py --smoke               # every section, about a minute
 
 ``--smoke`` runs every section at its smallest (:data:`SMOKE`: rmsnorm only, sub-second
-calibration and true-slowdown measurements, one trial of one case per tool, a 1 s glmfb
+calibration and true-slowdown measurements, one trial of one case per tool, a 0.5 s glmfb
 budget, a short floor, pyperf with one worker process): CI checks the script runs, its
 figures are not the benchmark's.
 """
@@ -541,7 +541,7 @@ def main() -> None:
         sizes = SMOKE
         args.trials = args.pyperf_trials = args.saved_pairs = args.gap_trials = 1
         args.pytest_benchmark_trials, args.kernels, args.tools = 1, "rmsnorm", "glmfb,pytest-benchmark,pyperf"
-        args.budget, args.save_budget, args.skip_floor, args.skip_units = 1.0, 1.0, False, False
+        args.budget, args.save_budget, args.skip_floor, args.skip_units = 0.5, 0.5, False, False
     kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     rng = random.Random(args.seed)

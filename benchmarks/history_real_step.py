@@ -2,7 +2,7 @@
 halfway, then ``glmfb history``: is the change point at the right run?
 
     python benchmarks/history_real_step.py [--runs 30] [--extra 0.10] [--budget 3]
-    python benchmarks/history_real_step.py --smoke      # 8 runs of 1 s, for CI: not the figure
+    python benchmarks/history_real_step.py --smoke      # 4 runs of 0.5 s, for CI: not the figure
 
 The definition benches the bundled fused gated RMS norm (``scenarios/decode_norm``) against
 itself; its candidate side is a wrapper that, from run N/2 on, runs the same kernel on
@@ -54,11 +54,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--extra", type=float, default=0.10, help="the planted slowdown (a fraction)")
     parser.add_argument("--budget", type=float, default=4.0, help="each run's bench budget (s)")
-    parser.add_argument("--smoke", action="store_true", help="8 runs of 1 s: checks the path, not the figure")
+    parser.add_argument("--smoke", action="store_true", help="4 runs of 0.5 s: checks the path, not the figure")
     args = parser.parse_args()
     if args.smoke:
-        args.runs, args.budget = 8, 1.0
-        print("smoke run (--smoke): 8 runs of 1 s each (too few for a change point at 1%: a 4-4 split has 70 orders); "
+        # the planted step at run 2: runs on both sides of it, each a real glmfb run, then the history
+        args.runs, args.budget = 4, 0.5
+        print("smoke run (--smoke): 4 runs of 0.5 s each (too few for a change point: a 2-2 split has 6 orders); "
               "its figures are not the benchmark's")
     planted_at = args.runs // 2
     folder = Path(tempfile.mkdtemp(prefix="glmfb-history-step-"))

@@ -14,9 +14,9 @@ and the next calls offered, with the wall time of the call::
 
     .venv/bin/python benchmarks/mcp_agent_loop.py            # stdio, the repository as the root
     .venv/bin/python benchmarks/mcp_agent_loop.py --http     # the same over streamable HTTP
-    .venv/bin/python benchmarks/mcp_agent_loop.py --smoke    # 1 s budgets, over stdio then HTTP
+    .venv/bin/python benchmarks/mcp_agent_loop.py --smoke    # 0.5 s budgets, over stdio then HTTP
 
-``--smoke`` gives each bench and gil call a 1 s budget and runs the loop over stdio without
+``--smoke`` gives each bench and gil call a 0.5 s budget and runs the loop over stdio without
 calling the bench's next step (the gil's is followed), then over HTTP without the bench steps
 (CI checks the script runs; its figures are not the benchmark's).
 """
@@ -41,7 +41,7 @@ from mcp import Client, StdioServerParameters
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = "scenarios/decode_norm/kernels.py"
-SMOKE_NOTE = ("smoke run (--smoke): 1 s budgets, over stdio (the bench's next step not called), then over "
+SMOKE_NOTE = ("smoke run (--smoke): 0.5 s budgets, over stdio (the bench's next step not called), then over "
               "streamable HTTP without the bench steps; the figures are measured but are not the benchmark's")
 
 
@@ -138,13 +138,13 @@ async def main(http: bool, budget: str, benches: bool = True, follow_bench: bool
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--http", action="store_true", help="serve over streamable HTTP instead of stdio")
-    parser.add_argument("--smoke", action="store_true", help="1 s budgets, stdio then HTTP (CI checks the script runs)")
+    parser.add_argument("--smoke", action="store_true", help="0.5 s budgets, stdio then HTTP (CI checks the script runs)")
     options = parser.parse_args()
     if not options.smoke:
         anyio.run(main, options.http, "3s")
     else:
         print(SMOKE_NOTE, flush=True)
         print("\n== over stdio ==", flush=True)
-        anyio.run(main, False, "1s", True, False)
+        anyio.run(main, False, "0.5s", True, False)
         print("\n== over streamable HTTP, with the token (bench steps left out) ==", flush=True)
-        anyio.run(main, True, "1s", False)
+        anyio.run(main, True, "0.5s", False)

@@ -1,11 +1,21 @@
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+if TYPE_CHECKING:
+    from helpers import BundledRun
+
 TOY = Path(__file__).parent / "toy"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -43,8 +53,76 @@ def _process_floor_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: 
     """Every test gets its own glmfb cache holding a between-process floor (2% sd, as
     measured on the development host), so no saved comparison in a test starts the fresh
     worker processes that measuring the floor takes. Tests of the floor itself override it."""
+    monkeypatch.setenv("GLMFB_CACHE_DIR", str(tmp_path_factory.mktemp("glmfb-cache")))
+    _save_test_floor()
+
+
+def _save_test_floor() -> None:
+    """The test floor, saved in ``$GLMFB_CACHE_DIR``."""
     from glmfb.core.measure.floor import ProcessFloor, machine_key, save_floor
 
-    monkeypatch.setenv("GLMFB_CACHE_DIR", str(tmp_path_factory.mktemp("glmfb-cache")))
     save_floor(ProcessFloor(0.02, 14.0, 8, 1.0, "2026-12-01T00:00:00+00:00", 0.5, "test floor",
                             machine_key(), {"softmax": [1e-4] * 8}))
+
+
+# ---- the bundled suite, run once a session -------------------------------------------------
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "bundled(*files): reads the verdicts of probes/FILE from the session's one run of the bundled "
+        "suite (fixture bundled_run); with no file, the test needs the whole suite's run",
+    )
+
+
+def _bundled_files(session: pytest.Session) -> list[str] | None:
+    """The definition files the collected tests read (``bundled`` markers), or None when one
+    of them needs the whole suite (a marker naming no file, or none at all)."""
+    files: set[str] = set()
+    for item in session.items:
+        if "bundled_run" not in getattr(item, "fixturenames", ()):
+            continue
+        marker = item.get_closest_marker("bundled")
+        if marker is None or not marker.args:
+            return None
+        files.update(marker.args)
+    return sorted(files)
+
+
+@pytest.fixture(scope="session")
+def bundled_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> BundledRun:
+    """The bundled suite, run once a session: ``glmfb run`` from the repository root, as the
+    README runs it, when a collected test needs all of it (the report's browser test); else
+    ``glmfb run`` of just the definition files the collected tests name in their ``bundled``
+    marker. Either way each test finds every verdict it reads, whatever runs before it.
+
+    Its own glmfb cache (the test floor of :func:`_process_floor_cache`) and history (the run
+    folder's, whatever ``$GLMFB_HISTORY`` says). With GLMFB_TEST_REPORT_RUN set to an earlier
+    run folder of the whole suite, that run is copied and its page re-rendered with ``glmfb
+    report`` instead (a quicker loop while working on the page).
+    """
+    from helpers import BundledRun
+
+    out = tmp_path_factory.mktemp("bundled")
+    cache = tmp_path_factory.mktemp("bundled-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GLMFB_CACHE_DIR", str(cache))
+        _save_test_floor()
+    env = {key: value for key, value in os.environ.items() if key != "GLMFB_HISTORY"}
+    env.update(PYTHONPATH=str(ROOT), GLMFB_CACHE_DIR=str(cache))
+    earlier = os.environ.get("GLMFB_TEST_REPORT_RUN")
+    files = None if earlier else _bundled_files(request.session)
+    if earlier:
+        copy = out / Path(earlier).name
+        shutil.copytree(earlier, copy)
+        (copy / "report.html").unlink(missing_ok=True)
+        command = [sys.executable, "-m", "glmfb", "report", str(copy / "run.json")]
+    else:
+        paths = [str(Path("probes") / file) for file in files or ()]
+        command = [sys.executable, "-m", "glmfb", "run", *paths, "--out", str(out)]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    runs = list(out.glob("*/run.json"))
+    assert len(runs) == 1 and (runs[0].parent / "report.html").is_file(), (
+        f"{' '.join(command[3:5])} wrote no run with a report.html (exit {result.returncode}): {result.stderr[-2000:]}")
+    return BundledRun(runs[0].parent, json.loads(runs[0].read_text()), result.returncode, result.stderr)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import BundledRun
 
 from glmfb.contract.errors import InputError, UsageError
-from glmfb.contract.verdict import Status
+from glmfb.contract.verdict import Status, Verdict
 from glmfb.workflows import suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,10 +19,12 @@ def definitions() -> dict[str, suite.ProbeDefinition]:
 
 
 @pytest.mark.slow
+@pytest.mark.bundled("bench.toml")
 @pytest.mark.parametrize("name", ["gated-norm-tiled-vs-fused", "gated-norm-fused-vs-tiled"])
-def test_bench_definitions_meet_their_expectations(name: str, tmp_path: Path) -> None:
+def test_bench_definitions_meet_their_expectations(name: str, bundled_run: BundledRun) -> None:
+    """Each definition's verdict in the session's one run of the bundled suite (conftest.py)."""
     definition = definitions()[name]
-    verdict = suite.run_definition(definition, suite.SuiteContext("t", tmp_path))
+    verdict = Verdict.from_dict(bundled_run.verdicts("bench.toml")[name])
     assert verdict.expect_met, (verdict.status, verdict.why, verdict.where)
     assert Path(verdict.artifacts["samples"]).is_file()
     if definition.expect is not None and definition.expect.status is Status.FAIL:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import BundledRun
 from typer.testing import CliRunner
 
 from glmfb.cli import app
@@ -14,6 +16,7 @@ from glmfb.contract.verdict import Verdict
 from glmfb.core.commandline import argv, command_line
 from glmfb.diff.config import DiffConfig
 from glmfb.diff.requests import read_requests
+from glmfb.workflows.suite import load_definitions
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMERICS = ROOT / "scenarios" / "numerics"
@@ -65,10 +68,24 @@ def test_llama_live_names_the_patched_projection(tmp_path: Path) -> None:
     assert Path(verdict["artifacts"]["modules_csv"]).is_file()
 
 
+def _from_here(ref: str, base_dir: Path | None) -> str:
+    """A definition's file reference (relative to its file) as an absolute one."""
+    location, _, attr = ref.rpartition(":")
+    return f"{((base_dir or Path.cwd()) / location).resolve()}:{attr}"
+
+
 @pytest.mark.slow
-def test_llama_against_itself_passes_with_zero_error(tmp_path: Path) -> None:
-    verdict = run_diff(DiffConfig("self", f"{LLAMA}:clean", f"{LLAMA}:clean",
-                                  requests=NUMERICS / "llama_requests.jsonl"), tmp_path)
+@pytest.mark.bundled("diff.toml")
+def test_llama_against_itself_passes_with_zero_error(bundled_run: BundledRun) -> None:
+    """This configuration is probes/diff.toml's llama-clean-vs-itself: its verdict in the
+    session's one run of the bundled suite (conftest.py)."""
+    config = DiffConfig("self", f"{LLAMA}:clean", f"{LLAMA}:clean", requests=NUMERICS / "llama_requests.jsonl")
+    name = "llama-clean-vs-itself"
+    (definition,) = [d for d in load_definitions([ROOT / "probes" / "diff.toml"]) if d.name == name]
+    bundled = definition.config
+    assert replace(bundled, name=config.name, baseline=_from_here(bundled.baseline, bundled.base_dir),
+                   candidate=_from_here(bundled.candidate, bundled.base_dir), base_dir=None) == config
+    verdict = Verdict.from_dict(bundled_run.verdicts("diff.toml")[name])
     assert verdict.status.value == "pass"
     assert verdict.metric is not None and verdict.metric.value == 0.0
     rows = evidence(verdict)["modules"]["rows"]
@@ -111,10 +128,13 @@ def test_fixed_scan_passes_with_zero_error(tmp_path: Path, scan_requests: Path) 
 
 
 @pytest.mark.slow
-def test_probe_definitions_meet_their_expectations(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["run", str(ROOT / "probes" / "diff.toml"), "--out", str(tmp_path), "--json"])
-    assert result.exit_code == 0, result.stdout[-2000:] + result.stderr
-    run = json.loads(result.stdout)
+@pytest.mark.bundled("diff.toml")
+def test_probe_definitions_meet_their_expectations(bundled_run: BundledRun) -> None:
+    """probes/diff.toml's verdicts in the session's one run of the bundled suite (conftest.py):
+    its exit code and summary for them are what ``glmfb run probes/diff.toml`` reports."""
+    part = bundled_run.part("diff.toml")
+    assert part.exit_code == 0, bundled_run.stderr[-2000:]
+    run = part.to_dict()
     assert run["summary"]["expect_met"] == 4 and run["summary"]["expect_unmet"] == 0
     statuses = {v["name"]: v["status"] for v in run["verdicts"]}
     assert statuses == {"llama-down-proj-bf16": "fail", "llama-clean-vs-itself": "pass",

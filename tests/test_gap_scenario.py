@@ -8,17 +8,19 @@ import json
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import run
+from helpers import BundledRun, run
 from typer.testing import CliRunner
 
 from glmfb.contract.evidence import HostActivity
-from glmfb.contract.verdict import Layer, Status
+from glmfb.contract.verdict import Layer, Status, Verdict
 from glmfb.core.targets import Target
 from glmfb.gap import GapConfig
+from glmfb.workflows import suite
 
 pytestmark = pytest.mark.slow  # the real scenario: a receiver process, Mooncake or a socket
 
@@ -176,21 +178,23 @@ def test_dispatch_modes() -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def _target_file(target: Target) -> tuple[Path, str, dict[str, Any]]:
+    """A target as the file, attribute and arguments it names (a definition's path is relative to
+    its file; a test's is absolute)."""
+    location, _, attr = target.ref.rpartition(":")
+    return ((target.base_dir or Path.cwd()) / location).resolve(), attr, dict(target.args)
+
+
 @pytest.mark.slow
 @needs_mooncake
 @pytest.mark.mooncake
-def test_probe_holding_dispatch_fails_naming_intranode_dispatch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from glmfb.cli import app
-
-    monkeypatch.chdir(ROOT)
-    result = CliRunner().invoke(app, ["run", "probes/gap.toml", "-k", "kv-transfer-dispatch-holds-gil",
-                                      "--json", "--out", str(tmp_path)])
-    run = json.loads(result.stdout)
-    (verdict,) = run["verdicts"]
+@pytest.mark.bundled("gap.toml")
+def test_probe_holding_dispatch_fails_naming_intranode_dispatch(bundled_run: BundledRun) -> None:
+    """``glmfb run probes/gap.toml -k kv-transfer-dispatch-holds-gil``: its verdict in the
+    session's one run of the bundled suite (conftest.py)."""
+    verdict = bundled_run.verdicts("gap.toml")["kv-transfer-dispatch-holds-gil"]
     assert verdict["expect_met"], verdict["why"]
-    assert result.exit_code == 0
+    assert Verdict.from_dict(verdict).exit_code == 0  # what that run exits with
     assert verdict["status"] == "fail" and verdict["layer"] == "transfer"
     assert verdict["where"]["function"] == "intranode_dispatch"
     assert verdict["where"]["thread"] == "kv-transfer"
@@ -203,14 +207,23 @@ def test_probe_holding_dispatch_fails_naming_intranode_dispatch(
 @pytest.mark.slow
 @needs_mooncake
 @pytest.mark.mooncake
-def test_releasing_dispatch_passes_within_5_percent(tmp_path: Path) -> None:
+@pytest.mark.bundled("gap.toml")
+def test_releasing_dispatch_passes_within_5_percent(bundled_run: BundledRun) -> None:
+    """This configuration is probes/gap.toml's kv-transfer-dispatch-releases-gil: its verdict in
+    the session's one run of the bundled suite (conftest.py)."""
     config = GapConfig(
         name="releasing",
         baseline=Target(f"{SCENARIO}:prefill_only"),
         candidate=Target(f"{SCENARIO}:prefill_transfer_releasing"),
         threshold=0.05, repeats=60, budget_s=45,  # as probes/gap.toml; decides in ~12 s when quiet
     )
-    verdict = run("gap", config, tmp_path)
+    name = "kv-transfer-dispatch-releases-gil"
+    (definition,) = suite.select(suite.load_definitions([ROOT / "probes" / "gap.toml"]), [name])
+    bundled = definition.config
+    assert replace(bundled, name=config.name, baseline=config.baseline, candidate=config.candidate) == config
+    assert [_target_file(t) for t in (bundled.baseline, bundled.candidate)] == [
+        _target_file(t) for t in (config.baseline, config.candidate)]
+    verdict = Verdict.from_dict(bundled_run.verdicts("gap.toml")[name])
     load = verdict.find(HostActivity)
     assert load is not None, [e.kind for e in verdict.evidence]
     # The fix is never called a regression. Its gap is a few percent on a quiet host; on a busy

@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import BundledRun
 from typer.testing import CliRunner
 
 from glmfb.cli import app
-from glmfb.contract.verdict import ExitCode, Status
+from glmfb.contract.verdict import ExitCode, Status, Verdict
 from glmfb.workflows import suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,10 +120,8 @@ def test_the_agent_server_treats_load_as_a_command_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_suite_runs_the_holding_probe_and_meets_its_expectation(tmp_path: Path) -> None:
-    definitions = suite.select(
-        suite.load_definitions([ROOT / "probes" / "gil.toml"]), ["gil-dispatch-holds-gil"]
-    )
-    run = suite.run_suite(definitions, suite.SuiteContext("t", tmp_path))
-    (verdict,) = run.verdicts
+@pytest.mark.bundled("gil.toml")
+def test_suite_runs_the_holding_probe_and_meets_its_expectation(bundled_run: BundledRun) -> None:
+    """Its verdict in the session's one run of the bundled suite (conftest.py)."""
+    verdict = Verdict.from_dict(bundled_run.verdicts("gil.toml")["gil-dispatch-holds-gil"])
     assert verdict.status is Status.FAIL and verdict.expect_met, verdict.why

@@ -15,7 +15,6 @@ import os
 import queue
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -24,6 +23,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import pytest
+from helpers import BundledRun
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -55,6 +55,7 @@ PLANTED = {
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.bundled(),  # the whole suite's run
     pytest.mark.skipif(
         CHROMIUM is None,
         reason="no chromium binary on PATH (bash .ci/setup installs Debian's chromium when run as root)",
@@ -172,26 +173,10 @@ class DevTools:
 
 
 @pytest.fixture(scope="module")
-def suite_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The bundled suite, run once: its run folder.
-
-    With GLMFB_TEST_REPORT_RUN set to an earlier run folder, that run is copied and its page
-    re-rendered with ``glmfb report`` instead (a quicker loop while working on the page).
-    """
-    out = tmp_path_factory.mktemp("reports")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    earlier = os.environ.get("GLMFB_TEST_REPORT_RUN")
-    if earlier:
-        copy = out / Path(earlier).name
-        shutil.copytree(earlier, copy)
-        (copy / "report.html").unlink(missing_ok=True)
-        command = [sys.executable, "-m", "glmfb", "report", str(copy / "run.json")]
-    else:
-        command = [sys.executable, "-m", "glmfb", "run", "--out", str(out)]
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    runs = list(out.glob("*/report.html"))
-    assert runs, f"{command[3]} wrote no report.html (exit {result.returncode}): {result.stderr[-2000:]}"
-    return runs[0].parent
+def suite_run(bundled_run: BundledRun) -> Path:
+    """The bundled suite's run folder: the session's one ``glmfb run`` (tests/conftest.py's
+    bundled_run, which GLMFB_TEST_REPORT_RUN points at an earlier run to re-render)."""
+    return bundled_run.folder
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import BundledRun
 from typer.testing import CliRunner
 
 from glmfb.cli import app
@@ -244,12 +245,15 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_the_bundled_definitions_meet_their_expectations_and_the_next_step_names_the_module(tmp_path: Path) -> None:
+@pytest.mark.bundled("serving.toml")
+def test_the_bundled_definitions_meet_their_expectations_and_the_next_step_names_the_module(
+    tmp_path: Path, bundled_run: BundledRun
+) -> None:
+    """probes/serving.toml's verdicts in the session's one run of the bundled suite (conftest.py):
+    the exit code of that run's part is what ``glmfb run probes/serving.toml`` exits with."""
     pytest.importorskip("transformers")
-    result = glmfb("run", str(ROOT / "probes" / "serving.toml"), "--out", str(tmp_path / "reports"), "--no-history")
-    assert result.exit_code == 0, result.output
-    run = json.loads(next((tmp_path / "reports").glob("*/run.json")).read_text())
-    verdicts = {v["name"]: v for v in run["verdicts"]}
+    assert bundled_run.part("serving.toml").exit_code == 0, bundled_run.stderr[-2000:]
+    verdicts = bundled_run.verdicts("serving.toml")
     bug, twin = verdicts["serving-down-proj-bf16"], verdicts["serving-clean-vs-itself"]
     assert bug["status"] == "fail" and bug["expect_met"] and twin["status"] == "pass" and twin["expect_met"]
     assert bug["where"] == {"request": "serve-68", "position": 3, "baseline_token": "<51>", "candidate_token": "<264>"}
