@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -115,9 +116,14 @@ def test_a_step_in_a_kernels_own_time_is_a_change_point_at_its_commit(tmp_path: 
     out, outside = tmp_path / "reports", tmp_path / "elsewhere"
     outside.mkdir()
     for sha in shas:
-        run_at(tmp_path / "repo", sha, out, outside, "kernel-alone")
+        # a run on a busy host is inconclusive with no point (the product's rule, tested below):
+        # it is run again, as a user would, up to three times
+        for _ in range(3):
+            if run_at(tmp_path / "repo", sha, out, outside, "kernel-alone", exit_codes=(0, 4)) == 0:
+                break
+            time.sleep(5)
     with open_store(f"sqlite:///{out / 'history.sqlite'}", create=False) as store:
-        rows = [r for r in store.records() if r.definition == "kernel-alone"]
+        rows = [r for r in store.records() if r.definition == "kernel-alone" and r.metric is not None]
     assert [r.commit for r in rows] == shas  # the definition's repository, checked out at each commit
     assert all(r.metric == "median_time" and r.low is not None and r.low < r.value < r.high for r in rows)
     code, document = history_json(out, "kernel-alone", "--check", "--threshold", "10%")

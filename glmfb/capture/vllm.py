@@ -262,6 +262,8 @@ class WorkerRecording:
         self.active: str | None = None  # the vLLM id of the request being written
         self._block: contextlib.AbstractContextManager[None] | None = None
         self.finished = False
+        # read while the server lives: a capture finished on the way out may outlive it
+        self.server = server_process()
 
     @classmethod
     def start(cls, runner: Any, plan: Plan) -> WorkerRecording:
@@ -412,7 +414,7 @@ class WorkerRecording:
 
     def _note_live(self) -> None:
         """What the manifest's ``live`` record holds besides the worker's own provenance."""
-        fields = {"plugin": "glmfb.capture.vllm", "server": server_process(), "mark": list(self.settings.mark),
+        fields = {"plugin": "glmfb.capture.vllm", "server": self.server, "mark": list(self.settings.mark),
                   "compilation": self.plan.compilation, "not_kept": list(self.not_kept)}
         self.rec.note_live(**fields)
 
