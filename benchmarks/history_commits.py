@@ -61,6 +61,10 @@ def judge(scenario: str, shas: list[str], code: int, document: dict[str, Any], s
                      f"confidence {p['confidence'] * 100:.1f}%" for p in points) or "no change point"
     values = [p["value"] for p in series["points"]]
     said += f"; check exit {code}; times {min(values) * 1e6:.1f}-{max(values) * 1e6:.1f} µs"
+    said += "\n        per commit (µs, median [interval]): " + ", ".join(
+        f"{index.get(p['commit'], '?')}: {p['value'] * 1e6:.1f} [{p['ci'][0] * 1e6:.1f}, {p['ci'][1] * 1e6:.1f}]"
+        if p.get("ci") else f"{index.get(p['commit'], '?')}: {p['value'] * 1e6:.1f}"
+        for p in series["points"])
     if scenario == "step":
         right = len(points) == 1 and index.get(points[0]["first_after"]["commit"]) == step_at and code == 1
     elif scenario == "creep":
