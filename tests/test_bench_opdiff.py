@@ -145,3 +145,60 @@ def test_quantiles_of_samples_for_the_report() -> None:
     values = [float(v) for v in range(101)] + [float("nan")]
     assert quantiles_of(values) == tuple(float(q) for q in QUANTILES)
     assert quantiles_of([2.0]) == (2.0,) * len(QUANTILES) and quantiles_of([]) == ()
+
+
+def _same_events_both_ways(function, calls: int = 20) -> int:
+    """Profile ``function`` once and read the profile both ways: the profiler's own records
+    (what a CPU bench reads) and torch's ``FunctionEvent`` tree; the same operator calls, with
+    the same inputs, parents and own times."""
+    from collections import Counter, defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from glmfb.bench.opdiff import _cpu_events, _function_events
+
+    for _ in range(3):
+        function()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(calls):
+            function()
+    records = _cpu_events(prof.profiler.kineto_results)
+    tree = _function_events(prof, "cpu")
+
+    def key(event):
+        return (event.name, repr(event.shapes), repr(event.strides), repr(event.dtypes), repr(event.concrete),
+                event.parent)
+
+    assert Counter(map(key, records)) == Counter(map(key, tree))
+    own: tuple[dict, dict] = (defaultdict(float), defaultdict(float))
+    for side, events in zip(own, (records, tree), strict=True):
+        for event in events:
+            side[key(event)] += event.self_us
+    assert all(own[0][k] == pytest.approx(own[1][k], abs=1e-6) for k in own[1])
+    return len(records)
+
+
+def test_a_cpu_profile_read_from_its_records_equals_torchs_reading() -> None:
+    """Nested calls (a redispatch of the same operator, which torch folds into its parent),
+    a backward pass, a second thread: the records' reading equals torch's. Without folding the
+    redispatch, ``aten::div_`` inside ``aten::div_`` would count twice."""
+    import threading
+
+    from scenarios.decode_norm.kernels import gated_norm_tiled
+
+    tiled = gated_norm_tiled((8, 512))
+    assert _same_events_both_ways(tiled) > 20 * 10
+    x = torch.randn(32, 32, requires_grad=True)
+
+    def backward() -> None:
+        (x @ x).relu().sum().backward()
+
+    assert _same_events_both_ways(backward) > 0
+
+    def two_threads() -> None:
+        other = threading.Thread(target=lambda: torch.randn(64).sum())
+        other.start()
+        torch.randn(64).mean()
+        other.join()
+
+    assert _same_events_both_ways(two_threads) > 0

@@ -252,7 +252,127 @@ class _Accumulated:
     parents: Counter[str] = field(default_factory=Counter)
 
 
-def _profile_once(kernels: Sequence[Kernel], calls: int, device: str) -> dict[tuple[str, str], tuple[_Accumulated, int]]:
+@dataclass(frozen=True)
+class _Event:
+    """What the operator diff reads of one profiled operator call."""
+
+    name: str
+    self_us: float
+    shapes: Any
+    strides: Any
+    dtypes: Sequence[Any]
+    concrete: Any
+    parent: str | None
+
+
+# The utility operators torch.profiler leaves out of its events (torch.autograd.profiler_util).
+_PROFILER_UTILITY = frozenset({
+    "[memory]", "[OutOfMemory]", "profiler::_record_function_enter", "profiler::_record_function_enter_new",
+    "profiler::_record_function_exit", "aten::is_leaf", "aten::output_nr", "aten::_version"})
+
+
+class _Node:
+    __slots__ = ("children", "end", "name", "parent", "record", "start", "sync")
+
+    def __init__(self, record: Any, name: str, sync: bool) -> None:
+        self.record, self.name, self.sync = record, name, sync
+        self.start, self.end = record.start_ns(), record.end_ns()
+        self.parent: _Node | None = None
+        self.children: list[_Node] = []
+
+
+def _cpu_events(result: Any) -> list[_Event]:
+    """The operator calls of a CPU profile, read from the profiler's own records
+    (``kineto_results.events()``) instead of the ``FunctionEvent`` objects ``prof.events()``
+    builds, which is most of what a profiled bench's explanation costs. The same reading as
+    torch's (``torch.autograd.profiler_util.EventList._build_tree``): per thread, an interval
+    inside another is its child; a call whose parent has its name and no other child is the
+    parent's redispatch, and goes; a call's own time is its time less its children's.
+    ``tests/test_bench_opdiff.py`` checks that both readings give the same events."""
+    import torch
+
+    cpu = torch.autograd.DeviceType.CPU
+    nodes = []
+    for record in result.events():
+        name = record.name()
+        if name in _PROFILER_UTILITY or record.is_hidden_event():
+            continue
+        sync = (record.device_type() == cpu and not record.is_async()
+                and record.start_thread_id() == record.end_thread_id())
+        nodes.append(_Node(record, name, sync))
+    by_thread: dict[int, list[_Node]] = {}
+    for node in nodes:
+        if node.sync:
+            by_thread.setdefault(node.record.start_thread_id(), []).append(node)
+    for items in by_thread.values():
+        items.sort(key=lambda node: (node.start, -node.end))
+        stack: list[_Node] = []
+        for node in items:
+            while stack:
+                parent = stack[-1]
+                if node.start >= parent.end or node.end > parent.end:
+                    stack.pop()
+                    continue
+                parent.children.append(node)
+                node.parent = parent
+                break
+            stack.append(node)
+    gone: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for node in nodes:
+            folded_into = node.parent
+            if id(node) in gone or folded_into is None or folded_into.name != node.name or \
+                    len(folded_into.children) != 1:
+                continue
+            folded_into.children = node.children
+            for child in node.children:
+                child.parent = folded_into
+            gone.add(id(node))
+            changed = True
+    events = []
+    for node in nodes:
+        if id(node) in gone:
+            continue
+        record = node.record
+        own_ns = node.end - node.start - sum(child.end - child.start for child in node.children)
+        name = "ProfilerStep*" if node.name.startswith("ProfilerStep#") else node.name
+        events.append(_Event(name, own_ns / 1000 if node.sync else 0.0,
+                             record.structured_input_shapes() or record.shapes(), record.structured_input_strides(),
+                             [str(d) for d in record.dtypes()], record.concrete_inputs(),
+                             node.parent.name if node.parent is not None else None))
+    return events
+
+
+def _function_events(prof: Any, device: str) -> list[_Event]:
+    """The same from ``prof.events()``: the path for a device, whose kernels are counted in
+    their launching operator's self device time."""
+    events = []
+    for event in prof.events():
+        if device == "cuda" and getattr(event, "device_type", None) is not None and \
+                str(event.device_type).endswith("CUDA"):
+            continue  # device kernels are counted in their launching operator's self device time
+        if device == "cuda":
+            self_us = float(getattr(event, "self_device_time_total", 0.0) or 0.0)
+            if self_us == 0.0:
+                self_us = float(getattr(event, "self_cpu_time_total", 0.0))
+        else:
+            self_us = float(getattr(event, "self_cpu_time_total", 0.0))
+        parent = getattr(event, "cpu_parent", None)
+        events.append(_Event(
+            str(event.name), self_us,
+            getattr(event, "structured_input_shapes", None) or getattr(event, "input_shapes", None) or [],
+            getattr(event, "structured_input_strides", None) or [],
+            [str(d) for d in (getattr(event, "input_dtypes", None) or [])],
+            getattr(event, "concrete_inputs", None), str(parent.name) if parent is not None else None))
+    return events
+
+
+def _profile_once(kernels: Sequence[Kernel], calls: int, device: str,
+                  read: str = "records") -> dict[tuple[str, str], tuple[_Accumulated, int]]:
+    """``calls`` kernel calls under torch.profiler, per operator and inputs. ``read``:
+    ``records`` (the profiler's own records, on the CPU) or ``function_events``."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -264,34 +384,22 @@ def _profile_once(kernels: Sequence[Kernel], calls: int, device: str) -> dict[tu
             kernels[index % len(kernels)]()
         if device == "cuda":
             torch.cuda.synchronize()
+    events = (_cpu_events(prof.profiler.kineto_results) if device == "cpu" and read == "records"
+              else _function_events(prof, device))
     found: dict[tuple[str, str], _Accumulated] = {}
-    for event in prof.events():
-        name = str(event.name)
-        if name.startswith("ProfilerStep") or name.startswith("[memory]"):
+    for event in events:
+        if event.name.startswith("ProfilerStep") or event.name.startswith("[memory]"):
             continue
-        if device == "cuda" and getattr(event, "device_type", None) is not None and \
-                str(event.device_type).endswith("CUDA"):
-            continue  # device kernels are counted in their launching operator's self device time
-        if device == "cuda":
-            self_us = float(getattr(event, "self_device_time_total", 0.0) or 0.0)
-            if self_us == 0.0:
-                self_us = float(getattr(event, "self_cpu_time_total", 0.0))
-        else:
-            self_us = float(getattr(event, "self_cpu_time_total", 0.0))
-        shapes = getattr(event, "structured_input_shapes", None) or getattr(event, "input_shapes", None) or []
-        strides = getattr(event, "structured_input_strides", None) or []
-        dtypes = [str(d) for d in (getattr(event, "input_dtypes", None) or [])]
-        tensors = tensors_of(shapes, strides, dtypes)
+        tensors = tensors_of(event.shapes or [], event.strides or [], event.dtypes)
         inputs = ", ".join(t.describe() for t in tensors) or "no tensor inputs"
-        args = _args(getattr(event, "concrete_inputs", None))
-        key = (name, f"{inputs} ({args})")
+        args = _args(event.concrete)
+        key = (event.name, f"{inputs} ({args})")
         entry = found.get(key)
         if entry is None:
             entry = found[key] = _Accumulated(tensors=tensors, args=args, inputs=inputs)
         entry.count += 1
-        entry.self_us += self_us
-        parent = getattr(event, "cpu_parent", None)
-        entry.parents[str(parent.name) if parent is not None else ""] += 1
+        entry.self_us += event.self_us
+        entry.parents[event.parent if event.parent is not None else ""] += 1
     return {key: (entry, calls) for key, entry in found.items()}
 
 
