@@ -56,7 +56,10 @@ def judge(scenario: str, shas: list[str], code: int, document: dict[str, Any], s
     [series] = document["series"]
     points = series["change_points"]
     index = {sha: i + 1 for i, sha in enumerate(shas)}
-    said = "; ".join(f"at commit {index.get(p['first_after']['commit'], '?')}: {p['regression'] * 100:+.1f}% "
+    said = "; ".join(f"at commit {index.get(p['first_after']['commit'], '?')}"
+                     + (f" (its bootstrap: commits {index.get(p['location']['earliest_run']['commit'], '?')}-"
+                        f"{index.get(p['location']['latest_run']['commit'], '?')})" if p.get("location") else "")
+                     + f": {p['regression'] * 100:+.1f}% "
                      f"[{p['regression_ci'][0] * 100:+.1f}, {p['regression_ci'][1] * 100:+.1f}], "
                      f"confidence {p['confidence'] * 100:.1f}%" for p in points) or "no change point"
     values = [p["value"] for p in series["points"]]

@@ -203,8 +203,10 @@ def test_a_kernel_alone_over_fresh_processes(tmp_path: Path) -> None:
 
     code, verdict, _ = bench("kernel.py:make", "--processes", "3")
     [measured] = [e for e in verdict["evidence"] if e["kind"] == "measurement"]
-    low, high = verdict["metric"]["ci"]
+    low, high = measured["ci_s"]
     assert verdict["status"] in ("pass", "inconclusive"), verdict["why"]  # inconclusive only on a busy host
+    # a busy host's run has no metric (no point of its series); a quiet one's is the measurement
+    assert verdict["metric"] is None if verdict["status"] == "inconclusive" else verdict["metric"]["ci"] == [low, high]
     assert measured["processes"] == 3 and low < measured["time_s"] < high
     assert "over 3 fresh processes, the interval their spread" in verdict["why"]
     code, verdict, _ = bench("broken.py:make", "--processes", "2")

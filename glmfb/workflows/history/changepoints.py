@@ -28,6 +28,16 @@ with each run's own interval in the test and the test calibrated for the search:
    pass, the smallest relative change while it is below ``min_change``; re-test its two
    neighbours on their grown segments, and repeat.
 
+5. **Where.** A point's split is the best of its window, and on a noisy series a neighbour
+   may score almost as well. ``earliest`` and ``latest`` bound where the new segment starts:
+   a residual bootstrap (each segment's level plus its own residuals drawn with replacement,
+   each run keeping its interval) rescans the window 999 times, and the bounds are the
+   ``confidence`` quantiles of where the best split fell. That nominal level is not the
+   coverage: a bootstrap around the chosen split leans towards it. On simulated +9% steps
+   (7 runs, then 8) with Gaussian noise of 2, 4 and 6% of the level, the true start lay within
+   the bounds in 96, 88 and 77% of the steps found, against 95, 72 and 51% for ``index``
+   alone (``tests/test_history_changepoints.py``).
+
 The plain mean (not one weighted by ``1 / (tau^2 + v_i)``) keeps one run with a wrongly
 narrow interval from carrying a segment, and its statistic is a few cumulative sums, so the
 permutation test scans every split of 999 orders at once. A spike cannot become a change
@@ -92,6 +102,8 @@ class ChangePoint:
     confidence: float = 0.95
     before_runs: int = 0  # the runs of the segment before (it starts at index - before_runs)
     after_runs: int = 0  # the runs of the segment after
+    earliest: int | None = None  # where the new segment starts, at ``confidence``: from earliest ...
+    latest: int | None = None  # ... to latest (indices like ``index``)
 
     @property
     def relative_change(self) -> float | None:
@@ -317,18 +329,43 @@ def change_points(
         for at in (weakest - 1, weakest):
             if 0 <= at < len(points):
                 tests[at] = test(at)
-    return [_change_point(index, t, p_value(at), confidence)
+    return [_change_point(index, t, p_value(at), confidence,
+                          _location(index, t, observations, min_segment, confidence, interval_confidence, seed))
             for at, (index, t) in enumerate(zip(points, tests, strict=True))]
 
 
-def _change_point(index: int, test: _Test, p_value: float, confidence: float) -> ChangePoint:
+def _location(index: int, test: _Test, observations: Sequence[Observation], min_segment: int, confidence: float,
+              interval_confidence: float, seed: int) -> tuple[int, int]:
+    """Where the new segment starts, at ``confidence`` (module docstring, point 5): the
+    quantiles of the best split of the window over residual bootstraps of its two segments."""
+    import numpy as np
+
+    window = observations[test.start:test.stop]
+    split = index - test.start
+    values = np.array([o.value for o in window], dtype=np.float64)
+    own = np.array([run_variance(o, interval_confidence) for o in window], dtype=np.float64)
+    rng = np.random.default_rng([seed, test.start, index, test.stop])
+    drawn = np.empty((PERMUTATIONS, len(window)))
+    for lo, hi in ((0, split), (split, len(window))):
+        level = values[lo:hi].mean()
+        drawn[:, lo:hi] = level + rng.choice(values[lo:hi] - level, size=(PERMUTATIONS, hi - lo), replace=True)
+    best = _scan(drawn, np.tile(own, (PERMUTATIONS, 1)), min_segment).argmax(axis=1) + min_segment + test.start
+    tail = (1.0 - confidence) / 2.0
+    earliest, latest = (int(v) for v in np.quantile(best, [tail, 1.0 - tail], method="inverted_cdf"))
+    return min(earliest, index), max(latest, index)
+
+
+def _change_point(index: int, test: _Test, p_value: float, confidence: float,
+                  location: tuple[int, int] | None = None) -> ChangePoint:
     """The change point at ``index`` with a Welch interval on its change."""
     change = test.after.value - test.before.value
     variance = test.before.variance + test.after.variance
     half = t_quantile(0.5 + confidence / 2.0, _welch_df(test.before, test.after)) * math.sqrt(variance)
+    earliest, latest = location if location is not None else (index, index)
     return ChangePoint(index=index, before=test.before.value, after=test.after.value, change=change,
                        change_low=change - half, change_high=change + half, p_value=p_value,
-                       confidence=confidence, before_runs=test.before.runs, after_runs=test.after.runs)
+                       confidence=confidence, before_runs=test.before.runs, after_runs=test.after.runs,
+                       earliest=earliest, latest=latest)
 
 
 def segments(observations: Sequence[Observation], points: Sequence[ChangePoint]) -> list[tuple[int, int]]:

@@ -61,9 +61,14 @@ def change_point_line(point: Mapping[str, Any], unit: str, relative: bool) -> st
     ci = point.get("regression_ci") or (None, None)
     size = show_regression(point.get("regression"), ci[0], ci[1], relative)
     word = "worse" if (point.get("regression") or 0) > 0 else "better"
-    return (f"run {point['index']} -> {point['index'] + 1} ({short_commit(before)}..{short_commit(after)}): "
+    line = (f"run {point['index']} -> {point['index'] + 1} ({short_commit(before)}..{short_commit(after)}): "
             f"{show_value(point['before'], unit)} -> {show_value(point['after'], unit)}, {word} by {size}, "
             f"confidence {point['confidence'] * 100:.1f}%")
+    where = point.get("location")
+    if where is not None and where["earliest"] != where["latest"]:
+        line += (f"; the split's bootstrap puts its first run at runs {where['earliest'] + 1}-{where['latest'] + 1} "
+                 f"({short_commit(where['earliest_run'])}..{short_commit(where['latest_run'])})")
+    return line
 
 
 def render_history(document: Mapping[str, Any]) -> RenderableType:

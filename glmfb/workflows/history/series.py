@@ -41,6 +41,10 @@ class Step:
     regression: float  # how much worse after is than before (negative: better), as the metric compares
     regression_low: float | None
     regression_high: float | None
+    earliest_run: Record | None = None  # where the new segment starts, at 95%: from this run ...
+    latest_run: Record | None = None  # ... to this one (None: not computed)
+    earliest: int | None = None  # their indices
+    latest: int | None = None
 
     @property
     def confidence(self) -> float:
@@ -135,7 +139,10 @@ def _step(point: Any, records: Sequence[Record], kind: MetricKind) -> Step:
                 change_low=None if point.change_low is None else float(point.change_low),
                 change_high=None if point.change_high is None else float(point.change_high),
                 p_value=float(point.p_value), regression=regression(before, after, kind),
-                regression_low=low, regression_high=high)
+                regression_low=low, regression_high=high,
+                earliest_run=records[point.earliest] if point.earliest is not None else None,
+                latest_run=records[point.latest] if point.latest is not None else None,
+                earliest=point.earliest, latest=point.latest)
 
 
 # --------------------------------------------------------------------------------------------
@@ -173,6 +180,9 @@ def series_document(series: Series, threshold: float | None = None) -> dict[str,
             "regression_ci": ([_number(step.regression_low), _number(step.regression_high)]
                               if step.regression_low is not None and step.regression_high is not None else None),
             "p_value": step.p_value, "confidence": step.confidence,
+            **({"location": {"earliest": step.earliest, "latest": step.latest, "nominal": 0.95,
+                             "earliest_run": _run(step.earliest_run), "latest_run": _run(step.latest_run)}}
+               if step.earliest_run is not None and step.latest_run is not None else {}),
         } for step in series.steps],
     }
     if threshold is not None:
@@ -229,6 +239,18 @@ _CHANGE_POINT: dict[str, Any] = {
         "regression_ci": _INTERVAL,
         "p_value": {"type": "number", "minimum": 0},
         "confidence": {"type": "number", "minimum": 0},
+        "location": {
+            "type": "object",
+            "description": "where the new segment may start: its first run is one of runs earliest..latest "
+                           "(indices like `index`), the `nominal` quantiles of the best split over bootstraps of "
+                           "the two segments (a nominal level, not the coverage: docs/history.md). On a noisy "
+                           "series a neighbour of `index` may be the true start: the commits to bisect are those "
+                           "after the run before `earliest_run`, up to `latest_run`",
+            "required": ["earliest", "latest", "nominal", "earliest_run", "latest_run"],
+            "properties": {"earliest": {"type": "integer", "minimum": 1}, "latest": {"type": "integer", "minimum": 1},
+                           "nominal": {"type": "number"}, "earliest_run": _RUN, "latest_run": _RUN},
+            "additionalProperties": False,
+        },
     },
     "additionalProperties": False,
 }
