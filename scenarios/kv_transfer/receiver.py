@@ -57,6 +57,10 @@ def serve_mooncake(buffer: mmap.mmap, size: int) -> None:
     _announce(transport="mooncake", rpc_port=engine.get_rpc_port(), buffer_address=address)
     _wait_for_stdin_eof()
     engine.unregister_memory(address)
+    # Exit here, with the engine still referenced: its destructor (run when this function
+    # returned) waited about a second for the engine's own threads, and every close of a
+    # build waits for this process to end. The kernel closes its sockets either way.
+    os._exit(0)
 
 
 def _serve_connection(connection: socket.socket, view: memoryview) -> None:
