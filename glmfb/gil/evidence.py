@@ -202,9 +202,11 @@ class ThreadTimeRow(Record):
     gil_wait_of_ready: float | None = None  # of the time on a CPU, waiting for one or for the GIL
     longest_gil_wait_ms: float | None = None
     cpus: str | None = None  # the CPUs it may run on (Cpus_allowed_list)
-    c_function: str | None = None  # what it ran in C in most of its native snapshots
-    c_function_share: float | None = None
-    native_snapshots: int = 0
+    c_function: str | None = None  # what it ran in C in most of its native snapshots that did not find it waiting
+    c_function_share: float | None = None  # of those snapshots
+    native_snapshots: int = 0  # all of its snapshots
+    released_snapshots: int = 0  # those that found it blocked with the GIL released (a queue's get, take_gil)
+    released_in: str | None = None  # what most of those found it in (queue.SimpleQueue.get)
     glmfb: bool = False  # glmfb's own thread (the heartbeat), never a cause
     thread_count: int = 1  # short-lived threads of one name taken as this thread (2+: a group)
 
