@@ -101,6 +101,9 @@ class HeldSite(Evidence):
     c_symbol: str | None = None  # its C symbol (builtin_sorted)
     c_source: str | None = None  # py-spy --native, or native snapshots
     thread_count: int = 1  # short-lived threads of one name taken as this thread (2+: a group)
+    # the wait the site is (queue.SimpleQueue.get, threading.Condition.wait, the GIL's hand-over): a
+    # thread sampled holding the GIL there was waking from it; never a holder (glmfb.gil.holders.waited_in)
+    wait: str | None = None
 
     @classmethod
     def _legacy_keys(cls) -> frozenset[str]:
