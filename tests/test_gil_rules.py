@@ -427,3 +427,94 @@ def test_with_no_native_frame_a_line_whose_only_call_is_a_c_function_names_it(tm
     sampled.split_samples = 10
     assert c_function_of(sampled, None) == (None, None, None)
     assert only_c_call(str(tmp_path / "missing.py"), 3) is None
+
+
+# ---- waits that release the GIL are never where a thread holds it ------------------------------
+
+LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+QUEUE_SO = "/usr/lib/python3.11/lib-dynload/_queue.cpython-311-x86_64-linux-gnu.so"
+PICKLE_SO = "/usr/lib/python3.11/lib-dynload/_pickle.cpython-311-x86_64-linux-gnu.so"
+
+
+def _stack(frames: list[tuple[str, str]], in_syscall: bool, tid: int = 5) -> NativeStack:
+    """A snapshot, leaf first, as the native sampler reads it (frames outermost-last)."""
+    return NativeStack(tid=tid, frames=tuple(Symbol(name, path) for name, path in frames), in_syscall=in_syscall)
+
+
+# Snapshots of a ThreadPoolExecutor thread pickling between jobs, as read in the tolist pool
+# case (gap_workloads.py): the /proc tick saw it running; by the snapshot it was back in its
+# queue's get (6 of 10), or woken and waiting for the GIL in take_gil (1 of 10).
+IN_QUEUE_GET = _stack([("__futex_abstimed_wait_common", LIBC), ("PyThread_acquire_lock_timed", LIBPYTHON),
+                       ("_queue_SimpleQueue_get_impl", QUEUE_SO), ("_queue_SimpleQueue_get", QUEUE_SO),
+                       ("method_vectorcall_FASTCALL_KEYWORDS_METHOD", LIBPYTHON), ("PyObject_Vectorcall", LIBPYTHON),
+                       ("_PyEval_EvalFrameDefault", LIBPYTHON)], in_syscall=True)
+IN_TAKE_GIL = _stack([("pthread_cond_timedwait", LIBC), ("take_gil", LIBPYTHON), ("PyEval_RestoreThread", LIBPYTHON),
+                      ("_queue_SimpleQueue_get_impl", QUEUE_SO), ("_queue_SimpleQueue_get", QUEUE_SO),
+                      ("method_vectorcall_FASTCALL_KEYWORDS_METHOD", LIBPYTHON), ("_PyEval_EvalFrameDefault", LIBPYTHON)],
+                     in_syscall=True)
+PICKLING = _stack([("save_float", PICKLE_SO), ("save_list", PICKLE_SO), ("dump", PICKLE_SO), ("_pickle_dumps", PICKLE_SO),
+                   ("cfunction_vectorcall_FASTCALL_KEYWORDS", LIBPYTHON), ("_PyEval_EvalFrameDefault", LIBPYTHON)],
+                  in_syscall=False)
+# A native call that keeps the GIL while it blocks (libc usleep through ctypes.PyDLL): its holder's.
+PYDLL_SLEEP = _stack([("clock_nanosleep", LIBC), ("__nanosleep", LIBC), ("usleep", LIBC), ("ffi_call", "/usr/lib/libffi.so.8"),
+                      ("_ctypes_callproc", "/x/_ctypes.so"), ("PyCFuncPtr_call", "/x/_ctypes.so"),
+                      ("_PyEval_EvalFrameDefault", LIBPYTHON)], in_syscall=True)
+
+
+def test_a_snapshot_blocked_in_a_wait_that_released_the_gil_names_the_wait_not_a_hold() -> None:
+    from glmfb.gil.native import HANDOVER, released_gil
+
+    assert released_gil(IN_QUEUE_GET) == "queue.SimpleQueue.get"
+    assert released_gil(IN_TAKE_GIL) == HANDOVER
+    assert released_gil(PICKLING) is None  # running
+    assert released_gil(PYDLL_SLEEP) is None  # blocked, the GIL held: idle + GIL, its holder's
+    # A stale take_gil further out than the call it is blocked in decides nothing.
+    stale = _stack([("clock_nanosleep", LIBC), ("usleep", LIBC), ("ffi_call", "/usr/lib/libffi.so.8"),
+                    ("take_gil", LIBPYTHON), ("_PyEval_EvalFrameDefault", LIBPYTHON)], in_syscall=True)
+    assert released_gil(stale) is None
+    # Lock, condition and event waits block in the lock's acquire, time.sleep in pysleep.
+    lock = _stack([("__futex_abstimed_wait_common", LIBC), ("PyThread_acquire_lock_timed", LIBPYTHON),
+                   ("acquire_timed", LIBPYTHON), ("lock_PyThread_acquire_lock", LIBPYTHON)], in_syscall=True)
+    assert released_gil(lock) == "_thread.lock.acquire"
+    assert released_gil(_stack([("clock_nanosleep", LIBC), ("pysleep", LIBPYTHON), ("time_sleep", LIBPYTHON)],
+                               in_syscall=True)) == "time.sleep"
+
+
+def test_a_pool_threads_work_is_named_not_the_queue_its_snapshots_found_it_waiting_on(tmp_path: Any) -> None:
+    from glmfb.gil.holders import c_function_of, holder_evidence
+    from glmfb.gil.native import HANDOVER, snapshot_calls
+
+    calls = snapshot_calls([IN_QUEUE_GET] * 6 + [IN_TAKE_GIL] + [PICKLING] * 3)
+    assert calls.votes == {5: Counter({("pickle.dumps", "_pickle_dumps"): 3})}
+    assert calls.released == {5: Counter({"queue.SimpleQueue.get": 6, HANDOVER: 1})}
+    site = _site(tmp_path, "return len(pickle.dumps(layer.view(-1).tolist(), pickle.HIGHEST_PROTOCOL))")
+    assert c_function_of(site, calls.votes[5], calls.foreign[5])[0] == "pickle.dumps"
+    # The same snapshots counted as votes (as glmfb once did) named the queue's get: 6 of 10.
+    old_votes = Counter({("queue.SimpleQueue.get", "_queue_SimpleQueue_get"): 7, ("pickle.dumps", "_pickle_dumps"): 3})
+    assert c_function_of(site, old_votes)[0] == "queue.SimpleQueue.get"
+    assert holder_evidence(site, 100, votes=calls.votes[5]).wait is None
+
+
+def test_a_site_in_a_wait_is_never_the_holder_over_the_same_threads_work(tmp_path: Any) -> None:
+    import sysconfig
+
+    from glmfb.gil.holders import holder_site
+    from glmfb.gil.pyspy import parse_raw, profile_holders
+
+    pool = sysconfig.get_paths()["stdlib"] + "/concurrent/futures/thread.py"
+    work = tmp_path / "serializer.py"
+    work.write_text("def serialize(batch):\n    return sorted(batch)\n")
+    # pool-worker_0 was sampled holding the GIL more often in the pool's loop (waking from the
+    # queue's get) than in its sort; pool-worker_1 only ever in the loop; MainThread in its own work.
+    raw = (f"thread (11): pool-worker_0;Thread.run (/t.py:1);_worker ({pool}:81) 60\n"
+           f"thread (11): pool-worker_0;Thread.run (/t.py:1);_worker ({pool}:83);serialize ({work}:2) 40\n"
+           f"thread (12): pool-worker_1;Thread.run (/t.py:1);_worker ({pool}:81) 90\n"
+           f"thread (1): MainThread;loop (/m.py:9) 30\n")
+    profile = profile_holders(parse_raw(raw), native=False, names={}, exclude_tids=set(), sample_instants=400)
+    site = holder_site(profile, 0.05, {}, {})
+    assert site is not None and (site.thread_name, site.function) == ("pool-worker_0", "serialize")
+    # A thread seen holding the GIL only while waking from its waits is no holder at all.
+    only_waits = profile_holders(parse_raw(raw.split("\n", 2)[2]), native=False, names={}, exclude_tids=set(),
+                                 sample_instants=400)
+    site = holder_site(only_waits, 0.05, {}, {})
+    assert site is not None and site.thread_name == "MainThread"

@@ -475,7 +475,7 @@ def _steady_state_holder(verdict: Verdict) -> tuple[HeldSite | None, str]:
     threads = verdict.find(GilThreads)
     why = "import machinery of the child's startup" if _startup_frame(top) else "glmfb's own runner"
     for index, site in enumerate(threads.sites if threads is not None else ()):
-        if not (_startup_frame(site) or _glmfb_frame(site)):
+        if not (_startup_frame(site) or _glmfb_frame(site) or site.wait):
             return site, f"gil_threads.sites[{index}] (the top holder was {why})"
     return None, f"only {why} held the GIL"
 
@@ -524,7 +524,7 @@ def _holders_own_wait(verdict: Verdict, starvation: Starvation | None, holder: H
         return None
     for index, site in enumerate(threads.sites):
         if (site.thread != holder.thread and not site.thread.startswith(CANARY_PREFIX)
-                and not (_startup_frame(site) or _glmfb_frame(site))):
+                and not (_startup_frame(site) or _glmfb_frame(site)) and not site.wait):  # a wait: the gil probe says so
             waiter = _Waiter.of(own[0])
             return waiter, site, f"gil_threads.sites[{index}] (the top holder, {holder.thread}, waited for the GIL too)"
     return None

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from glmfb.contract.errors import UsageError
 from glmfb.contract.evidence import ProcessExit
@@ -37,6 +37,9 @@ from glmfb.gil.procwatch import GilWaitSampler, ThreadTime
 from glmfb.gil.rules import RULES
 from glmfb.gil.target_loop import READY_ENV
 from glmfb.gil.verdict import MIN_WAITING_SHARE, Observations, decide
+
+if TYPE_CHECKING:
+    from glmfb.gil.native import SnapshotCalls
 
 STARTUP_TIMEOUT_S = 10.0  # for the heartbeat to appear (interpreter start, imports)
 STOP_GRACE_S = 5.0
@@ -891,7 +894,8 @@ class _Session:
                 rerun_longer=longer_step(config) if self.startup_settled is False else None,
                 observed_s=max(0.0, end_s - started_s), window_start_s=started_s, thread_times=seen.times,
                 thread_names=names, cpus=dict(sampler.cpus), native_votes=seen.native_votes,
-                native_foreign=seen.native_foreign, native_error=sampler.native_error,
+                native_foreign=seen.native_foreign, native_released=seen.native_released,
+                native_error=sampler.native_error,
                 native_snapshots=len(sampler.native_stacks), stall=seen.stall, timeline=seen.timeline,
                 own_p99_ms=own_p99_ms, holder_cpu_wait_s=holder_cpu_wait_s,
                 thread_counts={tid: len(members) for tid, members in groups.members.items()},
@@ -1006,6 +1010,7 @@ class _SeenInProc:
     # waiter tid -> holder tid -> (the /proc ticks the waiter waited for the GIL, what the
     # holder's thread did at them)
     holder_states: dict[int, dict[int, tuple[int, Counter[str]]]] = field(default_factory=dict)
+    native_released: dict[int, Counter[str]] = field(default_factory=dict)  # snapshots blocked with the GIL released
 
 
 def _seen_in_proc(config: GilConfig, beat: hb.Heartbeat | None, sampler: GilWaitSampler, started_s: float,
@@ -1029,7 +1034,7 @@ def _seen_in_proc(config: GilConfig, beat: hb.Heartbeat | None, sampler: GilWait
     shown = [tid for tid, _ in sorted(times.items(), key=lambda item: -(item[1].cpu_s + item[1].gil_wait_s))]
     timeline = sampler.timeline(beat_tid, top_holder["tid"] if top_holder else None,
                                 started_s, end_s, shown[:MAX_TIMELINE_THREADS])
-    votes, foreign = _native_calls(sampler)
+    calls = _native_calls(sampler)
     holder_states: dict[int, dict[int, tuple[int, Counter[str]]]] = {}
     for waiter in waiting:
         for thread in (holders.threads[:8] if holders is not None else ()):
@@ -1037,8 +1042,8 @@ def _seen_in_proc(config: GilConfig, beat: hb.Heartbeat | None, sampler: GilWait
                 continue
             holder_states.setdefault(waiter["tid"], {})[thread["tid"]] = sampler.holder_while_waiting(
                 groups.tids(waiter["tid"]), groups.tids(thread["tid"]), beat_tid, started_s, end_s)
-    return _SeenInProc(waiting, windows, window_summary, times, stall, timeline, groups.merge(votes),
-                       groups.merge(foreign), holder_states)
+    return _SeenInProc(waiting, windows, window_summary, times, stall, timeline, groups.merge(calls.votes),
+                       groups.merge(calls.foreign), holder_states, groups.merge(calls.released))
 
 
 def _gil_waiters(sampler: GilWaitSampler, heartbeat_tid: int | None, times: dict[int, ThreadTime],
@@ -1122,16 +1127,10 @@ def _stall(beat: hb.Heartbeat, sampler: GilWaitSampler, start_s: float, end_s: f
     return {}
 
 
-def _native_calls(sampler: GilWaitSampler) -> tuple[dict[int, Counter[tuple[str, str]]], dict[int, Counter[str]]]:
-    """Per thread, the C call each native snapshot shows it in (``(name, symbol)``), and the
-    library functions below Python in each snapshot."""
-    from glmfb.gil.native import below_python, c_call_symbol, foreign_calls
+def _native_calls(sampler: GilWaitSampler) -> SnapshotCalls:
+    """Per thread, the C call each native snapshot shows it in where it could hold the GIL
+    (``(name, symbol)``), the library functions below Python in those, and the snapshots that
+    found it blocked with the GIL released (a queue's get, a lock, a sleep, take_gil)."""
+    from glmfb.gil.native import snapshot_calls
 
-    votes: dict[int, Counter[tuple[str, str]]] = {}
-    foreign: dict[int, Counter[str]] = {}
-    for _at, stack in sampler.native_stacks:
-        frames = below_python(stack)
-        call = c_call_symbol(frames)
-        votes.setdefault(stack.tid, Counter())[call or ("", "")] += 1
-        foreign.setdefault(stack.tid, Counter()).update(foreign_calls(frames))
-    return votes, foreign
+    return snapshot_calls(stack for _at, stack in sampler.native_stacks)

@@ -101,6 +101,9 @@ class HeldSite(Evidence):
     c_symbol: str | None = None  # its C symbol (builtin_sorted)
     c_source: str | None = None  # py-spy --native, or native snapshots
     thread_count: int = 1  # short-lived threads of one name taken as this thread (2+: a group)
+    # the wait the site is (queue.SimpleQueue.get, threading.Condition.wait, the GIL's hand-over): a
+    # thread sampled holding the GIL there was waking from it; never a holder (glmfb.gil.holders.waited_in)
+    wait: str | None = None
 
     @classmethod
     def _legacy_keys(cls) -> frozenset[str]:
@@ -202,9 +205,11 @@ class ThreadTimeRow(Record):
     gil_wait_of_ready: float | None = None  # of the time on a CPU, waiting for one or for the GIL
     longest_gil_wait_ms: float | None = None
     cpus: str | None = None  # the CPUs it may run on (Cpus_allowed_list)
-    c_function: str | None = None  # what it ran in C in most of its native snapshots
-    c_function_share: float | None = None
-    native_snapshots: int = 0
+    c_function: str | None = None  # what it ran in C in most of its native snapshots that did not find it waiting
+    c_function_share: float | None = None  # of those snapshots
+    native_snapshots: int = 0  # all of its snapshots
+    released_snapshots: int = 0  # those that found it blocked with the GIL released (a queue's get, take_gil)
+    released_in: str | None = None  # what most of those found it in (queue.SimpleQueue.get)
     glmfb: bool = False  # glmfb's own thread (the heartbeat), never a cause
     thread_count: int = 1  # short-lived threads of one name taken as this thread (2+: a group)
 

@@ -143,6 +143,50 @@ def c_function_of(site: CallSite, votes: Counter[tuple[str, str]] | None,
     return name, symbol, source
 
 
+# The standard library's waits, by file and function: each blocks in a C wait that releases the
+# GIL (a lock's acquire, a queue's get, select), so a thread sampled holding the GIL inside one
+# was waking from it (it takes the GIL back before it returns) or going into it.
+STDLIB_WAITS: dict[str, frozenset[str]] = {
+    "threading.py": frozenset({"Condition.wait", "Condition.wait_for", "Event.wait", "Semaphore.acquire",
+                               "Barrier.wait", "Thread.join", "Thread._wait_for_tstate_lock"}),
+    "queue.py": frozenset({"Queue.get", "Queue.put", "Queue.join"}),
+    "concurrent/futures/thread.py": frozenset({"_worker"}),  # a pool thread's loop: the queue's get between jobs
+    "concurrent/futures/_base.py": frozenset({"Future.result", "Future.exception", "wait", "as_completed"}),
+    "selectors.py": frozenset({"SelectSelector.select", "PollSelector.select", "EpollSelector.select",
+                               "DevpollSelector.select", "KqueueSelector.select", "_PollLikeSelector.select"}),
+    "subprocess.py": frozenset({"Popen.wait", "Popen._wait", "Popen.communicate", "Popen._communicate"}),
+    "multiprocessing/connection.py": frozenset({"wait", "Connection.poll", "Connection._recv", "Connection._poll"}),
+    "socket.py": frozenset({"socket.accept", "SocketIO.readinto"}),
+}
+
+
+def is_wait(c_function: str | None) -> bool:
+    """Whether a C function is one that releases the GIL while it blocks (``queue.SimpleQueue.get``,
+    ``time.sleep``, ``select.select``: :data:`glmfb.gil.native.RELEASING_WAITS`) or the GIL's own
+    hand-over: never where a thread holds the GIL, only where it waits."""
+    from glmfb.gil.native import HANDOVER, RELEASING_WAITS
+
+    return c_function is not None and (c_function == HANDOVER or c_function in RELEASING_WAITS.values())
+
+
+def waited_in(site: CallSite, c_function: str | None) -> str | None:
+    """The wait a site is, when it is one: its C function releases the GIL while it blocks
+    (:func:`is_wait`), or its function is one of the standard library's waits
+    (:data:`STDLIB_WAITS`: ``threading.Condition.wait``, the pool's ``_worker`` loop). A thread
+    sampled holding the GIL there was waking from the wait; its work is elsewhere. None for
+    anything else."""
+    if is_wait(c_function):
+        return c_function
+    if not _is_library(site.file):
+        return None
+    path = site.file.replace("\\", "/")
+    for suffix, functions in STDLIB_WAITS.items():
+        if path.endswith("/" + suffix) and site.function in functions:
+            module = suffix.removesuffix(".py").replace("/", ".")
+            return f"{module}.{site.function}"
+    return None
+
+
 def holder_evidence(site: CallSite, total: int, cls: type[HeldSite] = GilHolder,
                     votes: Counter[tuple[str, str]] | None = None, foreign: Counter[str] | None = None) -> HeldSite:
     native = site.native_calls.most_common(1)
@@ -151,6 +195,7 @@ def holder_evidence(site: CallSite, total: int, cls: type[HeldSite] = GilHolder,
     idle_share = site.idle / site.samples if site.samples and known else 0.0
     c_function, c_symbol, c_source = c_function_of(site, votes, foreign)
     return cls(
+        wait=waited_in(site, c_function),
         thread=site.thread_name, tid=site.thread_id, function=_short(site.function), qualname=site.function,
         file=display_path(site.file), line=site.line, samples=site.samples,
         share_of_time=round(site.samples / total, 4) if total else None,
@@ -183,16 +228,20 @@ def holder_site(profile: HolderProfile | None, min_holder_share: float,
     """The thread that held the GIL most (heartbeat and ``exclude`` left out), and its top call
     site; None when no thread held it in ``min_holder_share`` of the samples. A site in glmfb's
     own code (the target runner's loop) is passed over unless it held the GIL inside a C call
-    it made for the target (then that call is the cause)."""
+    it made for the target (then that call is the cause). So is a wait (:func:`waited_in`: a
+    queue's get, a condition's wait, the GIL's hand-over): never chosen over the work the same
+    thread holds the GIL in, and a thread seen holding it only in its waits is not the holder."""
     if profile is None or not profile.sites or not profile.sample_instants:
         return None
     candidates = [t for t in profile.threads if not t["excluded"] and t["tid"] not in exclude]
     for thread in candidates:  # ranked by samples
         if thread["samples"] / profile.sample_instants < min_holder_share:
             return None
+        votes, foreign = native_votes.get(thread["tid"]), native_foreign.get(thread["tid"])
         for site in (s for s in profile.sites if s.thread_id == thread["tid"]):
-            if not glmfb_file(site.file):
-                return site
-            if c_function_of(site, native_votes.get(site.thread_id), native_foreign.get(site.thread_id))[0] is not None:
+            c_function = c_function_of(site, votes, foreign)[0]
+            if glmfb_file(site.file) and c_function is None:
+                continue
+            if waited_in(site, c_function) is None:
                 return site
     return None

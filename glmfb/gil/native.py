@@ -16,7 +16,9 @@ outvoted across snapshots.
 function that was called: ``builtin_sorted`` -> ``sorted``, ``_pickle_dumps`` ->
 ``pickle.dumps``, ``_sre_SRE_Pattern_match`` -> ``re.Pattern.match``, ``zlib_compress`` ->
 ``zlib.compress``, ``list_sort_impl`` -> ``list.sort``; a foreign function (libc ``usleep``
-through ctypes) keeps its own name.
+through ctypes) keeps its own name. A snapshot that finds a thread blocked with the GIL released
+(:func:`released_gil`: in a queue's or a lock's wait, a sleep, a select, or the GIL's own
+hand-over) is not where that thread holds the GIL, and names no C function of it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ import platform
 import struct
 import sys
 import time
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -347,6 +351,59 @@ class NativeSampler:
         return NativeStack(tid, tuple(frames), in_syscall)
 
 
+# CPython's C functions that release the GIL while they block (Py_BEGIN_ALLOW_THREADS around the
+# wait), with the name a why gives the wait: a queue's get, a lock's acquire (Lock, Condition.wait,
+# Event.wait, queue.Queue.get and Thread.join all wait in one), time.sleep, select and poll, a
+# socket's or a file's wait. Stopped below one of them, a thread is not holding the GIL.
+RELEASING_WAITS = {
+    "_queue_SimpleQueue_get_impl": "queue.SimpleQueue.get", "_queue_SimpleQueue_get": "queue.SimpleQueue.get",
+    "lock_PyThread_acquire_lock": "_thread.lock.acquire", "rlock_acquire": "_thread.RLock.acquire",
+    "acquire_timed": "_thread.lock.acquire", "time_sleep": "time.sleep", "pysleep": "time.sleep",
+    "select_select_impl": "select.select", "select_poll_poll_impl": "select.poll.poll",
+    "select_epoll_poll_impl": "select.epoll.poll", "select_devpoll_poll_impl": "select.devpoll.poll",
+    "sock_call_ex": "a socket's wait", "sock_recv_impl": "a socket's wait", "sock_recv_into_impl": "a socket's wait",
+    "sock_recvfrom_impl": "a socket's wait", "sock_accept_impl": "a socket's wait",
+    "sock_connect_impl": "a socket's wait", "sock_send_impl": "a socket's wait",
+    "_Py_read": "a read", "_Py_write": "a write", "os_waitpid_impl": "os.waitpid", "os_wait_impl": "os.wait",
+    "os_wait4_impl": "os.wait4", "os_waitid_impl": "os.waitid",
+}
+# The GIL's own hand-over: a thread stopped inside one of these is waiting for the GIL (take_gil)
+# or letting it go (drop_gil), not holding it.
+GIL_HANDOVER = frozenset({"take_gil", "drop_gil", "PyEval_RestoreThread", "PyEval_SaveThread",
+                          "PyEval_AcquireThread", "PyEval_ReleaseThread", "PyGILState_Ensure"})
+HANDOVER = "the GIL's hand-over"
+# The blocking primitives a wait ends in (the C library's, and CPython's lock under its waits).
+_BLOCKING_LIBRARIES = ("libc.so", "libc-", "libpthread", "ld-linux")
+
+
+def _blocking_primitive(frame: Symbol) -> bool:
+    return (os.path.basename(frame.path).startswith(_BLOCKING_LIBRARIES) or frame.name.startswith("PyThread_")
+            or "futex" in frame.name)
+
+
+def released_gil(stack: NativeStack) -> str | None:
+    """What a snapshot shows a thread blocked in with the GIL released: a wait of
+    :data:`RELEASING_WAITS` (``queue.SimpleQueue.get``) or the GIL's hand-over (:data:`HANDOVER`:
+    waiting for it in ``take_gil``, letting it go in ``drop_gil``); None for a thread that was
+    running, or blocked in anything else (a native call that keeps the GIL: ``usleep`` through
+    ``ctypes.PyDLL`` stays its holder's).
+
+    Read from the leaf outwards past the blocking primitive (libc's futex, sleep or poll, and
+    CPython's ``PyThread_acquire_lock_timed``): the first frame beyond it decides, so a stale
+    return address further out cannot. The snapshots are of threads the last /proc tick saw
+    running; a pool thread that finished its job in between is found back in its queue's get,
+    one just woken from it waiting in ``take_gil``. Neither says where the thread holds the GIL."""
+    if not stack.in_syscall:
+        return None
+    for frame in stack.frames:  # the leaf first
+        if _blocking_primitive(frame):
+            continue
+        if frame.name in GIL_HANDOVER:
+            return HANDOVER
+        return RELEASING_WAITS.get(frame.name)
+    return None
+
+
 def below_python(stack: NativeStack) -> tuple[Symbol, ...]:
     """The C frames from the innermost Python frame's eval loop to the leaf, outermost first;
     empty when the snapshot reached no eval frame (the thread was not below Python code)."""
@@ -602,3 +659,34 @@ def find_object(pid: int, name: str, files: tuple[str, ...] = ("python", "libpyt
         base = start - (file_offset - segment[0] + segment[1])  # the load bias
         return base + value, base + value + max(size, 1), path
     return None
+
+
+# ---- what the snapshots say per thread ------------------------------------------------------
+
+
+@dataclass
+class SnapshotCalls:
+    """Per thread, what its native snapshots show: ``votes``, the C call below Python of each
+    snapshot in which it could hold the GIL (``(name, symbol)``, ``("", "")`` for none named);
+    ``foreign``, the library functions below Python in those; ``released``, the snapshots that
+    found it blocked with the GIL released (:func:`released_gil`), by what it waited in. Those
+    are no vote: the C function a thread waits in is not where it holds the GIL."""
+
+    votes: dict[int, Counter[tuple[str, str]]] = field(default_factory=dict)
+    foreign: dict[int, Counter[str]] = field(default_factory=dict)
+    released: dict[int, Counter[str]] = field(default_factory=dict)
+
+
+def snapshot_calls(stacks: Iterable[NativeStack]) -> SnapshotCalls:
+    """The votes, library functions and released-GIL waits of ``stacks`` per thread."""
+    calls = SnapshotCalls()
+    for stack in stacks:
+        waited = released_gil(stack)
+        if waited is not None:
+            calls.released.setdefault(stack.tid, Counter())[waited] += 1
+            continue
+        frames = below_python(stack)
+        call = c_call_symbol(frames)
+        calls.votes.setdefault(stack.tid, Counter())[call or ("", "")] += 1
+        calls.foreign.setdefault(stack.tid, Counter()).update(foreign_calls(frames))
+    return calls

@@ -77,6 +77,8 @@ class Observations:
     native_votes: dict[int, Counter[tuple[str, str]]] = field(default_factory=dict)  # tid -> (name, symbol) seen
     # tid -> library functions below Python, counted once per snapshot they appear in
     native_foreign: dict[int, Counter[str]] = field(default_factory=dict)
+    # tid -> what its snapshots found it blocked in with the GIL released (queue.SimpleQueue.get): no votes
+    native_released: dict[int, Counter[str]] = field(default_factory=dict)
     native_error: str | None = None
     native_snapshots: int = 0
     stall: dict[str, Any] = field(default_factory=dict)  # the heartbeat's longest stretch without a wake-up
@@ -424,6 +426,7 @@ def _thread_times(observations: Observations) -> ThreadTimes | None:
         if account.wall_s <= 0:
             continue
         votes = observations.native_votes.get(tid, Counter())
+        released = observations.native_released.get(tid, Counter())
         named = Counter({k[0]: v for k, v in votes.items() if k[0]})
         top = named.most_common(1)[0] if named else None
         runnable = account.wall_s - account.runqueue_s
@@ -438,7 +441,9 @@ def _thread_times(observations: Observations) -> ThreadTimes | None:
             longest_gil_wait_ms=round(1e3 * account.longest_gil_wait_s, 1),
             cpus=observations.cpus.get(tid), c_function=top[0] if top else None,
             c_function_share=round(top[1] / sum(votes.values()), 4) if top else None,
-            native_snapshots=sum(votes.values()), glmfb=tid == heartbeat_tid or name.startswith(CANARY_PREFIX),
+            native_snapshots=sum(votes.values()) + sum(released.values()),
+            released_snapshots=sum(released.values()),
+            released_in=released.most_common(1)[0][0] if released else None, glmfb=tid == heartbeat_tid or name.startswith(CANARY_PREFIX),
             thread_count=observations.thread_counts.get(tid, 1),
         ))
         if len(rows) >= MAX_THREAD_ROWS:

@@ -11,6 +11,14 @@ buffers (they release it), libc ``usleep`` through ``ctypes.PyDLL`` (keeps it) o
 ``ctypes.CDLL`` (releases it); ``json.dumps`` and ``math.factorial`` (keep it), ``bz2.compress``
 and an SQLite query (release it). ``--size`` picks how much work one call does; the small sizes
 are the clean twins.
+
+``pool(work, size, jobs, main)`` (a gil target) ships the work to a ``ThreadPoolExecutor``
+instead, as code that serializes or sorts off its main loop does: each step of the main thread
+submits ``jobs`` calls to the pool's two reused threads (``pool-worker_0``, ``pool-worker_1``),
+runs its own loop, and waits for them; between jobs the pool's threads wait on the executor's
+queue (``queue.SimpleQueue.get``, the GIL released). ``work="sort"`` holds the GIL in
+``sorted`` (a builtin py-spy --native cannot show), ``work="sleep"`` only waits (``time.sleep``,
+the clean twin).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 Work = Callable[[], object]
@@ -177,3 +186,41 @@ def make(work: str, size: int, pause_ms: float = 10.0, main: str = "serve") -> C
     build, name = WORKS[work]
     Worker(build(size), name, pause_ms)
     return step
+
+
+POOL_WORKERS = 2
+POOL_PREFIX = "pool-worker"  # the pool's threads: pool-worker_0, pool-worker_1
+POOL_WORKS: dict[str, Callable[[int], Work]] = {
+    "sort": sort_work,  # holds the GIL in sorted
+    "pickle": pickle_work,  # holds it in pickle.dumps
+    "sleep": lambda size: partial(time.sleep, size / 1e6),  # waits size microseconds, the GIL released
+}
+
+
+def pool_job(work: Work) -> object:
+    """One job a pool thread runs: the call, from code of the target's own (a serializer's
+    ``serialize(batch)``), not from the executor's ``_WorkItem.run``."""
+    return work()
+
+
+def pool(work: str, size: int, jobs: int = 8, main: str = "decode") -> Callable[[], None]:
+    """gil target: each step submits ``jobs`` calls of ``work`` (see :data:`POOL_WORKS`) with
+    ``size`` to a two-thread pool, runs the main thread's step (``serve`` or ``decode``, as
+    :func:`make`), and waits for the jobs; the pool's threads wait on its queue in between."""
+    if work not in POOL_WORKS:
+        raise ValueError(f"work {work!r}: use one of {', '.join(sorted(POOL_WORKS))}")
+    if main not in ("serve", "decode"):
+        raise ValueError(f"main {main!r}: use 'serve' or 'decode'")
+    call = POOL_WORKS[work](size)
+    step = serve_step if main == "serve" else decode_steps()
+    executor = ThreadPoolExecutor(POOL_WORKERS, thread_name_prefix=POOL_PREFIX)
+    for started in [executor.submit(time.sleep, 0.01) for _ in range(POOL_WORKERS)]:
+        started.result()  # both threads started (named) before the first step
+
+    def run() -> None:
+        pending = [executor.submit(pool_job, call) for _ in range(jobs)]
+        step()
+        for job in pending:
+            job.result()
+
+    return run
