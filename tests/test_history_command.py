@@ -79,6 +79,9 @@ def test_a_step_is_named_by_its_runs_and_commits_with_its_size_and_confidence(tm
     low, high = point["regression_ci"]
     assert low < 0.10 < high and abs(point["regression"] - 0.10) < 0.01  # points of the baseline: a difference
     assert point["confidence"] > 0.99
+    where = point["location"]  # a clean 10-point step: its start is the one run
+    assert (where["earliest"], where["latest"], where["nominal"]) == (12, 12, 0.95)
+    assert where["earliest_run"] == where["latest_run"] == point["first_after"]
 
     code, table = history("--history", url, "step")  # a pattern: the rich table of that series only
     assert code == 0 and "kernel-step" in table and "kernel-flat" not in table

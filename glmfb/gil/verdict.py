@@ -443,7 +443,8 @@ def _thread_times(observations: Observations) -> ThreadTimes | None:
             c_function_share=round(top[1] / sum(votes.values()), 4) if top else None,
             native_snapshots=sum(votes.values()) + sum(released.values()),
             released_snapshots=sum(released.values()),
-            released_in=released.most_common(1)[0][0] if released else None, glmfb=tid == heartbeat_tid or name.startswith(CANARY_PREFIX),
+            released_in=released.most_common(1)[0][0] if released else None,
+            glmfb=tid == heartbeat_tid or name.startswith(CANARY_PREFIX),
             thread_count=observations.thread_counts.get(tid, 1),
         ))
         if len(rows) >= MAX_THREAD_ROWS:

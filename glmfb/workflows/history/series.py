@@ -41,10 +41,9 @@ class Step:
     regression: float  # how much worse after is than before (negative: better), as the metric compares
     regression_low: float | None
     regression_high: float | None
-    earliest_run: Record | None = None  # where the new segment starts, at 95%: from this run ...
-    latest_run: Record | None = None  # ... to this one (None: not computed)
-    earliest: int | None = None  # their indices
-    latest: int | None = None
+    earliest: int | None = None  # the runs the new segment may start at: from earliest ...
+    latest: int | None = None  # ... to latest (indices like ``index``; None: not computed)
+    location_level: float = 0.95  # the nominal level of those bounds (the change point's confidence)
 
     @property
     def confidence(self) -> float:
@@ -140,9 +139,7 @@ def _step(point: Any, records: Sequence[Record], kind: MetricKind) -> Step:
                 change_high=None if point.change_high is None else float(point.change_high),
                 p_value=float(point.p_value), regression=regression(before, after, kind),
                 regression_low=low, regression_high=high,
-                earliest_run=records[point.earliest] if point.earliest is not None else None,
-                latest_run=records[point.latest] if point.latest is not None else None,
-                earliest=point.earliest, latest=point.latest)
+                earliest=point.earliest, latest=point.latest, location_level=point.confidence)
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,9 +177,10 @@ def series_document(series: Series, threshold: float | None = None) -> dict[str,
             "regression_ci": ([_number(step.regression_low), _number(step.regression_high)]
                               if step.regression_low is not None and step.regression_high is not None else None),
             "p_value": step.p_value, "confidence": step.confidence,
-            **({"location": {"earliest": step.earliest, "latest": step.latest, "nominal": 0.95,
-                             "earliest_run": _run(step.earliest_run), "latest_run": _run(step.latest_run)}}
-               if step.earliest_run is not None and step.latest_run is not None else {}),
+            **({"location": {"earliest": step.earliest, "latest": step.latest, "nominal": step.location_level,
+                             "earliest_run": _run(series.records[step.earliest]),
+                             "latest_run": _run(series.records[step.latest])}}
+               if step.earliest is not None and step.latest is not None else {}),
         } for step in series.steps],
     }
     if threshold is not None:
