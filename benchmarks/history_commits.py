@@ -11,12 +11,14 @@ on (a ~9% step); ``creep``, x1.015 a commit from commit 4 to commit 15 (12 commi
 all); ``flat``, no change. Each repository is checked out at each commit in turn and its
 one-target definition (``kernel-alone``: ``median_time`` with its interval, its budget spread
 over ``--processes`` fresh processes, 8 by default: a process's memory layout moves the time
-by more than its samples scatter) is run with
+by more than its samples scatter; and ``normalized_time``, the same in units of a reference
+workload timed beside it in each process, :mod:`glmfb.bench.reference`) is run with
 ``glmfb run`` from outside it, once into a SQLite history and once into a PostgreSQL database
 (a server started here as the tests start theirs). A run on a busy host is inconclusive with
 no metric (no point of the series); the figures say how many there were. Then ``glmfb history --json --check
---threshold 5%`` reads each series: it prints the change points (the first commit after each,
-its size and confidence) and the check's exit code, and whether each scenario reads right.
+--threshold 5%`` reads each series: it prints, per store and series, the change points (the
+first commit after each, its size and confidence) and whether ``--check`` flags it, and whether
+the series reads its scenario right.
 """
 
 from __future__ import annotations
@@ -52,28 +54,33 @@ def history(url: str, out: Path) -> tuple[int, dict[str, Any]]:
     return done.returncode, json.loads(done.stdout)
 
 
-def judge(scenario: str, shas: list[str], code: int, document: dict[str, Any], step_at: int = 8) -> tuple[str, bool]:
-    [series] = document["series"]
+def judge(scenario: str, shas: list[str], series: dict[str, Any], step_at: int = 8) -> tuple[str, bool]:
+    """What one series (``median_time`` in seconds, or ``normalized_time`` in the reference's
+    units) says, and whether it reads the scenario right: the step's one change point at its
+    commit, the creep flagged by ``--check`` with no change point before commit 4, no change
+    point and no flag on the twin."""
     points = series["change_points"]
     index = {sha: i + 1 for i, sha in enumerate(shas)}
+    scale, unit = (1e6, "µs") if series["unit"] == "s" else (1.0, series["unit"])
     said = "; ".join(f"at commit {index.get(p['first_after']['commit'], '?')}"
                      + (f" (its bootstrap: commits {index.get(p['location']['earliest_run']['commit'], '?')}-"
                         f"{index.get(p['location']['latest_run']['commit'], '?')})" if p.get("location") else "")
                      + f": {p['regression'] * 100:+.1f}% "
                      f"[{p['regression_ci'][0] * 100:+.1f}, {p['regression_ci'][1] * 100:+.1f}], "
                      f"confidence {p['confidence'] * 100:.1f}%" for p in points) or "no change point"
+    regressed = bool(series.get("regressed"))
     values = [p["value"] for p in series["points"]]
-    said += f"; check exit {code}; times {min(values) * 1e6:.1f}-{max(values) * 1e6:.1f} µs"
-    said += "\n        per commit (µs, median [interval]): " + ", ".join(
-        f"{index.get(p['commit'], '?')}: {p['value'] * 1e6:.1f} [{p['ci'][0] * 1e6:.1f}, {p['ci'][1] * 1e6:.1f}]"
-        if p.get("ci") else f"{index.get(p['commit'], '?')}: {p['value'] * 1e6:.1f}"
+    said += f"; --check {'flags it' if regressed else 'passes it'}; {min(values) * scale:.4g}-{max(values) * scale:.4g} {unit}"
+    said += f"\n          per commit ({unit}, value [interval]): " + ", ".join(
+        f"{index.get(p['commit'], '?')}: {p['value'] * scale:.4g} [{p['ci'][0] * scale:.4g}, {p['ci'][1] * scale:.4g}]"
+        if p.get("ci") else f"{index.get(p['commit'], '?')}: {p['value'] * scale:.4g}"
         for p in series["points"])
     if scenario == "step":
-        right = len(points) == 1 and index.get(points[0]["first_after"]["commit"]) == step_at and code == 1
+        right = len(points) == 1 and index.get(points[0]["first_after"]["commit"]) == step_at and regressed
     elif scenario == "creep":
-        right = code == 1 and all(index.get(p["first_after"]["commit"], 0) >= 4 for p in points)
+        right = regressed and all(index.get(p["first_after"]["commit"], 0) >= 4 for p in points)
     else:
-        right = not points and code == 0
+        right = not points and not regressed
     return said, right
 
 
@@ -122,8 +129,10 @@ def main() -> None:
                     results.append((scenario, store, "no point: every run was on a busy host", None))
                     continue
                 code, document = history(url(scenario), folder)
-                said, right = judge(scenario, shas, code, document, step_at)
-                results.append((scenario, store, said, right))
+                for series in document["series"]:
+                    said, right = judge(scenario, shas, series, step_at)
+                    results.append((scenario, f"{store} {series['metric']}", f"{said}\n          check exit {code}",
+                                    right))
     finally:
         if server is not None:
             server.stop()
@@ -131,10 +140,10 @@ def main() -> None:
     commits = len(next(iter(scenarios.values())))
     print(f"{'smoke run: ' if args.smoke else ''}{commits} commits per scenario, bench budget {args.budget:g} s a run "
           f"over {args.processes} fresh processes, {args.rows} rows, {time.monotonic() - started:.0f} s in all")
-    for scenario, store, said, right in results:
-        skipped = busy.get((scenario, store), 0)
+    for scenario, label_of, said, right in results:
+        skipped = busy.get((scenario, label_of.split()[0]), 0)
         label = "UNDECIDED" if right is None else "RIGHT" if right else "WRONG"
-        print(f"{scenario:>6} {store:>10}: {label}: {said}"
+        print(f"{scenario:>6} {label_of:>26}: {label}: {said}"
               + (f"; {skipped} run(s) on a busy host left out" if skipped else ""))
     print(f"right {sum(r[3] is True for r in results)}/{len(results)}")
 

@@ -209,6 +209,18 @@ def test_a_kernel_alone_over_fresh_processes(tmp_path: Path) -> None:
     assert verdict["metric"] is None if verdict["status"] == "inconclusive" else verdict["metric"]["ci"] == [low, high]
     assert measured["processes"] == 3 and low < measured["time_s"] < high
     assert "over 3 fresh processes, the interval their spread" in verdict["why"]
+    # the reference timed beside it in each process: each process's own ratio, their spread
+    times, references = measured["process_times_s"], measured["process_reference_s"]
+    assert len(times) == len(references) == len(measured["process_ratios"]) == 3
+    assert measured["reference_version"] == 1
+    low, high = measured["normalized_ci"]
+    assert low <= sorted(measured["process_ratios"])[1] <= high and low < measured["normalized_time"] < high
+    for time_s, reference_s, ratio in zip(times, references, measured["process_ratios"], strict=True):
+        assert 0.5 < ratio / (time_s / reference_s) < 2  # the paired statistic, near the ratio of the two
+    assert "in units of a fixed reference workload" in verdict["why"] and "their ratio" in verdict["why"]
+    code, verdict, _ = bench("kernel.py:make", "--processes", "2", "--no-reference")
+    [measured] = [e for e in verdict["evidence"] if e["kind"] == "measurement"]
+    assert measured.get("normalized_time") is None and "reference" not in verdict["why"]
     code, verdict, _ = bench("broken.py:make", "--processes", "2")
     assert (code, verdict["status"]) == (3, "error"), verdict
     assert "in fresh process 1 of 2" in verdict["why"] and "no such kernel" in verdict["why"]

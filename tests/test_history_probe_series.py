@@ -24,6 +24,7 @@ def test_each_probe_declares_how_its_metrics_read() -> None:
     assert metric_kind("bench", "time_change") == MetricKind(Worse.HIGHER, relative=True)
     assert metric_kind("bench", "median_time") == MetricKind(Worse.HIGHER, relative=False)
     assert metric_kind("bench", "candidate_time[8x4096]") == MetricKind(Worse.HIGHER, relative=False)
+    assert metric_kind("bench", "normalized_time") == MetricKind(Worse.HIGHER, relative=False)
     assert metric_kind("gap", "gap") == MetricKind(Worse.HIGHER, relative=True)
     assert metric_kind("gil", "starvation_p99") == MetricKind(Worse.HIGHER, relative=False)
     assert metric_kind("diff", "output_rel_l2") == MetricKind(Worse.HIGHER, relative=False)
@@ -60,6 +61,51 @@ def test_one_target_alone_records_a_series_per_shape_when_it_measured_several() 
     one = Verdict(probe="bench", name="alone", status=Status.PASS, layer=Layer.KERNEL, why="w",
                   metric=Metric("median_time", 1e-5, "s"), evidence=measured[:1])
     assert [r.metric for r in records_of(Run(id="r", started="s", verdicts=(one,)), {})] == ["median_time"]
+
+
+def test_one_target_over_processes_records_its_time_in_the_references_units() -> None:
+    """With a reference timed in each process, the run also records ``normalized_time`` (per
+    shape when it measured several), never from a busy host, never without the reference."""
+    from glmfb.contract.evidence import HostActivity
+
+    def measured(shape: str, ratio: float | None) -> Measurement:
+        extra = {} if ratio is None else {"normalized_time": ratio, "normalized_ci": (ratio * 0.98, ratio * 1.02),
+                                          "reference_version": 1, "process_times_s": (1e-5, 1.1e-5),
+                                          "process_reference_s": (1e-5 / ratio, 1.1e-5 / ratio),
+                                          "process_ratios": (ratio, ratio)}
+        return Measurement(shape=shape, samples=40, calls_per_sample=10, median_s=1e-5, time_s=1e-5,
+                           ci_s=(0.9e-5, 1.1e-5), processes=2, **extra)
+
+    def metrics(*evidence: object) -> list[str | None]:
+        verdict = Verdict(probe="bench", name="alone", status=Status.PASS, layer=Layer.KERNEL, why="w",
+                          metric=Metric("median_time", 1e-5, "s", ci=(0.9e-5, 1.1e-5)), evidence=evidence)
+        return [r.metric for r in records_of(Run(id="r", started="s", verdicts=(verdict,)), {})]
+
+    assert metrics(measured("8", 2.5)) == ["median_time", "normalized_time"]
+    assert metrics(measured("8", 2.5), measured("16", 5.0)) == [
+        "median_time", "median_time[8]", "median_time[16]", "normalized_time[8]", "normalized_time[16]"]
+    assert metrics(measured("8", None)) == ["median_time"]  # no reference: no normalized series
+    busy = HostActivity(window_s=2.0, cpus=2, host_busy_cpus=1.9, own_busy_cpus=1.0, other_busy_cpus=0.9, busy=True)
+    assert metrics(measured("8", 2.5), busy) == ["median_time"]
+
+
+def test_the_normalized_time_is_read_from_each_processs_paired_samples() -> None:
+    """Each process's ratio comes from its pairs (a kernel sample, the reference's right after
+    it): a slow spell that moves both cancels, as in a pair's change; the run is their
+    geometric mean over the processes."""
+    from glmfb.bench.engine import ProcessRun, _normalized, _process_run
+
+    kernel = [100e-6] * 20 + [150e-6] * 20  # the machine slowed by half in the middle
+    reference = [50e-6] * 20 + [75e-6] * 20
+    run = _process_run(kernel, reference)
+    assert run.ratio is not None and abs(run.ratio - 2.0) < 1e-9  # the slow spell cancels
+    assert run.reference_s is not None and 50e-6 < run.reference_s < 75e-6
+    assert _process_run(kernel, []).ratio is None and _process_run(kernel, reference[:10]).ratio is None
+    normalized = _normalized([run, ProcessRun(120e-6, 60e-6, 2.0), ProcessRun(90e-6, 45e-6, 2.0)])
+    assert normalized is not None and abs(normalized.value - 2.0) < 1e-9 and normalized.low == normalized.high
+    assert normalized.process_ratios == (run.ratio, 2.0, 2.0)
+    assert _normalized([run, ProcessRun(120e-6)]) is None  # a process without its reference: no ratio
+    assert _normalized([]) is None
 
 
 def test_gap_records_each_sides_own_time_per_iteration() -> None:

@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from glmfb.bench.config import kernel_name
 from glmfb.bench.timers import Kernel, Loop, Timer, first_nonfinite
@@ -34,6 +34,9 @@ from glmfb.contract.errors import TargetFailed
 from glmfb.contract.units import format_shape
 from glmfb.core.measure.loop import Arm, Comparison, Pair
 from glmfb.core.targets import Target
+
+if TYPE_CHECKING:
+    from glmfb.bench.reference import Reference
 
 
 @dataclass
@@ -387,14 +390,18 @@ class SingleMeasurement:
     allocations: list[int]
     elapsed_s: float
     bytes_per_allocation: int | None = None  # resident-memory growth of the first allocation
+    reference: list[float] = field(default_factory=list)  # the reference's seconds per call, after each sample
 
 
 def measure_single(
     timer: Timer, target: Target, shape: tuple[int, ...], *, input_sets: int, sample_s: float,
     budget_s: float, allocations: int = MIN_PAIRS, clock: Callable[[], float] = time.perf_counter,
+    reference: Reference | None = None,
 ) -> SingleMeasurement:
     """Samples of one side alone, rotating over ``allocations`` independent allocations, so
-    the saved run's median averages over where the buffers landed."""
+    the saved run's median averages over where the buffers landed. With ``reference``, a
+    sample of it right after each of the kernel's, as a pair's two sides alternate
+    (:mod:`glmfb.bench.reference`)."""
     read_memory, _available = _memory_probe(timer.device)
     before = read_memory()
     first = load_side("baseline", target, shape, input_sets, 0)
@@ -409,6 +416,7 @@ def measure_single(
     loops = [timer.prepare(side.kernels, calls) for side in sides]
     values: list[float] = []
     owners: list[int] = []
+    references: list[float] = []
     began = clock()
     deadline = began + budget_s
     while clock() < deadline:
@@ -416,8 +424,10 @@ def measure_single(
             elapsed, _ = timed(timer, side, loop, "a timed call")
             values.append(elapsed / loop.calls)
             owners.append(index)
+            if reference is not None:
+                references.append(reference.sample())
     grown = after - before if before is not None and after is not None and after > before else None
-    return SingleMeasurement(first, calls, values, owners, clock() - began, grown)
+    return SingleMeasurement(first, calls, values, owners, clock() - began, grown, references)
 
 
 def measure_callable(fn: Callable[[], Any], repeats: int) -> float:

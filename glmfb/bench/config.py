@@ -63,6 +63,9 @@ class BenchConfig:
     save: Path | None = option(None, FILE, "Also write the raw samples here (glmfb.bench/1 JSON).")
     processes: int = option(1, POSITIVE_INT, "One target alone: fresh processes its budget is spread over (its "
                                              "interval is then their spread; docs/bench.md).")
+    reference: bool = option(True, BOOL, "One target over 2+ processes: also time a fixed reference workload between "
+                                         "its samples and record its time in the reference's units "
+                                         "(normalized_time; docs/bench.md).")
 
     def __post_init__(self) -> None:
         check_declared(self)

@@ -606,12 +606,14 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
     cache = _cache_of(timer)
     meter = HostLoadMeter()
     times: list[tuple[float, float, float] | None] = []
+    normalized: list[Normalized | None] = []
     for shape in config.shapes:
         label = format_shape(shape)
         ctx.progress(f"bench {label}: measuring {name}")
         if config.processes > 1:
-            blocks, calls, per_process, footprint = _measure_in_processes(config, ctx, shape, per_shape_s)
-            times.append(processes_interval(per_process))
+            blocks, calls, runs, footprint = _measure_in_processes(config, ctx, shape, per_shape_s)
+            times.append(processes_interval([r.time_s for r in runs]))
+            normalized.append(_normalized(runs))
         else:
             single = measure_single(timer, config.baseline, shape, input_sets=config.input_sets,
                                     sample_s=config.sample_s, budget_s=per_shape_s, clock=ctx.clock.monotonic)
@@ -620,6 +622,7 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
             calls = single.calls_per_sample
             footprint = input_footprint(single.side.kernels, single.bytes_per_allocation)
             times.append(time_interval(single.values))
+            normalized.append(None)
         samples = blocks.samples_of("baseline")
         results.append(ShapeResult(label, calls, blocks, None, Decision.UNDECIDED, None, 0.0, 0,
                                    statistics.median(samples), math.nan,
@@ -637,8 +640,8 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
     evidence: list[Any] = [
         Measurement(shape=r.shape, samples=len(r.blocks.raw), calls_per_sample=r.calls_per_sample,
                     median_s=r.baseline_median_s, time_s=t[0] if t else None, ci_s=(t[1], t[2]) if t else None,
-                    processes=config.processes)
-        for r, t in zip(results, times, strict=True)]
+                    processes=config.processes, **(n.fields() if n else {}))
+        for r, t, n in zip(results, times, normalized, strict=True)]
     evidence.extend(_regime_evidence(r.shape, r.regime) for r in results if r.regime is not None)
     if host_load is not None:
         evidence.append(host_load.evidence())
@@ -648,7 +651,7 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
     measured = (f" with {regime.clause()}{f' on {results[0].shape}' if len(results) > 1 else ''}"
                 if regime is not None else "")
     why = (f"measured {name} alone (nothing compared){measured}: time per call {shown} (95% intervals, {spread})"
-           f"{saved}")
+           f"{_normalized_clause(results, normalized)}{saved}")
     metric: Metric | None = Metric("median_time", first[0] if first else results[0].baseline_median_s, "s",
                                    ci=(first[1], first[2]) if first else None)
     status = Status.PASS
@@ -666,12 +669,80 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
     )
 
 
-def _measure_in_processes(config: BenchConfig, ctx: ProbeContext, shape: tuple[int, ...],
-                          budget_s: float) -> tuple[Blocks, int, list[float], Footprint | None]:
+@dataclass(frozen=True)
+class Normalized:
+    """A kernel's time per call in units of the reference's (:mod:`glmfb.bench.reference`),
+    a sample of which followed each of the kernel's in each of the same fresh processes:
+    ``value`` with its 95% interval over the processes, and each process's own time, reference
+    time and ratio (the batch-means statistic of its samples' ratios, as a pair's change is
+    read from its alternating samples)."""
+
+    value: float
+    low: float
+    high: float
+    process_times_s: tuple[float, ...]
+    process_reference_s: tuple[float, ...]
+    process_ratios: tuple[float, ...]
+
+    def fields(self) -> dict[str, Any]:
+        """The :class:`~glmfb.bench.evidence.Measurement` fields that carry it."""
+        from glmfb.bench.reference import VERSION
+
+        return {"normalized_time": self.value, "normalized_ci": (self.low, self.high),
+                "reference_version": VERSION, "process_times_s": self.process_times_s,
+                "process_reference_s": self.process_reference_s, "process_ratios": self.process_ratios}
+
+
+@dataclass(frozen=True)
+class ProcessRun:
+    """One fresh process's own time per call and, with the reference, its reference time per
+    call and the statistic of its paired ratios (None without)."""
+
+    time_s: float
+    reference_s: float | None = None
+    ratio: float | None = None
+
+
+def _normalized(runs: Sequence[ProcessRun]) -> Normalized | None:
+    """The processes' paired ratios, as :func:`processes_interval` reads a run over processes;
+    None unless every process timed its reference."""
+    if not runs or any(r.ratio is None or r.reference_s is None for r in runs):
+        return None
+    interval = processes_interval([r.ratio for r in runs if r.ratio is not None])
+    if interval is None:
+        return None
+    return Normalized(*interval, tuple(r.time_s for r in runs), tuple(r.reference_s or 0.0 for r in runs),
+                      tuple(r.ratio or 0.0 for r in runs))
+
+
+def _cv(values: Sequence[float]) -> float:
+    """Coefficient of variation (sample standard deviation over the mean)."""
+    return statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 else math.nan
+
+
+def _normalized_clause(results: list[ShapeResult], normalized: list[Normalized | None]) -> str:
+    """The why's words for the time in the reference's units, when it was measured, with the
+    scatter over the processes of each time and of their ratio (the figures that say whether the
+    reference took in what moved the kernel)."""
+    shown = [f"{r.shape} {n.value:.4g} [{n.low:.4g}, {n.high:.4g}]"
+             for r, n in zip(results, normalized, strict=True) if n is not None]
+    if not shown:
+        return ""
+    first = next(n for n in normalized if n is not None)
+    return (f"; in units of a fixed reference workload whose samples alternated with its own in the same "
+            f"processes (normalized_time): {', '.join(shown)}; over the processes the kernel's own time scattered "
+            f"{_cv(first.process_times_s):.1%} (cv), the reference's {_cv(first.process_reference_s):.1%}, "
+            f"their ratio {_cv(first.process_ratios):.1%}")
+
+
+def _measure_in_processes(
+    config: BenchConfig, ctx: ProbeContext, shape: tuple[int, ...], budget_s: float,
+) -> tuple[Blocks, int, list[ProcessRun], Footprint | None]:
     """The target alone in ``config.processes`` fresh processes one after another
     (:mod:`glmfb.bench.worker`), the budget shared: their samples (allocation = process), the
-    calls per sample of the first, each process's own time (batch means of its samples) and the
-    footprint of the first process's first allocation (None: not measured)."""
+    calls per sample of the first, each process's own times (batch means of its samples; with
+    ``config.reference``, of its reference's and of their paired ratios too) and the footprint
+    of the first process's first allocation (None: not measured)."""
     import json
     import subprocess
     import sys
@@ -679,14 +750,14 @@ def _measure_in_processes(config: BenchConfig, ctx: ProbeContext, shape: tuple[i
     from glmfb.contract.errors import HarnessError
 
     target = config.baseline
-    blocks, calls, per_process = Blocks(), 0, []
+    blocks, calls, runs = Blocks(), 0, []
     footprint: Footprint | None = None
     for index in range(config.processes):
         ctx.progress(f"bench {format_shape(shape)}: fresh process {index + 1} of {config.processes}")
         job = {"target": target.ref, "args": dict(target.args), "shape": list(shape),
                "base_dir": str(target.base_dir) if target.base_dir is not None else None,
                "input_sets": config.input_sets, "sample_s": config.sample_s, "budget_s": budget_s / config.processes,
-               "threads": config.threads, "sys_path": [p for p in sys.path if p]}
+               "threads": config.threads, "sys_path": [p for p in sys.path if p], "reference": config.reference}
         began = ctx.clock.monotonic()
         done = subprocess.run([sys.executable, "-m", "glmfb.bench.worker"], input=json.dumps(job), text=True,
                               capture_output=True, timeout=budget_s + 600, check=False)
@@ -707,9 +778,23 @@ def _measure_in_processes(config: BenchConfig, ctx: ProbeContext, shape: tuple[i
         blocks.raw.extend(("baseline", v) for v in values)
         blocks.allocations.extend(index for _ in values)
         blocks.elapsed_s += ctx.clock.monotonic() - began
-        own = time_interval(values)
-        per_process.append(own[0] if own is not None else statistics.median(values))
-    return blocks, calls, per_process, footprint
+        runs.append(_process_run(values, [float(v) for v in answer.get("reference") or ()]
+                                 if config.reference else []))
+    return blocks, calls, runs, footprint
+
+
+def _process_run(values: list[float], reference: list[float]) -> ProcessRun:
+    """One process's own times: each series' batch-means statistic (its median below 4
+    samples); the ratio is read from the pairs, each of the kernel's samples with the
+    reference's right after it, so what moved both within the process cancels."""
+
+    def own(samples: list[float]) -> float:
+        interval = time_interval(samples)
+        return interval[0] if interval is not None else statistics.median(samples)
+
+    if len(reference) != len(values) or not reference:
+        return ProcessRun(own(values))
+    return ProcessRun(own(values), own(reference), own([v / r for v, r in zip(values, reference, strict=True)]))
 
 
 def _us(seconds: float) -> str:

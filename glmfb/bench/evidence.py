@@ -234,7 +234,8 @@ class BenchHarness(Evidence):
 @dataclass(frozen=True, kw_only=True)
 class Measurement(Evidence):
     """One target measured alone: its time per call on a shape (the median of its samples, and
-    the batch-means statistic with its 95% interval, which its history series records)."""
+    the batch-means statistic with its 95% interval, which its history series records) and, over
+    fresh processes, the same in units of a reference workload timed beside it."""
 
     kind: ClassVar[str] = "measurement"
     shape: str
@@ -244,6 +245,16 @@ class Measurement(Evidence):
     time_s: float | None = None
     ci_s: tuple[float, ...] | None = None
     processes: int = 1  # fresh processes the budget was spread over (the interval's units when 2+)
+    # Over 2+ processes with a reference (glmfb.bench.reference): the time per call in the
+    # reference's units with its interval over the processes, the reference's version, and
+    # each process's own time and reference time per call (seconds) and the statistic of its
+    # paired ratios (each kernel sample over the reference's right after it), in the order they ran.
+    normalized_time: float | None = None
+    normalized_ci: tuple[float, ...] | None = None
+    reference_version: int | None = None
+    process_times_s: tuple[float, ...] = ()
+    process_reference_s: tuple[float, ...] = ()
+    process_ratios: tuple[float, ...] = ()
 
 
 @evidence_kind

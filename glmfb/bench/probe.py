@@ -44,6 +44,9 @@ class BenchProbe(BaseProbe):
         MetricSpec("geomean_time_change", relative=True, unit="fraction", about="over the shapes"),
         MetricSpec("median_time", unit="s", about="one target alone: its time per call (the first shape; "
                                                   "median_time[SHAPE] per shape)"),
+        MetricSpec("normalized_time", unit="ref", about="one target over 2+ processes: its time per call in units "
+                                                      "of a fixed reference workload timed beside it (per shape "
+                                                      "when several)"),
         MetricSpec("baseline_time", unit="s", about="a pair's baseline: its own time per call, per shape"),
         MetricSpec("candidate_time", unit="s", about="a pair's candidate: its own time per call, per shape"),
     )
@@ -96,7 +99,9 @@ class BenchProbe(BaseProbe):
         """The series a kernel's own time is followed by across commits, whichever way the
         definition was written: in a pair, each side's time per call per shape
         (``baseline_time[8x4096]``, ``candidate_time[8x4096]``); one target alone, its time per
-        shape when it measured several (the headline ``median_time`` is the first shape's).
+        shape when it measured several (the headline ``median_time`` is the first shape's) and,
+        over fresh processes, its time in a reference's units (``normalized_time``, per shape
+        when several).
         None from a run on a busy host: the interleaving cancels others' load out of the change,
         not out of either side's own time."""
         if measured_on_busy_host(verdict):
@@ -106,6 +111,10 @@ class BenchProbe(BaseProbe):
         measured = [e for e in items if e.get("kind") == "measurement" and e.get("time_s") and e.get("ci_s")]
         if len(measured) > 1:
             found += [Metric(f"median_time[{e['shape']}]", e["time_s"], "s", ci=tuple(e["ci_s"])) for e in measured]
+        normalized = [e for e in items if e.get("kind") == "measurement" and e.get("normalized_time")
+                      and e.get("normalized_ci")]
+        found += [Metric(f"normalized_time[{e['shape']}]" if len(normalized) > 1 else "normalized_time",
+                         e["normalized_time"], "ref", ci=tuple(e["normalized_ci"])) for e in normalized]
         for item in items:
             if item.get("kind") != "shape" or not item.get("side_time_s"):
                 continue
