@@ -493,6 +493,14 @@ def test_a_pool_threads_work_is_named_not_the_queue_its_snapshots_found_it_waiti
     old_votes = Counter({("queue.SimpleQueue.get", "_queue_SimpleQueue_get"): 7, ("pickle.dumps", "_pickle_dumps"): 3})
     assert c_function_of(site, old_votes)[0] == "queue.SimpleQueue.get"
     assert holder_evidence(site, 100, votes=calls.votes[5]).wait is None
+    # The why says how many snapshots named it and how many it set aside as waits.
+    held = holder_evidence(site, 100, votes=calls.votes[5], foreign=calls.foreign[5], released=calls.released[5])
+    assert (held.c_votes, held.native_votes, held.released_snapshots, held.released_in) == (
+        3, 3, 7, "queue.SimpleQueue.get")
+    assert isinstance(held, GilHolder)
+    why = diagnose(list(RULES), findings(**STALLED, holder=held)).diagnosis.why
+    assert ("in 3 of 3 native snapshots of the thread while it ran; 7 more found it blocked with the GIL released, "
+            "most in queue.SimpleQueue.get, not counted") in why, why
 
 
 def test_a_site_in_a_wait_is_never_the_holder_over_the_same_threads_work(tmp_path: Any) -> None:

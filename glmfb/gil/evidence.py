@@ -104,6 +104,13 @@ class HeldSite(Evidence):
     # the wait the site is (queue.SimpleQueue.get, threading.Condition.wait, the GIL's hand-over): a
     # thread sampled holding the GIL there was waking from it; never a holder (glmfb.gil.holders.waited_in)
     wait: str | None = None
+    # The thread's native snapshots: those that named the C function (c_votes) of those counted
+    # (native_votes), and those set aside because they found it blocked with the GIL released
+    # (released_snapshots), most of them in released_in (queue.SimpleQueue.get).
+    c_votes: int = 0
+    native_votes: int = 0
+    released_snapshots: int = 0
+    released_in: str | None = None
 
     @classmethod
     def _legacy_keys(cls) -> frozenset[str]:

@@ -188,7 +188,10 @@ def waited_in(site: CallSite, c_function: str | None) -> str | None:
 
 
 def holder_evidence(site: CallSite, total: int, cls: type[HeldSite] = GilHolder,
-                    votes: Counter[tuple[str, str]] | None = None, foreign: Counter[str] | None = None) -> HeldSite:
+                    votes: Counter[tuple[str, str]] | None = None, foreign: Counter[str] | None = None,
+                    released: Counter[str] | None = None) -> HeldSite:
+    """The site as evidence; ``votes``, ``foreign`` and ``released``: its thread's native
+    snapshots (:func:`glmfb.gil.native.snapshot_calls`), counted in it as the why quotes them."""
     native = site.native_calls.most_common(1)
     stack = site.stacks.most_common(1)[0][0] if site.stacks else ()
     known = site.split_samples > 0
@@ -204,7 +207,21 @@ def holder_evidence(site: CallSite, total: int, cls: type[HeldSite] = GilHolder,
         native_frame=native[0][0] if native else None, native_samples=site.split_samples,
         caller=caller_frame(stack), stack=tuple(stack[-8:]),
         c_function=c_function, c_symbol=c_symbol, c_source=c_source, thread_count=site.thread_count,
+        c_votes=_c_votes(c_function, c_symbol, c_source, votes, foreign),
+        native_votes=sum((votes or Counter()).values()), released_snapshots=sum((released or Counter()).values()),
+        released_in=(released or Counter()).most_common(1)[0][0] if released else None,
     )
+
+
+def _c_votes(c_function: str | None, c_symbol: str | None, source: str | None,
+             votes: Counter[tuple[str, str]] | None, foreign: Counter[str] | None) -> int:
+    """The native snapshots that named the C function (0 when it was not named from them): by
+    its Python name, or, for a library function the site's line calls, below Python."""
+    if source != "native snapshots":
+        return 0
+    if c_function is not None:
+        return sum(n for (name, _symbol), n in (votes or Counter()).items() if name == c_function)
+    return (foreign or Counter()).get(c_symbol or "", 0)
 
 
 def display_path(file: str) -> str:

@@ -257,7 +257,19 @@ def _named(holder: GilHolder) -> str:
     if holder.c_source == SOURCE_LINE:
         return (f"{holder.c_function}, called from {caller} (named from that line's only call, a C function: "
                 "py-spy --native sampled no frame below it),")
-    return f"{holder.c_function}{symbol}, called from {caller},"
+    return f"{holder.c_function}{symbol}, called from {caller}{_snapshots(holder)},"
+
+
+def _snapshots(holder: GilHolder) -> str:
+    """How many of the thread's native snapshots named the C function, and how many were set
+    aside because they found the thread blocked with the GIL released (a queue's get): those
+    say where it waited, not what it held the GIL in."""
+    if holder.c_source != "native snapshots" or not holder.native_votes:
+        return ""
+    aside = (f"; {holder.released_snapshots} more found it blocked with the GIL released"
+             f"{f', most in {holder.released_in}' if holder.released_in else ''}, not counted"
+             if holder.released_snapshots else "")
+    return f" (in {holder.c_votes} of {holder.native_votes} native snapshots of the thread while it ran{aside})"
 
 
 def _thread(holder: GilHolder) -> str:

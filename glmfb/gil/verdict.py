@@ -206,6 +206,7 @@ def _holder_evidence(observations: Observations, site: CallSite | None, total: i
     if site is None:
         return None
     found = holder_evidence(site, total, votes=observations.native_votes.get(site.thread_id),
+                            released=observations.native_released.get(site.thread_id),
                             foreign=observations.native_foreign.get(site.thread_id))
     assert isinstance(found, GilHolder)
     return found
