@@ -486,29 +486,38 @@ def calibrate_gap_extra(directory: Path, target: float, sizes: Sizes) -> tuple[i
 
 
 def check_units(directory: Path) -> list[str]:
-    """Every fraction option given a bare 5: exit 2 and the hint, never a silent 500%."""
+    """Every fraction option given a bare 5: exit 2 and the hint, never a silent 500%. The four
+    refusals are asked of four glmfb processes at once (none measures anything)."""
     ref = f"{directory / 'dp_kernels.py'}:rmsnorm"
     gap_ref = f"{directory / 'dp_kernels.py'}:gap_iteration"
-    lines = []
+    started: list[tuple[str, subprocess.Popen[str], Path | None]] = []
     for label, args in (("bench --threshold 5", ["bench", ref, ref, "--shape", "16x4096", "--threshold", "5"]),
                         ("gap --threshold 5", ["gap", gap_ref, gap_ref, "--threshold", "5"])):
-        done = subprocess.run([sys.executable, "-m", "glmfb", *args], capture_output=True, text=True, cwd=ROOT)
-        lines.append(f"{label}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ''}")
+        started.append((label, _started([sys.executable, "-m", "glmfb", *args]), None))
     for probe, body in (("bench", f'baseline = "{ref}"\ncandidate = "{ref}"\noptions = {{ shapes = ["16x4096"], threshold = 5 }}\n'),
                         ("gap", f'baseline = "{gap_ref}"\ncandidate = "{gap_ref}"\noptions = {{ threshold = 5 }}\n')):
         toml = directory / f"units-{probe}.toml"
         toml.write_text(f'[[probe]]\nname = "units-{probe}"\nprobe = "{probe}"\n{body}')
         out = directory / f"runs-{probe}"
-        done = subprocess.run([sys.executable, "-m", "glmfb", "run", str(toml), "--out", str(out)],
-                              capture_output=True, text=True, cwd=ROOT)
-        runs = sorted(out.glob("*/run.json"))
+        started.append((f"TOML {probe} threshold = 5",
+                        _started([sys.executable, "-m", "glmfb", "run", str(toml), "--out", str(out)]), out))
+    lines = []
+    for label, child, out in started:
+        stdout, stderr = child.communicate()
+        runs = sorted(out.glob("*/run.json")) if out is not None else []
         if runs:
             verdicts = json.loads(runs[-1].read_text())["verdicts"]
             last = "; ".join(f"{v['status']}: {v['why']}" for v in verdicts)
+        elif out is not None:
+            last = stderr.strip().splitlines()[-1] if stderr.strip() else stdout.strip()[-160:]
         else:
-            last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.stdout.strip()[-160:]
-        lines.append(f"TOML {probe} threshold = 5: exit {done.returncode}: {last}")
+            last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+        lines.append(f"{label}: exit {child.returncode}: {last}")
     return lines
+
+
+def _started(command: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
 # --------------------------------------------------------------------------------------------

@@ -180,12 +180,28 @@ def test_the_report_of_several_shards_links_each_verdicts_files_in_its_own_run_f
 # --------------------------------------------------------------------------------------------
 
 
-def glmfb(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """The glmfb command line in a fresh process that finds the toy by its entry point."""
+def glmfb_started(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    """The glmfb command line started in a fresh process that finds the toy by its entry point."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TOY), str(REPO)])}
     env.pop("GITHUB_STEP_SUMMARY", None)
-    return subprocess.run([sys.executable, "-m", "glmfb", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=300)
+    return subprocess.Popen([sys.executable, "-m", "glmfb", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=cwd, env=env)
+
+
+def finished(process: subprocess.Popen[str]) -> subprocess.CompletedProcess[str]:
+    """What a started glmfb process printed and its exit code, once it ends (killed past 300 s)."""
+    try:
+        stdout, stderr = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
+        pytest.fail(f"{process.args} ran past 300 s\n{stdout[-2000:]}\n{stderr[-2000:]}")
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def glmfb(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The glmfb command line in a fresh process that finds the toy by its entry point."""
+    return finished(glmfb_started(*args, cwd=cwd))
 
 
 @dataclass(frozen=True)
@@ -212,8 +228,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
                 "reports-other": ["changed/suite.toml", "--shard", "3/3"],
                 "reports-empty": ["suite.toml", "--shard", f"{empty}/7"]}
     codes, summaries = {}, {}
-    for out, args in commands.items():
-        ran = glmfb("run", *args, "--out", out, cwd=root)
+    # the six runs at once: each writes its own out folder (its history there too) and the toy
+    # measures nothing, so they need not wait for each other
+    started = {out: glmfb_started("run", *args, "--out", out, cwd=root) for out, args in commands.items()}
+    for out, process in started.items():
+        ran = finished(process)
         assert "Traceback" not in ran.stderr, ran.stderr
         codes[out], summaries[out] = ran.returncode, ran.stdout.strip().splitlines()[-1]
     return Runs(root, codes, summaries)
@@ -306,12 +325,15 @@ def test_a_set_that_is_not_one_whole_suite_is_refused_with_one_line(runs: Runs) 
         ("reports-1", "reports-2", "reports-3", "reports-all"): f"{files['reports-all']} is not a shard (run without "
                                                                 "--shard), and 4 runs were given",
     }
-    for given, message in cases.items():
-        for command in ("gate", "report"):
-            result = glmfb(command, *given, cwd=runs.root)
-            assert result.returncode == 2, (command, given, result.stderr)
-            line = one_error_line(result)
-            assert line.startswith(message if message is not None else f"{files['reports-empty']} is shard "), line
+    # the 14 refusals at once: each writes nothing
+    started = {(command, given): glmfb_started(command, *given, cwd=runs.root)
+               for given in cases for command in ("gate", "report")}
+    for (command, given), process in started.items():
+        message = cases[given]
+        result = finished(process)
+        assert result.returncode == 2, (command, given, result.stderr)
+        line = one_error_line(result)
+        assert line.startswith(message if message is not None else f"{files['reports-empty']} is shard "), line
     copied = runs.root / "copy.json"
     copied.write_text(runs.run_file("reports-1").read_text())
     result = glmfb("gate", "reports-1", "reports-2", "reports-3", "copy.json", cwd=runs.root)
