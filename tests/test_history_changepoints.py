@@ -163,3 +163,17 @@ def test_a_change_points_line_names_the_runs_its_start_may_be_at() -> None:
     assert line.endswith("the split's bootstrap puts its first run at runs 6-9 (aaaaaaaaaa..bbbbbbbbbb)"), line
     sharp = change_point_line({**point, "location": {**point["location"], "earliest": 7, "latest": 7}}, "s", False)
     assert "bootstrap" not in sharp
+
+
+def test_a_series_too_short_to_split_imports_neither_ruptures_nor_scipy() -> None:
+    """Most runs' reports read a history of a few runs: they must not pay ruptures' and
+    scipy's imports (0.5-1.7 s a run here) for a series with no split to make."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom glmfb.workflows.history.changepoints import Observation, change_points\n"
+            "assert change_points([Observation(v) for v in (1.0, 1.1, 0.9, 1.0, 1.05)]) == []\n"
+            "print(sorted(m for m in ('ruptures', 'scipy') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout

@@ -232,13 +232,14 @@ def _despiked(observations: Sequence[Observation], min_segment: int) -> list[Obs
 
 def _candidates(values: Sequence[float], min_segment: int) -> list[int]:
     """Every split ruptures' binary segmentation makes with segments of ``min_segment`` runs
-    or more (the first index of each new segment)."""
-    import numpy as np
-    import ruptures
-
+    or more (the first index of each new segment). A series too short to split imports
+    nothing: most runs' reports read a history of a few runs, and ruptures brings scipy."""
     most = len(values) // min_segment - 1
     if most < 1:
         return []
+    import numpy as np
+    import ruptures
+
     signal = np.asarray(values, dtype=np.float64)
     try:
         ends = ruptures.Binseg(model="l2", min_size=min_segment, jump=1).fit(signal).predict(n_bkps=most)
