@@ -85,25 +85,35 @@ def test_one_target_over_processes_records_its_time_in_the_references_units() ->
     assert metrics(measured("8", 2.5), measured("16", 5.0)) == [
         "median_time", "median_time[8]", "median_time[16]", "normalized_time[8]", "normalized_time[16]"]
     assert metrics(measured("8", None)) == ["median_time"]  # no reference: no normalized series
+    assert metrics(measured("8", 2.5), measured("16", None)) == [  # one shape without: the names stay per shape
+        "median_time", "median_time[8]", "median_time[16]", "normalized_time[8]"]
     busy = HostActivity(window_s=2.0, cpus=2, host_busy_cpus=1.9, own_busy_cpus=1.0, other_busy_cpus=0.9, busy=True)
     assert metrics(measured("8", 2.5), busy) == ["median_time"]
 
 
 def test_the_normalized_time_is_read_from_each_processs_paired_samples() -> None:
-    """Each process's ratio comes from its pairs (a kernel sample, the reference's right after
-    it): a slow spell that moves both cancels, as in a pair's change; the run is their
-    geometric mean over the processes."""
+    """Each process's ratio is the batch-means statistic (each batch's median log) of its
+    pairs, a kernel sample over the reference's right after it: the machine's speed, which
+    moves both samples of a pair, cancels; the run is their geometric mean over the processes."""
+    import math
+    import statistics
+
     from glmfb.bench.engine import ProcessRun, _normalized, _process_run
 
-    kernel = [100e-6] * 20 + [150e-6] * 20  # the machine slowed by half in the middle
-    reference = [50e-6] * 20 + [75e-6] * 20
+    rng = random.Random(1)
+    speed = [1 + 0.5 * rng.random() for _ in range(40)]  # the machine's speed, sample by sample
+    kernel = [100e-6 * v * (1 + 0.04 * rng.random()) for v in speed]
+    reference = [50e-6 * v * (1 + 0.04 * rng.random()) for v in speed]
     run = _process_run(kernel, reference)
-    assert run.ratio is not None and abs(run.ratio - 2.0) < 1e-9  # the slow spell cancels
-    assert run.reference_s is not None and 50e-6 < run.reference_s < 75e-6
+    logs = [math.log(k / r) for k, r in zip(kernel, reference, strict=True)]
+    expected = math.exp(statistics.fmean(statistics.median(logs[i * 5:(i + 1) * 5]) for i in range(8)))
+    assert run.ratio is not None and abs(run.ratio / expected - 1) < 1e-12
+    assert abs(run.ratio / 2.0 - 1) < 0.05  # the speed (up to +50%) cancels out of the pairs
+    assert run.reference_s is not None and abs(run.ratio - run.time_s / run.reference_s) > 1e-9  # read from pairs
     assert _process_run(kernel, []).ratio is None and _process_run(kernel, reference[:10]).ratio is None
     normalized = _normalized([run, ProcessRun(120e-6, 60e-6, 2.0), ProcessRun(90e-6, 45e-6, 2.0)])
-    assert normalized is not None and abs(normalized.value - 2.0) < 1e-9 and normalized.low == normalized.high
-    assert normalized.process_ratios == (run.ratio, 2.0, 2.0)
+    assert normalized is not None and normalized.process_ratios == (run.ratio, 2.0, 2.0)
+    assert abs(normalized.value - (run.ratio * 4.0) ** (1 / 3)) < 1e-12 and normalized.low < normalized.value
     assert _normalized([run, ProcessRun(120e-6)]) is None  # a process without its reference: no ratio
     assert _normalized([]) is None
 

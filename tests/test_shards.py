@@ -184,6 +184,7 @@ def glmfb_started(*args: str, cwd: Path) -> subprocess.Popen[str]:
     """The glmfb command line started in a fresh process that finds the toy by its entry point."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TOY), str(REPO)])}
     env.pop("GITHUB_STEP_SUMMARY", None)
+    env.pop("GLMFB_HISTORY", None)  # each run keeps its history in its own out folder
     return subprocess.Popen([sys.executable, "-m", "glmfb", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=cwd, env=env)
 

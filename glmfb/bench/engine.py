@@ -728,10 +728,11 @@ def _normalized_clause(results: list[ShapeResult], normalized: list[Normalized |
              for r, n in zip(results, normalized, strict=True) if n is not None]
     if not shown:
         return ""
-    first = next(n for n in normalized if n is not None)
+    shape, first = next((r.shape, n) for r, n in zip(results, normalized, strict=True) if n is not None)
+    where = f" on {shape}" if len(results) > 1 else ""
     return (f"; in units of a fixed reference workload whose samples alternated with its own in the same "
-            f"processes (normalized_time): {', '.join(shown)}; over the processes the kernel's own time scattered "
-            f"{_cv(first.process_times_s):.1%} (cv), the reference's {_cv(first.process_reference_s):.1%}, "
+            f"processes (normalized_time): {', '.join(shown)}; over the processes{where} the kernel's own time "
+            f"scattered {_cv(first.process_times_s):.1%} (cv), the reference's {_cv(first.process_reference_s):.1%}, "
             f"their ratio {_cv(first.process_ratios):.1%}")
 
 

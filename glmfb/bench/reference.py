@@ -12,9 +12,10 @@ same process, is the series that follows the kernel's own code with that part ca
 how much each scatters, run to run, for a pure-Python and a torch kernel.
 
 The work is fixed: integer arithmetic, a dict updated and a list sorted, all in the interpreter,
-none of it reading the kernel's data. It never changes under the same ``VERSION``: a change
-would move every normalized series by itself, so a new work is a new version, recorded in the
-evidence beside the ratio.
+none of it reading the kernel's data. It never changes under the same ``VERSION``, which the
+evidence records beside the ratio; and since a new work would move every ``normalized_time``
+series by itself, a new version also needs a new series name (the history keys a series by
+its definition, metric and machine, not by this version).
 """
 
 from __future__ import annotations

@@ -265,7 +265,9 @@ class Pool:
         end-of-file only when its imports are done (a refused ``glmfb run`` waited 1.8 s so)."""
         with contextlib.suppress(OSError):
             self.control.close()
-        if self.handed == 0:
+        with self.lock:
+            handed = self.handed
+        if handed == 0:
             with contextlib.suppress(OSError):
                 self.process.terminate()
         try:

@@ -14,6 +14,7 @@ import types
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from glmfb.gil.evidence import GilHolder, HeldSite
 from glmfb.gil.pyspy import CallSite, HolderProfile
@@ -63,6 +64,10 @@ def _names_callee(file: str, line: int, symbol: str) -> bool:
 # How a C function was named when no native frame of the site was sampled: the site's line
 # calls one function, and that name resolves to a C function of Python's own library.
 SOURCE_LINE = "the line's only call"
+# The other sources of a C function's name: frames py-spy --native sampled below the site, or
+# the thread's native snapshots while it ran.
+SOURCE_NATIVE = "py-spy --native"
+SOURCE_SNAPSHOTS = "native snapshots"
 _KEYWORDS = frozenset({"if", "elif", "while", "for", "in", "not", "and", "or", "return", "assert",
                        "yield", "await", "lambda", "with"})
 _IMPORT_HAS_EFFECTS = frozenset({"antigravity", "this", "turtle", "tkinter", "idlelib"})  # never imported to look
@@ -120,16 +125,16 @@ def c_function_of(site: CallSite, votes: Counter[tuple[str, str]] | None,
     if site.c_calls:
         (name, symbol), count = site.c_calls.most_common(1)[0]
         if count >= 0.5 * max(1, site.split_samples):
-            found = (name, symbol, "py-spy --native")
+            found = (name, symbol, SOURCE_NATIVE)
     if found is None and votes:
         total = sum(votes.values())
         (name, symbol), count = votes.most_common(1)[0]
         if name and count >= 0.5 * total:
-            found = (name, symbol, "native snapshots")
+            found = (name, symbol, SOURCE_SNAPSHOTS)
         if name == symbol and foreign and not glmfb_file(site.file):  # the votes name a library function
             for called, seen in foreign.most_common():
                 if seen >= 0.5 * total and _names_callee(site.file, site.line, called):
-                    return None, called, "native snapshots"
+                    return None, called, SOURCE_SNAPSHOTS
     if found is None:
         written = None if site.split_samples or glmfb_file(site.file) else only_c_call(site.file, site.line)
         named = Counter({key: n for key, n in (votes or Counter()).items() if key[0]})
@@ -208,16 +213,22 @@ def holder_evidence(site: CallSite, total: int, cls: type[HeldSite] = GilHolder,
         caller=caller_frame(stack), stack=tuple(stack[-8:]),
         c_function=c_function, c_symbol=c_symbol, c_source=c_source, thread_count=site.thread_count,
         c_votes=_c_votes(c_function, c_symbol, c_source, votes, foreign),
-        native_votes=sum((votes or Counter()).values()), released_snapshots=sum((released or Counter()).values()),
-        released_in=(released or Counter()).most_common(1)[0][0] if released else None,
+        native_votes=sum((votes or Counter()).values()), **released_fields(released),
     )
+
+
+def released_fields(released: Counter[str] | None) -> dict[str, Any]:
+    """A thread's snapshots set aside as waits with the GIL released, as the evidence carries
+    them: how many (``released_snapshots``) and the wait most of them found (``released_in``)."""
+    return {"released_snapshots": sum((released or Counter()).values()),
+            "released_in": released.most_common(1)[0][0] if released else None}
 
 
 def _c_votes(c_function: str | None, c_symbol: str | None, source: str | None,
              votes: Counter[tuple[str, str]] | None, foreign: Counter[str] | None) -> int:
     """The native snapshots that named the C function (0 when it was not named from them): by
     its Python name, or, for a library function the site's line calls, below Python."""
-    if source != "native snapshots":
+    if source != SOURCE_SNAPSHOTS:
         return 0
     if c_function is not None:
         return sum(n for (name, _symbol), n in (votes or Counter()).items() if name == c_function)

@@ -47,7 +47,7 @@ from glmfb.core.rules import Diagnosis, Rule
 from glmfb.gil.config import HEARTBEAT_THREAD
 from glmfb.gil.evidence import GilHolder, GilStartup, LoadRun, OverlapRow, WaitingThread
 from glmfb.gil.groups import describe
-from glmfb.gil.holders import SOURCE_LINE, glmfb_file
+from glmfb.gil.holders import SOURCE_LINE, SOURCE_SNAPSHOTS, glmfb_file
 
 KIND = "gil"
 
@@ -264,7 +264,7 @@ def _snapshots(holder: GilHolder) -> str:
     """How many of the thread's native snapshots named the C function, and how many were set
     aside because they found the thread blocked with the GIL released (a queue's get): those
     say where it waited, not what it held the GIL in."""
-    if holder.c_source != "native snapshots" or not holder.native_votes:
+    if holder.c_source != SOURCE_SNAPSHOTS or not holder.native_votes:
         return ""
     aside = (f"; {holder.released_snapshots} more found it blocked with the GIL released"
              f"{f', most in {holder.released_in}' if holder.released_in else ''}, not counted"

@@ -38,7 +38,7 @@ from glmfb.gil.evidence import (
 )
 from glmfb.gil.groups import unnamed
 from glmfb.gil.heartbeat import Heartbeat, lateness_series
-from glmfb.gil.holders import holder_evidence, holder_site
+from glmfb.gil.holders import holder_evidence, holder_site, released_fields
 from glmfb.gil.pyspy import CallSite, HolderProfile
 from glmfb.gil.rules import MIN_WAIT_WALL_SHARE_ATTACHED, RULES, WAIT_SHARE_FAIL, GilFindings
 
@@ -442,9 +442,7 @@ def _thread_times(observations: Observations) -> ThreadTimes | None:
             longest_gil_wait_ms=round(1e3 * account.longest_gil_wait_s, 1),
             cpus=observations.cpus.get(tid), c_function=top[0] if top else None,
             c_function_share=round(top[1] / sum(votes.values()), 4) if top else None,
-            native_snapshots=sum(votes.values()) + sum(released.values()),
-            released_snapshots=sum(released.values()),
-            released_in=released.most_common(1)[0][0] if released else None,
+            native_snapshots=sum(votes.values()) + sum(released.values()), **released_fields(released),
             glmfb=tid == heartbeat_tid or name.startswith(CANARY_PREFIX),
             thread_count=observations.thread_counts.get(tid, 1),
         ))
