@@ -262,12 +262,12 @@ def _named(holder: GilHolder) -> str:
 
 def _snapshots(holder: GilHolder) -> str:
     """How many of the thread's native snapshots named the C function, and how many were set
-    aside because they found the thread blocked with the GIL released (a queue's get): those
-    say where it waited, not what it held the GIL in."""
+    aside because they found the thread blocked with the GIL released: those say where it
+    waited, not what it held the GIL in. The wait itself (``released_in``) stays in the
+    evidence: named in the why, a queue's get beside the holder reads as a lead to follow."""
     if holder.c_source != SOURCE_SNAPSHOTS or not holder.native_votes:
         return ""
-    aside = (f"; {holder.released_snapshots} more found it blocked with the GIL released"
-             f"{f', most in {holder.released_in}' if holder.released_in else ''}, not counted"
+    aside = (f"; {holder.released_snapshots} more found it waiting with the GIL released, not counted"
              if holder.released_snapshots else "")
     return f" (in {holder.c_votes} of {holder.native_votes} native snapshots of the thread while it ran{aside})"
 
