@@ -724,14 +724,14 @@ def _normalized_clause(results: list[ShapeResult], normalized: list[Normalized |
     """The why's words for the time in the reference's units, when it was measured, with the
     scatter over the processes of each time and of their ratio (the figures that say whether the
     reference took in what moved the kernel)."""
-    shown = [f"{r.shape} {n.value:.4g} [{n.low:.4g}, {n.high:.4g}]"
-             for r, n in zip(results, normalized, strict=True) if n is not None]
-    if not shown:
+    measured = [(r.shape, n) for r, n in zip(results, normalized, strict=True) if n is not None]
+    if not measured:
         return ""
-    shape, first = next((r.shape, n) for r, n in zip(results, normalized, strict=True) if n is not None)
+    shown = ", ".join(f"{shape} {n.value:.4g} [{n.low:.4g}, {n.high:.4g}]" for shape, n in measured)
+    shape, first = measured[0]
     where = f" on {shape}" if len(results) > 1 else ""
     return (f"; in units of a fixed reference workload whose samples alternated with its own in the same "
-            f"processes (normalized_time): {', '.join(shown)}; over the processes{where} the kernel's own time "
+            f"processes (normalized_time): {shown}; over the processes{where} the kernel's own time "
             f"scattered {_cv(first.process_times_s):.1%} (cv), the reference's {_cv(first.process_reference_s):.1%}, "
             f"their ratio {_cv(first.process_ratios):.1%}")
 

@@ -42,14 +42,16 @@ class Reference:
     seconds per call."""
 
     def __init__(self, sample_s: float, clock: Callable[[], float] = time.perf_counter) -> None:
+        from glmfb.bench.allocations import calls_per_sample
+
         self.clock = clock
         calls = 1
-        while True:
+        while True:  # as bench's calibrate: calls x4 until a run lasts an eighth of a sample
             elapsed = self._run(calls)
             if elapsed >= sample_s / 8 or calls >= 1 << 20:
                 break
             calls *= 4
-        self.calls = max(1, round(calls * sample_s / max(elapsed, 1e-9)))
+        self.calls = calls_per_sample(elapsed / calls, sample_s)
 
     def _run(self, calls: int) -> float:
         began = self.clock()
