@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.untimed  # exit codes, messages and files of real CLI calls: no timing verdict, wide timeouts
+
 REPO = Path(__file__).resolve().parents[1]
 
 
