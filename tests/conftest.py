@@ -14,8 +14,6 @@ import pytest
 if TYPE_CHECKING:
     from helpers import BundledRun
 
-pytest_plugins = ["scheduling"]  # under pytest -n N: the timed tests alone, the untimed side by side
-
 TOY = Path(__file__).parent / "toy"
 ROOT = Path(__file__).resolve().parents[1]
 

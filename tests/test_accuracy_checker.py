@@ -6,14 +6,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
-
 import glmfb.gil.target_loop as runner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import accuracy
-
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
 
 
 def test_a_user_file_under_a_folder_named_glmfb_is_not_glmfbs_own() -> None:

@@ -15,11 +15,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from glmfb.core.registry import BUILTIN_PROBES
-
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
 
 GLMFB = Path(__file__).resolve().parents[1] / "glmfb"
 

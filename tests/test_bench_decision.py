@@ -23,8 +23,6 @@ from glmfb.bench.decision import (
 from glmfb.core.measure.intervals import pair_interval
 from glmfb.core.measure.stats import Decision
 
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
-
 
 def units(effect: float, pairs: int, between: float, within: float, seed: int) -> list[list[float]]:
     rng = random.Random(seed)

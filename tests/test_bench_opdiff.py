@@ -17,8 +17,6 @@ from glmfb.bench.opdiff import (
     tensors_of,
 )
 
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
-
 
 def ops(**entries: tuple[float, float]) -> dict[str, OpStats]:
     return {f"aten::{name}": OpStats(f"aten::{name}", calls, self_us) for name, (calls, self_us) in entries.items()}

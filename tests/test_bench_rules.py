@@ -21,8 +21,6 @@ from glmfb.core.commandline import rerun_step, shell_line
 from glmfb.core.rules import diagnose
 from glmfb.core.targets import Target
 
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
-
 SIZES = {"float32": 4, "bfloat16": 2, "float64": 8, "bool": 1}
 
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from glmfb.cli import app
 
-pytestmark = [pytest.mark.slow, pytest.mark.untimed]  # untimed: diffs compare tensors: nothing here rests on wall time
+pytestmark = pytest.mark.slow
 
 runner = CliRunner()
 

@@ -26,8 +26,6 @@ from glmfb.core.io import write_json_atomic
 from glmfb.diff import store
 from glmfb.diff.store import CAPTURE_SCHEMA, MANIFEST, CaptureReader, CaptureWriter, Manifest
 
-pytestmark = pytest.mark.untimed  # diffs compare tensors: nothing here rests on wall time
-
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -11,8 +11,6 @@ import pytest
 
 from glmfb.capture.vllm import RUNNER_MODULE, CaptureSettings, after_import, parse_bytes, register
 
-pytestmark = pytest.mark.untimed  # diffs compare tensors: nothing here rests on wall time
-
 
 @pytest.fixture
 def meta_path(monkeypatch: pytest.MonkeyPatch) -> list[object]:

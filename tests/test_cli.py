@@ -13,8 +13,6 @@ from glmfb.cli import app
 from glmfb.contract.step import Step
 from glmfb.contract.verdict import Layer, Run, Status, Verdict
 
-pytestmark = pytest.mark.untimed  # exit codes, messages and files of real CLI calls: no timing verdict, wide timeouts
-
 runner = CliRunner()
 
 

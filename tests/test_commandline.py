@@ -40,8 +40,6 @@ from glmfb.gap.engine import next_steps as gap_steps
 from glmfb.gil.config import GilConfig
 from glmfb.gil.engine import trace_step
 
-pytestmark = pytest.mark.untimed  # exit codes, messages and files of real CLI calls: no timing verdict, wide timeouts
-
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = "scenarios/decode_norm/kernels.py"
 FUSED = f"{KERNELS}:gated_norm_fused"

@@ -19,8 +19,6 @@ from glmfb.diff.engine import CaptureConfig, run_capture
 from glmfb.diff.requests import draw_ids, read_requests
 from glmfb.diff.store import CAPTURE_SCHEMA, CaptureReader
 
-pytestmark = pytest.mark.untimed  # diffs compare tensors: nothing here rests on wall time
-
 runner = CliRunner()
 HERE = Path(__file__).resolve()
 

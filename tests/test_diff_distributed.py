@@ -40,10 +40,6 @@ from glmfb.diff.distributed import (
 from glmfb.diff.metrics import Tolerance
 from glmfb.diff.store import CAPTURE_SCHEMA, CaptureReader, Manifest, RequestRecord, TapRecord
 
-# untimed: ranks' captures compared and their failures named; the tests resting on a rank timeout
-# counted from the launch, or on a stack arriving in time, are timed
-pytestmark = pytest.mark.untimed
-
 HERE = Path(__file__).resolve()
 
 
@@ -306,7 +302,6 @@ hang_here()
 """
 
 
-@pytest.mark.timed  # the stack must come within STACK_WAIT_S of a child that sleeps 1.5 s first
 @pytest.mark.parametrize("answers", [True, False], ids=["asked-again", "never"])
 def test_a_hung_ranks_stack_is_asked_for_again_and_its_absence_said(tmp_path: Path, answers: bool) -> None:
     from glmfb.diff.distributed import STACK_WAIT_S, stack_path
@@ -443,7 +438,6 @@ def test_a_rank_that_raises_is_named(tmp_path: Path, out_dir: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timed  # an 8 s rank timeout counted from the launch, start-up included
 def test_a_rank_that_hangs_is_named_when_its_timeout_passes(tmp_path: Path, out_dir: Path) -> None:
     timeout_s = 8.0
     failure, elapsed_s = failing_capture(tmp_path, out_dir, "hang", world_size=3, timeout_s=timeout_s, fault_rank=2)
@@ -456,7 +450,6 @@ def test_a_rank_that_hangs_is_named_when_its_timeout_passes(tmp_path: Path, out_
 
 
 @pytest.mark.slow
-@pytest.mark.timed  # the raise must be named before the other rank's 30 s timeout
 def test_one_rank_raises_while_another_hangs(tmp_path: Path, out_dir: Path) -> None:
     # rank 1 raises, rank 2 blocks forever: torchrun's teardown of the failed group ends both
     requests = write_requests(tmp_path)
@@ -508,7 +501,6 @@ def test_a_rank_that_disagrees_on_taps_is_named(tmp_path: Path, out_dir: Path) -
     ("toy_sharded", ["--candidate-arg", "fault=hang", "--candidate-nproc", "2", "--rank-timeout", "8s"], "rank 1 hung"),
     ("raise_and_hang", ["--candidate-nproc", "3", "--rank-timeout", "30s"], "rank 1 raised"),
 ])
-@pytest.mark.timed  # its hang case: an 8 s rank timeout counted from the launch
 def test_a_rank_that_raises_or_hangs_is_an_error_verdict(tmp_path: Path, target: str, args: list[str],
                                                           phrase: str) -> None:
     import json

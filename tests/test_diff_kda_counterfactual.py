@@ -13,8 +13,6 @@ import pytest
 
 from glmfb.diff.config import DiffConfig
 
-pytestmark = pytest.mark.untimed  # diffs compare tensors: nothing here rests on wall time
-
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve()
 if str(ROOT / "scenarios") not in sys.path:

@@ -18,8 +18,6 @@ from glmfb.diff.config import DiffConfig
 from glmfb.diff.requests import read_requests
 from glmfb.workflows.suite import load_definitions
 
-pytestmark = pytest.mark.untimed  # diffs compare tensors: nothing here rests on wall time
-
 ROOT = Path(__file__).resolve().parents[1]
 NUMERICS = ROOT / "scenarios" / "numerics"
 LLAMA = str(NUMERICS / "llama.py")

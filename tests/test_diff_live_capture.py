@@ -16,8 +16,6 @@ from glmfb.capture import recording
 from glmfb.cli import app
 from glmfb.diff.store import CaptureReader
 
-pytestmark = pytest.mark.untimed  # diffs compare tensors: nothing here rests on wall time
-
 runner = CliRunner()
 PROMPTS = {"a": [1, 2, 3, 4], "b": [5, 6, 7], "c": [8, 9, 10, 11, 12]}
 STEPS = 4  # decode steps after the prefill

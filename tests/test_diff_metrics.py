@@ -21,8 +21,6 @@ from glmfb.diff.metrics import (
 )
 from glmfb.diff.store import TensorLocation, read_safetensors_header
 
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
-
 
 def reference(baseline: torch.Tensor, candidate: torch.Tensor, rtol: float, atol: float) -> dict[str, float]:
     b = baseline.to(torch.float64).reshape(-1)

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import inspect
 
-import pytest
 import torch
 from torch import nn
 
 from glmfb.diff.optrace import float16_seen, new_narrowing, trace_module
 from glmfb.diff.rounding import FLOAT16_MAX, float16_range
-
-pytestmark = pytest.mark.untimed  # diffs compare tensors: nothing here rests on wall time
 
 
 def _line_of(function: object, text: str) -> int:

@@ -20,8 +20,6 @@ from glmfb.diff.config import DiffConfig
 from glmfb.diff.counterfactual import parse_counterfactuals
 from glmfb.diff.requests import NotShrinkable, draw_ids, parse_request, read_requests
 
-pytestmark = pytest.mark.untimed  # diffs compare tensors: nothing here rests on wall time
-
 HERE = Path(__file__).resolve()
 
 

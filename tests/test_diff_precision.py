@@ -17,8 +17,6 @@ from glmfb.core.commandline import shell_line
 from glmfb.diff.config import DiffConfig
 from glmfb.diff.rounding import bias_test, round_to, rounding_mode, rounding_test
 
-pytestmark = pytest.mark.untimed  # diffs compare tensors: nothing here rests on wall time
-
 HERE = Path(__file__).resolve()
 
 

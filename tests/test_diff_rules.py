@@ -28,8 +28,6 @@ from glmfb.diff.shape import (
     precision_signature,
 )
 
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
-
 FORMATS = r"bf16|bfloat16|fp16|(?<!b)float16|tf32"
 
 

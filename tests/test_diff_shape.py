@@ -18,8 +18,6 @@ from glmfb.diff.shape import (
     precision_signature,
 )
 
-pytestmark = pytest.mark.untimed  # diffs compare tensors: nothing here rests on wall time
-
 
 def test_growth_fit_recovers_a_power_law() -> None:
     lengths = [64, 128, 256, 512, 1024]

@@ -34,8 +34,6 @@ from glmfb.diff.shape import (
     run_needed,
 )
 
-pytestmark = pytest.mark.untimed  # diffs compare tensors: nothing here rests on wall time
-
 runner = CliRunner()
 BOUNDARY_TEXT = ("block boundary", "exactly zero before position", "reordering starts there")
 

@@ -21,8 +21,6 @@ from glmfb.contract.verdict import Layer, Status, Verdict
 from glmfb.core.documents import json_schema
 from glmfb.core.probe import load_evidence_types
 
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
-
 finite = st.floats(allow_nan=False, allow_infinity=False, width=64)
 load_evidence_types()  # every probe's kinds, registered by the probe API as a reader does
 KINDS = {kind: cls for kind, cls in sorted(registered_kinds().items()) if kind == cls.kind and cls is not RawEvidence}

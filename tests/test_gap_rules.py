@@ -18,8 +18,6 @@ from glmfb.gap.engine import next_steps
 from glmfb.gap.phases import PhaseChange
 from glmfb.gap.rules import RULES, GapFindings
 
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
-
 GREW = (PhaseChange("kv_wait_s", None, 0.169),)
 HOLDER_IDLE = GilFinding(available=True, status="fail", holder_thread="MainThread", holder_function="intranode_dispatch",
                          holder_file="scenarios/kv_transfer/dispatch.py", holder_line=39, holder_idle_share=0.97,

@@ -11,8 +11,6 @@ from glmfb.workflows.gate import GateDecision, Policy, evaluate, load_policy, pa
 from glmfb.workflows.report.junit import render_junit
 from glmfb.workflows.report.markdown import render_markdown
 
-pytestmark = pytest.mark.untimed  # exit codes, messages and files of real CLI calls: no timing verdict, wide timeouts
-
 
 def verdict(name: str, status: Status, probe: str = "bench") -> Verdict:
     return Verdict(

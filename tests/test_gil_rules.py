@@ -27,8 +27,6 @@ from glmfb.gil.native import (
 from glmfb.gil.procwatch import GIL_SPAN_AFTER, GIL_SPAN_BEFORE, Tick, account, gil_region
 from glmfb.gil.rules import RULES, GilFindings
 
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
-
 LIBPYTHON = "/usr/lib/libpython3.11.so.1.0"
 SORTER = GilHolder(thread="sorter", tid=7, function="loop", qualname="Worker.loop", file="w.py", line=105,
                    samples=400, share_of_time=1.0, active_share=1.0, idle_share=0.0, native_samples=40,

@@ -9,8 +9,6 @@ import pytest
 
 from glmfb.workflows.history.changepoints import Observation, change_points, segments
 
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
-
 
 def series(levels: list[float], *, sd: float = 0.01, half_width: float = 0.005, seed: int = 0
            ) -> list[Observation]:

@@ -20,8 +20,6 @@ from glmfb.contract.verdict import validate
 from glmfb.workflows.history.series import HISTORY_JSON_SCHEMA
 from glmfb.workflows.history.store import Record, open_store
 
-pytestmark = pytest.mark.untimed  # rendering and stores of saved data: no wall time
-
 runner = CliRunner()
 
 

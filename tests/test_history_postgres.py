@@ -21,8 +21,6 @@ import pytest
 
 from glmfb.workflows.history.store import POSTGRES, SCHEMA_VERSION, Record, migrate, open_store
 
-pytestmark = pytest.mark.untimed  # rendering and stores of saved data: no wall time
-
 REPO = Path(__file__).resolve().parents[1]
 FAST = "scan-state-update-fp32"  # the fastest bundled definition (a small diff, ~4 s)
 USER = "glmfb"

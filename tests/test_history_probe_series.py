@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import random
 
-import pytest
-
 from glmfb.bench.evidence import Measurement, ShapeChange
 from glmfb.contract.verdict import Layer, Metric, Run, Status, Verdict
 from glmfb.core.probe import get_probe
 from glmfb.gap.evidence import GapMeasurement
 from glmfb.workflows.history.metrics import DEFAULT_KIND, MetricKind, Worse, metric_kind
 from glmfb.workflows.history.record import Origin, records_of
-
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
 
 
 def samples(level: float, count: int = 40, seed: int = 0) -> tuple[float, ...]:

@@ -27,8 +27,6 @@ from glmfb.workflows.history.store import (
 )
 from glmfb.workflows.suite import discover, load_definitions, select
 
-pytestmark = pytest.mark.untimed  # rendering and stores of saved data: no wall time
-
 REPO = Path(__file__).resolve().parents[1]
 FAST = "scan-state-update-fp32"  # the fastest bundled definition (a small diff, ~4 s)
 

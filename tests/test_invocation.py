@@ -26,8 +26,6 @@ from glmfb.contract.clock import new_run_id
 from glmfb.contract.errors import HarnessError
 from glmfb.core.runs import latest_run
 
-pytestmark = pytest.mark.untimed  # exit codes, messages and files of real CLI calls: no timing verdict, wide timeouts
-
 ROOT = Path(__file__).resolve().parents[1]
 TOY = Path(__file__).resolve().parent / "toy"
 

@@ -11,8 +11,6 @@ import pytest
 from glmfb.contract.errors import InputError
 from glmfb.core.io import atomic_writer, read_json, write_text_atomic
 
-pytestmark = pytest.mark.untimed  # exit codes, messages and files of real CLI calls: no timing verdict, wide timeouts
-
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
     path = tmp_path / "run.json"

@@ -30,9 +30,7 @@ import pytest
 
 from glmfb.contract.verdict import Run
 
-# untimed: error verdicts of broken targets and what they leave behind, under timeouts several times what a
-# run takes alone (a hang's 4 s timeout against a 40 s bound); the one test that needs a measured failure is timed
-pytestmark = [pytest.mark.slow, pytest.mark.untimed]
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = Path(__file__).resolve().parent / "targets" / "misbehave.py"
@@ -309,7 +307,6 @@ def test_the_leftover_search_finds_a_marked_process() -> None:
     assert wait_for_no_leftovers(mark) == []
 
 
-@pytest.mark.timed  # the gap must measure its failure for the gil attribution to start
 def test_sigterm_during_gap_attribution_leaves_no_runner_or_receiver(tmp_path: Path) -> None:
     """The kv_transfer scenario (a receiver process) failing its gap, so the gil probe runs on it
     (a runner process, two py-spy samplers): SIGTERM then must stop all of them."""

@@ -17,8 +17,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytestmark = pytest.mark.untimed  # diffs compare tensors: nothing here rests on wall time
-
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "scenarios") not in sys.path:  # the scenario package, imported as glmfb imports targets
     sys.path.insert(0, str(ROOT / "scenarios"))

@@ -18,8 +18,6 @@ from glmfb.contract.errors import InputError
 from glmfb.workflows.mcp.boundary import Boundary
 from glmfb.workflows.mcp.tools import CallContext, Toolbox
 
-pytestmark = pytest.mark.untimed  # exit codes, messages and files of real CLI calls: no timing verdict, wide timeouts
-
 OUTSIDE_TARGET = '''from pathlib import Path
 
 Path({marker!r}).write_text("imported")

@@ -33,10 +33,6 @@ from mcp.shared.exceptions import MCPError
 from glmfb.contract.step import Step
 from glmfb.core.commandline import shell_line
 
-# untimed: tools, refusals, captures and stopped servers; the tests resting on a bench fail or a
-# cancel bound are timed
-pytestmark = pytest.mark.untimed
-
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = "scenarios/decode_norm/kernels.py"
 FUSED = f"{KERNELS}:gated_norm_fused"
@@ -205,7 +201,6 @@ def bench_and_next_step(root: Path, glmfb_schema: dict[str, Any]) -> Callable[[C
 
 
 @pytest.mark.slow
-@pytest.mark.timed  # bench must measure its fail
 def test_stdio_tools_a_fail_verdict_that_validates_and_its_next_step_followed(root: Path,
                                                                              glmfb_schema: dict[str, Any]) -> None:
     serve(stdio(root), bench_and_next_step(root, glmfb_schema))
@@ -277,7 +272,6 @@ def cancel_gap(measured: dict[str, float]) -> Callable[[Client], Awaitable[None]
 
 
 @pytest.mark.slow
-@pytest.mark.timed  # a cancel within CANCEL_BOUND_S
 def test_stdio_cancelling_a_long_gap_call_stops_every_process_and_keeps_the_cancelled_verdict(root: Path) -> None:
     measured: dict[str, float] = {}
     serve(stdio(root), cancel_gap(measured))
@@ -320,7 +314,6 @@ def test_stdio_refuses_paths_outside_the_root_and_stays_up(root: Path, tmp_path:
 
 
 @pytest.mark.slow
-@pytest.mark.timed  # a bench definition that expects fail
 def test_stdio_list_probes_run_gate_explain(root: Path, glmfb_schema: dict[str, Any]) -> None:
     async def session(client: Client) -> None:
         listed = structured(await client.call_tool("list_probes", {}))
@@ -438,7 +431,6 @@ def test_over_http_an_empty_token_is_bad_input(root: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timed  # bench's fail and the cancel bound, over HTTP
 def test_the_same_over_streamable_http(root: Path, tmp_path: Path, http_server: HttpServer,
                                        glmfb_schema: dict[str, Any]) -> None:
     measured: dict[str, float] = {}

@@ -22,8 +22,6 @@ from glmfb.core.probe import ProbeForm, all_probes
 from glmfb.workflows.mcp.boundary import Boundary
 from glmfb.workflows.mcp.tools import Toolbox
 
-pytestmark = pytest.mark.untimed  # exit codes, messages and files of real CLI calls: no timing verdict, wide timeouts
-
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = "scenarios/decode_norm/kernels.py"
 FUSED = f"{KERNELS}:gated_norm_fused"

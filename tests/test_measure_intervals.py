@@ -16,8 +16,6 @@ from glmfb.core.measure.intervals import (
     single_runs_interval,
 )
 
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
-
 
 def test_pair_interval_by_hand() -> None:
     # three pairs; medians 0.10, 0.12, 0.08 -> mean 0.10, sd 0.02, se 0.02/sqrt(3), df 2

@@ -22,8 +22,6 @@ from glmfb.core.measure.simulate import (
 )
 from glmfb.core.measure.stats import Decision
 
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
-
 
 def sides(effect: float, between_sd: float = 0.0, within_sd: float = 0.01) -> tuple[ScriptedSide, ScriptedSide]:
     return (ScriptedSide("baseline", between_sd=between_sd, within_sd=within_sd),

@@ -7,8 +7,6 @@ import pytest
 from glmfb.core.measure.sequential import LookPlan, bonferroni_pvalue, decide_with_floor
 from glmfb.core.measure.stats import Decision, Estimate
 
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
-
 
 def test_levels_spend_exactly_alpha() -> None:
     plan = LookPlan(alpha=0.05, fractions=(0.25, 0.5, 0.75, 1.0), rho=2.0)

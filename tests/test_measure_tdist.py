@@ -8,8 +8,6 @@ import pytest
 
 from glmfb.core.measure.tdist import betainc, t_cdf, t_quantile, t_two_sided_pvalue
 
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
-
 
 @pytest.mark.parametrize(
     ("p", "df", "expected"),

@@ -15,8 +15,6 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.untimed  # exit codes, messages and files of real CLI calls: no timing verdict, wide timeouts
-
 REPO = Path(__file__).resolve().parents[1]
 
 

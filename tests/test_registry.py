@@ -16,8 +16,6 @@ import pytest
 from glmfb.core.probe import get_probe
 from glmfb.core.registry import BUILTIN_PROBES, command_list, entry_points, known_kinds
 
-pytestmark = pytest.mark.untimed  # exit codes, messages and files of real CLI calls: no timing verdict, wide timeouts
-
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -2,13 +2,10 @@ from __future__ import annotations
 
 import io
 
-import pytest
 from rich.console import Console
 
 from glmfb.contract.verdict import Expectation, Layer, Metric, Run, Status, Verdict
 from glmfb.workflows.report.terminal import render_run, render_verdict, theme
-
-pytestmark = pytest.mark.untimed  # rendering and stores of saved data: no wall time
 
 
 def render(renderable: object) -> str:

@@ -20,8 +20,6 @@ from glmfb.cli import app
 from glmfb.workflows.history.series import history_of_run
 from glmfb.workflows.report.html import render_html
 
-pytestmark = pytest.mark.untimed  # rendering and stores of saved data: no wall time
-
 REPO = Path(__file__).resolve().parents[1]
 STEP = [0.02] * 12 + [0.12] * 12  # +10 points of the baseline's time at run 12
 CURRENT = 20  # the run the page is about, in the segment after the step

@@ -17,8 +17,6 @@ from glmfb.gap import plots as gap_plots
 from glmfb.workflows.report.html import render_html, write_html
 from glmfb.workflows.report.plots import PlotSpec
 
-pytestmark = pytest.mark.untimed  # rendering and stores of saved data: no wall time
-
 ROOT = Path(__file__).resolve().parents[1]
 RUN_ID = "20260101-000000-abcd"
 

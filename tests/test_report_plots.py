@@ -15,8 +15,6 @@ from glmfb.core.plotting import figure_to_svg, new_axes, number, resolve_artifac
 from glmfb.gap.plots import stacked_phases
 from glmfb.workflows.report.plots import Drawn, VerdictView, draw, specs_for
 
-pytestmark = pytest.mark.untimed  # rendering and stores of saved data: no wall time
-
 RUN_ID = "20260101-000000-abcd"
 
 

@@ -12,8 +12,6 @@ from glmfb.contract.errors import InputError
 from glmfb.diff.endpoint import read_serving_requests
 from glmfb.diff.requests import read_requests
 
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
-
 MODEL = '{"id": "a", "length": 8, "seed": 1, "vocab": 64}'
 SERVING = '{"id": "a", "prompt": "hello"}'
 

@@ -31,9 +31,7 @@ from glmfb.cli import app  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
-# untimed: served greedy outputs compared, and servers' failures as error verdicts under bounds
-# several times what they take alone
-pytestmark = [pytest.mark.slow, pytest.mark.untimed]
+pytestmark = pytest.mark.slow
 
 PROMPTS = ("the cat sat on the", "in the beginning there", "to be or not to be", "a tiny model that",
            "hello there and", "once upon a time", "at the end of the", "it is the")

@@ -21,8 +21,6 @@ from glmfb.diff.serving import (
     shared_kl,
 )
 
-pytestmark = pytest.mark.untimed  # diffs compare tensors: nothing here rests on wall time
-
 
 def _answer(*steps: tuple[str, float, dict[str, float]]) -> Answer:
     return Answer("r", tuple(TokenStep(t, lp, top) for t, lp, top in steps))

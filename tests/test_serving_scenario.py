@@ -34,8 +34,6 @@ from glmfb.diff.endpoint import ServingRequest
 from glmfb.diff.servers import parse_command
 from glmfb.diff.serving import MODULE_DIFF_REQUESTS, next_steps
 
-pytestmark = pytest.mark.untimed  # diffs compare tensors: nothing here rests on wall time
-
 pytest.importorskip("httpx")
 
 ROOT = Path(__file__).resolve().parents[1]

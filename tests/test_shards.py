@@ -26,8 +26,6 @@ from glmfb.core.shards import Source, combine, parse_shard, shard_of, shard_reco
 from glmfb.workflows import suite
 from glmfb.workflows.report.html import render_html
 
-pytestmark = pytest.mark.untimed  # exit codes, messages and files of real CLI calls: no timing verdict, wide timeouts
-
 REPO = Path(__file__).resolve().parents[1]
 NAMES = [f"definition-{i}" for i in range(40)] + ["gated-norm-tiled-vs-fused", "gil-dispatch-target-holds-gil",
                                                   "llama-down-proj-bf16", "kda-chunk-tf32-scan"]

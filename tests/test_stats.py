@@ -14,8 +14,6 @@ from glmfb.core.measure.stats import (
     paired_median_ratio,
 )
 
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
-
 
 def test_median_ratio_finds_a_planted_change() -> None:
     rng = np.random.default_rng(1)

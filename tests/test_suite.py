@@ -16,8 +16,6 @@ from glmfb.contract.verdict import Layer, Run, Status
 from glmfb.workflows import suite
 from glmfb.workflows.suite import SuiteContext
 
-pytestmark = pytest.mark.untimed  # exit codes, messages and files of real CLI calls: no timing verdict, wide timeouts
-
 DEFINITIONS = """
 [[probe]]
 name = "planted"

@@ -7,8 +7,6 @@ import pytest
 from glmfb.contract.errors import TargetError, UsageError
 from glmfb.core.targets import Target, parse_arg, parse_args, resolve, side_args
 
-pytestmark = pytest.mark.untimed  # exit codes, messages and files of real CLI calls: no timing verdict, wide timeouts
-
 
 def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,8 +16,6 @@ from glmfb.contract.units import OptionValueError, parse_fraction
 from glmfb.core.probe import get_probe
 from glmfb.core.registry import known_kinds
 
-pytestmark = pytest.mark.untimed  # exit codes, messages and files of real CLI calls: no timing verdict, wide timeouts
-
 HERE = Path(__file__).resolve()
 
 

@@ -22,8 +22,6 @@ from glmfb.contract.verdict import (
 )
 from glmfb.core.documents import json_schema
 
-pytestmark = pytest.mark.untimed  # statistics, rules and parsing on made-up data: no wall time
-
 SCHEMA = json_schema()
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 

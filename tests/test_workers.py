@@ -37,7 +37,7 @@ from glmfb.core import workers
 from glmfb.core.probe import ProbeSpec, get_probe
 from glmfb.core.supervise import call_isolated, run_isolated
 
-pytestmark = [pytest.mark.slow, pytest.mark.untimed]  # untimed: error verdicts of broken targets and what is left behind: wide timeouts, no timing verdict
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = Path(__file__).resolve().parent / "targets" / "misbehave.py"

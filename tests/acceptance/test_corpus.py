@@ -32,7 +32,6 @@ accuracy = _accuracy()
 CASES = accuracy.load_cases()
 
 
-@pytest.mark.untimed
 def test_corpus_has_the_cases_the_issue_asks_for() -> None:
     """At least 20 cases, at least 5 per probe kind, each kind with clean twins."""
     kinds = [case.kind for case in CASES]
@@ -72,9 +71,7 @@ def _evidence_text(verdict: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("case", [  # a diff case compares tensors: it runs beside other untimed tests under -n N
-    pytest.param(case, marks=[pytest.mark.untimed] if case.kind == "diff" else []) for case in CASES],
-    ids=[case.name for case in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
 def test_case(case: object, context: object) -> None:
     result = accuracy.run_case(case, context)
     kept = context.probe_context(result.case.definition).artifact_dir / "verdict.json"  # type: ignore[attr-defined]
