@@ -462,12 +462,15 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         print(f"accuracy: error: no case matches {options.patterns}", file=sys.stderr)
         return 2
+    from glmfb.core import workers
+
     context = new_context(options.out)
     scores: list[Score] = []
     started = time.perf_counter()
-    for index, case in enumerate(cases, start=1):
-        print(f"[{index}/{len(cases)}] {case.name}", file=sys.stderr, flush=True)
-        scores.append(run_case(case, context))
+    with workers.pool("run"):  # as glmfb run: each case's probe forks from one warm zygote
+        for index, case in enumerate(cases, start=1):
+            print(f"[{index}/{len(cases)}] {case.name}", file=sys.stderr, flush=True)
+            scores.append(run_case(case, context))
     wall_s = time.perf_counter() - started
     print(format_table(scores, options.verbose))
     print(f"wall time {wall_s:.0f} s for {len(cases)} cases")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -43,8 +44,13 @@ def test_corpus_has_the_cases_the_issue_asks_for() -> None:
 
 
 @pytest.fixture(scope="module")
-def context(tmp_path_factory: pytest.TempPathFactory) -> object:
-    return accuracy.new_context(tmp_path_factory.mktemp("acceptance"))
+def context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The cases' suite context, with a pool open as ``glmfb run`` opens one: each case's probe
+    forks from a warm zygote (its imports done once), as it does for a user's ``glmfb run``."""
+    from glmfb.core import workers
+
+    with workers.pool("run"):
+        yield accuracy.new_context(tmp_path_factory.mktemp("acceptance"))
 
 
 EVIDENCE_CHARS = 1500  # an evidence item longer than this is named, not printed
