@@ -139,19 +139,24 @@ def calls_per_sample(per_call_s: float, sample_s: float, max_calls: int = 1_000_
     return max(1, min(max_calls, math.ceil(sample_s / per_call_s)))
 
 
+def per_call_s(run: Callable[[int], float], sample_s: float) -> float:
+    """Seconds per call from ``run(calls)`` (the seconds that many calls took), with calls x4
+    until a run lasts an eighth of ``sample_s`` (or 2^20 calls)."""
+    calls = 1
+    while True:
+        elapsed = run(calls)
+        if elapsed >= sample_s / 8 or calls >= 1 << 20:
+            return elapsed / calls
+        calls *= 4
+
+
 def calibrate(timer: Timer, sides: list[Side], sample_s: float) -> int:
     """Calls per sample, the same for every side, chosen so that the *fastest* side's sample
     lasts at least ``sample_s`` (far above timer resolution)."""
-    per_call = math.inf
-    for side in sides:
-        calls = 1
-        while True:
-            elapsed, _ = timed(timer, side, timer.prepare(side.kernels, calls), f"calibration ({calls} calls)")
-            if elapsed >= sample_s / 8 or calls >= 1 << 20:
-                per_call = min(per_call, elapsed / calls)
-                break
-            calls *= 4
-    return calls_per_sample(per_call, sample_s)
+    def run_of(side: Side) -> Callable[[int], float]:
+        return lambda calls: timed(timer, side, timer.prepare(side.kernels, calls), f"calibration ({calls} calls)")[0]
+
+    return calls_per_sample(min(per_call_s(run_of(side), sample_s) for side in sides), sample_s)
 
 
 @dataclass

@@ -42,16 +42,10 @@ class Reference:
     seconds per call."""
 
     def __init__(self, sample_s: float, clock: Callable[[], float] = time.perf_counter) -> None:
-        from glmfb.bench.allocations import calls_per_sample
+        from glmfb.bench.allocations import calls_per_sample, per_call_s
 
         self.clock = clock
-        calls = 1
-        while True:  # as bench's calibrate: calls x4 until a run lasts an eighth of a sample
-            elapsed = self._run(calls)
-            if elapsed >= sample_s / 8 or calls >= 1 << 20:
-                break
-            calls *= 4
-        self.calls = calls_per_sample(elapsed / calls, sample_s)
+        self.calls = calls_per_sample(per_call_s(self._run, sample_s), sample_s)  # as bench calibrates a kernel
 
     def _run(self, calls: int) -> float:
         began = self.clock()
