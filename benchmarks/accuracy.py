@@ -36,11 +36,12 @@ twin) unless ``-k`` chooses: CI checks the script runs; that score is not the co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -368,14 +369,18 @@ def run_case(case: Case, context: Any) -> Score:
     return score(case, verdict, elapsed)
 
 
-def new_context(out: Path, progress: bool = False) -> Any:
-    """A suite context writing artifacts under ``out/accuracy-<run id>/``."""
+@contextlib.contextmanager
+def corpus_context(out: Path, progress: bool = False) -> Iterator[Any]:
+    """A suite context writing artifacts under ``out/accuracy-<run id>/``, with a pool open as
+    ``glmfb run`` opens one while it is used: each case's probe forks from one warm zygote."""
     from glmfb.contract.clock import new_run_id
+    from glmfb.core import workers
     from glmfb.workflows.suite import SuiteContext
 
     run_id = f"accuracy-{new_run_id()}"
     on_progress = (lambda message: print(f"    {message}", file=sys.stderr)) if progress else None
-    return SuiteContext(run_id=run_id, report_dir=out / run_id, on_progress=on_progress)
+    with workers.pool("run"):
+        yield SuiteContext(run_id=run_id, report_dir=out / run_id, on_progress=on_progress)
 
 
 # --------------------------------------------------------------------------------------------
@@ -462,12 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         print(f"accuracy: error: no case matches {options.patterns}", file=sys.stderr)
         return 2
-    from glmfb.core import workers
-
-    context = new_context(options.out)
     scores: list[Score] = []
     started = time.perf_counter()
-    with workers.pool("run"):  # as glmfb run: each case's probe forks from one warm zygote
+    with corpus_context(options.out) as context:
         for index, case in enumerate(cases, start=1):
             print(f"[{index}/{len(cases)}] {case.name}", file=sys.stderr, flush=True)
             scores.append(run_case(case, context))

@@ -45,12 +45,10 @@ def test_corpus_has_the_cases_the_issue_asks_for() -> None:
 
 @pytest.fixture(scope="module")
 def context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """The cases' suite context, with a pool open as ``glmfb run`` opens one: each case's probe
-    forks from a warm zygote (its imports done once), as it does for a user's ``glmfb run``."""
-    from glmfb.core import workers
-
-    with workers.pool("run"):
-        yield accuracy.new_context(tmp_path_factory.mktemp("acceptance"))
+    """The cases' suite context, its pool open while the module runs (each case's probe forks
+    from a warm zygote, as in a user's ``glmfb run``)."""
+    with accuracy.corpus_context(tmp_path_factory.mktemp("acceptance")) as opened:
+        yield opened
 
 
 EVIDENCE_CHARS = 1500  # an evidence item longer than this is named, not printed
