@@ -6,7 +6,9 @@ releasing dispatch), runs them interleaved for ``--rounds`` rounds after a warm-
 the median iteration time of each, the ratios against prefill only (the gap glmfb gap checks,
 without its statistics), the median phases, and the path's ceiling (one big write alone) and
 page rate (the same bytes page by page from Python, alone). All ratios are measured in the
-same run; on a shared host read them with its load (printed).
+same run; on a shared host read them with its load (printed). The scenario runs with the
+arguments the bundled definitions give it (``probes/gap.toml``: one layer), so the figures are
+those of what ``glmfb run`` checks.
 
     python benchmarks/gap_kv_transfer.py [--rounds 15] [--transports mooncake,socket] [--smoke]
 
@@ -17,6 +19,7 @@ same run; on a shared host read them with its load (printed).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -72,17 +75,33 @@ def run(transport: str, rounds: int, sizes: dict[str, Any]) -> None:
             function.close()
 
 
+def bundled_arguments() -> dict[str, Any]:
+    """The scenario arguments of ``probes/gap.toml``'s definitions (both sides, every
+    definition: they must agree, or the calibration would measure only some of them)."""
+    from glmfb.workflows.suite import load_definitions
+
+    found = {json.dumps(dict(side.args), sort_keys=True)
+             for definition in load_definitions([ROOT / "probes" / "gap.toml"])
+             for side in (definition.config.baseline, definition.config.candidate)}
+    if len(found) != 1:
+        raise SystemExit(f"probes/gap.toml's definitions give the scenario different arguments ({sorted(found)}): "
+                         "calibrate each with the same ones")
+    arguments: dict[str, Any] = json.loads(found.pop())
+    return arguments
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--transports", default="mooncake,socket")
     parser.add_argument("--smoke", action="store_true", help="one round on a smaller scenario (CI checks the script runs)")
     options = parser.parse_args()
-    sizes: dict[str, Any] = {}
-    if options.smoke:
-        options.rounds, sizes = 1, SMOKE_SCENARIO
-        print(SMOKE_NOTE, flush=True)
     sys.path.insert(0, str(ROOT))
+    sizes = bundled_arguments()
+    if options.smoke:
+        options.rounds, sizes = 1, {**sizes, **SMOKE_SCENARIO}
+        print(SMOKE_NOTE, flush=True)
+    print(f"scenario arguments: {sizes or 'the defaults'}", flush=True)
     for transport in options.transports.split(","):
         run(transport.strip(), options.rounds, sizes)
 
