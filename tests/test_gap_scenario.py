@@ -203,6 +203,47 @@ def _target_file(target: Target) -> tuple[Path, str, dict[str, Any]]:
     return ((target.base_dir or Path.cwd()) / location).resolve(), attr, dict(target.args)
 
 
+@needs_mooncake
+@pytest.mark.mooncake
+def test_an_engine_woken_for_teardown_still_serves_and_drops_at_once() -> None:
+    """``glmfb.gap.mooncake.unblock_teardown``: the receiving engine, woken before the first
+    handshake, still answers it and the bytes arrive; each engine then drops in well under its
+    listener's one-second accept timeout (about 7 ms measured, against up to 0.95 s unwoken)."""
+    import ctypes
+    import socket
+    import struct
+
+    from mooncake.engine import TransferEngine
+
+    from glmfb.gap.mooncake import LISTENER_TIMEOUT, _listening_socket, unblock_teardown
+
+    size = 1 << 16
+    source = ctypes.create_string_buffer(bytes(range(256)) * (size // 256), size)
+    destination = ctypes.create_string_buffer(size)
+    engines = [TransferEngine(), TransferEngine()]
+    for engine, buffer in zip(engines, (source, destination), strict=True):
+        assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        assert engine.register_memory(ctypes.addressof(buffer), size) == 0
+    sender, receiver = engines
+    port = receiver.get_rpc_port()
+    assert unblock_teardown(receiver)
+    listener = _listening_socket(port)
+    assert listener is not None
+    with listener:
+        seconds, microseconds = struct.unpack("ll", listener.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                                                                          len(LISTENER_TIMEOUT)))
+    assert seconds == 0 and 0 < microseconds <= 10_000  # 1 ms asked; the kernel rounds up to a tick (4 ms here)
+    status = sender.transfer_sync_write(f"127.0.0.1:{port}", ctypes.addressof(source), ctypes.addressof(destination), size)
+    assert status == 0 and destination.raw == source.raw
+    assert unblock_teardown(sender)
+    del sender, receiver, engine
+    for _ in range(2):
+        started = time.perf_counter()
+        engines.pop()  # the last reference: the engine's destructor runs here
+        assert time.perf_counter() - started < 0.5
+    assert not unblock_teardown(object())
+
+
 @pytest.mark.slow
 @needs_mooncake
 @pytest.mark.mooncake

@@ -186,13 +186,17 @@ class MooncakeSender:
             raise TransferError(f"mooncake transfer_sync_write returned {status} at offset {offset}")
 
     def close(self) -> None:
-        """Unregister the source and drop the engine, so its native shutdown (a second or so
-        of peer bookkeeping) runs here, not in whichever thread a later garbage collection
-        happens to run in."""
+        """Unregister the source and drop the engine, so its native shutdown runs here, not in
+        whichever thread a later garbage collection happens to run in; its handshake listener
+        is woken first, or the drop would wait up to a second for it under the GIL
+        (:mod:`glmfb.gap.mooncake`)."""
         if self.engine is None:
             return
+        from glmfb.gap.mooncake import unblock_teardown
+
         with contextlib.suppress(Exception):
             self.engine.unregister_memory(self.source_address)
+        unblock_teardown(self.engine)
         self.engine = None
 
 

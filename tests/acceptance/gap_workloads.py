@@ -101,9 +101,15 @@ class MooncakeLink:
             raise RuntimeError(f"Mooncake transfer_sync_write returned {status} at offset {offset}")
 
     def close(self) -> None:
+        """Unregister both buffers and drop both engines, each woken first so that the drop
+        does not wait up to a second for its handshake listener (:mod:`glmfb.gap.mooncake`)."""
+        from glmfb.gap.mooncake import unblock_teardown
+
         for engine, pointer in ((self.sender, self.source_ptr), (self.receiver, self.destination_ptr)):
             with contextlib.suppress(Exception):  # closing must not hide what iterations reported
                 engine.unregister_memory(pointer)
+            unblock_teardown(engine)
+        self.sender = self.receiver = None
 
 
 _pin_lock = threading.Lock()
