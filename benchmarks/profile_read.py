@@ -31,12 +31,10 @@ def same_both_ways(opdiff: Any, kernel: Any) -> str:
     inputs, parents) and own times?"""
     from collections import Counter
 
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    with opdiff.profiler_session("cpu") as prof:
         for _ in range(20):
             kernel()
-    readings = (opdiff._cpu_events(prof.profiler.kineto_results), opdiff._function_events(prof, "cpu"))
+    readings = (opdiff._cpu_events(prof.kineto_results), opdiff._function_events(prof, "cpu"))
     keys = [Counter((e.name, repr(e.shapes), repr(e.strides), repr(e.concrete), e.parent) for e in events)
             for events in readings]
     own = [sum(e.self_us for e in events) for events in readings]

@@ -153,16 +153,14 @@ def _same_events_both_ways(function, calls: int = 20) -> int:
     the same inputs, parents and own times."""
     from collections import Counter, defaultdict
 
-    from torch.profiler import ProfilerActivity, profile
-
-    from glmfb.bench.opdiff import _cpu_events, _function_events
+    from glmfb.bench.opdiff import _cpu_events, _function_events, profiler_session
 
     for _ in range(3):
         function()
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    with profiler_session("cpu") as prof:
         for _ in range(calls):
             function()
-    records = _cpu_events(prof.profiler.kineto_results)
+    records = _cpu_events(prof.kineto_results)
     tree = _function_events(prof, "cpu")
 
     def key(event):

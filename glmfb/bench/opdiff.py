@@ -283,7 +283,7 @@ class _Node:
 
 def _cpu_events(result: Any) -> list[_Event]:
     """The operator calls of a CPU profile, read from the profiler's own records
-    (``kineto_results.events()``) instead of the ``FunctionEvent`` objects ``prof.events()``
+    (``kineto_results.events()``) instead of the ``FunctionEvent`` objects ``function_events``
     builds, which is most of what a profiled bench's explanation costs. The same reading as
     torch's (``torch.autograd.profiler_util.EventList._build_tree``): per thread, an interval
     inside another is its child; a call whose parent has its name and no other child is the
@@ -346,10 +346,10 @@ def _cpu_events(result: Any) -> list[_Event]:
 
 
 def _function_events(prof: Any, device: str) -> list[_Event]:
-    """The same from ``prof.events()``: the path for a device, whose kernels are counted in
-    their launching operator's self device time."""
+    """The same from ``prof.function_events`` (``torch.autograd.profiler.profile``): the path
+    for a device, whose kernels are counted in their launching operator's self device time."""
     events = []
-    for event in prof.events():
+    for event in prof.function_events:
         if device == "cuda" and getattr(event, "device_type", None) is not None and \
                 str(event.device_type).endswith("CUDA"):
             continue  # device kernels are counted in their launching operator's self device time
@@ -369,22 +369,39 @@ def _function_events(prof: Any, device: str) -> list[_Event]:
     return events
 
 
+def profiler_session(device: str) -> Any:
+    """A profiler to run kernels under, their input shapes recorded: on the CPU, one whose
+    ``function_events`` (torch's ``FunctionEvent`` objects) and ``kineto_results`` (its records)
+    are read after it; on a GPU, ``torch.profiler.profile``, whose ``profiler`` is that one.
+
+    On the CPU, ``torch.autograd.profiler.profile``, the profiler ``torch.profiler.profile``
+    wraps, with the same settings (CPU activity, Kineto, shapes recorded): the wrapper's start
+    asks ``hasattr(torch, "_inductor")``, which imports ``torch._inductor`` and ``torch._dynamo``
+    (1.3 s here, once per process, for a flag about CUDA graphs), and every bench that explains
+    itself runs in a process of its own, so each paid it. On a GPU, the wrapper (its device
+    activities)."""
+    import torch
+
+    if device == "cpu":
+        return torch.autograd.profiler.profile(use_cpu=True, record_shapes=True, use_kineto=True)
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True)
+
+
 def _profile_once(kernels: Sequence[Kernel], calls: int, device: str,
                   read: str = "records") -> dict[tuple[str, str], tuple[_Accumulated, int]]:
     """``calls`` kernel calls under torch.profiler, per operator and inputs. ``read``:
     ``records`` (the profiler's own records, on the CPU) or ``function_events``."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU]
-    if device == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    with _quiet_stderr(), profile(activities=activities, record_shapes=True) as prof:
+    with _quiet_stderr(), profiler_session(device) as session:
         for index in range(calls):
             kernels[index % len(kernels)]()
         if device == "cuda":
             torch.cuda.synchronize()
-    events = (_cpu_events(prof.profiler.kineto_results) if device == "cpu" and read == "records"
+    prof = session if device == "cpu" else session.profiler  # the autograd profiler the wrapper ran
+    events = (_cpu_events(prof.kineto_results) if device == "cpu" and read == "records"
               else _function_events(prof, device))
     found: dict[tuple[str, str], _Accumulated] = {}
     for event in events:
