@@ -79,6 +79,18 @@ def test_cli_usage_errors_exit_2(args: list[str], tmp_path: Path) -> None:
     assert result.exit_code == ExitCode.USAGE, result.output
 
 
+def test_a_target_where_the_program_goes_is_a_usage_error(tmp_path: Path) -> None:
+    """``glmfb gil file.py:make --arg mode=hold --out DIR``: everything after the first word is
+    the program's (so a program's own flags need no --), and a target there would run as a
+    program that does not exist, with --out read as its argument; instead one line that names
+    --target, exit 2."""
+    result = runner.invoke(app, ["gil", f"{DISPATCH}:make", "--arg", "mode=hold", "--out", str(tmp_path)])
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert f"give it as --target {DISPATCH}:make" in result.output and "--out" in result.output
+    result = runner.invoke(app, ["gil", "--out", str(tmp_path), "scenarios.dispatch_gil.dispatch:make"])
+    assert result.exit_code == ExitCode.USAGE and "is a Python target" in result.output
+
+
 def test_probe_definitions_resolve_python_and_paths() -> None:
     definitions = {d.name: d for d in suite.load_definitions([ROOT / "probes" / "gil.toml"])}
     hold = definitions["gil-dispatch-holds-gil"].config
