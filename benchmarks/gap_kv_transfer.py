@@ -34,15 +34,16 @@ SMOKE_SCENARIO = {"tokens": 512, "dispatch_ms": 10.0}
 
 
 def run(transport: str, rounds: int, sizes: dict[str, Any]) -> None:
-    """The three variants over one transport, interleaved; ``sizes``: scenario arguments
-    (none for the calibration figures, the scenario's defaults)."""
+    """The three variants over one transport, interleaved; ``sizes``: scenario arguments (the
+    bundled definitions' for the calibration figures; a transport among them gives way to
+    ``transport``)."""
     from glmfb.core.targets import Target
 
     scenario = str(ROOT / "scenarios" / "kv_transfer" / "scenario.py")
     variants = {
         "prefill_only": Target(f"{scenario}:prefill_only").load()(**sizes),
-        "holding": Target(f"{scenario}:prefill_transfer_holding").load()(transport=transport, **sizes),
-        "releasing": Target(f"{scenario}:prefill_transfer_releasing").load()(transport=transport, **sizes),
+        "holding": Target(f"{scenario}:prefill_transfer_holding").load()(**{**sizes, "transport": transport}),
+        "releasing": Target(f"{scenario}:prefill_transfer_releasing").load()(**{**sizes, "transport": transport}),
     }
     try:
         for function in variants.values():

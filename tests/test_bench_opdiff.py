@@ -200,3 +200,20 @@ def test_a_cpu_profile_read_from_its_records_equals_torchs_reading() -> None:
         other.join()
 
     assert _same_events_both_ways(two_threads) > 0
+
+
+def test_a_cpu_profile_imports_no_compiler() -> None:
+    """``torch.profiler.profile``'s start asks ``hasattr(torch, "_inductor")``, which imports
+    ``torch._inductor`` and ``torch._dynamo`` (1.3 s here): bench's CPU profile, run in the process
+    of every bench that explains itself, must not pay that (a fresh interpreter, as a bench's)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from glmfb.bench.opdiff import profile_pair\n"
+            "a = torch.randn(64, 64)\n"
+            "profile_pair([lambda: a @ a], [lambda: a + a], 10, 'cpu')\n"
+            "print('torch._dynamo' in sys.modules, 'torch._inductor' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["False", "False"]

@@ -11,7 +11,9 @@ from helpers import BundledRun
 from typer.testing import CliRunner
 
 from glmfb.cli import app
+from glmfb.contract.errors import UsageError
 from glmfb.contract.verdict import ExitCode, Status, Verdict
+from glmfb.gil.config import GilConfig
 from glmfb.workflows import suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,6 +91,10 @@ def test_a_target_where_the_program_goes_is_a_usage_error(tmp_path: Path) -> Non
     assert f"give it as --target {DISPATCH}:make" in result.output and "--out" in result.output
     result = runner.invoke(app, ["gil", "--out", str(tmp_path), "scenarios.dispatch_gil.dispatch:make"])
     assert result.exit_code == ExitCode.USAGE and "is a Python target" in result.output
+    # the same from a definition or a tool call, where nothing is swallowed: the config refuses it
+    with pytest.raises(UsageError, match=r"is a Python target, not a program"):
+        GilConfig(command=("scenarios/dispatch_gil/dispatch.py:make",))
+    assert GilConfig(command=("python", "-c", "pass")).command[0] == "python"
 
 
 def test_probe_definitions_resolve_python_and_paths() -> None:

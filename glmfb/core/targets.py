@@ -108,6 +108,19 @@ def is_file_ref(location: str) -> bool:
     return location.endswith(".py") or "/" in location or "\\" in location
 
 
+def names_a_target(word: str) -> bool:
+    """Whether a program's name given to glmfb is a target reference instead (``file.py:make``,
+    ``pkg.mod:make``): a module and an attribute, and no program of that name on PATH."""
+    import shutil
+
+    location, sep, attr = word.rpartition(":")
+    if not sep or not location or not all(part.isidentifier() for part in attr.split(".")):
+        return False
+    if not (location.endswith(".py") or all(part.isidentifier() for part in location.split("."))):
+        return False
+    return shutil.which(word) is None
+
+
 def resolve(ref: str, *, base_dir: Path | None = None) -> Callable[..., Any]:
     """The callable a target reference names. Raises :class:`TargetError` with one clear line."""
     location, attr = split_ref(ref)

@@ -19,7 +19,7 @@ from glmfb.contract.options import (
     option,
 )
 from glmfb.contract.units import OptionValueError, parse_str
-from glmfb.core.targets import Target
+from glmfb.core.targets import Target, names_a_target
 
 DEFAULT_RATE_HZ = 100
 DEFAULT_NATIVE_RATE_HZ = 10
@@ -111,6 +111,9 @@ class GilConfig:
                 "glmfb gil needs exactly one of a command, a target or --pid",
                 "glmfb gil -- python prog.py   |   glmfb gil --target file.py:make   |   glmfb gil --pid 1234",
             )
+        if self.command and names_a_target(self.command[0]):
+            raise UsageError(f"glmfb gil: {self.command[0]!r} is a Python target, not a program",
+                             f"give it as the target (--target {self.command[0]}), not as the command")
         if not self.duration_s > 0:
             raise UsageError(f"--duration must be positive, got {self.duration_s}")
         if not 1 <= self.rate_hz <= 10_000:

@@ -111,14 +111,14 @@ def _common_parameters(probe: Probe) -> list[inspect.Parameter]:
 
 def spec_from_command_line(probe: Probe, values: dict[str, Any]) -> ProbeSpec:
     """The :class:`ProbeSpec` of a probe command's parsed arguments."""
-    from glmfb.core.targets import parse_args
+    from glmfb.core.targets import names_a_target, parse_args
 
     command = tuple(values.get("command") or ())
     target = values.get("target")
     if probe.form is ProbeForm.SINGLE and probe.accepts_command and command and target:
         raise UsageError(f"glmfb {probe.kind}: give a command after -- or --target, not both")
     if probe.form is ProbeForm.SINGLE and probe.accepts_command and command and not target \
-            and _names_a_target(command[0]):
+            and names_a_target(command[0]):
         swallowed = f" ({shlex.join(command[1:])} was read as its arguments)" if len(command) > 1 else ""
         raise UsageError(f"glmfb {probe.kind}: {command[0]!r} is a Python target, not a program{swallowed}",
                          f"give it as --target {command[0]}, or a program to run after --")
@@ -134,19 +134,6 @@ def spec_from_command_line(probe: Probe, values: dict[str, Any]) -> ProbeSpec:
     )
     name = values.get("name") or probe.default_name(spec)
     return ProbeSpec(**{**spec.__dict__, "name": name})
-
-
-def _names_a_target(word: str) -> bool:
-    """Whether a program's name is a target reference instead (``file.py:make``,
-    ``pkg.mod:make``): a module and an attribute, and no program of that name on PATH."""
-    import shutil
-
-    location, sep, attr = word.rpartition(":")
-    if not sep or not location or not all(part.isidentifier() for part in attr.split(".")):
-        return False
-    if not (location.endswith(".py") or all(part.isidentifier() for part in location.split("."))):
-        return False
-    return shutil.which(word) is None
 
 
 def _history_origins(spec: ProbeSpec, probe: Probe) -> Any:
