@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,8 +113,10 @@ class GilConfig:
                 "glmfb gil -- python prog.py   |   glmfb gil --target file.py:make   |   glmfb gil --pid 1234",
             )
         if self.command and names_a_target(self.command[0]):
-            raise UsageError(f"glmfb gil: {self.command[0]!r} is a Python target, not a program",
-                             f"give it as the target (--target {self.command[0]}), not as the command")
+            # on the command line every word after the program's is the program's: say which were
+            rest = f" ({shlex.join(self.command[1:])} was read as its arguments)" if len(self.command) > 1 else ""
+            raise UsageError(f"glmfb gil: {self.command[0]!r} is a Python target, not a program{rest}",
+                             f"give it as --target {self.command[0]}, or a program to run after --")
         if not self.duration_s > 0:
             raise UsageError(f"--duration must be positive, got {self.duration_s}")
         if not 1 <= self.rate_hz <= 10_000:

@@ -11,7 +11,6 @@ boundary, show or dump the verdict, exit with its code.
 from __future__ import annotations
 
 import inspect
-import shlex
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -111,17 +110,12 @@ def _common_parameters(probe: Probe) -> list[inspect.Parameter]:
 
 def spec_from_command_line(probe: Probe, values: dict[str, Any]) -> ProbeSpec:
     """The :class:`ProbeSpec` of a probe command's parsed arguments."""
-    from glmfb.core.targets import names_a_target, parse_args
+    from glmfb.core.targets import parse_args
 
     command = tuple(values.get("command") or ())
     target = values.get("target")
     if probe.form is ProbeForm.SINGLE and probe.accepts_command and command and target:
         raise UsageError(f"glmfb {probe.kind}: give a command after -- or --target, not both")
-    if probe.form is ProbeForm.SINGLE and probe.accepts_command and command and not target \
-            and names_a_target(command[0]):
-        swallowed = f" ({shlex.join(command[1:])} was read as its arguments)" if len(command) > 1 else ""
-        raise UsageError(f"glmfb {probe.kind}: {command[0]!r} is a Python target, not a program{swallowed}",
-                         f"give it as --target {command[0]}, or a program to run after --")
     args = parse_args(values.get("arg") or [])
     if command and args:
         raise UsageError("--arg goes with --target", "pass arguments to a command after --")
