@@ -126,3 +126,65 @@ def bundled_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     assert len(runs) == 1 and (runs[0].parent / "report.html").is_file(), (
         f"{' '.join(command[3:5])} wrote no run with a report.html (exit {result.returncode}): {result.stderr[-2000:]}")
     return BundledRun(runs[0].parent, json.loads(runs[0].read_text()), result.returncode, result.stderr)
+
+
+# ---- the checkout as the tests found it ------------------------------------------------------
+
+# What pytest and Python write into any tree they run in: never a test's doing.
+_TOOL_DIRS = frozenset({"__pycache__", ".pytest_cache", ".hypothesis", ".mypy_cache", ".ruff_cache"})
+
+
+def _reports_state() -> dict[str, object]:
+    """The checkout's reports/ as a user left it: its listing, what LATEST names, and the
+    history store's size and modification time (cheap enough to read around every test)."""
+    reports = ROOT / "reports"
+    latest = reports / "LATEST"
+    history = reports / "history.sqlite"
+    stat = history.stat() if history.is_file() else None
+    return {"reports/": sorted(os.listdir(reports)) if reports.is_dir() else None,
+            "reports/LATEST": latest.read_text(errors="replace").strip() if latest.is_file() else None,
+            "reports/history.sqlite": (stat.st_size, stat.st_mtime_ns) if stat else None}
+
+
+def _git_state() -> list[str] | None:
+    """``git status --porcelain --ignored`` of the checkout, without the caches pytest and
+    Python write themselves (None outside a git checkout)."""
+    try:
+        listed = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=normal"],
+                                cwd=ROOT, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if listed.returncode != 0:
+        return None
+    return sorted(line for line in listed.stdout.splitlines()
+                  if not _TOOL_DIRS.intersection(line[3:].rstrip("/").split("/")))
+
+
+def _changed(before: dict[str, object], after: dict[str, object]) -> list[str]:
+    return [f"{key}: {before[key]!r} -> {after[key]!r}" for key in before if before[key] != after[key]]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _checkout_untouched() -> Iterator[None]:
+    """The whole session leaves the checkout as it found it: reports/ (listing, LATEST, the
+    history store) and ``git status --ignored`` (tracked, untracked and ignored files) are the
+    same after the last test as before the first; else the session fails here."""
+    before = {**_reports_state(), "git status --ignored": _git_state()}
+    yield
+    after = {**_reports_state(), "git status --ignored": _git_state()}
+    changed = _changed(before, after)
+    if changed:
+        pytest.fail("the tests changed the checkout (every test writes under its own temporary folder): "
+                    + "; ".join(changed), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _reports_untouched(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test leaves the checkout's reports/ as it found it (named here, so the test that
+    wrote there is the one that fails)."""
+    before = _reports_state()
+    yield
+    changed = _changed(before, _reports_state())
+    if changed:
+        pytest.fail(f"{request.node.nodeid} wrote into the checkout's reports/ (give it --out under tmp_path): "
+                    + "; ".join(changed), pytrace=False)

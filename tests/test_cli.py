@@ -227,8 +227,8 @@ def test_gate_reads_a_probe_kind_it_does_not_know_with_a_warning() -> None:
         ["bench", "a.py:x", "b.py:y", "--shape", "8x4096", "--budget", "10parsecs"],
     ],
 )
-def test_an_option_without_its_unit_is_one_line_exit_2(args: list[str]) -> None:
-    result = glmfb(*args)
+def test_an_option_without_its_unit_is_one_line_exit_2(args: list[str], tmp_path: Path) -> None:
+    result = glmfb(*args, cwd=tmp_path)  # its run folder (made before the option is read) lands there
     assert result.returncode == 2, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
     if "--threshold" in args:

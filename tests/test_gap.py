@@ -560,10 +560,11 @@ def test_cli_json_fail_and_exit_code(tmp_path: Path) -> None:
     assert data["metric"]["name"] == "gap" and data["metric"]["threshold"] == 0.05
 
 
-def test_cli_bad_threshold_is_a_usage_error() -> None:
+def test_cli_bad_threshold_is_a_usage_error(tmp_path: Path) -> None:
     from glmfb.cli import app
 
-    result = CliRunner().invoke(app, ["gap", f"{THIS}:spin", f"{THIS}:spin", "--threshold", "lots", "--json"])
+    result = CliRunner().invoke(app, ["gap", f"{THIS}:spin", f"{THIS}:spin", "--threshold", "lots", "--json",
+                                      "--out", str(tmp_path)])
     assert result.exit_code == 2
 
 

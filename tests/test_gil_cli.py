@@ -81,11 +81,12 @@ def test_cli_usage_errors_exit_2(args: list[str], tmp_path: Path) -> None:
     assert result.exit_code == ExitCode.USAGE, result.output
 
 
-def test_a_target_where_the_program_goes_is_a_usage_error(tmp_path: Path) -> None:
+def test_a_target_where_the_program_goes_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``glmfb gil file.py:make --arg mode=hold --out DIR``: everything after the first word is
     the program's (so a program's own flags need no --), and a target there would run as a
     program that does not exist, with --out read as its argument; instead one line that names
     --target, exit 2."""
+    monkeypatch.chdir(tmp_path)  # the --out it swallows leaves the run folder in ./reports
     result = runner.invoke(app, ["gil", f"{DISPATCH}:make", "--arg", "mode=hold", "--out", str(tmp_path)])
     assert result.exit_code == ExitCode.USAGE, result.output
     assert f"give it as --target {DISPATCH}:make" in result.output and "--out" in result.output

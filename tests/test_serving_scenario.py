@@ -89,8 +89,8 @@ def test_the_server_and_model_options_are_declared_once_for_the_cli_toml_and_mcp
     (["openai:http://127.0.0.1:8000/v1", "openai:http://127.0.0.1:9/v1", "--baseline-server", "'unclosed"],
      "--baseline-server"),
 ])
-def test_bad_combinations_are_one_line_usage_errors(args: list[str], says: str) -> None:
-    result = glmfb("diff", *args, "--requests", str(REQUESTS))
+def test_bad_combinations_are_one_line_usage_errors(args: list[str], says: str, tmp_path: Path) -> None:
+    result = glmfb("diff", *args, "--requests", str(REQUESTS), "--out", str(tmp_path))
     assert result.exit_code == 2, result.output
     assert says in result.output and "Traceback" not in result.output
 

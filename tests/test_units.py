@@ -58,12 +58,13 @@ def test_other_bad_values(text: str | bool) -> None:
 
 
 @pytest.mark.parametrize(("kind", "key", "flag"), fraction_options())
-def test_every_fraction_option_refuses_a_bare_5_on_the_command_line(kind: str, key: str, flag: str) -> None:
+def test_every_fraction_option_refuses_a_bare_5_on_the_command_line(kind: str, key: str, flag: str,
+                                                                    tmp_path: Path) -> None:
     from glmfb.cli import app
 
     if not flag:
         pytest.skip(f"{kind}.{key} is not a command-line option")
-    result = CliRunner().invoke(app, [kind, f"{HERE}:nothing", f"{HERE}:nothing", flag, "5"])
+    result = CliRunner().invoke(app, [kind, f"{HERE}:nothing", f"{HERE}:nothing", flag, "5", "--out", str(tmp_path)])
     assert result.exit_code == 2, result.output
     assert "write 5% or 0.05" in result.output and "Traceback" not in result.output
 
