@@ -286,7 +286,7 @@ def test_the_stale_run_recipe_exits_non_zero(tmp_path: Path, toy: Path) -> None:
     assert ran.returncode == 2
     stale = cli("gate")
     assert stale.returncode == 3, stale.stderr
-    assert "wrote no run.json" in stale.stderr and "never gates an older run" in stale.stderr
+    assert "has no run.json" in stale.stderr and "never gates an older run" in stale.stderr
     # a run folder is accepted as the gate's source
     folder = next(p.parent for p in (tmp_path / "reports").glob("*/run.json"))
     assert cli("gate", str(folder)).returncode == 0

@@ -204,9 +204,15 @@ def test_a_newer_run_folder_than_latest_names_is_refused(tmp_path: Path) -> None
     (out / older / "run.json").write_text("{}")
     (out / newer).mkdir()
     (out / "LATEST").write_text(older + "\n")
-    with pytest.raises(HarnessError, match=f"a newer invocation made {newer}"):
+    with pytest.raises(HarnessError, match=f"latest run into .* [(]{newer}[)] has no run.json: it is still running, or "
+                       f"it stopped.*glmfb gate .*{older}"):
         latest_run(out)
+    (out / newer / "run.json").write_text("{}")  # it finished after all: the newest complete run is gated
+    assert latest_run(out) == out / newer / "run.json"
+    (out / newer / "run.json").unlink()
     (out / newer).rmdir()
+    assert latest_run(out) == out / older / "run.json"
+    (out / "LATEST").write_text("not a run id\n")  # a pointer overwritten with anything
     assert latest_run(out) == out / older / "run.json"
 
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar, TypeVar
 
+from glmfb.contract.text import utf8_text
+
 R = TypeVar("R", bound="Record")
 E = TypeVar("E", bound="Evidence")
 
@@ -58,22 +60,24 @@ def to_json_value(value: Any) -> Any:
     """Turn a value into plain JSON data: tuples to lists, enums and numpy scalars to Python,
     non-finite floats to the strings "nan", "inf", "-inf" (JSON has no NaN)."""
     kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:  # the common cases, fast
+    if kind is str:
+        return value if value.isascii() else utf8_text(value)
+    if kind is int or kind is bool or value is None:  # the common cases, fast
         return value
     if kind is dict:
-        return {str(k): to_json_value(v) for k, v in value.items()}
+        return {utf8_text(str(k)): to_json_value(v) for k, v in value.items()}
     if isinstance(value, Enum):
         return to_json_value(value.value)
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, str):
-        return str(value)
+        return utf8_text(str(value))
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
         return _float_out(value)
     if isinstance(value, Mapping):
-        return {str(k): to_json_value(v) for k, v in value.items()}
+        return {utf8_text(str(k)): to_json_value(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_json_value(v) for v in value]
     item = getattr(value, "item", None)  # numpy / torch scalars
@@ -85,7 +89,7 @@ def to_json_value(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return to_json_value(value.tolist())
     if hasattr(value, "__fspath__"):
-        return str(value)
+        return utf8_text(str(value))
     raise TypeError(f"cannot store a {type(value).__name__} in a verdict: {value!r}")
 
 
@@ -149,7 +153,7 @@ def _codec(hint: Any) -> _Codec:
             if not isinstance(value, str):
                 raise EvidenceError(path, f"expected a string, got {value!r:.40}")
             return value
-        return _Codec(decode_str, str, {"type": "string"})
+        return _Codec(decode_str, str, {"type": "string"}, lambda v: utf8_text(str(v)))
     if origin is tuple:
         item = _codec(args[0] if args else Any)
 

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from glmfb.contract.text import utf8_text
+
 STEP_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["why"],
@@ -50,7 +52,7 @@ class Step:
     def __post_init__(self) -> None:
         if self.command is None and self.arguments:
             raise ValueError("a step with arguments needs a command")
-        object.__setattr__(self, "why", str(self.why))
+        object.__setattr__(self, "why", utf8_text(str(self.why)))
         object.__setattr__(self, "arguments", _plain(dict(self.arguments)))
 
     @property
@@ -87,6 +89,8 @@ def _plain(value: Any) -> Any:
         return [_plain(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return json.dumps(value)  # JSON has no NaN: the text Python's JSON reads back ("NaN", "-Infinity")
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if isinstance(value, str):
+        return utf8_text(value)
+    if value is None or isinstance(value, (bool, int, float)):
         return value
-    return str(value)
+    return utf8_text(str(value))

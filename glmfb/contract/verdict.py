@@ -40,6 +40,7 @@ from glmfb.contract.record import (
     to_json_value,
 )
 from glmfb.contract.step import STEP_SCHEMA, Step, as_step
+from glmfb.contract.text import utf8_text
 
 E = TypeVar("E", bound=Evidence)
 
@@ -240,6 +241,8 @@ class Verdict:
         object.__setattr__(self, "layer", Layer(self.layer))
         if not self.name:
             raise ValueError("a verdict needs a non-empty name")
+        object.__setattr__(self, "name", utf8_text(str(self.name)))
+        object.__setattr__(self, "why", utf8_text(str(self.why)))
         object.__setattr__(self, "where", to_json_value(dict(self.where)))
         object.__setattr__(
             self, "evidence",
@@ -248,7 +251,7 @@ class Verdict:
         )
         object.__setattr__(self, "next", tuple(as_step(step) for step in self.next))
         object.__setattr__(
-            self, "artifacts", {str(k): str(v) for k, v in dict(self.artifacts).items()}
+            self, "artifacts", {utf8_text(str(k)): utf8_text(str(v)) for k, v in dict(self.artifacts).items()}
         )
         object.__setattr__(self, "env", to_json_value(dict(self.env)))
         duration = _finite_or_none(self.duration_s)

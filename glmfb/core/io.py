@@ -107,3 +107,105 @@ def read_json(source: str | os.PathLike[str]) -> Any:
             f"{label} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
             "expected a glmfb run or verdict (glmfb run --json, glmfb bench --json, ...)",
         ) from exc
+
+
+def read_end(path: str | os.PathLike[str], limit_bytes: int) -> str:
+    """The last ``limit_bytes`` of a file as text (undecodable bytes replaced), read by seeking:
+    memory stays bounded however much a target wrote. "" when it cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            handle.seek(max(0, size - limit_bytes))
+            data = handle.read(limit_bytes)
+    except OSError:
+        return ""
+    return data.decode("utf-8", "replace")
+
+
+def last_lines(path: str | os.PathLike[str], lines: int, limit: int) -> str:
+    """The last ``lines`` non-blank lines of a file, at most ``limit`` characters, read from
+    its end (:func:`read_end`)."""
+    kept = [line for line in read_end(path, 8 * limit).splitlines() if line.strip()]
+    return "\n".join(kept[-lines:])[-limit:]
+
+
+LOG_KEEP_BYTES = 1 << 20  # of a target's log, the head and the tail each (bound_log)
+_COPY_CHUNK = 1 << 20
+
+
+def bound_log(path: str | os.PathLike[str], keep_bytes: int = LOG_KEEP_BYTES) -> int:
+    """Cut a target's log down to its first and last ``keep_bytes`` with a line between them
+    that says how many bytes were dropped; returns that count (0: the log was kept whole, or
+    could not be read). Copied a chunk at a time, so memory stays bounded; the log is replaced
+    in one rename."""
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        return 0
+    dropped = size - 2 * keep_bytes
+    if dropped <= 0:
+        return 0
+    note = (f"\n[glmfb: {dropped:,} bytes dropped here; this log keeps the first {keep_bytes:,} and the "
+            f"last {keep_bytes:,} bytes of the {size:,} the target wrote]\n").encode()
+    try:
+        with open(path, "rb") as source, atomic_writer(path, "wb") as bounded:
+            _copy(source, bounded, keep_bytes)
+            bounded.write(note)
+            source.seek(size - keep_bytes)
+            _copy(source, bounded, keep_bytes)
+    except (OSError, InputError):
+        return 0
+    return dropped
+
+
+def _copy(source: IO[bytes], target: IO[bytes], count: int) -> None:
+    while count > 0:
+        chunk = source.read(min(_COPY_CHUNK, count))
+        if not chunk:
+            return
+        target.write(chunk)
+        count -= len(chunk)
+
+
+MAX_DEPTH = 64  # levels of nesting a definition, a policy or an argument may hold
+
+
+def check_depth(value: Any, label: str, limit: int = MAX_DEPTH) -> None:
+    """Refuse data nested deeper than ``limit`` levels (an :class:`InputError` naming
+    ``label``): everything after reading walks it, and nothing a probe takes is that deep.
+    Walked without recursion."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            raise InputError(f"{label} is nested more than {limit} levels deep",
+                             "give glmfb flatter data: no definition, policy or argument needs that depth")
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+
+
+def read_toml(path: Path, label: str | None = None) -> dict[str, Any]:
+    """A TOML file as data; a file that cannot be read, is not TOML or is nested deeper than
+    :data:`MAX_DEPTH` levels is an :class:`InputError` that starts with ``label`` (default:
+    the path)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    label = label or str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{label}: cannot read: {exc}") from exc
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{label}: invalid TOML: {exc}") from exc
+    except RecursionError:
+        raise InputError(f"{label} is nested too deeply to read",
+                         "give glmfb flatter data: no definition, policy or argument needs that depth") from None
+    check_depth(document, label)
+    return document

@@ -3,10 +3,12 @@
 Every invocation (:mod:`glmfb.workflows.invocation`) removes ``<out>/LATEST`` *first*, makes its run
 folder, points ``LATEST`` at it before any probe runs, then writes
 ``<out>/<run-id>/run.json`` when it finishes (interrupted runs included) and points ``LATEST``
-at it again. ``glmfb gate`` with no path follows the pointer, so it gates the run of the
-latest invocation or refuses: it never gates an older run.json because the latest invocation
-stopped early (bad input, a full disk, a crash, a kill) and wrote none, nor because code it
-ran rewrote the pointer (a run folder newer than the one named is refused too).
+at the newest invocation into ``out`` again (itself, or a run into the same folder that started
+after it). ``glmfb gate`` with no path follows the pointer, so it gates the run of the latest
+invocation or refuses: it never gates an older run.json because the latest invocation stopped
+early (bad input, a full disk, a crash, a kill) or is still running, nor because code it ran
+(or a second run into the folder) rewrote the pointer: a run folder newer than the one named
+is the latest.
 """
 
 from __future__ import annotations
@@ -48,14 +50,16 @@ def start_run(out: Path, run_id: str) -> Path:
 
 
 def end_run(out: Path, run_id: str) -> None:
-    """Point ``out/LATEST`` at ``run_id`` again once its run.json is written: code the run ran
-    (a target) may have rewritten the pointer meanwhile."""
+    """Once ``run_id``'s run.json is written, point ``out/LATEST`` at the newest invocation
+    into ``out``: this one, or one that started after it (two runs into one folder at once),
+    never an older one. Code the run ran (a target) may have rewritten the pointer meanwhile."""
     from glmfb.core.io import write_text_atomic
 
     pointer = out / POINTER
+    newest = max([run_id, *(folder.name for folder in _run_folders(out))])
     with writing(pointer, "write"):
-        if not pointer.is_file() or pointer.read_text(encoding="utf-8").strip() != run_id:
-            write_text_atomic(pointer, run_id + "\n")
+        if not pointer.is_file() or pointer.read_text(encoding="utf-8").strip() != newest:
+            write_text_atomic(pointer, newest + "\n")
 
 
 @contextlib.contextmanager
@@ -74,11 +78,12 @@ def writing(path: Path, action: str) -> Iterator[None]:
 
 
 def latest_run(out: Path) -> Path:
-    """The run.json of the latest invocation that wrote into ``out``. Refused (never an older
-    run instead) when that invocation wrote none, when ``LATEST`` is gone (an invocation removed
-    it and could not write it: a full disk), or when a run folder newer than the one ``LATEST``
-    names exists (something rewrote the pointer, and the invocation that made the newer
-    folder did not finish: run ids are ordered by time)."""
+    """The run.json of the latest invocation that wrote into ``out``: the newer of the run
+    ``LATEST`` names and the newest run folder (run ids are ordered by time, so a pointer that
+    something rewrote to an older run, a target or a second run into the same folder, never
+    hides a newer one). Refused (never an older run instead) when that invocation has no
+    run.json (still running, or stopped before it finished), or when ``LATEST`` is gone (an
+    invocation removed it and could not write it: a full disk)."""
     pointer = out / POINTER
     folders = _run_folders(out)
     if not pointer.is_file():
@@ -89,18 +94,17 @@ def latest_run(out: Path) -> Path:
                 f"read that invocation's output; to gate an older run on purpose, name it: glmfb gate {folders[-1]}")
         raise UsageError(f"no run given and none found under {out}/", "pass a run.json or a run folder, or - for stdin")
     run_id = pointer.read_text(encoding="utf-8").strip()
-    newer = [folder for folder in folders if folder.name > run_id]
-    if newer:
-        raise HarnessError(
-            f"{POINTER} in {out}/ names {run_id}, but a newer invocation made {newer[-1].name} after it: the pointer "
-            "was rewritten while that invocation ran, and it did not finish",
-            "read that invocation's output; glmfb gate never gates an older run instead")
+    # the newest invocation, also where something rewrote the pointer to an older run (a target
+    # the run ran, or two runs into one folder at once): run ids are ordered by time
+    run_id = max([run_id if RUN_ID.fullmatch(run_id) else "", *(folder.name for folder in folders)])
     run_file = out / run_id / RUN_FILE
     if not run_file.is_file():
+        finished = [folder.name for folder in folders if folder.name < run_id and (folder / RUN_FILE).is_file()]
         raise HarnessError(
-            f"the latest run into {out}/ ({run_id}) wrote no {RUN_FILE}: it stopped on bad input, crashed or was "
-            "killed before it finished",
-            "read its output; glmfb gate never gates an older run instead",
+            f"the latest run into {out}/ ({run_id}) has no {RUN_FILE}: it is still running, or it stopped on bad "
+            "input, crashed or was killed before it finished",
+            "wait for it to finish, or read its output; glmfb gate never gates an older run instead"
+            + (f" (to gate the newest finished one on purpose: glmfb gate {out / finished[-1]})" if finished else ""),
         )
     return run_file
 

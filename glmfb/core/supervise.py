@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from glmfb.contract.errors import HarnessError, UsageError
 from glmfb.contract.evidence import ProcessExit, StoppedProcess, StoppedProcesses
 from glmfb.contract.verdict import ExitCode, Verdict
+from glmfb.core.io import bound_log, last_lines
 from glmfb.core.probe import TIMEOUT
 from glmfb.core.process import COOKIE_ENV, ProcessTree, describe_returncode, new_cookie
 from glmfb.core.workers import WarmChild, start_job
@@ -141,12 +142,7 @@ def decode(data: Any) -> Any:
 
 
 def _tail(path: Path, lines: int = 8, limit: int = 1200) -> str:
-    try:
-        data = path.read_bytes()[-8 * limit:].decode("utf-8", "replace")
-    except OSError:
-        return ""
-    kept = [line for line in data.splitlines() if line.strip()]
-    return "\n".join(kept[-lines:])[-limit:]
+    return last_lines(path, lines, limit)
 
 
 def call_isolated_scratch(function: str, config: Any, *, name: str, progress: Callable[[str], None],
@@ -281,6 +277,8 @@ def _supervise(job: dict[str, Any], artifact_dir: Path, progress: Callable[[str]
         child.wait()
     if left:
         messages.append({"leftovers": [p.to_dict() for p in left], "killed": killed})
+    for log in (stdout_path, stderr_path):  # whatever the target printed, the run folder keeps a bounded log
+        bound_log(log)
     return messages, child.returncode, outcome
 
 

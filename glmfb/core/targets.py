@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from glmfb.contract.errors import TargetError, UsageError
+from glmfb.contract.errors import InputError, TargetError, UsageError
 
 
 def parse_arg(text: str) -> tuple[str, Any]:
@@ -31,6 +31,15 @@ def parse_arg(text: str) -> tuple[str, Any]:
         value: Any = json.loads(raw)
     except json.JSONDecodeError:
         value = raw
+    except RecursionError:
+        raise UsageError(f"--arg {key}: its JSON value is nested too deeply to read",
+                         "give glmfb flatter data: no argument needs that depth") from None
+    from glmfb.core.io import check_depth
+
+    try:
+        check_depth(value, f"--arg {key}")
+    except InputError as exc:
+        raise UsageError(str(exc), exc.hint) from None
     return key, value
 
 

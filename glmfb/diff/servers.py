@@ -80,10 +80,9 @@ class StartedServer:
     tree: Any = field(default=None)
 
     def tail(self) -> str:
-        try:
-            text = self.log.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
+        from glmfb.core.io import read_end
+
+        text = read_end(self.log, 64 * LOG_TAIL)  # from its end: a server may have logged gigabytes
         flat = " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())
         return flat if len(flat) <= LOG_TAIL else "..." + flat[-LOG_TAIL:]
 

@@ -74,17 +74,22 @@ class Launched:
         return True
 
     def close(self) -> None:
+        """Close the program's logs; once it has ended, each is cut to a bounded size
+        (:func:`glmfb.core.io.bound_log`), whatever it printed."""
         for handle in (getattr(self, "_stdout", None), getattr(self, "_stderr", None)):
             if handle is not None:
                 handle.close()
+        process = getattr(self, "process", None)
+        if process is not None and process.poll() is not None:
+            from glmfb.core.io import bound_log
+
+            bound_log(self.stdout_path)
+            bound_log(self.stderr_path)
 
     def stderr_tail(self, limit: int = 600) -> str:
-        try:
-            data = self.stderr_path.read_bytes()[-4 * limit :].decode("utf-8", "replace")
-        except OSError:
-            return ""
-        lines = [line for line in data.splitlines() if line.strip()]
-        return "\n".join(lines[-6:])[-limit:]
+        from glmfb.core.io import last_lines
+
+        return last_lines(self.stderr_path, 6, limit)
 
 
 def wait_until(predicate: object, timeout_s: float, poll_s: float = 0.01) -> bool:

@@ -26,7 +26,6 @@ allows, else 0.
 from __future__ import annotations
 
 import fnmatch
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -35,11 +34,6 @@ from typing import Any
 
 from glmfb.contract.errors import InputError
 from glmfb.contract.verdict import ExitCode, Run, Status, Verdict, combine_exit_codes
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 DEFAULT_FAIL_ON = frozenset({Status.FAIL, Status.ERROR, Status.INCONCLUSIVE})
 _TOP_KEYS = frozenset({"fail_on", "max_inconclusive", "probes", "names", "allow", "allow_empty",
@@ -185,10 +179,9 @@ def load_policy(path: str | Path) -> Policy:
     file = Path(path)
     if not file.is_file():
         raise InputError(f"policy file {file} not found")
-    try:
-        document = tomllib.loads(file.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"policy file {file}: invalid TOML: {exc}") from exc
+    from glmfb.core.io import read_toml
+
+    document = read_toml(file, f"policy file {file}")
     return parse_policy(document, str(file))
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import queue
-import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -37,6 +36,7 @@ from glmfb.contract.errors import InputError, UsageError
 from glmfb.contract.options import parse_table
 from glmfb.contract.verdict import Expectation, Layer, Run, Shard, Status, Verdict
 from glmfb.core.commandline import run_step
+from glmfb.core.io import read_toml
 from glmfb.core.probe import (
     TIMEOUT,
     Placement,
@@ -53,11 +53,6 @@ from glmfb.core.shards import shard_record
 
 if TYPE_CHECKING:
     from glmfb.core.targets import ImportFence
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 DEFINITION_KEYS = frozenset(
     {"name", "probe", "description", "baseline", "candidate", "target", "command", "args",
@@ -117,12 +112,7 @@ def load_definitions(files: Iterable[Path]) -> list[ProbeDefinition]:
     definitions: list[ProbeDefinition] = []
     seen: dict[str, Path] = {}
     for path in files:
-        try:
-            document = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"{path}: cannot read: {exc}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise InputError(f"{path}: invalid TOML: {exc}") from exc
+        document = read_toml(path)
         unknown_top = set(document) - {"probe"}
         if unknown_top:
             raise InputError(f"{path}: unknown top-level key {sorted(unknown_top)[0]!r}",

@@ -18,13 +18,14 @@ exactly as it reads a fresh one.
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from collections.abc import Mapping, Sequence
-from html import escape
 from pathlib import Path
 from typing import Any
 
+from glmfb.contract.text import visible_text
 from glmfb.contract.verdict import Run, Verdict
 from glmfb.core.commandline import shell_line
 from glmfb.core.documents import load_document
@@ -40,6 +41,13 @@ from glmfb.workflows.report.text import (
 )
 
 REPORT_NAME = REPORT_FILE
+
+
+def escape(text: str) -> str:
+    """``text`` for the page: HTML-escaped, a target's terminal control sequences removed and
+    its undecodable bytes as ``\\xNN`` (:func:`~glmfb.contract.text.visible_text`)."""
+    return html.escape(visible_text(text))
+
 _CSS = """
 :root{--fail:#b00020;--pass:#17702a;--warn:#9a6a00;--inc:#7a2ea0;--line:#d8d8d8;--soft:#f6f6f6}
 *{box-sizing:border-box}
@@ -312,5 +320,7 @@ def write_html(
         path = report_dir / REPORT_NAME
     else:
         raise ValueError("write_html needs the run's folder or the page's path")
-    write_text_atomic(path, render_html(run, report_dir, path, folders, history, workers))
+    # The page is glmfb's own markup: a control sequence anywhere in it (a plot's label from a
+    # target's text too) came from a target, so the whole page goes through visible_text.
+    write_text_atomic(path, visible_text(render_html(run, report_dir, path, folders, history, workers)))
     return path

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from glmfb.contract.text import visible_text
 from glmfb.contract.verdict import Run, Status, Verdict
 from glmfb.core.commandline import shell_line
 from glmfb.workflows.report.text import (
@@ -64,19 +65,19 @@ def render_verdict(verdict: Verdict) -> RenderableType:
     grid.add_row("status", _status_text(verdict))
     grid.add_row("layer", verdict.layer.value)
     if verdict.where:
-        grid.add_row("where", format_where(verdict.where))
-    grid.add_row("why", Text(verdict.why, style="verdict.why"))
+        grid.add_row("where", visible_text(format_where(verdict.where)))
+    grid.add_row("why", Text(visible_text(verdict.why), style="verdict.why"))
     if verdict.metric is not None:
         grid.add_row("metric", format_metric(verdict.metric))
     if verdict.expect is not None:
         style = "" if verdict.expect_met else "verdict.unexpected"
         grid.add_row("expect", Text(expectation_text(verdict), style=style))
     for index, step in enumerate(verdict.next):
-        grid.add_row("next" if index == 0 else "", Text(shell_line(step), style="verdict.next"))
+        grid.add_row("next" if index == 0 else "", Text(visible_text(shell_line(step)), style="verdict.next"))
     for name, path in verdict.artifacts.items():
-        grid.add_row(name, path)
+        grid.add_row(visible_text(name), visible_text(path))
     grid.add_row("took", f"{verdict.duration_s:.2f} s")
-    title = f"glmfb {verdict.probe}: {verdict.name}"
+    title = visible_text(f"glmfb {verdict.probe}: {verdict.name}")
     border = f"status.{verdict.outcome.value}"
     panel = Panel(Group(grid), title=title, title_align="left", border_style=border)
     shown = [item for item in verdict.evidence if item.show_in_terminal]
@@ -108,11 +109,11 @@ def render_run(run: Run, *, verbose: bool = False, folder_size: str | None = Non
     for verdict in run.verdicts:
         cells: list[RenderableType] = [
             verdict.probe,
-            verdict.name,
+            visible_text(verdict.name),
             _status_text(verdict),
             verdict.layer.value,
             format_metric(verdict.metric),
-            format_where(verdict.where),
+            visible_text(format_where(verdict.where)),
         ]
         if with_expectations:
             cells.insert(3, expected_label(verdict))
@@ -147,7 +148,7 @@ def gate_lines(result: GateResult) -> list[tuple[str, str | None]]:
     for row in result.rows:
         if row.decision is not GateDecision.OK:
             suffix = f" (allowed: {row.reason})" if row.reason else ""
-            lines.append((f"  {row.decision.value}: {row.verdict.name}: {row.verdict.why}{suffix}", None))
+            lines.append((visible_text(f"  {row.decision.value}: {row.verdict.name}: {row.verdict.why}{suffix}"), None))
     return lines
 
 
