@@ -8,6 +8,7 @@ instead of hanging it."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -251,3 +252,40 @@ def test_glmfb_run_on_a_share_locked_postgresql_writes_its_report_and_junit_and_
     folder = next((tmp_path / "reports").glob("*/run.json")).parent
     assert {p.name for p in folder.iterdir()} >= {"run.json", "junit.xml", "report.html"}
     assert elapsed < 60, elapsed
+
+
+def test_rows_a_locked_store_could_not_take_are_kept_and_recorded_by_the_next_run(tmp_path: Path, toy: Path) -> None:
+    """Lock, run, release, run: the first run's rows wait in its run folder (the warning says
+    where) and the second run records them before its own, so the history holds both runs,
+    in order, each once."""
+    path = tmp_path / "history.sqlite"
+    url = f"sqlite:///{path}"
+    write_one(url, 0)()
+    (tmp_path / "p.toml").write_text('[[probe]]\nname = "toy-check"\nprobe = "toy"\noptions = { outcome = "pass" }\n')
+    environ = {key: value for key, value in os.environ.items() if key != "GLMFB_HISTORY"}
+    environ.update({"PYTHONPATH": os.pathsep.join([str(toy), str(REPO)]), LOCK_WAIT_ENV: str(BOUND_S)})
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "glmfb", "run", "p.toml", "--out", "reports", "--history", url,
+                               "--json"], capture_output=True, text=True, cwd=tmp_path, env=environ, timeout=120)
+
+    holder = exclusive(path)
+    try:
+        locked = run()
+    finally:
+        holder.rollback()
+        holder.close()
+    assert locked.returncode == 0, locked.stderr[-1500:]
+    first = json.loads(locked.stdout)["id"]
+    kept = tmp_path / "reports" / first / "history-pending.json"
+    warnings = [line for line in locked.stderr.splitlines() if line.startswith("glmfb: warning:")]
+    assert len(warnings) == 1 and "locked or busy" in warnings[0] and f"reports/{first}/history-pending.json" in warnings[0], locked.stderr
+    with open_store(url) as store:
+        assert [r.run_id for r in store.records()] == ["r0"]
+    freed = run()
+    assert freed.returncode == 0 and "warning" not in freed.stderr, freed.stderr[-1500:]
+    second = json.loads(freed.stdout)["id"]
+    with open_store(url) as store:
+        assert list(dict.fromkeys(r.run_id for r in store.records())) == ["r0", first, second]
+        assert sum(r.run_id == first for r in store.records()) == sum(r.run_id == second for r in store.records())
+    assert not kept.exists()

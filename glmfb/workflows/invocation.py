@@ -122,13 +122,12 @@ class Invocation:
 
         write_text_atomic(self.report_dir / JUNIT_FILE, render_junit(evaluate(run)))
 
-    @staticmethod
-    def _record(history: str | None, run: Run, origins: Origins | None, warnings: list[str]) -> None:
+    def _record(self, history: str | None, run: Run, origins: Origins | None, warnings: list[str]) -> None:
         if history is None or origins is None:
             return
         from glmfb.workflows.history.record import record_or_warn
 
-        warning = record_or_warn(history, run, origins)
+        warning = record_or_warn(history, run, origins, self.report_dir)
         if warning is not None:
             warnings.append(warning)
 

@@ -175,18 +175,72 @@ def record_run(url: str, run: Run, origins: Mapping[str, Origin], *, once: bool 
         return store.record(rows, once=once)
 
 
-def record_or_warn(url: str | None, run: Run, origins: Callable[[], Mapping[str, Origin]]) -> str | None:
+def record_or_warn(url: str | None, run: Run, origins: Callable[[], Mapping[str, Origin]],
+                   run_dir: Path | None = None) -> str | None:
     """Append ``run``'s verdicts to the store at ``url`` (None: recording is off); what went wrong,
-    as one warning line, or None. Recording never fails a run, so nothing here raises."""
+    as one warning line, or None. Recording never fails a run, so nothing here raises.
+
+    With ``run_dir`` (the run's folder), rows are never lost to a store that cannot take them
+    now (a lock held past the bound, a server down): they are kept in ``run_dir``'s
+    :data:`PENDING_FILE`, and each later recording into the same store from a run beside it
+    (the same ``--out``) first records the rows kept there, oldest run first, each once."""
     if url is None:
         return None
-    from glmfb.workflows.history.store import describe
+    from glmfb.workflows.history.store import describe, open_store
 
     try:
-        record_run(url, run, origins())
-    except Exception as exc:  # a store that refuses, a full disk, a missing driver: a warning only
+        rows = records_of(run, origins())
+    except Exception as exc:  # a definition's git state that cannot be read, ...: a warning only
         return f"the verdicts were not recorded in the history {describe(url)}: {exc}"
+    try:
+        with open_store(url) as store:
+            if run_dir is not None:
+                for pending in kept_rows(run_dir.parent, url):
+                    store.record(pending.rows, once=True)
+                    pending.path.unlink(missing_ok=True)
+            store.record(rows)
+    except Exception as exc:  # a store that refuses, a full disk, a missing driver: a warning only
+        warning = f"the verdicts were not recorded in the history {describe(url)}: {exc}"
+        if run_dir is None or not rows:
+            return warning
+        try:
+            from glmfb.core.io import write_json_atomic
+
+            write_json_atomic(run_dir / PENDING_FILE, {"store": url, "run_id": run.id,
+                                                       "rows": [row.to_dict() for row in rows]})
+        except Exception as kept:  # noqa: BLE001 - the warning says it
+            return f"{warning}; nor could they be kept in {run_dir / PENDING_FILE}: {kept}"
+        return (f"{warning}; they are kept in {run_dir / PENDING_FILE}, and the next run into "
+                f"{run_dir.parent} that records into this history records them first")
     return None
+
+
+PENDING_FILE = "history-pending.json"  # in a run folder: its rows, for a store that could not take them
+
+
+@dataclass(frozen=True)
+class KeptRows:
+    """A run's rows kept for a store that could not take them (:func:`record_or_warn`)."""
+
+    path: Path
+    run_id: str
+    rows: tuple[Record, ...]
+
+
+def kept_rows(out: Path, url: str) -> list[KeptRows]:
+    """The rows kept in the run folders of ``out`` for the store ``url``, oldest run first; a
+    file that cannot be read, or that was kept for another store, is left where it is."""
+    kept: list[KeptRows] = []
+    for path in sorted(out.glob(f"*/{PENDING_FILE}")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("store") != url:
+                continue
+            rows = tuple(Record(**row) for row in data["rows"])
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            continue
+        kept.append(KeptRows(path, str(data.get("run_id")), rows))
+    return kept
 
 
 def suite_origins(definitions: Sequence[Any]) -> dict[str, Origin]:
