@@ -208,7 +208,7 @@ def record_or_warn(url: str | None, run: Run, origins: Callable[[], Mapping[str,
 
             write_json_atomic(run_dir / PENDING_FILE, {"store": url, "run_id": run.id,
                                                        "rows": [row.to_dict() for row in rows]})
-        except Exception as kept:  # noqa: BLE001 - the warning says it
+        except Exception as kept:  # the warning says it
             return f"{warning}; nor could they be kept in {run_dir / PENDING_FILE}: {kept}"
         return (f"{warning}; they are kept in {run_dir / PENDING_FILE}, and the next run into "
                 f"{run_dir.parent} that records into this history records them first")
