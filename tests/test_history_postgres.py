@@ -134,7 +134,7 @@ def test_a_database_of_an_older_schema_is_migrated_when_opened(server: Server) -
         assert store.version == SCHEMA_VERSION > 1
     with psycopg.connect(url) as check:
         assert check.execute("SELECT 1 FROM pg_indexes WHERE indexname = 'verdicts_series'").fetchall()
-        assert [v for (v,) in check.execute("SELECT version FROM schema_version ORDER BY version")] == [1, 2]
+        assert [v for (v,) in check.execute("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3]
 
 
 WRITER = """

@@ -151,7 +151,7 @@ def test_a_database_of_an_older_schema_is_migrated_when_opened(tmp_path: Path) -
     assert (record.run_id, record.value, record.low, record.high, record.relative) == ("r1", 0.01, 0.0, 0.02, True)
     check = sqlite3.connect(path)
     assert check.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND name = 'verdicts_series'").fetchall()
-    assert [v for (v,) in check.execute("SELECT version FROM schema_version ORDER BY version")] == [1, 2]
+    assert [v for (v,) in check.execute("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3]
     check.close()
 
 

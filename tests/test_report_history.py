@@ -121,3 +121,19 @@ def test_the_page_is_the_same_byte_for_byte_drawn_here_or_beside_workers(tmp_pat
     assert alone == beside
     assert alone.count('data-plot="history" data-state="drawn"') == 1
     assert alone.count('data-plot="gap-phases" data-state="drawn"') == 7
+
+
+def test_a_long_series_is_read_as_its_newest_window_up_to_the_run(tmp_path: Path) -> None:
+    """300 runs of a series: the report reads the newest 200 up to the run it is about (a run's
+    report costs what its window costs, not the history's length), says how many the store
+    holds, and finds the step inside the window; an older run's window ends at that run."""
+    levels = [0.02] * 250 + [0.12] * 50
+    url = store_of(tmp_path, planted("kernel-step", levels) + planted("kernel-other", [0.02] * 30, seed=1, start=400))
+    (newest,) = history_of_run(url, "run-299")
+    assert (newest["runs"], newest["runs_in_store"]) == (200, 300)
+    assert newest["points"][0]["run_id"] == "run-100" and newest["points"][-1]["run_id"] == "run-299"
+    assert [c["first_after"]["run_id"] for c in newest["change_points"]] == ["run-250"]
+    (older,) = history_of_run(url, "run-120")
+    assert (older["runs"], older["runs_in_store"], older["points"][-1]["run_id"]) == (121, 121, "run-120")
+    page = render_html(run_document("run-299", 0.12), tmp_path / "run-299", history=[newest])
+    assert "200 runs of kernel-step on m1: cpu (the newest 200 of 300), oldest first" in page

@@ -292,24 +292,24 @@ HISTORY_JSON_SCHEMA: dict[str, Any] = {
 # --------------------------------------------------------------------------------------------
 
 
-def series_of_run(records: Sequence[Record], run_id: str, *, min_runs: int = 2) -> list[Series]:
-    """The series that the verdicts of run ``run_id`` belong to (each definition, metric and
-    machine that run recorded), with every run of each, when it has at least ``min_runs``:
-    one run alone is no history yet."""
-    keys = {(r.definition, r.metric, r.machine) for r in records
-            if r.run_id == run_id and r.metric is not None and r.value is not None}
-    chosen = [r for r in records if (r.definition, r.metric, r.machine) in keys]
-    return [s for s in build_series(chosen) if len(s.records) >= min_runs]
+REPORT_WINDOW = 200  # runs of a series a run's report reads, up to that run: its cost, whatever the history's length
 
 
-def history_of_run(url: str, run_id: str) -> list[dict[str, Any]]:
+def history_of_run(url: str, run_id: str, *, window: int = REPORT_WINDOW, min_runs: int = 2) -> list[dict[str, Any]]:
     """The series documents (as in ``glmfb.history/1``) of run ``run_id``'s verdicts, read from
-    the store at ``url``; none when that SQLite file does not exist. A store that cannot be read
-    raises :class:`~glmfb.workflows.history.store.HistoryError`."""
+    the store at ``url``: each series' newest ``window`` runs up to that run, with its change
+    points found in them, and ``runs_in_store``, how many it holds up to that run (a series of
+    fewer than ``min_runs`` is no history yet). None when that SQLite file does not exist. A
+    store that cannot be read raises :class:`~glmfb.workflows.history.store.HistoryError`."""
     from glmfb.workflows.history.store import SQLITE_PREFIX, open_store, sqlite_path
 
     if url.startswith(SQLITE_PREFIX) and not sqlite_path(url).is_file():
         return []
     with open_store(url, create=False) as store:
-        records = store.records()
-    return [series_document(s) for s in series_of_run(records, run_id)]
+        found = store.run_series(run_id, window)
+    documents = []
+    for records, total in found:
+        for series in build_series(records):
+            if len(series.records) >= min_runs:
+                documents.append({**series_document(series), "runs_in_store": total})
+    return documents

@@ -167,6 +167,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # 2: a series is read by definition, metric and machine, in time order
         "CREATE INDEX verdicts_series ON verdicts (definition, metric, machine, recorded)",
     ),
+    (  # 3: a run's rows are found by its id (its report's series, recording a run once)
+        "CREATE INDEX verdicts_run ON verdicts (run_id)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -306,6 +309,30 @@ class Store:
             return self._retrying(insert)
         except self._errors as exc:
             raise HistoryError(f"cannot write the history {describe(self.url)}: {_first_line(exc)}") from None
+
+    def run_series(self, run_id: str, window: int) -> list[tuple[list[Record], int]]:
+        """Each series (definition, metric, machine) that run ``run_id`` recorded a value in:
+        its newest ``window`` rows with a value up to that run, oldest first, and how many such
+        rows it holds up to that run. Read through the indexes (a run's rows by its id, a
+        series in time order), so what it reads follows ``window``, not the history's length."""
+        mark = self.dialect.placeholder
+        key = f"definition = {mark} AND metric = {mark} AND machine = {mark} AND value IS NOT NULL AND recorded <= {mark}"
+        try:
+            keys = self.connection.execute(
+                "SELECT DISTINCT definition, metric, machine, recorded FROM verdicts "
+                f"WHERE run_id = {mark} AND metric IS NOT NULL AND value IS NOT NULL", [run_id]).fetchall()
+            found = []
+            for definition, metric, machine, recorded in sorted(keys):
+                rows = self.connection.execute(
+                    f"SELECT {', '.join(_SQL_COLUMNS)} FROM verdicts WHERE {key} "
+                    f"ORDER BY recorded DESC, run_id DESC, id DESC LIMIT {mark}",
+                    [definition, metric, machine, recorded, window]).fetchall()
+                (total,) = self.connection.execute(f"SELECT COUNT(*) FROM verdicts WHERE {key}",
+                                                   [definition, metric, machine, recorded]).fetchone()
+                found.append(([_record(row) for row in reversed(rows)], int(total)))
+            return found
+        except self._errors as exc:
+            raise HistoryError(f"cannot read the history {describe(self.url)}: {_first_line(exc)}") from None
 
     def records(self) -> list[Record]:
         """Every row, oldest first (by the run's time, then as written)."""

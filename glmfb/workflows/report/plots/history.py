@@ -101,11 +101,15 @@ def history_plot(series: Mapping[str, Any], run_id: str) -> Plot:
     axes.set_xlim(0.4, len(points) + 0.6)
     axes.margins(y=0.18 + 0.07 * min(len(changes), 3))  # room above the runs for the labels
     axes.xaxis.get_major_locator().set_params(integer=True)  # type: ignore[call-arg]
-    axes.set_title(f"{series.get('definition', '')}: {series.get('metric', '')} over {len(points)} runs")
+    held = int(series.get("runs_in_store") or len(points))
+    of = f" (the newest {len(points)} of {held})" if held > len(points) else ""
+    axes.set_title(f"{series.get('definition', '')}: {series.get('metric', '')} over {len(points)} runs{of}")
     axes.legend(loc="best")
-    caption = (f"{len(points)} runs of {series.get('definition', '')} on {series.get('machine_label', '')}, oldest "
-               f"first ({series.get('worse', 'higher')} is worse); the diamond is this run"
+    caption = (f"{len(points)} runs of {series.get('definition', '')} on {series.get('machine_label', '')}{of}, "
+               f"oldest first ({series.get('worse', 'higher')} is worse); the diamond is this run"
                + (f" (run {current[0]})" if current else "") + ". ")
+    if of:
+        caption += "Its change points are found in these runs. "
     if changes:
         caption += "Change points: " + "; ".join(change_point_line(c, unit, bool(series.get("relative")))
                                                   for c in changes) + "."
