@@ -17,7 +17,8 @@ starts with the rest of its expectation in brackets::
 - ``minimal-length``: the length the diff minimizer must shrink the failing request to.
 
 A case is right only when status, layer, every expected ``where`` key, the rule and each of the
-optional checks hold, and glmfb names none of its own frames as a cause (``own-frame``). The
+optional checks hold, glmfb names none of its own frames as a cause (``own-frame``), and a diff
+verdict says nothing its own evidence contradicts (``claim``: :mod:`glmfb.diff.claims`). The
 fired rule is read from an evidence item of kind ``diagnosis`` with a ``rule`` field (glmfb's
 rule names that name one of the corpus's classes are read as that class: :data:`RENAMED`);
 for verdicts that do not record one, from what older verdicts carry (diff's
@@ -351,7 +352,22 @@ def score(case: Case, verdict: Any, seconds: float) -> Score:
         if got != case.minimal_length:
             result.wrong.append(f"minimal-length: expected {case.minimal_length}, got {got if got is not None else '-'}")
     result.wrong.extend(f"own-frame: {item}" for item in _own_frames(verdict))
+    result.wrong.extend(f"claim: {item}" for item in contradicted_claims(verdict))
     return result
+
+
+def contradicted_claims(verdict: Mapping[str, Any]) -> list[str]:
+    """What a diff verdict (its JSON form) says against its own evidence: each claim of
+    :mod:`glmfb.diff.claims` said in its why, next steps or where whose precondition the
+    diagnosis's ``saw`` does not meet."""
+    if verdict["probe"] != "diff":
+        return []
+    from glmfb.diff.claims import contradicted
+
+    diagnosis = _evidence(verdict, "diagnosis") or {}
+    steps = [step if isinstance(step, str) else json.dumps(step) for step in verdict["next"]]
+    return [f"{claim.name} said without {claim.requires}"
+            for claim in contradicted(verdict["why"], steps, verdict["where"], diagnosis.get("saw") or {})]
 
 
 def run_case(case: Case, context: Any) -> Score:

@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
+from glmfb.diff.axes import find_token_axis
 from glmfb.diff.metrics import (
     PairComparer,
     Tolerance,
     Tolerances,
-    position_dim,
     position_errors,
     token_metrics,
 )
@@ -138,7 +138,7 @@ def test_position_errors_find_the_first_failing_position() -> None:
     base = torch.randn(1, 50, 16)
     cand = base.clone()
     cand[0, 30:, :] += 1e-2
-    assert position_dim(tuple(base.shape), 50) == 1
+    assert find_token_axis("t", [(tuple(base.shape), 50)]).axis == 1
     errors = position_errors(base, cand, 1, Tolerance(1e-5, 1e-5))
     assert errors.first_failing == 30
     assert errors.rel_l2[:30].max() == 0.0

@@ -6,6 +6,8 @@ operands; and what they make of a non-finite candidate (float16's range)."""
 from __future__ import annotations
 
 import inspect
+import json
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -118,5 +120,55 @@ def test_float16s_range_against_the_baselines_values() -> None:
     assert f"reach 2e+05 in magnitude, past float16's largest finite value, {FLOAT16_MAX:.0f} (2 of 4" in text
     inside = float16_range(baseline / 100, "mlp.up", "mlp.up", ("its output is float16",), "its operations")
     assert "stay inside float16's range (at most 2e+03" in inside.describe()
-    none = float16_range(baseline, "mlp.act", "mlp.act", (), "its parameters and operations")
+    none = float16_range(baseline, "mlp.act", "mlp.act", (), "its parameters and operations", traced=True)
     assert none.describe().startswith("glmfb saw no float16 in mlp.act (its parameters and operations), so it is not")
+
+
+# ---- issue 53: float16's range read at the operation that made the Inf -----------------------
+
+
+class HalfScores(nn.Module):
+    """q k^T in float16 (or float32), then a softmax: past 65504 the product is Inf, then NaN."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        ones = torch.matmul(q, k.transpose(-1, -2)) * 0.0  # an earlier product of the same operation
+        scores = torch.matmul(q.to(self.dtype), k.to(self.dtype).transpose(-1, -2)) + ones.to(self.dtype)
+        return torch.softmax(scores, dim=-1).float()
+
+
+def test_the_baselines_same_run_of_the_operation_that_made_the_inf_is_watched() -> None:
+    q = torch.full((1, 4, 8), 100.0)  # q.k = 8e4 everywhere: past float16's range
+    half = trace_module(HalfScores(torch.float16), (q, q), {})
+    first = half.first_nonfinite
+    assert first is not None and first.output == "float16" and half.first_nonfinite_call == 2, half
+    watched = trace_module(HalfScores(torch.float32), (q, q), {}, nonfinite=False,
+                           watch=(first.operation, 2, FLOAT16_MAX)).watched
+    assert watched is not None and watched.call == 2 and watched.output == "float32"
+    assert watched.max_abs == 8e4 and watched.beyond == watched.elements == 16 and watched.nonfinite == 0
+
+
+def test_a_float16_overflow_under_a_later_submodule_is_not_denied(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from helpers import run
+
+    from glmfb.diff.config import DiffConfig
+
+    requests = tmp_path / "r.jsonl"
+    requests.write_text("".join(json.dumps({"id": f"h{n}", "tensors": {"x": {"shape": [1, n, 32], "seed": n}},
+                                            "sequence_axis": 1}) + "\n" for n in (24, 48)))
+    target = f"{Path(__file__).resolve().parent / 'acceptance' / 'half_attention.py'}:half_attention"
+    verdict = run("diff", DiffConfig("h", target, target, requests=requests, candidate_args={"core_dtype": "float16"},
+                                     minimize=False), tmp_path)
+    assert verdict.where["module"] == "attn" and "first at attn.o_proj" in verdict.why
+    assert "not float16's range" not in verdict.why and "saw no float16" not in verdict.why, verdict.why
+    assert ("the candidate computes attn in float16 (aten.bmm, the first operation to give NaN or Inf, computes in "
+            "float16") in verdict.why
+    assert "at the baseline's 1st aten.bmm in attn" in verdict.why and "past float16's largest finite value" in verdict.why
+    found = next(e for e in verdict.evidence if e.kind == "format_range")
+    assert found.traced and found.beyond > 0 and found.first_nonfinite.startswith("aten.bmm in float16")  # type: ignore[attr-defined]

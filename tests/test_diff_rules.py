@@ -78,9 +78,10 @@ SCOPED = Trial("fp16", "matmul operands and output", 3.4e-4, 1.0, 1.0, 1.0, True
 
 
 def failing(**changes: Any) -> DiffFindings:
+    # a profile along positions is read along a token axis: axis 1, as of [1, L, hidden]
     base = DiffFindings(failed=True, requests=3, failing_requests=3, request="r64", module="m", local=True,
                         first_divergent="m", tap="m", position=0, shape=ErrorShape.CONSTANT, fit=CONSTANT,
-                        dtype="float32", profile=FLAT, bias=RANDOM)
+                        dtype="float32", profile=FLAT, bias=RANDOM, token_axis=1, token_axis_basis="follows the length")
     return replace(base, **changes)
 
 
@@ -320,7 +321,7 @@ def test_a_non_finite_candidate_says_float16_and_its_range_or_that_none_was_seen
     from glmfb.diff.rounding import Float16Range
 
     over = Float16Range("mlp.up", "mlp.up", 1.92e5, 527, 2048, ("aten.addmm takes float16 operands",), "its operations",
-                        TracedOp("aten.addmm", ("float16",) * 3, "float16", None))
+                        TracedOp("aten.addmm", ("float16",) * 3, "float16", None), traced=True)
     why = diagnose(RULES, failing(shape=ErrorShape.NON_FINITE, nonfinite_tap="mlp.up", module="mlp.up",
                                   range=over)).diagnosis.why
     assert why.startswith("The candidate produces NaN or Inf where the baseline is finite, first at mlp.up: the "
@@ -330,6 +331,15 @@ def test_a_non_finite_candidate_says_float16_and_its_range_or_that_none_was_seen
     none = replace(over, seen=(), first_nonfinite=None)
     why = diagnose(RULES, failing(shape=ErrorShape.NON_FINITE, nonfinite_tap="mlp.up", range=none)).diagnosis.why
     assert "glmfb saw no float16 in mlp.up (its operations), so it is not float16's range" in why
+    # the first operation that gave Inf computes in float16: float16 is never denied, even when
+    # nothing else shows it
+    made = replace(none, first_nonfinite=TracedOp("aten.bmm", ("float16", "float16"), "float16", None))
+    why = diagnose(RULES, failing(shape=ErrorShape.NON_FINITE, nonfinite_tap="mlp.up", range=made)).diagnosis.why
+    assert "not float16's range" not in why and "aten.bmm in float16" in why, why
+    # only a capture's output dtype was looked at: nothing could have refuted float16, so it is not denied
+    untraced = replace(none, traced=False, looked_at="the dtype of its output in the candidate's capture")
+    why = diagnose(RULES, failing(shape=ErrorShape.NON_FINITE, nonfinite_tap="mlp.up", range=untraced)).diagnosis.why
+    assert "not float16's range" not in why and "is not tested" in why, why
 
 
 def test_trials_left_out_as_invalid_are_said_in_the_why() -> None:

@@ -112,7 +112,7 @@ def reordered(errors: list[float], others: tuple[ZeroRun, ...] = ()) -> DiffFind
     return DiffFindings(failed=True, requests=1 + len(others), failing_requests=1, request="k", module="head",
                         local=True, first_divergent="head", tap="head", position=profile.onset,
                         shape=ErrorShape.CONSTANT, dtype="float32", profile=profile, size=REORDERED,
-                        zeros=ZeroRegion(profile.zeros, others))
+                        zeros=ZeroRegion(profile.zeros, others), token_axis=1, token_axis_basis="follows the length")
 
 
 def why(findings: DiffFindings) -> tuple[str, str]:

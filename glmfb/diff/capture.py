@@ -97,7 +97,8 @@ def flatten(value: Any, prefix: str) -> tuple[list[tuple[str, torch.Tensor]], li
 class Sink(Protocol):
     def begin_request(self) -> None: ...
     def write_call(self, module: str, call: int, tensors: Sequence[tuple[str, torch.Tensor]]) -> None: ...
-    def end_request(self, request_id: str, length: int | None, skipped: Sequence[str]) -> None: ...
+    def end_request(self, request_id: str, length: int | None, skipped: Sequence[str],
+                    offsets: Sequence[int] | None = None) -> None: ...
 
 
 class MemorySink:
@@ -112,7 +113,8 @@ class MemorySink:
     def write_call(self, module: str, call: int, tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
         self.calls.append((module, call, [(n, t.detach().clone()) for n, t in tensors]))
 
-    def end_request(self, request_id: str, length: int | None, skipped: Sequence[str]) -> None:
+    def end_request(self, request_id: str, length: int | None, skipped: Sequence[str],
+                    offsets: Sequence[int] | None = None) -> None:
         pass
 
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -210,4 +212,4 @@ def run_requests(side: LoadedSide, requests: Sequence[Request], globs: Sequence[
                     TypeError(f"it returned {type(output).__name__} with no tensor in it"),
                 )
             sink.write_call(OUTPUT, 0, tensors)
-            sink.end_request(request.id, request.length, skipped)
+            sink.end_request(request.id, request.length, skipped, request.offsets)

@@ -47,6 +47,7 @@ class RequestResult:
     id: str
     length: int | None
     taps: tuple[TapResult, ...]  # the shared taps, in the baseline's execution order
+    offsets: tuple[int, ...] | None = None  # a packed request's sequence offsets (cu_seqlens)
 
     @property
     def failed(self) -> bool:
@@ -350,5 +351,5 @@ def _compare_all(baseline: CaptureReader, candidate: CaptureReader, pairs: Seque
             tolerance = tolerances.for_tap(pair.baseline.name, pair.baseline.dtype)
             metrics = comparer.compare_files(baseline.locate(pair.baseline), candidate.locate(pair.candidate), tolerance)
             taps.append(TapResult(pair.baseline, metrics, pair.candidate))
-        results.append(RequestResult(request_b.id, request_b.length, tuple(taps)))
+        results.append(RequestResult(request_b.id, request_b.length, tuple(taps), request_b.offsets))
     return results

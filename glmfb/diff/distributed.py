@@ -738,7 +738,7 @@ def unshard_capture(directory: Path, base_dir: Path | None = None, backend: str 
             save_file(payload, str(temporary))
             os.replace(temporary, path)
         length = request.length
-        requests.append(RequestRecord(request.id, length, tuple(taps), request.skipped))
+        requests.append(RequestRecord(request.id, length, tuple(taps), request.skipped, request.offsets))
     distributed = {
         "world_size": world_size, "backend": backend or first.distributed.get("backend"),
         "ranks": [{"rank": rank, "dir": p.name, "env": dict(r.manifest.env)} for rank, (p, r) in enumerate(zip(rank_dirs, readers, strict=True))],

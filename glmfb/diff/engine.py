@@ -24,7 +24,9 @@ from glmfb.core.env import differences, fingerprint, git_revision
 from glmfb.core.probe import ProbeContext
 from glmfb.core.rules import Diagnosis, diagnose
 from glmfb.core.targets import Target
+from glmfb.diff.axes import TokenAxes, TokenAxis
 from glmfb.diff.capture import OUTPUT, LoadedSide, load_side, run_requests
+from glmfb.diff.claims import POSITION
 from glmfb.diff.compare import RequestResult, TapResult, compare_and_match
 from glmfb.diff.compare import TreeDifferences as TreeDifferencesFound
 from glmfb.diff.config import CaptureConfig, DiffConfig
@@ -67,6 +69,7 @@ from glmfb.diff.evidence import (
     ShapeDifference,
     SideRun,
     TapTolerance,
+    TokenAxisRead,
     Tokens,
     TolerancesUsed,
     TracedOpRow,
@@ -83,7 +86,6 @@ from glmfb.diff.metrics import (
     PositionErrors,
     Tolerance,
     is_logits,
-    position_dim,
     position_errors,
     token_metrics,
     typical_relative_error,
@@ -365,20 +367,21 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
     failed = any(r.failed for r in results)
     worst = _worst(results)
     first = worst.first_divergent
+    axes = _token_axes(results, run.requests)
     evidence, artifacts = _tables(ctx, results, worst, tree)
-    location = _locate(config, live, worst, failed, comparer, ctx.progress)
+    location = _locate(config, live, worst, failed, comparer, ctx.progress, axes)
     evidence += location.evidence
     traced = _traced(location)
     if traced is not None:
         evidence.append(_trace_evidence(*traced))
-    along = _along_positions(baseline, candidate, results, worst, location.localized)
+    along = _along_positions(baseline, candidate, results, worst, location.localized, axes)
     evidence += along.evidence
     shape = _error_shape(results, along)
     evidence.append(shape.evidence)
-    precision = (_precision(location, baseline, candidate, results, worst, tree, shape.nonfinite, ctx.progress)
+    precision = (_precision(location, baseline, candidate, results, worst, tree, shape.nonfinite, ctx.progress, axes)
                  if failed else _Precision())
     evidence += precision.evidence
-    tokens = _tokens(baseline, candidate, worst)
+    tokens = _tokens(baseline, candidate, worst, axes)
     if tokens is not None:
         evidence.append(tokens)
     knobs = _counterfactuals(run, baseline, results, comparer) if failed and config.counterfactuals else []
@@ -402,7 +405,8 @@ def _analyse(run: _Run, env: Mapping[str, Any], baseline: CaptureReader, candida
                        on_cuda=str(candidate.manifest.env.get("device", "cpu")).startswith("cuda"))
     outcome = diagnose(ctx.rules("diff", RULES), findings)
     evidence.append(outcome.record)
-    where = _where(outcome.diagnosis, failed, worst, location.module, along.first_failing, rank_record)
+    position = along.first_failing if findings.allows(POSITION) else None
+    where = _where(outcome.diagnosis, failed, worst, location.module, position, rank_record, along.sequence)
     if failed and outcome.diagnosis.where is None and findings.narrowing is not None:
         where.update(_site_where(findings.narrowing))
     return Verdict(
@@ -443,14 +447,14 @@ class _Location:
 
 
 def _locate(config: DiffConfig, live: _Live | None, worst: RequestResult, failed: bool, comparer: PairComparer,
-            progress: Progress | None) -> _Location:
+            progress: Progress | None, axes: TokenAxes) -> _Location:
     first = worst.first_divergent
     evidence: list[Evidence] = []
     localization: Localization | None = None
     localized: LocalError | None = None
     modules_live = live is not None and live.baseline.kind == "module" and live.candidate.kind == "module"
     if failed and live is not None and config.localize and modules_live:
-        localization = _localize(config, live, worst, comparer, progress)
+        localization = _localize(config, live, worst, comparer, progress, axes)
         localized = next((entry for entry in localization.errors if entry.failed), None)
         evidence.append(LocalErrors(
             request=worst.id, note="each module run on the baseline's inputs; local = the error it adds by itself, "
@@ -504,37 +508,67 @@ class _AlongPositions:
     onsets: tuple[tuple[str, int, int], ...] = ()
     evidence: list[Evidence] = field(default_factory=list)
     zeros: ZeroRegion | None = None  # the exactly-zero region it starts with, against chance and across requests
+    axis: TokenAxis | None = None  # the token axis read there (None: no tap to read)
 
     @property
     def first_failing(self) -> int | None:
         return self.errors.first_failing if self.errors is not None else None
 
+    @property
+    def sequence(self) -> int | None:
+        """The packed sequence the positions are of (None: not a packed request)."""
+        segment = self.errors.segment if self.errors is not None else None
+        return segment.index if segment is not None else None
+
+
+def _token_axes(results: Sequence[RequestResult], requests: Sequence[Request]) -> TokenAxes:
+    """Each tap's ``(shape, request length)`` in every request: what its token axis is found from;
+    and the axis along which the requests' inputs hold their tokens (live: token ids ``[1, L]``,
+    or the one sequence axis their tensors declare), which only breaks a tie of sizes."""
+    observed: dict[str, list[tuple[Sequence[int], int | None]]] = {}
+    for result in results:
+        for tap in result.taps:
+            observed.setdefault(tap.tap.name, []).append((tap.tap.shape, result.length))
+    inputs = {1 if request.input_ids is not None else
+              (next(iter(set(request.sequence_axes.values()))) if len(set(request.sequence_axes.values())) == 1 else None)
+              for request in requests}
+    return TokenAxes(observed, inputs.pop() if len(inputs) == 1 else None)
+
 
 def _along_positions(baseline: CaptureReader, candidate: CaptureReader, results: Sequence[RequestResult],
-                     worst: RequestResult, localized: LocalError | None) -> _AlongPositions:
+                     worst: RequestResult, localized: LocalError | None, axes: TokenAxes) -> _AlongPositions:
     first = worst.first_divergent
     errors = localized.positions if localized is not None else None
     tap = localized.tap if localized is not None else None
+    axis = localized.axis if localized is not None else None
     if errors is None and first is not None:
-        errors = _tap_positions(baseline, candidate, first, worst.length)
+        axis = axes.of(first.tap.name, first.tap.shape, worst.length)
+        errors = _tap_positions(baseline, candidate, first, worst, axes)
         tap = first.tap.name
+    evidence: list[Evidence] = [_axis_evidence(worst.id, axis)] if axis is not None else []
     if errors is None:
-        return _AlongPositions(tap=tap)
+        return _AlongPositions(tap=tap, evidence=evidence, axis=axis)
     profile = position_profile(list(errors.rel_l2), list(errors.outside))
-    evidence: list[Evidence] = [_positions_evidence(worst, tap, localized is not None, errors)]
+    evidence.append(_positions_evidence(worst, tap, localized is not None, errors, axis))
     onsets: tuple[tuple[str, int, int], ...] = ()
     zeros: ZeroRegion | None = None
     if profile is not None:
-        onsets = _onsets(baseline, candidate, results, worst, first, profile.onset) if profile.step else ()
+        onsets = _onsets(baseline, candidate, results, worst, first, profile.onset, axes) if profile.step else ()
         if profile.zeros is not None:
-            others = _zero_runs(baseline, candidate, results, worst, tap) if profile.zeros.beyond_chance else ()
+            others = _zero_runs(baseline, candidate, results, worst, tap, axes) if profile.zeros.beyond_chance else ()
             zeros = ZeroRegion(profile.zeros, others)
         evidence.append(_profile_evidence(worst.id, tap, profile, onsets, zeros))
-    return _AlongPositions(errors, tap, profile, onsets, evidence, zeros)
+    return _AlongPositions(errors, tap, profile, onsets, evidence, zeros, axis)
+
+
+def _axis_evidence(request: str, axis: TokenAxis) -> TokenAxisRead:
+    return TokenAxisRead(request=request, tap=axis.tap, axis=axis.axis, basis=axis.basis, shape=axis.shape,
+                         lengths=axis.lengths, candidates=axis.candidates, requests=axis.requests,
+                         note=axis.describe())
 
 
 def _zero_runs(baseline: CaptureReader, candidate: CaptureReader, results: Sequence[RequestResult],
-               worst: RequestResult, tap_name: str | None) -> tuple[ZeroRun, ...]:
+               worst: RequestResult, tap_name: str | None, axes: TokenAxes) -> tuple[ZeroRun, ...]:
     """The exactly-zero region at the start of every other request whose error at ``tap_name``
     is not zero everywhere: whether the worst request's region recurs where they show it. It is
     the total error there (the worst request's may be a module's own error): an error inherited
@@ -546,7 +580,7 @@ def _zero_runs(baseline: CaptureReader, candidate: CaptureReader, results: Seque
         tap = next((t for t in result.taps if t.tap.name == tap_name), None)
         if tap is None or not tap.metrics.max_abs > 0:
             continue
-        errors = _tap_positions(baseline, candidate, tap, result.length)
+        errors = _tap_positions(baseline, candidate, tap, result, axes)
         if errors is not None:
             run = quiet_run(list(errors.rel_l2), floor=ZERO_RUN_FLOOR)
             found.append(ZeroRun(result.id, run.positions, run.length))
@@ -595,31 +629,65 @@ class _Precision:
 
 
 def _float16_range(location: _Location, nonfinite: TapResult, baseline: CaptureReader) -> Float16Range | None:
-    """At the first tap non-finite on the candidate's side only: what shows float16 there (the
-    module that makes it, traced on the baseline's inputs, when it is that tap's; else the
-    candidate's capture of the tap) and the baseline's largest values there."""
+    """What shows float16 where the candidate first gives NaN or Inf, and the baseline's values
+    there against float16's range. Where the module where the error starts was traced and an
+    operation of it gave NaN or Inf on finite operands, that operation is where: its dtypes,
+    the module's, and the baseline's run of the same operation (matched by order). Otherwise
+    the first tap non-finite on the candidate's side only: its dtype in the candidate's capture,
+    and the module that makes it when that is the traced module."""
     if not nonfinite.tap.dtype.startswith(("float", "bfloat")):
         return None
-    module = nonfinite.tap.module if nonfinite.tap.module != OUTPUT else None
+    traced = _traced(location)
     culprit = location.localization.culprit if location.localization is not None else None
-    seen: list[str] = []
+    if traced is not None and traced[1].first_nonfinite is not None:
+        module, trace, baseline_trace, _ = traced
+        op = trace.first_nonfinite
+        assert op is not None
+        dtypes = culprit.candidate_dtypes if culprit is not None and culprit.module == module.partition("#")[0] else ()
+        seen = ([f"{op.operation}, the first operation to give NaN or Inf, computes in float16"]
+                if "float16" in (*op.inputs, op.output) else [])
+        seen += float16_seen(trace, dtypes)
+        watched = baseline_trace.watched if baseline_trace is not None else None
+        looked = "its parameters, inputs and outputs, and the operands of its operations run on the baseline's inputs"
+        if watched is not None:
+            nth = _ordinal(watched.call)
+            return Float16Range(nonfinite.tap.name, module, watched.max_abs, watched.beyond, watched.elements,
+                                tuple(dict.fromkeys(seen)), looked, op, True,
+                                f"at the baseline's {nth} {watched.operation} in {module} (the same run of it as the "
+                                f"candidate's, counted in order)")
+        found = float16_range(baseline.load(nonfinite.tap), nonfinite.tap.name, module, tuple(dict.fromkeys(seen)),
+                              looked, op, True)
+        return replace(found, values_at=f"at {nonfinite.tap.name} (the baseline's run of {op.operation} could not be "
+                                        "matched)")
+    tap_module = nonfinite.tap.module if nonfinite.tap.module != OUTPUT else None
+    seen_tap: list[str] = []
     if nonfinite.other.dtype == "float16":
-        seen.append("its output is float16 in the candidate's capture")
+        seen_tap.append("its output is float16 in the candidate's capture")
     if culprit is not None and culprit.module == nonfinite.tap.module:
-        seen += float16_seen(culprit.trace, culprit.candidate_dtypes)
+        seen_tap += float16_seen(culprit.trace, culprit.candidate_dtypes)
         looked = ("its parameters, inputs and outputs, and the operands of its operations run on the baseline's "
                   "inputs" + ("" if culprit.trace is not None else "; its operations could not be traced"))
         first = culprit.trace.first_nonfinite if culprit.trace is not None else None
+        was_traced = culprit.trace is not None
     else:
-        looked, first = "the dtype of its output in the candidate's capture", None
-    return float16_range(baseline.load(nonfinite.tap), nonfinite.tap.name, module, tuple(dict.fromkeys(seen)),
-                         looked, first)
+        looked, first, was_traced = "the dtype of its output in the candidate's capture", None, False
+    return float16_range(baseline.load(nonfinite.tap), nonfinite.tap.name, tap_module,
+                         tuple(dict.fromkeys(seen_tap)), looked, first, was_traced)
+
+
+def _ordinal(number: int) -> str:
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
 
 
 def _range_evidence(found: Float16Range) -> FormatRange:
     return FormatRange(tap=found.tap, module=found.module, baseline_max_abs=found.baseline_max_abs,
                        float16_max=FLOAT16_MAX, beyond=found.beyond, elements=found.elements,
-                       float16_seen=found.seen, looked_at=found.looked_at)
+                       float16_seen=found.seen, looked_at=found.looked_at, traced=found.traced,
+                       values_at=found.values_at,
+                       first_nonfinite=(f"{found.first_nonfinite.operation} in {found.first_nonfinite.output} on "
+                                        f"{', '.join(found.first_nonfinite.inputs) or 'no floating'} operands"
+                                        if found.first_nonfinite is not None else None))
 
 
 def _traced(location: _Location) -> tuple[str, OperationTrace, OperationTrace | None, TracedOp | None] | None:
@@ -670,9 +738,9 @@ def _site_where(op: TracedOp) -> dict[str, Any]:
 
 def _precision(location: _Location, baseline: CaptureReader, candidate: CaptureReader, results: Sequence[RequestResult],
                worst: RequestResult, tree: TreeDifferencesFound, nonfinite: TapResult | None,
-               progress: Progress | None) -> _Precision:
+               progress: Progress | None, axes: TokenAxes) -> _Precision:
     first = worst.first_divergent
-    signature = _signature(location.localized, first, baseline, candidate, worst.length)
+    signature = _signature(location.localized, first, baseline, candidate, worst.length, axes)
     if nonfinite is not None:
         found = _float16_range(location, nonfinite, baseline)
         evidence = _signature_evidence(signature)
@@ -681,7 +749,7 @@ def _precision(location: _Location, baseline: CaptureReader, candidate: CaptureR
         return _Precision(signature, evidence=evidence, range=found)
     if progress is not None:
         progress("testing whether rounding the baseline reproduces the error")
-    rounding, bias = _precision_tests(location.localization, first, baseline, candidate, worst, tree)
+    rounding, bias = _precision_tests(location.localization, first, baseline, candidate, worst, axes, tree)
     if signature is not None and rounding is not None:
         signature = signature.tested({t.format for t in rounding.trials}, rounding.format)
     evidence = _signature_evidence(signature)
@@ -801,6 +869,10 @@ def _findings(results: Sequence[RequestResult], worst: RequestResult, tree: Tree
         failed=failed, requests=len(results), failing_requests=sum(r.failed for r in results),
         request=worst.id if failed else None, module=location.module, step=_step(worst, location.module),
         tap=(localized.tap if localized else (first.tap.name if first else None)), position=along.first_failing,
+        token_axis=along.axis.axis if along.axis is not None else None,
+        token_axis_basis=along.axis.basis if along.axis is not None else None,
+        token_axis_note=along.axis.describe() if along.axis is not None else None,
+        sequence=along.errors.segment if along.errors is not None else None,
         local=location.local, first_divergent=first.tap.name if first else None, shape=shape.shape, fit=shape.fit,
         signature=precision.signature, dtype=first.tap.dtype if first else None,
         tokens=tokens, nonfinite_tap=shape.nonfinite.tap.name if shape.nonfinite else None,
@@ -832,7 +904,7 @@ def _carries(location: _Location, first: TapResult | None) -> bool | None:
 
 
 def _where(diagnosis: Diagnosis, failed: bool, worst: RequestResult, module: str | None, position: int | None,
-           rank_record: RankErrors | None) -> dict[str, Any]:
+           rank_record: RankErrors | None, sequence: int | None = None) -> dict[str, Any]:
     """Where the verdict points: the rule's own place when it names one, else the worst failing
     request, its module, position, the first divergent tap's shape and the first failing rank."""
     if diagnosis.where is not None:
@@ -845,6 +917,8 @@ def _where(diagnosis: Diagnosis, failed: bool, worst: RequestResult, module: str
             where["module"] = module
         if position is not None:
             where["position"] = position
+            if sequence is not None:  # a packed request: the position is within this sequence
+                where["sequence"] = sequence
         # every field about one thing: the shape of the blamed module's output (its first
         # call), or of the first divergent tap when no module is blamed
         described = next((t for t in worst.taps if t.tap.module == module), None) if module else first
@@ -914,7 +988,7 @@ def _calls(request: RequestResult, module: str) -> int:
 
 
 def _localize(config: DiffConfig, live: _Live, worst: RequestResult, comparer: PairComparer,
-              progress: Progress | None) -> Localization:
+              progress: Progress | None, axes: TokenAxes) -> Localization:
     suspects: list[tuple[str, int, int]] = []
     for tap in worst.failing_taps:
         key = (tap.tap.module, tap.tap.call, _calls(worst, tap.tap.module))
@@ -923,7 +997,8 @@ def _localize(config: DiffConfig, live: _Live, worst: RequestResult, comparer: P
     suspects = suspects[: config.max_suspects]
     if progress is not None:
         progress(f"measuring local error of {len(suspects)} modules on {worst.id}")
-    return local_errors(live.baseline, live.candidate, live.requests[worst.id], suspects, config.tolerances, comparer)
+    return local_errors(live.baseline, live.candidate, live.requests[worst.id], suspects, config.tolerances, comparer,
+                        axes)
 
 
 def _minimize(config: DiffConfig, live: _Live, worst: RequestResult, comparer: PairComparer,
@@ -933,15 +1008,20 @@ def _minimize(config: DiffConfig, live: _Live, worst: RequestResult, comparer: P
                                    config.tolerances, comparer, progress)
 
 
-def _tap_positions(baseline: CaptureReader, candidate: CaptureReader, tap: TapResult, length: int | None) -> PositionErrors | None:
-    dim = position_dim(tap.tap.shape, length)
+def _tap_positions(baseline: CaptureReader, candidate: CaptureReader, tap: TapResult, request: RequestResult,
+                   axes: TokenAxes) -> PositionErrors | None:
+    """The error along a tap's token axis in one request (for a packed request, along the
+    sequence that holds its first failing position); None where no token axis is found."""
+    dim = axes.of(tap.tap.name, tap.tap.shape, request.length).axis
     if dim is None:
         return None
     tolerance = Tolerance(tap.metrics.rtol, tap.metrics.atol)
-    return position_errors(baseline.load(tap.tap), candidate.load(tap.other), dim, tolerance)
+    errors = position_errors(baseline.load(tap.tap), candidate.load(tap.other), dim, tolerance)
+    return errors.in_sequence(request.offsets)
 
 
-def _positions_evidence(worst: RequestResult, tap: str | None, local: bool, positions: PositionErrors) -> ErrorByPosition:
+def _positions_evidence(worst: RequestResult, tap: str | None, local: bool, positions: PositionErrors,
+                        axis: TokenAxis | None) -> ErrorByPosition:
     count = len(positions.rel_l2)
     bins = position_bins(count)
     xs, ys = position_curve(list(positions.rel_l2))
@@ -950,7 +1030,10 @@ def _positions_evidence(worst: RequestResult, tap: str | None, local: bool, posi
         request=worst.id, tap=tap, local=local, first_failing_position=positions.first_failing,
         failing_positions=int((positions.outside > 0).sum()), positions=tuple(int(x) for x in xs),
         rel_l2=tuple(float(y) for y in ys), bin_edges=tuple([start for start, _ in bins] + ([count] if bins else [])),
-        outside_fraction=tuple(outside), length=worst.length,
+        outside_fraction=tuple(outside), length=worst.length if positions.segment is None else count,
+        token_axis=axis.axis if axis is not None else positions.dim,
+        sequence=positions.segment.index if positions.segment is not None else None,
+        sequence_start=positions.segment.start if positions.segment is not None else None,
     )
 
 
@@ -977,30 +1060,32 @@ def _profile_evidence(request: str, tap: str | None, profile: PositionShape,
 
 
 def _onsets(baseline: CaptureReader, candidate: CaptureReader, results: Sequence[RequestResult],
-            worst: RequestResult, first: TapResult | None, worst_onset: int) -> tuple[tuple[str, int, int], ...]:
+            worst: RequestResult, first: TapResult | None, worst_onset: int,
+            axes: TokenAxes) -> tuple[tuple[str, int, int], ...]:
     """``(request, length, first failing position)`` of each failing request at the tap the error
     is first seen in (the worst request's from its profile): whether the onset sits at a fixed
-    position or moves with the length."""
+    position or moves with the length. For a packed request, the length and onset of the
+    sequence that fails first."""
     if first is None:
         return ()
     found: list[tuple[str, int, int]] = []
     for result in results:
         if not result.failed or result.length is None:
             continue
-        if result.id == worst.id:
+        tap = next((t for t in result.taps if t.tap.name == first.tap.name), None)
+        if result.id == worst.id and result.offsets is None:
             found.append((result.id, result.length, worst_onset))
             continue
-        tap = next((t for t in result.taps if t.tap.name == first.tap.name), None)
         if tap is None or not tap.failed:
             continue
-        errors = _tap_positions(baseline, candidate, tap, result.length)
+        errors = _tap_positions(baseline, candidate, tap, result, axes)
         if errors is not None and errors.first_failing is not None:
-            found.append((result.id, result.length, errors.first_failing))
+            found.append((result.id, len(errors.rel_l2), errors.first_failing))
     return tuple(found)
 
 
 def _signature(localized: LocalError | None, first: TapResult | None, baseline: CaptureReader,
-               candidate: CaptureReader, length: int | None) -> PrecisionSignature | None:
+               candidate: CaptureReader, length: int | None, axes: TokenAxes) -> PrecisionSignature | None:
     """The typical relative error where the error starts (the localized module's own error in
     live mode, else the first divergent tap), before it has had positions to accumulate over."""
     if localized is not None and localized.typical_relative is not None:
@@ -1009,14 +1094,14 @@ def _signature(localized: LocalError | None, first: TapResult | None, baseline: 
     if first is None:
         return None
     base, cand = baseline.load(first.tap), candidate.load(first.other)
-    typical = typical_relative_error(base, cand, position_dim(first.tap.shape, length))
+    typical = typical_relative_error(base, cand, axes.of(first.tap.name, first.tap.shape, length).axis)
     if typical is None:
         return None
     return precision_signature(typical, f"error of {first.tap.name}: median element-wise relative error, first positions")
 
 
 def _precision_tests(localization: Localization | None, first: TapResult | None, baseline: CaptureReader,
-                     candidate: CaptureReader, worst: RequestResult,
+                     candidate: CaptureReader, worst: RequestResult, axes: TokenAxes,
                      tree: TreeDifferencesFound | None = None) -> tuple[RoundingFound | None, BiasTest | None]:
     """The rounding and bias tests on the error where it starts: the culprit module's own error
     (rerunning it under each format, and inside each of its submodules the candidate does not
@@ -1037,15 +1122,16 @@ def _precision_tests(localization: Localization | None, first: TapResult | None,
     base, cand = baseline.load(first.tap), candidate.load(first.other)
     subject = f"error of tap {first.tap.name} (captures: its output only can be rounded)"
     dtypes = [first.other.dtype]
-    dim = position_dim(first.tap.shape, worst.length)
+    dim = axes.of(first.tap.name, first.tap.shape, worst.length).axis
     return rounding_test(base, cand, subject, None, dtypes), bias_test(base, cand, dim, subject)
 
 
-def _tokens(baseline: CaptureReader, candidate: CaptureReader, request: RequestResult) -> Tokens | None:
+def _tokens(baseline: CaptureReader, candidate: CaptureReader, request: RequestResult,
+            axes: TokenAxes) -> Tokens | None:
     for tap in request.outputs:
         if not is_logits(tap.tap.name, tap.tap.shape, request.length) or not tap.tap.dtype.startswith(("float", "bfloat")):
             continue
-        dim = position_dim(tap.tap.shape, request.length)
+        dim = axes.of(tap.tap.name, tap.tap.shape, request.length).axis
         if dim is None or dim == len(tap.tap.shape) - 1:
             continue
         return token_metrics(baseline.load(tap.tap), candidate.load(tap.other), dim, request=request.id,

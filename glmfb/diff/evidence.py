@@ -132,7 +132,10 @@ class ErrorByPosition(Evidence):
     first_failing_position: int | None = None
     bin_edges: tuple[int, ...] = ()
     outside_fraction: tuple[float, ...] = ()
-    length: int | None = None
+    length: int | None = None  # positions read (a packed request: its sequence's tokens)
+    token_axis: int | None = None  # the tap's axis read as tokens (see token_axis)
+    sequence: int | None = None  # a packed request: the sequence these positions are of
+    sequence_start: int | None = None  # and its first token's packed position
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         return {"error_by_position": [{"request": self.request, "tap": self.tap, "position": p, "rel_l2": e}
@@ -238,6 +241,26 @@ class PrecisionSignatureEvidence(Evidence):
     unit_roundoff: dict[str, float]
     size_consistent: bool | None = None  # the size alone is within 4x of the nearest format's rounding
     rounding_test: str | None = None  # rounding to the nearest format: "reproduced", "not reproduced", None (not tried)
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class TokenAxisRead(Evidence):
+    """Which axis of the tap where the error starts was read as tokens, found from the requests'
+    lengths: the axis whose size follows every request's length (``basis`` "follows the length"),
+    the only axis of their one length ("size only"), or none ("ambiguous": several axes do;
+    "none"). Positions are named only where one was found."""
+
+    kind: ClassVar[str] = "token_axis"
+    request: str
+    tap: str
+    axis: int | None
+    basis: str
+    shape: tuple[int, ...]
+    lengths: tuple[int, ...]  # the distinct request lengths read against
+    candidates: tuple[int, ...]  # axes whose size is the length in every request
+    requests: int
+    note: str
 
 
 @evidence_kind
@@ -348,6 +371,9 @@ class FormatRange(Evidence):
     elements: int
     float16_seen: tuple[str, ...]  # what shows float16 there (empty: none seen)
     looked_at: str  # where glmfb looked for float16
+    traced: bool = False  # the operations of the module that makes it were traced
+    values_at: str = "there"  # where the baseline's values were read (the tap, or its run of the operation)
+    first_nonfinite: str | None = None  # the candidate's first operation giving NaN or Inf on finite operands
 
 
 @evidence_kind

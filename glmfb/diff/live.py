@@ -252,7 +252,8 @@ class Recording:
     def begin_request(self) -> None:  # the Sink protocol; requests are begun by marking
         pass
 
-    def end_request(self, request_id: str, length: int | None, skipped: Sequence[str]) -> None:
+    def end_request(self, request_id: str, length: int | None, skipped: Sequence[str],
+                    offsets: Sequence[int] | None = None) -> None:
         pass
 
     def close(self) -> None:

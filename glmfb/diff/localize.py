@@ -29,13 +29,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from glmfb.diff.axes import TokenAxes, TokenAxis
 from glmfb.diff.capture import LoadedSide, flatten, forward
 from glmfb.diff.metrics import (
     PairComparer,
     PositionErrors,
     TensorMetrics,
     Tolerances,
-    position_dim,
     position_errors,
     typical_relative_error,
 )
@@ -59,6 +59,7 @@ class LocalError:
     note: str = ""
     typical_relative: float | None = None  # median element-wise relative error, early positions
     inherited_rel_l2: float | None = None  # relative L2 error of its inputs, candidate against baseline
+    axis: TokenAxis | None = None  # the token axis of the output it was measured on
 
     @property
     def failed(self) -> bool:
@@ -219,14 +220,20 @@ def traced(candidate: Any, candidate_call: tuple[Any, Any], baseline: Any,
            baseline_call: tuple[Any, Any]) -> tuple[OperationTrace | None, OperationTrace | None]:
     """The traces of one module call on both sides (:func:`glmfb.diff.optrace.trace_module`),
     narrower formats measured against the baseline's inputs and parameters; None for a side
-    whose forward cannot run under a dispatch mode."""
+    whose forward cannot run under a dispatch mode. Where the candidate's first gives NaN or Inf
+    on finite operands, the baseline's run of the same operation (the same run of it, counted in
+    order) is watched: its values against float16's range."""
     from glmfb.diff.optrace import reference_dtype
+    from glmfb.diff.rounding import FLOAT16_MAX
 
     found: list[OperationTrace | None] = []
     reference = reference_dtype(baseline, *baseline_call)
     for module, (args, kwargs) in ((candidate, candidate_call), (baseline, baseline_call)):
+        first = found[0] if found else None
+        watch = ((first.first_nonfinite.operation, first.first_nonfinite_call, FLOAT16_MAX)
+                 if first is not None and first.first_nonfinite is not None and first.first_nonfinite_call else None)
         try:
-            found.append(trace_module(module, args, kwargs, reference, nonfinite=module is candidate))
+            found.append(trace_module(module, args, kwargs, reference, nonfinite=module is candidate, watch=watch))
         except Exception:  # a forward that cannot run under a dispatch mode: not recorded
             found.append(None)
     return found[0], found[1]
@@ -255,8 +262,10 @@ def _input_error(base: tuple[Any, Any], cand: tuple[Any, Any] | None) -> float |
 
 def local_errors(baseline: LoadedSide, candidate: LoadedSide, request: Request,
                  suspects: Sequence[tuple[str, int, int]], tolerances: Tolerances,
-                 comparer: PairComparer) -> Localization:
-    """Local error of each suspect ``(module, call, calls of that module in the request)``."""
+                 comparer: PairComparer, axes: TokenAxes | None = None) -> Localization:
+    """Local error of each suspect ``(module, call, calls of that module in the request)``;
+    positions along each output's token axis (``axes``: found from every request; without it,
+    from this request's length alone)."""
     import torch
 
     wanted = [(m, c) for m, c, _ in suspects]
@@ -305,14 +314,15 @@ def local_errors(baseline: LoadedSide, candidate: LoadedSide, request: Request,
                                       inherited_rel_l2=inherited))
             continue
         part, part_tap, metrics, base_tensor, cand_tensor = worst
-        dim = position_dim(tuple(base_tensor.shape), request.length)
+        axis = (axes or TokenAxes({})).of(part_tap, tuple(base_tensor.shape), request.length)
+        dim = axis.axis
         positions = None
         if dim is not None:
             tolerance = tolerances.for_tap(part_tap, str(base_tensor.dtype).removeprefix("torch."))
-            positions = position_errors(base_tensor, cand_tensor, dim, tolerance)
+            positions = position_errors(base_tensor, cand_tensor, dim, tolerance).in_sequence(request.offsets)
         typical = typical_relative_error(base_tensor, cand_tensor, dim)
         entry = LocalError(module_name, call, part_tap, metrics, positions, typical_relative=typical,
-                           inherited_rel_l2=inherited)
+                           inherited_rel_l2=inherited, axis=axis)
         results.append(entry)
         if culprit is None and entry.failed:
             dtypes = tuple(dict.fromkeys([*_module_dtypes(module), *_tensor_dtypes(call_args),

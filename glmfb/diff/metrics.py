@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
+    from glmfb.diff.axes import Segment
     from glmfb.diff.store import TensorLocation
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 20  # 1 Mi elements: 4 MiB of float32 per side
@@ -383,13 +384,16 @@ def _finish(acc: _Accumulator, numel: int, shape: Sequence[int], tolerance: Tole
 
 @dataclass(frozen=True)
 class PositionErrors:
-    """Per token position: relative L2 error, largest absolute error, elements outside."""
+    """Per token position: relative L2 error, largest absolute error, elements outside. The
+    positions are those along ``dim`` (the token axis: :mod:`glmfb.diff.axes`); for a packed
+    request, those of one of its sequences (``segment``), counted from its start."""
 
     dim: int
     rel_l2: np.ndarray
     max_abs: np.ndarray
     outside: np.ndarray
     width: int = 1  # elements per position
+    segment: Segment | None = None  # the packed sequence these positions are of (None: the whole axis)
 
     @property
     def first_failing(self) -> int | None:
@@ -398,18 +402,19 @@ class PositionErrors:
         failing = np.flatnonzero(self.outside > 0)
         return int(failing[0]) if failing.size else None
 
+    def in_sequence(self, offsets: Sequence[int] | None) -> PositionErrors:
+        """For a packed request (``offsets``, its ``cu_seqlens``, splitting these positions), the
+        positions of the sequence that holds the first failing one (else the longest), counted
+        from its start; otherwise these positions."""
+        import numpy as np
 
-def position_dim(shape: Sequence[int], length: int | None) -> int | None:
-    """The dimension that indexes token positions: the first of size ``length`` after
-    leading batch dimensions of size one (None when there is none)."""
-    if length is None:
-        return None
-    for dim, size in enumerate(shape):
-        if size == length:
-            return dim
-        if size != 1:
-            return None
-    return None
+        from glmfb.diff.axes import segment_of
+
+        if offsets is None or offsets[-1] != len(self.rel_l2):
+            return self
+        segment = segment_of(offsets, [int(p) for p in np.flatnonzero(self.outside > 0)[:1]])
+        part = slice(segment.start, segment.end)
+        return PositionErrors(self.dim, self.rel_l2[part], self.max_abs[part], self.outside[part], self.width, segment)
 
 
 def position_errors(baseline: torch.Tensor, candidate: torch.Tensor, dim: int, tolerance: Tolerance,

@@ -108,14 +108,32 @@ class TracedOp:
 
 
 @dataclass(frozen=True)
+class Watched:
+    """The values one operation of a traced call gave: its ``call``-th run of ``operation`` (the
+    operation the other side's trace first saw give NaN or Inf, matched by order)."""
+
+    operation: str
+    call: int  # 1-based, among the module's runs of that operation
+    output: str  # its output's floating dtype
+    max_abs: float  # the largest finite magnitude of its output
+    beyond: int  # finite elements past ``limit``
+    nonfinite: int  # elements that are NaN or Inf
+    elements: int
+    limit: float
+
+
+@dataclass(frozen=True)
 class OperationTrace:
     """A module's operations on one call: the floating dtypes they computed with, those narrower
-    than its inputs, and the first whose output is NaN or Inf on finite operands."""
+    than its inputs, and the first whose output is NaN or Inf on finite operands (and which run
+    of that operation it was), and the values of an operation it was asked to watch."""
 
     reference: str | None  # the widest floating dtype among the module's inputs and parameters
     operands: tuple[tuple[str, str], ...]  # (operation, dtype) of every floating operand of a computation
     narrowed: tuple[TracedOp, ...]  # in order of first appearance
     first_nonfinite: TracedOp | None = None
+    first_nonfinite_call: int | None = None  # which run of its operation, 1-based
+    watched: Watched | None = None
 
 
 def bits(dtype: str) -> int:
@@ -207,11 +225,12 @@ def reference_dtype(module: Any, args: Any, kwargs: Any) -> str | None:
 
 
 def trace_module(module: Any, args: Any, kwargs: Any, reference: str | None = None,
-                 nonfinite: bool = True) -> OperationTrace:
+                 nonfinite: bool = True, watch: tuple[str, int, float] | None = None) -> OperationTrace:
     """Run ``module(*args, **kwargs)`` (on clones, without gradients) under the trace.
     ``reference``: the dtype narrower formats are measured against (default: the widest floating
     dtype of the inputs and parameters); ``nonfinite``: look for the first operation whose
-    output is NaN or Inf on finite operands."""
+    output is NaN or Inf on finite operands; ``watch``: ``(operation, call, limit)``, the values
+    of that run of that operation against ``limit``."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -220,13 +239,17 @@ def trace_module(module: Any, args: Any, kwargs: Any, reference: str | None = No
     limit = bits(reference) if reference else 0
     operands: dict[tuple[str, str], None] = {}
     narrowed: dict[tuple[Any, ...], TracedOp] = {}
-    first_bad: list[TracedOp] = []
+    first_bad: list[tuple[TracedOp, int]] = []
+    runs: dict[str, int] = {}  # runs of each computing operation so far
+    watched: list[Watched] = []
 
     class Tracing(TorchDispatchMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
             name = str(func.overloadpacket.__name__)
+            if name not in MOVES:
+                runs[name] = runs.get(name, 0) + 1
             inputs = _floating((args, kwargs))
             in_dtypes = tuple(_dtype(t) for t in inputs)
             if name not in MOVES:
@@ -246,13 +269,26 @@ def trace_module(module: Any, args: Any, kwargs: Any, reference: str | None = No
             if (nonfinite and not first_bad and name not in MOVES and name not in UNINITIALISED
                     and not all(bool(torch.isfinite(t).all()) for t in outputs)
                     and all(bool(torch.isfinite(t).all()) for t in inputs)):
-                first_bad.append(TracedOp(f"aten.{name}", in_dtypes, out_dtype, user_site(boundary)))
+                first_bad.append((TracedOp(f"aten.{name}", in_dtypes, out_dtype, user_site(boundary)), runs[name]))
+            if watch is not None and not watched and (f"aten.{name}", runs.get(name)) == watch[:2]:
+                watched.append(_watched(f"aten.{name}", watch[1], outputs[0], watch[2]))
             return out
 
     with torch.no_grad(), Tracing():
         module(*clone_tree(args), **clone_tree(kwargs))
     return OperationTrace(reference, tuple(operands), tuple(narrowed.values()),
-                          first_bad[0] if first_bad else None)
+                          first_bad[0][0] if first_bad else None, first_bad[0][1] if first_bad else None,
+                          watched[0] if watched else None)
+
+
+def _watched(operation: str, call: int, output: Any, limit: float) -> Watched:
+    import torch
+
+    values = output.detach().reshape(-1).to(torch.float64).abs()
+    finite = torch.isfinite(values)
+    kept = values[finite]
+    return Watched(operation, call, _dtype(output), float(kept.max()) if kept.numel() else 0.0,
+                   int((kept > limit).sum()), int((~finite).sum()), int(values.numel()), limit)
 
 
 def new_narrowing(candidate: OperationTrace, baseline: OperationTrace | None) -> TracedOp | None:

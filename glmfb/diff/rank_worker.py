@@ -64,8 +64,9 @@ class _StatusSink:
     def write_call(self, module: str, call: int, tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
         self.writer.write_call(module, call, tensors)
 
-    def end_request(self, request_id: str, length: int | None, skipped: Sequence[str]) -> None:
-        self.writer.end_request(request_id, length, skipped)
+    def end_request(self, request_id: str, length: int | None, skipped: Sequence[str],
+                    offsets: Sequence[int] | None = None) -> None:
+        self.writer.end_request(request_id, length, skipped, offsets)
         self.status.update(state="finished", request=request_id)
 
 

@@ -34,6 +34,7 @@ TENSOR_DTYPES = ("float64", "float32", "bfloat16", "float16", "int64", "int32")
 # Elements one request may ask for (its token count, or its tensors' elements together): 2^28 is
 # 1 GiB of float32, so a request and the copies a comparison makes fit in a 24 GB machine.
 DEFAULT_MAX_ELEMENTS = 1 << 28
+OFFSETS = "cu_seqlens"  # a packed request's sequence offsets, as varlen kernels name them
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,13 @@ class Request:
             return dims[0] if dims else None
         return None
 
+    @property
+    def offsets(self) -> tuple[int, ...] | None:
+        """A packed request's sequence offsets (``cu_seqlens``: ``[0, 20, 150]`` is tokens 0-19
+        and 20-149), None for one sequence."""
+        value = self.raw.get(OFFSETS)
+        return tuple(value) if isinstance(value, list) else None
+
     def prefix(self, length: int) -> Request:
         """This request cut to its first ``length`` tokens (token requests only), in its form."""
         if self.input_ids is None:
@@ -132,10 +140,10 @@ class Request:
                 seed, vocab = self.raw.get("seed", 0), self.raw.get("vocab", DEFAULT_VOCAB)
                 if draw_ids(length, seed, vocab) == ids:
                     raw["length"] = length
-                    return Request(id=rid, input_ids=ids, extra=self.extra, raw=raw)
+                    return Request(id=rid, input_ids=ids, extra=self.extra, raw=_cut_offsets(raw, length))
             raw = {k: v for k, v in raw.items() if k not in ("seed", "vocab")}
             raw["input_ids"] = list(ids)
-            return Request(id=rid, input_ids=ids, extra=self.extra, raw=raw)
+            return Request(id=rid, input_ids=ids, extra=self.extra, raw=_cut_offsets(raw, length))
         self.shrinkable_length(declared)
         axes = self.axes(declared)
         specs: dict[str, TensorSpec] = {}
@@ -153,7 +161,8 @@ class Request:
         raw = dict(self.raw)
         raw["id"] = rid
         raw["tensors"] = raw_specs
-        return Request(id=rid, tensors=specs, extra=self.extra, raw=raw, sequence_axes=self.sequence_axes)
+        return Request(id=rid, tensors=specs, extra=self.extra, raw=_cut_offsets(raw, length),
+                       sequence_axes=self.sequence_axes)
 
     def to_json_line(self) -> str:
         return json.dumps(dict(self.raw), separators=(", ", ": "))
@@ -181,6 +190,15 @@ class Request:
             data["input_ids"] = self.input_tensor()
         data.update(self.named_tensors())
         return data
+
+
+def _cut_offsets(raw: dict[str, Any], length: int) -> dict[str, Any]:
+    """A packed request's offsets cut at ``length``: the sequences before it, the one it cuts
+    ending there."""
+    offsets = raw.get(OFFSETS)
+    if isinstance(offsets, list):
+        raw[OFFSETS] = [o for o in offsets if o < length] + [length]
+    return raw
 
 
 def make_tensor(spec: TensorSpec) -> torch.Tensor:
@@ -212,7 +230,20 @@ def draw_ids(length: int, seed: int, vocab: int) -> tuple[int, ...]:
 def parse_request(data: Any, label: str, max_elements: int = DEFAULT_MAX_ELEMENTS) -> Request:
     """One request from a decoded JSON value; ``label`` names it in errors (file:line). Its
     size (tokens, or tensor elements) is checked against ``max_elements`` before anything is
-    allocated."""
+    allocated. A packed request's offsets (``cu_seqlens``) must split its length."""
+    from glmfb.diff.axes import check_offsets
+
+    request = _parse_request(data, label, max_elements)
+    if OFFSETS in request.raw:
+        offsets = request.raw[OFFSETS]
+        wrong = check_offsets(offsets, request.length) if isinstance(offsets, list) else "must be a list"
+        if wrong is not None:
+            raise InputError(f"{label}: request {request.id!r}: {OFFSETS} {wrong}",
+                             f"{OFFSETS} lists where each packed sequence starts, then the total: [0, 20, 150]")
+    return request
+
+
+def _parse_request(data: Any, label: str, max_elements: int) -> Request:
     if not isinstance(data, dict):
         raise InputError(f"{label}: expected a JSON object, got {type(data).__name__}")
     rid = data.get("id")

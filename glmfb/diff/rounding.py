@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
     from glmfb.diff.optrace import TracedOp
 
+from glmfb.diff.claims import NOT_FLOAT16_RANGE
 from glmfb.diff.optrace import UNINITIALISED
 
 FORMATS = ("bf16", "fp16", "tf32")
@@ -628,8 +629,10 @@ FLOAT16_MAX = 65504.0  # float16's largest finite value: past it, a value rounds
 @dataclass(frozen=True)
 class Float16Range:
     """Where the candidate first gives NaN or Inf: what shows float16 there (``seen``; empty:
-    none, where glmfb looked: ``looked_at``), and the baseline's largest magnitude there against
-    float16's largest finite value."""
+    none, where glmfb looked: ``looked_at``; ``traced``: whether that includes the operations of
+    the module that makes it), and the baseline's largest magnitude there (``values_at``: the
+    first non-finite tap, or the baseline's run of the operation that first gave NaN or Inf)
+    against float16's largest finite value."""
 
     tap: str
     module: str | None
@@ -639,6 +642,17 @@ class Float16Range:
     seen: tuple[str, ...]
     looked_at: str
     first_nonfinite: TracedOp | None = None  # the candidate's first operation giving NaN or Inf on finite operands
+    traced: bool = False  # the operations of the module that makes it were traced
+    values_at: str = "there"  # where the baseline's values were read, as the why says it
+
+    def saw(self) -> dict[str, Any]:
+        """What the why's claims about float16 rest on (the diagnosis records it)."""
+        seen: dict[str, Any] = {"float16_seen": list(self.seen), "baseline_max_abs": self.baseline_max_abs,
+                                "beyond_float16": self.beyond, "float16_traced": self.traced}
+        op = self.first_nonfinite
+        if op is not None:
+            seen["first_nonfinite"] = {"operation": op.operation, "inputs": list(op.inputs), "output": op.output}
+        return seen
 
     def describe(self) -> str:
         """The clause a non-finite why adds: the format, the values against its range, and the
@@ -647,15 +661,20 @@ class Float16Range:
         largest = f"{self.baseline_max_abs:.3g}"
         if self.seen and self.beyond:
             text = (f"the candidate computes {place} in float16 ({'; '.join(self.seen)}), and the baseline's values "
-                    f"there reach {largest} in magnitude, past float16's largest finite value, {FLOAT16_MAX:.0f} "
-                    f"({self.beyond} of {self.elements} elements beyond it): in float16 they overflow to Inf")
+                    f"{self.values_at} reach {largest} in magnitude, past float16's largest finite value, "
+                    f"{FLOAT16_MAX:.0f} ({self.beyond} of {self.elements} elements beyond it): in float16 they "
+                    "overflow to Inf")
         elif self.seen:
             text = (f"the candidate computes {place} in float16 ({'; '.join(self.seen)}), but the baseline's values "
-                    f"there stay inside float16's range (at most {largest} in magnitude, against {FLOAT16_MAX:.0f}): "
-                    "what overflows is a value inside it, or something other than the range")
-        else:
+                    f"{self.values_at} stay inside float16's range (at most {largest} in magnitude, against "
+                    f"{FLOAT16_MAX:.0f}): what overflows is a value inside it, or something other than the range")
+        elif NOT_FLOAT16_RANGE.holds(self.saw()):
             text = (f"glmfb saw no float16 in {place} ({self.looked_at}), so it is not float16's range"
-                    + (f" (the baseline's values there reach {largest} in magnitude)" if self.baseline_max_abs else ""))
+                    + (f" (the baseline's values {self.values_at} reach {largest} in magnitude)"
+                       if self.baseline_max_abs else ""))
+        else:
+            text = (f"glmfb saw no float16 in {place}, but it looked only at {self.looked_at}, not at the operations "
+                    "that made the NaN or Inf, so whether float16's range is the cause is not tested")
         first = self.first_nonfinite
         if first is not None:
             text += (f"; the first operation whose output is NaN or Inf on finite operands is {first.operation} in "
@@ -664,7 +683,7 @@ class Float16Range:
 
 
 def float16_range(baseline: torch.Tensor, tap: str, module: str | None, seen: Sequence[str], looked_at: str,
-                  first_nonfinite: TracedOp | None = None) -> Float16Range:
+                  first_nonfinite: TracedOp | None = None, traced: bool = False) -> Float16Range:
     """The baseline's finite values at the first non-finite tap against float16's range."""
     import torch
 
@@ -672,4 +691,4 @@ def float16_range(baseline: torch.Tensor, tap: str, module: str | None, seen: Se
     values = values[torch.isfinite(values)]
     largest = float(values.max()) if values.numel() else 0.0
     return Float16Range(tap, module, largest, int((values > FLOAT16_MAX).sum()), int(baseline.numel()), tuple(seen),
-                        looked_at, first_nonfinite)
+                        looked_at, first_nonfinite, traced)

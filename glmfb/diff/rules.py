@@ -35,6 +35,8 @@ from typing import Any
 from glmfb.contract.step import Step, as_step
 from glmfb.contract.verdict import Status
 from glmfb.core.rules import Diagnosis, Rule
+from glmfb.diff.axes import FOLLOWS, Segment
+from glmfb.diff.claims import POSITION, Claim
 from glmfb.diff.compare import TreeDifferences, group_names, tap_module
 from glmfb.diff.counterfactual import KnobResult
 from glmfb.diff.evidence import Tokens
@@ -101,16 +103,23 @@ class DiffFindings:
     reference: str | None = None  # the dtype of that module's inputs narrowing is measured against
     first_carries: bool | None = None  # the first divergent tap's module's own error is within tolerance
     range: Float16Range | None = None  # non-finite: float16 where it starts, against its range
+    token_axis: int | None = None  # the axis read as tokens where the positions are read (None: none found)
+    token_axis_basis: str | None = None  # how it was found (glmfb.diff.axes)
+    token_axis_note: str | None = None  # which axis, and how it was found, in words
+    sequence: Segment | None = None  # a packed request: the sequence the positions are of
 
     def saw(self) -> dict[str, Any]:
         seen: dict[str, Any] = {
             "failed": self.failed, "requests": self.requests, "failing_requests": self.failing_requests,
             "shape": self.shape.value, "output_rel_l2": self.output_rel_l2,
         }
-        for key in ("request", "module", "position", "local", "first_divergent", "dtype", "nonfinite_tap"):
+        for key in ("request", "module", "position", "local", "first_divergent", "dtype", "nonfinite_tap",
+                    "token_axis", "token_axis_basis"):
             value = getattr(self, key)
             if value is not None:
                 seen[key] = value
+        if self.sequence is not None:
+            seen.update(sequence=self.sequence.index, sequence_start=self.sequence.start)
         if self.fit is not None:
             seen.update(fit_basis=self.fit.basis, growth_exponent=self.fit.exponent, growth_r2=self.fit.exponent_r2)
         if self.length_fit is not None:
@@ -145,9 +154,12 @@ class DiffFindings:
         if self.narrowing is not None:
             seen["narrowing"] = self.narrowing.describe(self.reference or "")
         if self.range is not None:
-            seen.update(float16_seen=list(self.range.seen), baseline_max_abs=self.range.baseline_max_abs,
-                        beyond_float16=self.range.beyond)
+            seen.update(self.range.saw())
         return seen
+
+    def allows(self, claim: Claim) -> bool:
+        """Whether what the rules saw meets ``claim``'s precondition (:mod:`glmfb.diff.claims`)."""
+        return claim.holds(self.saw())
 
 
 # --------------------------------------------------------------------------------------------
@@ -477,7 +489,7 @@ def _zero_region_phrase(f: DiffFindings) -> str:
     after it is the chance of one), and seen in another request at the same position or fraction
     of the length where other requests show the error. Otherwise no position is named."""
     z = f.zeros
-    if z is None or z.run.length == 0:
+    if z is None or z.run.length == 0 or not f.allows(POSITION):
         return ""
     run = z.run
     n, length = run.length, run.positions
@@ -508,14 +520,15 @@ def _onsets_phrase(f: DiffFindings) -> str:
     """Whether the onset sits at one position in every request (a window, a mask, a table row)
     or at the same fraction of each (a boundary that moves with the length: segments, shards)."""
     by_length = sorted(set(f.onsets))
-    if len({length for length, _ in by_length}) < 2:
+    if len({length for length, _ in by_length}) < 2 or not f.allows(POSITION):
         return ""
     listing = ", ".join(f"{onset} of {length}" for length, onset in by_length)
+    each = "every failing request" if f.sequence is None else "the first failing sequence of every failing request"
     if len({onset for _, onset in by_length}) == 1:
-        return f" It starts at the same position in every failing request ({listing} positions): a fixed position."
+        return f" It starts at the same position in {each} ({listing} positions): a fixed position."
     fractions = [onset / length for length, onset in by_length]
     if max(fractions) - min(fractions) <= 1.0 / min(length for length, _ in by_length):
-        return (f" It starts at the same fraction of every failing request ({listing} positions, "
+        return (f" It starts at the same fraction of {each} ({listing} positions, "
                 f"{fractions[0]:.3g} of the length): a boundary that moves with the length (segments or shards).")
     return f" Its onset differs between requests ({listing} positions)."
 
@@ -525,21 +538,46 @@ def _failing_share(share: float, positions: int) -> str:
     return "the one position" if positions == 1 else f"{100 * share:.0f}% of the {positions} positions"
 
 
+def _axis_sentence(f: DiffFindings) -> str:
+    """How the positions' axis was found, when it was not seen to follow the length: an
+    assumption the why states."""
+    if f.token_axis is None or f.token_axis_basis in (None, FOLLOWS) or not f.token_axis_note:
+        return ""
+    note = f.token_axis_note
+    return f" {note[0].upper()}{note[1:]}."
+
+
+def _sequence_phrase(f: DiffFindings) -> str:
+    """`` of sequence 1`` when the positions are those of one sequence of a packed request."""
+    return f" of sequence {f.sequence.index}" if f.sequence is not None else ""
+
+
+def _packed_sentence(f: DiffFindings) -> str:
+    """Which sequence of a packed request the positions are of, and where it lies in it."""
+    s = f.sequence
+    if s is None:
+        return ""
+    return (f"In request {f.request}, packed, the positions are those of its sequence {s.index} (its tokens {s.start} "
+            f"to {s.end - 1}, the sequence that holds the first failing one), counted from its start: ")
+
+
 def _onset(f: DiffFindings) -> Explained:
     p = f.profile
     assert p is not None
     after = p.positions - p.onset
-    why = (f"Zero error up to position {p.onset - 1}, large from position {p.onset} on: "
+    zero = "Zero error" if f.sequence is None else "zero error"
+    why = (f"{_packed_sentence(f)}{zero} up to position {p.onset - 1}, large from position {p.onset} on: "
            f"{_failing_share(p.failing_after, after)} from there fail{'s' if after == 1 else ''} (median relative error "
-           f"{p.after_median:.2g}, at most {p.before_max:.2g} before), a step at position {p.onset} rather than "
-           f"a growth; {_location(f)}.")
-    why += _onsets_phrase(f)
+           f"{p.after_median:.2g}, at most {p.before_max:.2g} before), a step at position {p.onset}"
+           f"{_sequence_phrase(f)} rather than a growth; {_location(f)}.")
+    why += _onsets_phrase(f) + _axis_sentence(f)
     if f.length_fit is not None and f.length_fit.growing:
         why += f" Across requests the error also grows with context length ({_fit_text(f.length_fit, 'length')} tokens)."
     where = _module_text(f.module) if f.module is not None else (f.tap or "the outputs")
     return why + _suffix(f, narrowing=False), [
         *_counterfactual_steps(f), *_narrowing_steps(f),
-        f"read what {where} does at position {p.onset}: what changes there (an attention mask or window, a table "
+        f"read what {where} does at position {p.onset}{_sequence_phrase(f)}: what changes there (an attention mask "
+        "or window, a table "
         "indexed by position, a chunk or segment boundary)",
         *_rerun(f),
     ]
@@ -636,6 +674,7 @@ def _growing_along_sequence(f: DiffFindings) -> Explained:
     else:
         why += (": a quantity that depends on the position drifts further at every step (rotary angles, a decay "
                 "gate, a recurrent state).")
+    why += _axis_sentence(f)
     place = f.module if f.module is not None else (f.tap or "the outputs")
     return why + _suffix(f, narrowing=False), _growth_steps(
         f, f"compare what {_module_text(place)} computes from the position (rotary angles, decay gates, a "
@@ -730,7 +769,7 @@ def _parent_forward(f: DiffFindings) -> Explained:
 
 def _spike(f: DiffFindings) -> Explained:
     why = (f"The error is confined to a few positions (first at position {f.position}) in {_where(f)}: "
-           "a boundary, mask or indexing problem rather than a precision loss.")
+           "a boundary, mask or indexing problem rather than a precision loss." + _axis_sentence(f))
     return why + _suffix(f), [*_counterfactual_steps(f), *_narrowing_steps(f),
                               f"inspect {f.module or f.tap} at position {f.position} (masks, chunk boundaries, padding)",
                               *_rerun(f)]
@@ -774,7 +813,7 @@ def _tree_below(f: DiffFindings) -> bool:
 
 
 def _growing_profile(f: DiffFindings) -> bool:
-    return f.profile is not None and f.profile.growing and f.profile.fit is not None
+    return f.profile is not None and f.profile.growing and f.profile.fit is not None and f.allows(POSITION)
 
 
 RULES: tuple[Rule[DiffFindings], ...] = (
@@ -784,7 +823,7 @@ RULES: tuple[Rule[DiffFindings], ...] = (
     _rule("rounding-size", _dtype_rounding, _rounding_size,
           f"the error is at most {ROUNDING_SIZE_UNITS:g} units of its float32/float64 dtype's roundoff where it starts "
           "and at the outputs, no narrower format reproduces it and no scale explains it"),
-    _rule("position-onset", lambda f: f.profile is not None and f.profile.step, _onset,
+    _rule("position-onset", lambda f: f.profile is not None and f.profile.step and f.allows(POSITION), _onset,
           "within one request, zero error up to a position and a step there"),
     _rule("growing-with-length", lambda f: f.length_fit is not None and f.length_fit.growing, _growing_with_length,
           "the output error grows with the request length (exponent >= 0.3, r² >= 0.7, 2x or more over the lengths)"),
@@ -798,7 +837,8 @@ RULES: tuple[Rule[DiffFindings], ...] = (
           "a per-position scale and shift of the baseline explains most of the error, and no rounding does"),
     _rule("parent-forward", lambda f: f.local is False, _parent_forward,
           "no module's own error exceeds tolerance: the error enters in a parent's forward"),
-    _rule("spike", lambda f: f.shape is ErrorShape.SPIKE, _spike, "error confined to a few positions"),
+    _rule("spike", lambda f: f.shape is ErrorShape.SPIKE and f.allows(POSITION), _spike,
+          "error confined to a few positions"),
     _rule("generic", lambda f: True, _generic, "outputs differ beyond tolerance"),
 )
 

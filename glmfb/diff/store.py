@@ -132,12 +132,16 @@ class RequestRecord:
     length: int | None
     taps: tuple[TapRecord, ...]
     skipped: tuple[str, ...] = ()  # outputs that were not tensors (None, ints, caches, ...)
+    offsets: tuple[int, ...] | None = None  # a packed request's sequence offsets (cu_seqlens)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "id": self.id, "length": self.length, "taps": [t.to_dict() for t in self.taps],
             "skipped": list(self.skipped),
         }
+        if self.offsets is not None:
+            data["offsets"] = list(self.offsets)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], memo: dict[Any, Any] | None = None) -> RequestRecord:
@@ -146,6 +150,7 @@ class RequestRecord:
             id=str(data["id"]), length=data.get("length"),
             taps=tuple(TapRecord.from_dict(t, memo) for t in data["taps"]),
             skipped=tuple(data.get("skipped", ())),
+            offsets=tuple(int(o) for o in data["offsets"]) if data.get("offsets") is not None else None,
         )
 
 
@@ -357,14 +362,16 @@ class CaptureWriter:
         save_file(payload, str(temporary))
         os.replace(temporary, path)
 
-    def end_request(self, request_id: str, length: int | None, skipped: Sequence[str]) -> None:
+    def end_request(self, request_id: str, length: int | None, skipped: Sequence[str],
+                    offsets: Sequence[int] | None = None) -> None:
         """Record the request: kept for the final manifest, and appended to the index."""
         counts = call_counts((module, call) for module, call, *_ in self._current)
         taps = tuple(
             TapRecord(tap_name(module, call, counts, part), module, call, relative, key, shape, dtype, step=step)
             for module, call, part, relative, key, shape, dtype, step in self._current
         )
-        record = RequestRecord(request_id, length, taps, tuple(skipped))
+        record = RequestRecord(request_id, length, taps, tuple(skipped),
+                               tuple(offsets) if offsets is not None else None)
         self._current = []
         self._append(json.dumps(record.to_dict(), allow_nan=False).encode("utf-8") + b"\n")
         self._requests.append(record)
