@@ -261,7 +261,7 @@ class _Accumulated:
     args: str = ""
     inputs: str = ""
     parents: Counter[str] = field(default_factory=Counter)
-    parent_us: Counter[str] = field(default_factory=Counter)  # own time by the operator it ran inside
+    parent_us: dict[str, float] = field(default_factory=dict)  # own time by the operator it ran inside
 
 
 @dataclass(frozen=True)
@@ -429,7 +429,8 @@ def _profile_once(kernels: Sequence[Kernel], calls: int, device: str,
         entry.count += 1
         entry.self_us += event.self_us
         entry.parents[event.parent if event.parent is not None else ""] += 1
-        entry.parent_us[event.parent if event.parent is not None else ""] += event.self_us
+        parent = event.parent if event.parent is not None else ""
+        entry.parent_us[parent] = entry.parent_us.get(parent, 0.0) + event.self_us
     return {key: (entry, calls) for key, entry in found.items()}
 
 
