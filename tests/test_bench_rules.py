@@ -343,3 +343,32 @@ def test_undecided_on_a_busy_host_says_how_busy_it_was() -> None:
         in why, why
     quiet = HostLoad(window_s=3.0, cpus=2, host_busy_s=1.3, own_busy_s=1.2)
     assert "busy" not in diagnose(RULES, findings("undecided", change=0.09, host_load=quiet)).diagnosis.why
+
+
+# ---- no why states what its evidence contradicts (glmfb.bench.rules.CLAIMS) ------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from glmfb.bench.rules import CLAIMS  # noqa: E402
+from glmfb.core.rules import contradicted  # noqa: E402
+
+_calls = st.lists(st.tuples(st.sampled_from(["copy_", "clone", "mul", "sum", "exp", "_to_copy"]),
+                            st.sampled_from([0.5, 1.0, 2.0, 4.0]), st.floats(1.0, 2000.0),
+                            st.sampled_from([FULL, SCALAR, X]),
+                            st.sampled_from([None, "clone", "_to_copy"])), max_size=6)
+
+
+def _profile(calls: list[tuple[str, float, float, TensorMeta, str | None]]) -> dict[str, OpStats]:
+    return side(*(call(op, n, us, tensor, tensor, inside=inside if inside != op else None)
+                  for op, n, us, tensor, inside in calls))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["regression", "improvement", "equivalent", "undecided"]), min_size=1, max_size=3),
+       st.one_of(st.none(), st.tuples(_calls, _calls)))
+def test_no_bench_why_states_what_its_evidence_contradicts(decisions: list[str], profiles: Any) -> None:
+    case = findings(*decisions, op=None if profiles is None else diff(
+        _profile(profiles[0]), _profile(profiles[1]), slower="regression" in decisions))
+    why = diagnose(RULES, case).diagnosis.why
+    assert contradicted(CLAIMS, case, why) == [], why

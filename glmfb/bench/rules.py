@@ -45,7 +45,7 @@ from glmfb.bench.opdiff import REPEATED, SAME_CALLS, call_ratio, repeated_input
 from glmfb.contract.step import Step
 from glmfb.contract.verdict import Status
 from glmfb.core.measure.hostload import HostLoad, busy_note
-from glmfb.core.rules import Diagnosis, Rule
+from glmfb.core.rules import Claim, Diagnosis, Rule
 from glmfb.core.targets import side_labels
 
 KIND = "bench"
@@ -764,4 +764,15 @@ RULES: tuple[Rule[BenchFindings], ...] = (
     Rule("recomputation-removed", KIND, _recomputation_removed, "faster; repeated calls on the same inputs removed"),
     Rule("improvement", KIND, _improvement, "faster"),
     Rule("equivalent", KIND, _equivalent, "every interval inside ±threshold"),
+)
+
+
+# What each kind of sentence of a bench why needs of the findings (tests/test_bench_rules.py runs
+# the rules over generated findings against these).
+CLAIMS: tuple[Claim[BenchFindings], ...] = (
+    Claim("slower", r"is slower than", lambda f: f.slower),
+    Claim("no-diff", r"no operator diff was taken", lambda f: f.op_diff is None),
+    Claim("memory-traffic", r"more memory traffic",
+          lambda f: f.op_diff is not None and any(op.candidate_written_bytes > op.baseline_written_bytes
+                                                  for op in f.op_diff.ops)),
 )

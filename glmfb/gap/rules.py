@@ -42,7 +42,7 @@ from typing import Any
 from glmfb.contract.step import Step
 from glmfb.contract.verdict import Status
 from glmfb.core.measure.hostload import HostLoad, busy_note
-from glmfb.core.rules import Diagnosis, Rule
+from glmfb.core.rules import Claim, Diagnosis, Rule
 from glmfb.gap.attribution import GilFinding
 from glmfb.gap.bandwidth import BandwidthCheck, rate_text
 from glmfb.gap.phases import PhaseChange
@@ -516,4 +516,21 @@ RULES: tuple[Rule[GapFindings], ...] = (
     Rule("undecided-busy-host", KIND, _unexplained_on_busy_host,
          "over the threshold, unexplained, on a busy host: inconclusive"),
     Rule("over-threshold", KIND, _over, "over the threshold, unexplained"),
+)
+
+
+# What each kind of sentence of a gap why needs of the findings (tests/test_gap_rules.py runs the
+# rules over generated findings against these).
+CLAIMS: tuple[Claim[GapFindings], ...] = (
+    Claim("over", r"^Over the threshold", lambda f: f.over),
+    Claim("within", r"^Within the threshold", lambda f: f.high < f.threshold),
+    Claim("nothing-explains", r"nothing measured explains the gap",
+          lambda f: not f.phase_explains and not f.gil_explains_gap),
+    Claim("phase-accounts", r"accounts? for the gap", lambda f: f.phase_explains),
+    Claim("lead", r"The lead: only the candidate runs",
+          lambda f: f.phase_weight is not None and f.phase_weight.explains >= PHASE_EXPLAINS_SHARE),
+    Claim("only-in-candidate", r"\(only in the candidate\)",
+          lambda f: any(change.baseline_s is None for change in f.grown)),
+    Claim("gil-explains", r"the GIL wait explains the gap", lambda f: f.gil_explains_gap),
+    Claim("busy", r"The host was busy", lambda f: f.host_load is not None and f.host_load.busy),
 )

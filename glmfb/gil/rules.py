@@ -43,7 +43,7 @@ from glmfb.contract.evidence import MissingSignal
 from glmfb.contract.step import Step
 from glmfb.contract.verdict import Status
 from glmfb.core.measure.hostload import HostLoad, busy_note
-from glmfb.core.rules import Diagnosis, Rule
+from glmfb.core.rules import Claim, Diagnosis, Rule
 from glmfb.gil.config import HEARTBEAT_THREAD
 from glmfb.gil.evidence import GilHolder, GilStartup, LoadRun, OverlapRow, WaitingThread
 from glmfb.gil.groups import describe
@@ -727,4 +727,17 @@ RULES: tuple[Rule[GilFindings], ...] = (
     Rule("signal-missing", KIND, _signal_missing, "not starved, a signal missing: warn"),
     Rule("idle-holder", KIND, _idle_holder, "not starved, a holder idle in a native call: warn"),
     Rule("pass", KIND, _pass, "no thread starved"),
+)
+
+
+# What each kind of sentence of a gil why needs of the findings (tests/test_gil_rules.py runs the
+# rules over generated findings against these).
+CLAIMS: tuple[Claim[GilFindings], ...] = (
+    Claim("short-holds", r"many short holds", lambda f: f.holds_short),
+    Claim("hold-lengths", r"could not run for [\d.]+ (to [\d.]+ )?ms at a time", lambda f: bool(f.long_holds)),
+    Claim("long-holds-starve", r"counts wake-ups, not holds, and stayed under",
+          lambda f: f.held_long and f.starved),
+    Claim("not-starved", r"^No thread was starved", lambda f: not f.starved),
+    Claim("hogs", r"hogs the interpreter", lambda f: f.starved and f.holder is not None),
+    Claim("p99-calm", r"p99 stayed at [\d.]+ ms <=", lambda f: f.p99_ms is not None and f.p99_ms <= f.threshold_ms),
 )
