@@ -54,7 +54,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "diff": ("precision-rounding", "systematic-bias", "growing-with-length", "position-onset",
              "growing-along-sequence", "non-finite", "module-tree-differs", "rounding-size", "pass"),
     "gil": ("gil-hold-native", "gil-hold-compute", "gil-wait-share", "pass"),
-    "gap": ("gil-starved-sender", "cpu-contention", "bandwidth-bound", "over-threshold", "pass"),
+    "gap": ("gil-starved-sender", "cpu-contention", "bandwidth-bound", "candidate-only-phase", "over-threshold", "pass"),
     "bench": ("redundant-recomputation", "lost-fusion", "slower-op", "memory-traffic", "more-calls", "equivalent"),
 }
 TAG_KEYS = frozenset({"rule", "why", "why-not", "minimal-length"})

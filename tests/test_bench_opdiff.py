@@ -139,6 +139,29 @@ def test_a_real_profile_records_strides_and_a_materialized_copy() -> None:
     assert copy.candidate_written_bytes == 256 * 512 * 4 and copy.copied_from == "broadcast" and copy.movement
 
 
+def test_a_real_profile_splits_an_operators_calls_by_caller() -> None:
+    # copy_ on a scalar inside aten::_to_copy twice a call on both sides; once more, of the whole
+    # input, inside aten::clone in the candidate: the diff names the caller whose calls changed.
+    x = torch.randn(64, 256)
+
+    def clamp(copy: bool) -> torch.Tensor:
+        hidden = x.clone() if copy else x
+        low = torch.tensor(-6.0e4, dtype=torch.float64).to(hidden.dtype)
+        high = torch.tensor(6.0e4, dtype=torch.float64).to(hidden.dtype)
+        return hidden.clamp(low.item(), high.item())
+
+    base, cand = profile_pair([lambda: clamp(False)], [lambda: clamp(True)], calls=6, device="cpu", rounds=2)
+    callers = {c.parent: c.calls_per_call for c in cand["aten::copy_"].callers}
+    assert callers == {"aten::_to_copy": 2.0, "aten::clone": 1.0}
+    assert {c.parent: c.calls_per_call for c in base["aten::copy_"].callers} == {"aten::_to_copy": 2.0}
+    assert cand["aten::copy_"].called_from == "aten::_to_copy"  # the side's most frequent caller
+    copy = next(r for r in build_op_diff(base, cand, shape="64x256", profiled_calls=6, slower=True).ops
+                if r.op == "aten::copy_")
+    assert copy.called_from == "aten::clone"  # the caller whose calls changed
+    assert [(c.called_from, c.baseline_calls, c.candidate_calls) for c in copy.callers] == [
+        ("aten::_to_copy", 2.0, 2.0), ("aten::clone", 0.0, 1.0)]
+
+
 def test_quantiles_of_samples_for_the_report() -> None:
     from glmfb.bench.evidence import QUANTILES, quantiles_of
 

@@ -14,7 +14,14 @@ import pytest
 
 from glmfb.bench.config import BenchConfig
 from glmfb.bench.evidence import OpDiff
-from glmfb.bench.opdiff import InputStats, OpStats, TensorMeta, build_op_diff, copy_facts
+from glmfb.bench.opdiff import (
+    CallerStats,
+    InputStats,
+    OpStats,
+    TensorMeta,
+    build_op_diff,
+    copy_facts,
+)
 from glmfb.bench.rules import RULES, BenchFindings, ShapeOutcome
 from glmfb.contract.verdict import Status
 from glmfb.core.commandline import rerun_step, shell_line
@@ -46,14 +53,22 @@ def call(op: str, calls: float, self_us: float, *tensors: TensorMeta, args: str 
 
 
 def side(*calls: Call) -> dict[str, OpStats]:
-    """A profile: the calls grouped by operator."""
+    """A profile: the calls grouped by operator, each operator's calls split by the operator
+    they run inside, and the one it runs inside most named (as the profile reading does)."""
     grouped: dict[str, list[InputStats]] = {}
-    parents: dict[str, str | None] = {}
+    callers: dict[str, dict[str | None, CallerStats]] = {}
     for name, stats, parent in calls:
         grouped.setdefault(name, []).append(stats)
-        parents.setdefault(name, parent)
+        seen = callers.setdefault(name, {}).get(parent, CallerStats(parent, 0.0, 0.0))
+        callers[name][parent] = CallerStats(parent, seen.calls_per_call + stats.calls_per_call,
+                                            seen.self_us_per_call + stats.self_us_per_call)
+
+    def most(name: str) -> str | None:
+        return max(callers[name].values(), key=lambda c: c.calls_per_call).parent
+
     return {name: OpStats(name, sum(s.calls_per_call for s in entries), sum(s.self_us_per_call for s in entries),
-                          tuple(entries), parents[name]) for name, entries in grouped.items()}
+                          tuple(entries), most(name), tuple(callers[name].values()))
+            for name, entries in grouped.items()}
 
 
 def diff(base: dict[str, OpStats], cand: dict[str, OpStats], slower: bool = True) -> OpDiff:
@@ -160,7 +175,8 @@ TABLE = [
                                      side(call("baddbmm", 1, 400, t("float32", 4, 64, 64), t("float32", 4, 64, 64))))),
      "slower-op", Status.FAIL, ["aten::bmm runs only in the baseline", "replaced by another"], r"fusion"),
     (findings("regression", op=diff(BROADCAST, MATERIALIZED)), "memory-traffic", Status.FAIL,
-     ["aten::contiguous > aten::clone > aten::copy_ runs only in the candidate and writes 4 MiB per kernel call",
+     ["aten::contiguous > aten::clone > aten::copy_ (1 vs 0 per call) runs only in the candidate and writes 4 MiB "
+      "per kernel call",
       "a broadcast (stride-0) view copied into a full tensor",
       "aten::mul, called as often, reads 8 MiB per kernel call against 4.02 MiB in the baseline",
       "written and read again (more memory traffic)"], r"warp|recomput|fusion"),
@@ -206,6 +222,47 @@ def test_rule_table(case: BenchFindings, rule: str, status: Status, phrases: lis
         for text in (outcome.diagnosis.why, *map(shell_line, outcome.diagnosis.next)):
             assert not re.search(never, text, re.IGNORECASE), text
     assert outcome.record.rule == rule and outcome.record.saw["shapes"] == len(case.shapes)
+
+
+# Bounds cast from float64 scalars twice a call (aten::to > aten::_to_copy > aten::copy_ on a
+# scalar, both sides), against the same with a defensive clone of the input first: copy_ runs on
+# both sides, and the copy that changed is the one inside aten::clone (issue 53).
+SCALAR, SCALAR64 = t("float32"), t("float64")
+
+
+def _scalar_casts() -> list[Call]:
+    return [call("to", 2, 4, SCALAR64, args="6, False, False"), call("_to_copy", 2, 6, SCALAR64, inside="to"),
+            call("empty_strided", 2, 2, inside="_to_copy"), call("copy_", 2, 3, SCALAR, SCALAR64, inside="_to_copy"),
+            call("item", 2, 1, SCALAR), call("_local_scalar_dense", 2, 1, SCALAR, inside="item")]
+
+
+CLAMP = side(*_scalar_casts(), call("clamp", 1, 300, FULL, args="-60000.0, 60000.0"))
+CLAMP_OF_A_COPY = side(call("clone", 1, 8, FULL), call("empty_like", 1, 3, FULL, inside="clone"),
+                       call("copy_", 1, 330, FULL, FULL, inside="clone"), *_scalar_casts(),
+                       call("clamp", 1, 420, FULL, args="-60000.0, 60000.0"))
+
+
+def test_a_copy_called_from_two_operators_is_named_by_the_caller_whose_calls_changed() -> None:
+    op_diff = diff(CLAMP, CLAMP_OF_A_COPY)
+    copy = next(op for op in op_diff.ops if op.op == "aten::copy_")
+    assert copy.called_from == "aten::clone"
+    assert {(c.called_from, c.baseline_calls, c.candidate_calls) for c in copy.callers} == {
+        ("aten::clone", 0.0, 1.0), ("aten::_to_copy", 2.0, 2.0)}
+    outcome = diagnose(RULES, findings("regression", op=op_diff))
+    assert outcome.rule.name == "memory-traffic", outcome.diagnosis.why
+    why = outcome.diagnosis.why
+    assert ("aten::clone > aten::copy_ (1 vs 0 per call inside aten::clone; 2 per call on both sides inside "
+            "aten::_to_copy) in the candidate writes 4 MiB per kernel call") in why, why
+    assert "(float32[256, 4096], float32[256, 4096])" in why, why  # what the changed copy copies, not a scalar
+    assert "_to_copy > aten::copy_" not in why and "float32[], float64[]" not in why, why
+
+
+def test_a_caller_called_as_often_is_named_when_its_time_changed() -> None:
+    # copy_ inside two callers, called as often on both sides: the one whose self time grew.
+    base = side(call("copy_", 2, 10, SCALAR, SCALAR64, inside="_to_copy"), call("copy_", 1, 100, FULL, FULL, inside="clone"))
+    cand = side(call("copy_", 2, 10, SCALAR, SCALAR64, inside="_to_copy"), call("copy_", 1, 400, FULL, FULL, inside="clone"))
+    copy = next(op for op in diff(base, cand).ops if op.op == "aten::copy_")
+    assert copy.called_from == "aten::clone"
 
 
 def test_the_evidence_names_the_operators_only_one_side_runs_and_their_share() -> None:
@@ -286,3 +343,32 @@ def test_undecided_on_a_busy_host_says_how_busy_it_was() -> None:
         in why, why
     quiet = HostLoad(window_s=3.0, cpus=2, host_busy_s=1.3, own_busy_s=1.2)
     assert "busy" not in diagnose(RULES, findings("undecided", change=0.09, host_load=quiet)).diagnosis.why
+
+
+# ---- no why states what its evidence contradicts (glmfb.bench.rules.CLAIMS) ------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from glmfb.bench.rules import CLAIMS  # noqa: E402
+from glmfb.core.rules import contradicted  # noqa: E402
+
+_calls = st.lists(st.tuples(st.sampled_from(["copy_", "clone", "mul", "sum", "exp", "_to_copy"]),
+                            st.sampled_from([0.5, 1.0, 2.0, 4.0]), st.floats(1.0, 2000.0),
+                            st.sampled_from([FULL, SCALAR, X]),
+                            st.sampled_from([None, "clone", "_to_copy"])), max_size=6)
+
+
+def _profile(calls: list[tuple[str, float, float, TensorMeta, str | None]]) -> dict[str, OpStats]:
+    return side(*(call(op, n, us, tensor, tensor, inside=inside if inside != op else None)
+                  for op, n, us, tensor, inside in calls))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["regression", "improvement", "equivalent", "undecided"]), min_size=1, max_size=3),
+       st.one_of(st.none(), st.tuples(_calls, _calls)))
+def test_no_bench_why_states_what_its_evidence_contradicts(decisions: list[str], profiles: Any) -> None:
+    case = findings(*decisions, op=None if profiles is None else diff(
+        _profile(profiles[0]), _profile(profiles[1]), slower="regression" in decisions))
+    why = diagnose(RULES, case).diagnosis.why
+    assert contradicted(CLAIMS, case, why) == [], why

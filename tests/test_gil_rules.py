@@ -528,3 +528,48 @@ def test_a_site_in_a_wait_is_never_the_holder_over_the_same_threads_work(tmp_pat
                                  sample_instants=400)
     site = holder_site(only_waits, 0.05, {}, {})
     assert site is not None and site.thread_name == "MainThread"
+
+
+# ---- no why states what its evidence contradicts (glmfb.gil.rules.CLAIMS) --------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from glmfb.core.rules import contradicted  # noqa: E402
+from glmfb.gil.rules import CLAIMS, LONG_HOLD_THRESHOLDS, LONG_HOLDS  # noqa: E402
+
+
+@st.composite
+def gil_findings(draw: st.DrawFn) -> GilFindings:
+    """Findings as glmfb.gil.verdict derives them: starved by the p99 or by long holds."""
+    threshold = 10.0
+    p99 = draw(st.floats(0.0, 40.0))
+    holds = tuple(sorted(draw(st.lists(st.floats(threshold, 2000.0), max_size=6)), reverse=True))
+    long_holds = sum(1 for hold in holds if hold >= LONG_HOLD_THRESHOLDS * threshold)
+    held_long = long_holds >= LONG_HOLDS and p99 <= threshold
+    starved = p99 > threshold or held_long
+    share = draw(st.floats(0.0, 0.8))
+    waiter = draw(st.sampled_from([None, replace(MAIN_WAITS, of_runnable_share=share,
+                                                 of_runnable_ci=(max(0.0, share - 0.1), share + 0.1))]))
+    holder = draw(st.sampled_from([None, SORTER, SLEEPER, PICKLER]))
+    return findings(p99_ms=p99, starved=starved, held_long=held_long, hold_ms=holds, holder=holder,
+                    native_known=draw(st.booleans()), waiter=waiter,
+                    wait_holder=draw(st.sampled_from([None, PICKLER])),
+                    p99_interval_ms=draw(st.sampled_from([None, (max(0.0, p99 - 5), p99 + 5)])),
+                    starved_threads=("glmfb-heartbeat",) if starved else ())
+
+
+@settings(max_examples=300, deadline=None)
+@given(gil_findings())
+def test_no_gil_why_states_what_its_evidence_contradicts(case: GilFindings) -> None:
+    why = diagnose(list(RULES), case).diagnosis.why
+    assert contradicted(CLAIMS, case, why) == [], why
+
+
+def test_the_gil_claims_catch_the_old_contradiction() -> None:
+    # issue 53: holds of 555-641 ms called "many short holds that add up"
+    case = findings(p99_ms=0.2, hold_ms=(641.0, 600.0, 598.0, 555.0), held_long=True, starved=True)
+    old = ("Thread MainThread waited for the GIL 40% ... on thread exporter held the GIL in 75% of sample instants: "
+           "many short holds that add up (the heartbeat's p99 stayed at 0.2 ms <= 10 ms, so no single hold is shown "
+           "to starve a thread).")
+    assert contradicted(CLAIMS, case, old) == ["short-holds"]

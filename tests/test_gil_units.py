@@ -137,13 +137,14 @@ def test_injection_env_puts_the_site_dir_first(tmp_path: Path) -> None:
 
 def _observations(raw: str | None, lateness_ms: list[float], **kwargs: object) -> Observations:
     holders = kwargs.pop("holders", None)
+    waiting = kwargs.pop("waiting", [{"thread": "kv-transfer", "tid": 4739, "waiting_share": 0.7}])
     if raw is not None:
         holders = profile_holders(parse_raw(raw), native=True, names={}, exclude_tids={4741})
     return Observations(
         config=GilConfig(name="unit", command=("python", "x.py")),
         heartbeat=_heartbeat(lateness_ms),
         holders=holders,  # type: ignore[arg-type]
-        waiting=[{"thread": "kv-transfer", "tid": 4739, "waiting_share": 0.7}],
+        waiting=waiting,  # type: ignore[arg-type]
         **kwargs,  # type: ignore[arg-type]
     )
 
@@ -437,3 +438,49 @@ def test_samples_inside_imports_are_start_up_not_the_steady_state_holder() -> No
     threads = next(e for e in (x.to_dict() for x in verdict.evidence) if e["kind"] == "gil_threads")
     assert "MainThread" not in [t["thread"] for t in threads["threads"]]
     assert Verdict.from_dict(verdict.to_dict()) == verdict
+
+
+def _raw_export() -> str:
+    """py-spy's samples of an exporter thread in json's C encoder, called from the user's
+    FileExporter.export through the standard library's json (its real paths here)."""
+    import sysconfig
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    return (
+        f"thread (20): exporter;Thread.run ({stdlib}/threading.py:982);FileExporter.run (/srv/app/exporter.py:31);"
+        f"FileExporter.export (/srv/app/exporter.py:24);dumps ({stdlib}/json/__init__.py:231);"
+        f"JSONEncoder.encode ({stdlib}/json/encoder.py:200);JSONEncoder.iterencode ({stdlib}/json/encoder.py:258);"
+        "encoder_call (_json.cpython-311-x86_64-linux-gnu.so);encoder_listencode_obj "
+        "(_json.cpython-311-x86_64-linux-gnu.so) 90\n"
+        "thread (1): MainThread;serve (/srv/app/main.py:10) 30\n"
+    )
+
+
+# Issue 53: once a second the exporter holds the GIL 555-641 ms; between the holds the heartbeat
+# wakes on time thousands of times, so 4 late wake-ups of 2,600 leave its p99 at 0.2 ms.
+EXPORT_HOLDS = [0.2] * 500 + [600.0] + [0.2] * 700 + [555.0] + [0.2] * 700 + [641.0] + [0.2] * 700 + [598.0]
+MAIN_WAITS = [{"thread": "MainThread", "tid": 1, "waiting_share": 0.35, "of_runnable_share": 0.4,
+               "of_runnable_ci": (0.3, 0.5)}]
+
+
+def test_long_holds_the_p99_does_not_count_starve_and_where_names_the_users_frame() -> None:
+    verdict = decide(_observations(_raw_export(), EXPORT_HOLDS, waiting=MAIN_WAITS, observed_s=5.0))
+    from glmfb.contract.evidence import RuleFired
+
+    assert verdict.find(RuleFired).rule == "gil-hold-compute", verdict.why  # type: ignore[union-attr]
+    assert verdict.status is Status.FAIL
+    assert ("the heartbeat could not run for 555 to 641 ms at a time (longest 641 ms, median 599 ms), 4 times in "
+            "5.0 s, blocked on the GIL (its p99 wake-up lateness, 0.2 ms, counts wake-ups, not holds") in verdict.why
+    assert "short holds" not in verdict.why
+    assert {k: verdict.where[k] for k in ("thread", "function", "file", "line")} == {
+        "thread": "exporter", "function": "FileExporter.export", "file": "/srv/app/exporter.py", "line": 24}
+    assert verdict.where["library_function"] != "FileExporter.export"  # json's, beside the user's frame
+    assert "json/encoder.py" not in str(verdict.where)
+    assert "called from FileExporter.export (/srv/app/exporter.py:24)" in verdict.why
+    starvation = next(e for e in (x.to_dict() for x in verdict.evidence) if e["kind"] == "starvation")
+    assert starvation["held_long"] is True and starvation["hold_median_ms"] == pytest.approx(599.0)
+    assert starvation["max_ms"] == pytest.approx(641.0)
+    # one long hold is not starvation, and the why never calls the holds short
+    one = decide(_observations(_raw_export(), [0.2] * 2000 + [600.0] + [0.2] * 600, waiting=MAIN_WAITS))
+    assert one.find(RuleFired).rule == "gil-wait-share", one.why  # type: ignore[union-attr]
+    assert "short holds" not in one.why and "one of them long" in one.why

@@ -105,6 +105,17 @@ class ShapeChange(Evidence):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CallerRow(Record):
+    """One operator's calls from one caller (the operator it runs inside; None: the kernel
+    itself), per kernel call on both sides, and the self time they added."""
+
+    called_from: str | None
+    baseline_calls: float
+    candidate_calls: float
+    added_us: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class OpRow(Record):
     """One operator in the profile diff: calls and self time per kernel call, both sides, and
     what the profile recorded about its inputs (``record_shapes``)."""
@@ -120,7 +131,9 @@ class OpRow(Record):
     input_shapes: tuple[str, ...] = ()  # the candidate's distinct inputs, most calls first: "float32[64, 4096]"
     baseline_input_shapes: tuple[str, ...] = ()  # the same on the baseline side
     only_in: str | None = None  # "baseline" or "candidate": the operator runs on that side only
-    called_from: str | None = None  # the operator it runs inside; None when the kernel calls it directly
+    # The operator it runs inside (None: the kernel calls it directly); with more than one caller,
+    # the one whose calls (first) or self time changed in the direction of the change.
+    called_from: str | None = None
     # What differs between the two sides' inputs when both call it: "none", "arguments", "strides",
     # "shapes" or "dtype" (the last that applies in that order wins).
     inputs_change: str | None = None
@@ -131,6 +144,7 @@ class OpRow(Record):
     copied_from: str | None = None  # a copy's source: "broadcast", "strided", "dtype" or "contiguous"
     movement: bool = False  # a copy, allocation, layout or view operator: it computes nothing
     view: bool = False  # a view or metadata operator (slice, transpose, reshape): it moves no data either
+    callers: tuple[CallerRow, ...] = ()  # its calls by caller, when it has more than one on either side
 
 
 @dataclass(frozen=True, kw_only=True)

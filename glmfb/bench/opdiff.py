@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from glmfb.bench.evidence import InputRow, OpDiff, OpRow
+from glmfb.bench.evidence import CallerRow, InputRow, OpDiff, OpRow
 from glmfb.bench.timers import Kernel
 
 # Operators that reduce along a dimension: repeating them is the signature of recomputation.
@@ -135,14 +135,25 @@ class InputStats:
 
 
 @dataclass(frozen=True)
+class CallerStats:
+    """One operator's calls from one caller (the operator it runs inside; None: the kernel
+    itself), per kernel call."""
+
+    parent: str | None
+    calls_per_call: float
+    self_us_per_call: float
+
+
+@dataclass(frozen=True)
 class OpStats:
-    """One operator on one side, per kernel call, with its calls split by inputs."""
+    """One operator on one side, per kernel call, with its calls split by inputs and by caller."""
 
     name: str
     calls_per_call: float  # operator calls per kernel call
     self_us_per_call: float  # operator self time per kernel call (CPU, or device on CUDA)
     by_inputs: tuple[InputStats, ...] = ()
     called_from: str | None = None  # the operator it most often runs inside; None: the kernel itself
+    callers: tuple[CallerStats, ...] = ()  # its calls split by the operator they run inside
 
     @property
     def read_bytes(self) -> float | None:
@@ -250,6 +261,7 @@ class _Accumulated:
     args: str = ""
     inputs: str = ""
     parents: Counter[str] = field(default_factory=Counter)
+    parent_us: dict[str, float] = field(default_factory=dict)  # own time by the operator it ran inside
 
 
 @dataclass(frozen=True)
@@ -417,15 +429,20 @@ def _profile_once(kernels: Sequence[Kernel], calls: int, device: str,
         entry.count += 1
         entry.self_us += event.self_us
         entry.parents[event.parent if event.parent is not None else ""] += 1
+        parent = event.parent if event.parent is not None else ""
+        entry.parent_us[parent] = entry.parent_us.get(parent, 0.0) + event.self_us
     return {key: (entry, calls) for key, entry in found.items()}
 
 
 def _merge(rounds: Sequence[dict[tuple[str, str], tuple[_Accumulated, int]]]) -> dict[str, OpStats]:
-    """Per operator and inputs: calls per kernel call (deterministic) and the *smallest* self
-    time per kernel call over the rounds (noise on a shared host only adds time)."""
+    """Per operator and inputs, and per operator and caller: calls per kernel call
+    (deterministic) and the *smallest* self time per kernel call over the rounds (noise on a
+    shared host only adds time)."""
     best: dict[tuple[str, str], InputStats] = {}
     parents: dict[str, Counter[str]] = {}
+    by_caller: dict[tuple[str, str], CallerStats] = {}
     for found in rounds:
+        this_round: dict[tuple[str, str], tuple[float, float]] = {}
         for (name, key), (entry, calls) in found.items():
             written, source = copy_facts(name, entry.tensors)
             stats = InputStats(entry.inputs, entry.args, entry.count / calls, entry.self_us / calls, entry.tensors,
@@ -434,6 +451,14 @@ def _merge(rounds: Sequence[dict[tuple[str, str], tuple[_Accumulated, int]]]) ->
             if seen is None or stats.self_us_per_call < seen.self_us_per_call:
                 best[(name, key)] = stats
             parents.setdefault(name, Counter()).update(entry.parents)
+            for parent, count in entry.parents.items():
+                calls_so_far, us_so_far = this_round.get((name, parent), (0.0, 0.0))
+                this_round[(name, parent)] = (calls_so_far + count / calls,
+                                              us_so_far + entry.parent_us[parent] / calls)
+        for (name, parent), (calls_per_call, us_per_call) in this_round.items():
+            kept = by_caller.get((name, parent))
+            if kept is None or us_per_call < kept.self_us_per_call:
+                by_caller[(name, parent)] = CallerStats(parent or None, calls_per_call, us_per_call)
     by_name: dict[str, list[InputStats]] = {}
     for (name, _key), stats in best.items():
         by_name.setdefault(name, []).append(stats)
@@ -441,8 +466,10 @@ def _merge(rounds: Sequence[dict[tuple[str, str], tuple[_Accumulated, int]]]) ->
     for name, entries in by_name.items():
         entries.sort(key=lambda e: (-e.calls_per_call, -e.self_us_per_call))
         parent = parents[name].most_common(1)[0][0] if parents.get(name) else ""
+        callers = sorted((c for (op, _p), c in by_caller.items() if op == name),
+                         key=lambda c: (-c.calls_per_call, c.parent or ""))
         merged[name] = OpStats(name, sum(e.calls_per_call for e in entries), sum(e.self_us_per_call for e in entries),
-                               tuple(entries), parent or None)
+                               tuple(entries), parent or None, tuple(callers))
     return merged
 
 
@@ -493,6 +520,42 @@ def _inputs_change(a: OpStats, b: OpStats) -> str:
     return "none"
 
 
+def caller_rows(a: OpStats | None, b: OpStats | None) -> tuple[CallerRow, ...]:
+    """One operator's calls by caller on both sides, most candidate calls first."""
+    before = {c.parent: c for c in a.callers} if a is not None else {}
+    after = {c.parent: c for c in b.callers} if b is not None else {}
+    rows = [CallerRow(called_from=parent,
+                      baseline_calls=before[parent].calls_per_call if parent in before else 0.0,
+                      candidate_calls=after[parent].calls_per_call if parent in after else 0.0,
+                      added_us=(after[parent].self_us_per_call if parent in after else 0.0)
+                      - (before[parent].self_us_per_call if parent in before else 0.0))
+            for parent in dict.fromkeys([*after, *before])]
+    rows.sort(key=lambda row: (-row.candidate_calls, -row.baseline_calls, row.called_from or ""))
+    return tuple(rows)
+
+
+def calls_changed(baseline_calls: float, candidate_calls: float) -> bool:
+    """More than :data:`SAME_CALLS` apart (or made on one side only)."""
+    if baseline_calls == 0 or candidate_calls == 0:
+        return baseline_calls != candidate_calls
+    return abs(candidate_calls / baseline_calls - 1.0) > SAME_CALLS
+
+
+def changed_caller(callers: Sequence[CallerRow], sign: float) -> CallerRow | None:
+    """Of an operator's callers, the one the change is in: among those whose calls changed in
+    the direction of the change (more calls when slower), the one that added the most time;
+    else, among those called as often, the one whose self time changed most that way; None
+    when no caller changed that way."""
+    def moved(row: CallerRow) -> bool:
+        return sign * (row.candidate_calls - row.baseline_calls) > 0 and calls_changed(
+            row.baseline_calls, row.candidate_calls)
+
+    counted = [row for row in callers if moved(row)]
+    timed = [row for row in callers if sign * row.added_us > 0]
+    chosen = counted or timed
+    return max(chosen, key=lambda row: (sign * row.added_us, row.candidate_calls)) if chosen else None
+
+
 def diff_ops(
     baseline: Mapping[str, OpStats], candidate: Mapping[str, OpStats], slower: bool | None = None
 ) -> list[OpRow]:
@@ -517,6 +580,10 @@ def diff_ops(
             sources = [e for e in b.by_inputs if e.copied_from is not None]
             if sources:
                 copy_source = max(sources, key=lambda e: e.written_bytes * e.calls_per_call).copied_from
+        callers = caller_rows(a, b)
+        changed = changed_caller(callers, sign) if len(callers) > 1 else None
+        called_from = (changed.called_from if changed is not None
+                       else b.called_from if b is not None else a.called_from if a is not None else None)
         rows.append(OpRow(
             op=name, baseline_calls=a_calls, candidate_calls=b_calls,
             baseline_self_us=a.self_us_per_call if a else 0.0, candidate_self_us=b.self_us_per_call if b else 0.0,
@@ -524,7 +591,7 @@ def diff_ops(
             input_shapes=tuple(e.inputs for e in b.by_inputs[:3]) if b else (),
             baseline_input_shapes=tuple(e.inputs for e in a.by_inputs[:3]) if a else (),
             only_in=only_in,
-            called_from=(b.called_from if b is not None else a.called_from if a is not None else None),
+            called_from=called_from, callers=callers if len(callers) > 1 else (),
             inputs_change=_inputs_change(a, b) if a is not None and b is not None and a.by_inputs and b.by_inputs
             else None,
             baseline_read_bytes=a.read_bytes if a else None, candidate_read_bytes=b.read_bytes if b else None,

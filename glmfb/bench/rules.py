@@ -45,7 +45,7 @@ from glmfb.bench.opdiff import REPEATED, SAME_CALLS, call_ratio, repeated_input
 from glmfb.contract.step import Step
 from glmfb.contract.verdict import Status
 from glmfb.core.measure.hostload import HostLoad, busy_note
-from glmfb.core.rules import Diagnosis, Rule
+from glmfb.core.rules import Claim, Diagnosis, Rule
 from glmfb.core.targets import side_labels
 
 KIND = "bench"
@@ -271,7 +271,8 @@ def _factor(ratios: Sequence[float], slower: bool) -> str:
 
 
 def _chain(op: OpRow, ops: Sequence[OpRow]) -> str:
-    """``aten::contiguous > aten::clone > aten::copy_``: the operators a copy runs inside."""
+    """``aten::contiguous > aten::clone > aten::copy_``: the operators a copy runs inside (each
+    one's caller whose calls or time changed, when it has several)."""
     by_name = {row.op: row for row in ops}
     names = [op.op]
     parent = op.called_from
@@ -279,6 +280,24 @@ def _chain(op: OpRow, ops: Sequence[OpRow]) -> str:
         names.append(parent)
         parent = by_name[parent].called_from if parent in by_name else None
     return " > ".join(reversed(names))
+
+
+def call_counts(op: OpRow) -> str:
+    """``1 vs 0 per call``; for an operator called from several operators, the count from the
+    caller the chain names and from the others: ``1 vs 0 per call inside aten::clone; 2 per
+    call inside aten::_to_copy on both sides``."""
+    def counts(after: float, before: float) -> str:
+        if abs(after - before) <= SAME_CALLS * max(after, before):
+            return f"{after:.3g} per call on both sides"
+        return f"{after:.3g} vs {before:.3g} per call"
+
+    if not op.callers:
+        return counts(op.candidate_calls, op.baseline_calls)
+    named = [row for row in op.callers if row.called_from == op.called_from]
+    rest = [row for row in op.callers if row.called_from != op.called_from]
+    return "; ".join(f"{counts(row.candidate_calls, row.baseline_calls)} "
+                     f"{'inside ' + row.called_from if row.called_from else 'from the kernel itself'}"
+                     for row in [*named, *rest][:3])
 
 
 def _fused_label(removed: Sequence[OpRow]) -> tuple[str, list[OpRow]]:
@@ -295,6 +314,17 @@ def _fused_label(removed: Sequence[OpRow]) -> tuple[str, list[OpRow]]:
 
 def _first(shapes: Sequence[str]) -> str:
     return shapes[0] if shapes else "inputs not recorded"
+
+
+def _changed_inputs(op: OpRow, diff: OpDiff) -> str:
+    """The inputs of ``op`` whose calls changed most in the candidate's direction (more calls,
+    else more added time): what a copy called from several places copies now; the candidate's
+    most frequent inputs when the diff by inputs does not have the operator."""
+    rows = [row for row in diff.inputs if row.op == op.op and row.added_us > 0]
+    if not rows:
+        return _first(op.input_shapes)
+    more = [row for row in rows if row.candidate_calls > row.baseline_calls] or rows
+    return max(more, key=lambda row: row.added_us).inputs
 
 
 def _input_detail(op: OpRow, diff: OpDiff) -> tuple[str, str]:
@@ -568,8 +598,8 @@ def _memory_traffic(f: BenchFindings) -> Diagnosis | None:
     source, advice = _SOURCES.get(copy.copied_from or "", ("a copy", "avoid writing the intermediate: compute "
                                                            "from the original tensor or fuse the copy into its consumer"))
     where = "runs only in the candidate and" if copy.only_in == "candidate" else "in the candidate"
-    clause = (f"{_chain(copy, diff.ops)} {where} writes {size(copy.candidate_written_bytes - copy.baseline_written_bytes)} "
-              f"per kernel call, {source} ({_first(copy.input_shapes)}); the copy with its allocation and the operators "
+    clause = (f"{_chain(copy, diff.ops)} ({call_counts(copy)}) {where} writes {size(copy.candidate_written_bytes - copy.baseline_written_bytes)} "
+              f"per kernel call, {source} ({_changed_inputs(copy, diff)}); the copy with its allocation and the operators "
               f"around it carries {moved:+.0%} of the added time")
     for op in readers[:2]:
         clause += (f"; {op.op}, called as often, reads {size(op.candidate_read_bytes)} per kernel call against "
@@ -734,4 +764,15 @@ RULES: tuple[Rule[BenchFindings], ...] = (
     Rule("recomputation-removed", KIND, _recomputation_removed, "faster; repeated calls on the same inputs removed"),
     Rule("improvement", KIND, _improvement, "faster"),
     Rule("equivalent", KIND, _equivalent, "every interval inside ±threshold"),
+)
+
+
+# What each kind of sentence of a bench why needs of the findings (tests/test_bench_rules.py runs
+# the rules over generated findings against these).
+CLAIMS: tuple[Claim[BenchFindings], ...] = (
+    Claim("slower", r"is slower than", lambda f: f.slower),
+    Claim("no-diff", r"no operator diff was taken", lambda f: f.op_diff is None),
+    Claim("memory-traffic", r"more memory traffic",
+          lambda f: f.op_diff is not None and any(op.candidate_written_bytes > op.baseline_written_bytes
+                                                  for op in f.op_diff.ops)),
 )

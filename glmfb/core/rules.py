@@ -160,3 +160,23 @@ class RuleTable(Generic[F]):
 
     def describe(self) -> list[tuple[str, str]]:
         return [(rule.name, rule.doc) for rule in self.rules]
+
+
+@dataclass(frozen=True)
+class Claim(Generic[F_contra]):
+    """A kind of sentence a why can say, and its precondition on the findings: a why that
+    matches ``says`` (a regular expression, searched) states something that is true only where
+    ``holds(findings)``. Each probe writes its claims down once, beside its rules; its tests run
+    the rules over generated findings and check that no why states what its evidence
+    contradicts (:func:`contradicted`)."""
+
+    name: str
+    says: str
+    holds: Callable[[F_contra], bool]
+
+
+def contradicted(claims: Iterable[Claim[F]], findings: F, why: str) -> list[str]:
+    """The claims ``why`` makes whose precondition the findings do not meet (empty: none)."""
+    import re
+
+    return [claim.name for claim in claims if re.search(claim.says, why) and not claim.holds(findings)]

@@ -172,6 +172,7 @@ def _judge(config: GapConfig, measurement: Measurement, candidate: Any, ctx: Pro
         stopped_by=measurement.stopped_by, budget_s=config.budget_s, repeats=config.repeats,
         grown=tuple(grown_phases(phases, threshold)), bandwidth=bandwidth, gil=gil, attribute=config.attribute,
         host_load=measurement.host_load, baseline_median_s=statistics.median(measurement.baseline.times_s),
+        added_activities=tuple(c.name for c in phases if c.concurrent and c.baseline_s is None and c.candidate_s),
         **next_steps(config, attributed=gil is not None),
     )
     if findings.gil_seen is not None:  # the reading the rules take: the holder and waiter the why names

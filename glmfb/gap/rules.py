@@ -19,10 +19,19 @@ cpu-contention         over the threshold; a thread of the candidate waited for 
                        share of its time while another of its threads ran on the same CPUs,
                        and the GIL does not explain it (on a busy host, not when the slowed
                        thread is a guess the baseline's gil run contradicts); fail
+candidate-only-phase   over the threshold; critical-path phases only the candidate runs come to
+                       half or more of the time the gap added (a quarter at the gap's high
+                       end): they are the explanation, with their share; fail (on a busy host,
+                       not when the candidate also runs an activity of its own beside the
+                       iteration, a ``*_busy_s`` only it reports, which the other processes may
+                       have slowed: then undecided-busy-host names the phase as the lead)
 undecided-busy-host    over the threshold, no attribution explains it, and other processes kept
                        a quarter of a CPU or more busy while it measured: inconclusive
 over-threshold         over the threshold, no attribution explains it
 =====================  ========================================================================
+
+Every kind of sentence a why can say has a precondition on the findings, written once below
+the rules (:data:`CLAIMS`): a why never states what its evidence contradicts.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from typing import Any
 from glmfb.contract.step import Step
 from glmfb.contract.verdict import Status
 from glmfb.core.measure.hostload import HostLoad, busy_note
-from glmfb.core.rules import Diagnosis, Rule
+from glmfb.core.rules import Claim, Diagnosis, Rule
 from glmfb.gap.attribution import GilFinding
 from glmfb.gap.bandwidth import BandwidthCheck, rate_text
 from glmfb.gap.phases import PhaseChange
@@ -47,6 +56,12 @@ KIND = "gap"
 # of its runnable time, under the gil-wait share's fixed 20%, and the gap was +22-30%.
 GIL_EXPLAINS_SHARE = 0.5
 GIL_EXPLAINS_LOW = 0.25
+# Critical-path phases only the candidate runs explain the gap when they come to this share of
+# the time it added at the estimate, and to PHASE_EXPLAINS_LOW of it at the gap's high end (issue
+# 53: a synchronous staging copy per layer, staging_s only in the candidate, read "nothing
+# measured explains the gap" on a busy host while the same why laid the time on it).
+PHASE_EXPLAINS_SHARE = 0.5
+PHASE_EXPLAINS_LOW = 0.25
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,48 @@ class GilWeight:
 
 
 @dataclass(frozen=True)
+class PhaseWeight:
+    """Critical-path phases only the candidate runs against the time the gap added to an
+    iteration: their medians summed, over gap x the baseline's median iteration."""
+
+    phases: tuple[PhaseChange, ...]  # largest first
+    gap: float
+    gap_high: float
+    baseline_s: float
+
+    @property
+    def seconds(self) -> float:
+        return sum(change.candidate_s or 0.0 for change in self.phases)
+
+    @property
+    def explains(self) -> float:
+        """The phases over the time the gap added (1.0: all of it)."""
+        return self.seconds / (self.gap * self.baseline_s)
+
+    @property
+    def explains_low(self) -> float:
+        """The same at the gap's high end."""
+        return self.seconds / (self.gap_high * self.baseline_s)
+
+    @property
+    def substantial(self) -> bool:
+        return self.explains >= PHASE_EXPLAINS_SHARE and self.explains_low >= PHASE_EXPLAINS_LOW
+
+    @property
+    def names(self) -> str:
+        return " and ".join(change.name for change in self.phases[:3])
+
+    def phrase(self) -> str:
+        """``only the candidate runs staging_s: 38 ms of each candidate iteration, 92% of the 41
+        ms the gap added (at least 61% at the gap's high end)``."""
+        added = self.gap * self.baseline_s
+        share = (f"more than all of the {_ms(added)} the gap added ({self.explains:.0%}: other phases took less)"
+                 if self.explains > 1.005 else f"{self.explains:.0%} of the {_ms(added)} the gap added")
+        return (f"only the candidate runs {self.names}: {_ms(self.seconds)} of each candidate iteration, {share} "
+                f"(at least {min(self.explains_low, 1.0):.0%} at the gap's high end)")
+
+
+@dataclass(frozen=True)
 class GapFindings:
     """What a gap check established, in the terms the rules speak."""
 
@@ -123,6 +180,9 @@ class GapFindings:
     gil_rerun: Step | None = None  # the gil probe on the candidate, sampled longer
     host_load: HostLoad | None = None  # the rest of the host while the iterations ran
     baseline_median_s: float | None = None  # the baseline's median iteration time
+    # *_busy_s activities only the candidate reports: work it runs beside the iteration (a
+    # transfer thread) that other processes on a busy host can slow, and a phase that waits for it
+    added_activities: tuple[str, ...] = ()
 
     @property
     def gap_text(self) -> str:
@@ -174,6 +234,30 @@ class GapFindings:
         return self.explained_by(self.gil_seen)
 
     @property
+    def phase_weight(self) -> PhaseWeight | None:
+        """The critical-path phases only the candidate runs, weighed against the time the gap
+        added; None without one, a positive gap or the baseline's median iteration."""
+        only = tuple(change for change in self.grown
+                     if change.baseline_s is None and not change.concurrent and (change.candidate_s or 0.0) > 0)
+        if not only or self.gap <= 0 or not self.baseline_median_s:
+            return None
+        return PhaseWeight(only, self.gap, max(self.high, self.gap), self.baseline_median_s)
+
+    @property
+    def phase_explains(self) -> bool:
+        """Phases only the candidate runs account for the time the gap added
+        (:attr:`PhaseWeight.substantial`)."""
+        weight = self.phase_weight
+        return weight is not None and weight.substantial
+
+    @property
+    def phase_may_be_the_hosts(self) -> bool:
+        """On a busy host, the candidate also runs an activity of its own beside the iteration
+        (``added_activities``): a phase only it runs may be a wait for that activity, which the
+        other processes' load slows and the baseline's iterations do not share."""
+        return bool(self.added_activities) and self.host_load is not None and self.host_load.busy
+
+    @property
     def bytes_alone(self) -> float | None:
         """What an iteration's bytes take at the link's fastest measured ceiling, as a multiple
         of the baseline's median iteration."""
@@ -212,6 +296,12 @@ class GapFindings:
         weight = self.gil_weight
         if weight is not None:
             seen.update(gil_explains=round(weight.explains, 4), gil_explains_low=round(weight.explains_low, 4))
+        phases = self.phase_weight
+        if phases is not None:
+            seen.update(candidate_only_phases=[c.name for c in phases.phases],
+                        phase_explains=round(phases.explains, 4), phase_explains_low=round(phases.explains_low, 4))
+        if self.added_activities:
+            seen["added_activities"] = list(self.added_activities)
         return seen
 
 
@@ -306,8 +396,17 @@ def _undecided(f: GapFindings) -> Diagnosis | None:
                     if f.stopped_by == "repeats" else
                     f"the {f.budget_s:g} s budget ran out" if f.stopped_by == "budget" else "the limits ran out")
     why = (f"Not decided: {f.gap_text}; the interval straddles the threshold and "
-           f"{ran_out_text}.") + busy_note(f.host_load)
+           f"{ran_out_text}.") + _lead(f) + busy_note(f.host_load)
     return Diagnosis(Status.INCONCLUSIVE, why, (f.more_evidence,) if f.more_evidence is not None else ())
+
+
+def _lead(f: GapFindings) -> str:
+    """`` The lead: staging_s, a phase only the candidate runs, takes ...`` when phases only the
+    candidate runs come to half or more of the time the gap added at its estimate, else ""."""
+    weight = f.phase_weight
+    if weight is None or weight.explains < PHASE_EXPLAINS_SHARE:
+        return ""
+    return f" The lead: {weight.phrase()}."
 
 
 def _within(f: GapFindings) -> Diagnosis | None:
@@ -364,13 +463,31 @@ def _bandwidth_bound(f: GapFindings) -> Diagnosis | None:
         {})
 
 
+def _candidate_only_phase(f: GapFindings) -> Diagnosis | None:
+    weight = f.phase_weight
+    if not (f.over and f.phase_explains and weight is not None) or f.phase_may_be_the_hosts:
+        return None
+    sentences = _failure_sentences(f)
+    accounts = "that phase accounts" if len(weight.phases) == 1 else "those phases account"
+    sentences.insert(2, f"{_capital(weight.phrase())}: {accounts} for the gap.")
+    steps = (Step(f"cut or overlap {weight.names}: the baseline's iteration does without it"), *_gil_next(f),
+             *_after_fix(f))
+    return Diagnosis(Status.FAIL, " ".join(sentences) + busy_note(f.host_load), steps, {})
+
+
 def _unexplained_on_busy_host(f: GapFindings) -> Diagnosis | None:
     load = f.host_load
     if not (f.over and load is not None and load.busy):
         return None
     sentences = _failure_sentences(f)
-    sentences[0] = (f"Not decided: {f.gap_text}, over the threshold as measured, but nothing measured explains "
-                    "the gap and the host was busy, so it may be the other processes' doing.")
+    weight = f.phase_weight
+    if f.phase_explains and weight is not None:  # only when it may be the host's (the rule above)
+        sentences[0] = (f"Not decided: {f.gap_text}, over the threshold as measured. The lead: {weight.phrase()}; "
+                        f"but the candidate also runs {', '.join(f.added_activities)} beside the iteration, which "
+                        "the other processes on this busy host may have slowed, so the phase may be their doing.")
+    else:
+        sentences[0] = (f"Not decided: {f.gap_text}, over the threshold as measured, but nothing measured explains "
+                        "the gap and the host was busy, so it may be the other processes' doing.")
     gil = f.gil
     if gil is not None and gil.cpu_bound and _cpu_guessed_backwards_on_busy_host(f):
         sentences.append(f"The {gil.cpu_victim} thread, which the baseline does not run, waited for a CPU "
@@ -394,7 +511,26 @@ RULES: tuple[Rule[GapFindings], ...] = (
          "a thread of the candidate waits for the GIL held by another, for a large share of its time or of the gap"),
     Rule("bandwidth-bound", KIND, _bandwidth_bound, "the transfer runs at the link's ceiling"),
     Rule("cpu-contention", KIND, _cpu_contention, "a thread of the candidate waits for a CPU another of its threads uses"),
+    Rule("candidate-only-phase", KIND, _candidate_only_phase,
+         "critical-path phases only the candidate runs account for the time the gap added"),
     Rule("undecided-busy-host", KIND, _unexplained_on_busy_host,
          "over the threshold, unexplained, on a busy host: inconclusive"),
     Rule("over-threshold", KIND, _over, "over the threshold, unexplained"),
+)
+
+
+# What each kind of sentence of a gap why needs of the findings (tests/test_gap_rules.py runs the
+# rules over generated findings against these).
+CLAIMS: tuple[Claim[GapFindings], ...] = (
+    Claim("over", r"^Over the threshold", lambda f: f.over),
+    Claim("within", r"^Within the threshold", lambda f: f.high < f.threshold),
+    Claim("nothing-explains", r"nothing measured explains the gap",
+          lambda f: not f.phase_explains and not f.gil_explains_gap),
+    Claim("phase-accounts", r"accounts? for the gap", lambda f: f.phase_explains),
+    Claim("lead", r"The lead: only the candidate runs",
+          lambda f: f.phase_weight is not None and f.phase_weight.explains >= PHASE_EXPLAINS_SHARE),
+    Claim("only-in-candidate", r"\(only in the candidate\)",
+          lambda f: any(change.baseline_s is None for change in f.grown)),
+    Claim("gil-explains", r"the GIL wait explains the gap", lambda f: f.gil_explains_gap),
+    Claim("busy", r"The host was busy", lambda f: f.host_load is not None and f.host_load.busy),
 )

@@ -73,6 +73,8 @@ class Starvation(Evidence):
     startup_excluded_s: float | None = None  # left out at the start: the imports until they settled
     startup_settled: bool | None = None  # the start-up imports settled inside the window (None: unknown)
     lateness_series: tuple[Any, ...] = ()  # [t_s, lateness_ms] (<= 2000, the max per bin)
+    hold_median_ms: float | None = None  # the median lateness of the windows (max_ms: the longest)
+    held_long: bool = False  # starved by long holds (docs/gil.md) though the p99 stayed under the threshold
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
         return {"gil_waiting": [w.to_dict() for w in self.waiting_for_gil],

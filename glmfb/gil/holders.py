@@ -32,6 +32,12 @@ def _is_library(file: str) -> bool:
     return file.startswith(_LIBRARY_PREFIXES) or "site-packages" in file or file.startswith("<")
 
 
+def library_file(file: str) -> bool:
+    """A file of the standard library or an installed package (as written in evidence: a path
+    under the working directory may be relative), never the user's own code."""
+    return _is_library(file) or _is_library(str(Path(file).resolve())) if file else False
+
+
 def caller_frame(stack: tuple[str, ...]) -> str | None:
     """The innermost frame outside the standard library and installed packages."""
     for label in reversed(stack):

@@ -43,11 +43,11 @@ from glmfb.contract.evidence import MissingSignal
 from glmfb.contract.step import Step
 from glmfb.contract.verdict import Status
 from glmfb.core.measure.hostload import HostLoad, busy_note
-from glmfb.core.rules import Diagnosis, Rule
+from glmfb.core.rules import Claim, Diagnosis, Rule
 from glmfb.gil.config import HEARTBEAT_THREAD
 from glmfb.gil.evidence import GilHolder, GilStartup, LoadRun, OverlapRow, WaitingThread
 from glmfb.gil.groups import describe
-from glmfb.gil.holders import SOURCE_LINE, SOURCE_SNAPSHOTS, glmfb_file
+from glmfb.gil.holders import SOURCE_LINE, SOURCE_SNAPSHOTS, display_path, glmfb_file, library_file
 
 KIND = "gil"
 
@@ -65,6 +65,13 @@ MIN_WAIT_WALL_SHARE = 0.05  # and at least this share of wall time
 # time (a planted pickling thread beside four request handlers: 10-11% of wall time, 55% of the
 # time ready to run); the wall share then only keeps a few stray ticks from deciding.
 MIN_WAIT_WALL_SHARE_ATTACHED = 0.02
+# A hold the heartbeat saw (a window in which it woke more than the threshold late, net of its
+# CPU waits: it waited for the GIL) is long at this many thresholds; LONG_HOLDS of them starve
+# the heartbeat whatever its p99, which counts wake-ups, not holds: an exporter that json-dumps
+# a large structure once a second held the GIL 555-641 ms at a time, and the p99 of the
+# wake-ups between stayed under 1 ms (issue 53). "Short holds" are said only where none was long.
+LONG_HOLD_THRESHOLDS = 10
+LONG_HOLDS = 2
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,32 @@ class GilFindings:
     load: LoadRun | None = None  # --load: how the load command ran
     thread_shares: dict[int, float] | None = None  # tid -> share of sample instants it held the GIL (py-spy)
     also_waiting: tuple[WaitingThread, ...] = ()  # other program threads that waited as much as the waiter's rule asks
+    hold_ms: tuple[float, ...] = ()  # each hold the heartbeat saw (its windows' lateness, ms), longest first
+    held_long: bool = False  # starved by LONG_HOLDS or more long holds (its p99 may be low)
+
+    @property
+    def long_hold_ms(self) -> float:
+        return LONG_HOLD_THRESHOLDS * self.threshold_ms
+
+    @property
+    def long_holds(self) -> tuple[float, ...]:
+        return tuple(hold for hold in self.hold_ms if hold >= self.long_hold_ms)
+
+    @property
+    def holds_short(self) -> bool:
+        """No hold the heartbeat saw was long: what "many short holds" needs."""
+        return not self.long_holds
+
+    def holds_text(self) -> str:
+        """``555 to 641 ms at a time (median 600 ms), 5 times in 5.0 s``: the long holds."""
+        holds = sorted(self.long_holds)
+        if not holds:
+            return ""
+        span = f"{holds[0]:.0f} to {holds[-1]:.0f} ms" if len(holds) > 1 else f"{holds[0]:.0f} ms"
+        median = holds[len(holds) // 2] if len(holds) % 2 else (holds[len(holds) // 2 - 1] + holds[len(holds) // 2]) / 2
+        window = f" in {self.observed_s:.1f} s" if self.observed_s else ""
+        return (f"{span} at a time (longest {holds[-1]:.0f} ms, median {median:.0f} ms), "
+                f"{len(holds)} time{'s' if len(holds) > 1 else ''}{window}")
 
     @property
     def without_heartbeat(self) -> bool:
@@ -161,7 +194,7 @@ class GilFindings:
         """Starved by the p99, but its interval reaches down to the threshold: the p99 is over
         the threshold by less than its own spread over stretches of the run."""
         interval = self.p99_interval_ms
-        return (self.starved and not self.stalled and interval is not None
+        return (self.starved and not self.stalled and not self.held_long and interval is not None
                 and interval[0] <= self.threshold_ms)
 
     @property
@@ -200,6 +233,11 @@ class GilFindings:
         return share >= WAIT_SHARE_FAIL and low >= WAIT_SHARE_LOW and waiter.waiting_share >= self.min_wait_wall_share
 
     def late(self) -> str:
+        if self.held_long and (self.p99_ms is None or self.p99_ms <= self.threshold_ms):
+            p99 = f"its p99 wake-up lateness, {self.p99_ms:.1f} ms, " if self.p99_ms is not None else "its p99 "
+            return (f"{self.starved_text} starved: the heartbeat could not run for {self.holds_text()}, blocked on "
+                    f"the GIL ({p99}counts wake-ups, not holds, and stayed under the {self.threshold_ms:g} ms "
+                    "threshold)")
         if self.stalled and self.stall_ms is not None:
             share = f" (blocked on the GIL {100 * (self.stall_gil_share or 0):.0f}% of that time)"
             held = f" while {self.holder.thread} held the GIL" if self.holder is not None else ""
@@ -216,6 +254,9 @@ class GilFindings:
         }
         if self.stall_ms is not None:
             seen.update(stall_ms=round(self.stall_ms, 1), stall_gil_share=self.stall_gil_share, stalled=self.stalled)
+        if self.hold_ms:
+            seen.update(holds=len(self.hold_ms), longest_hold_ms=round(self.hold_ms[0], 1),
+                        long_holds=len(self.long_holds), held_long=self.held_long)
         if self.holder is not None:
             seen.update(holder_thread=self.holder.thread, holder_function=self.holder.function,
                         holder_c_function=self.holder.c_function,
@@ -235,10 +276,37 @@ class GilFindings:
         return seen
 
 
+def user_frame(holder: GilHolder) -> tuple[str, str, int | None] | None:
+    """The first frame in the user's own code (function, file, line) when the holder's site is
+    in a library (the standard library's json encoder) and its stack has one outside the
+    libraries and glmfb; None when the site is the user's own (or only libraries and glmfb's
+    runner called it)."""
+    if not library_file(holder.file) or holder.caller is None:
+        return None
+    function, _, location = holder.caller.rpartition(" (")
+    file, _, line = location.rstrip(")").rpartition(":")
+    if not function or not file or glmfb_file(file):
+        return None
+    return function, display_path(file), int(line) if line.isdigit() else None
+
+
+def library_function(holder: GilHolder) -> str:
+    """What the GIL was held in, in the library: its C function, else its Python function."""
+    return holder.c_function or holder.qualname
+
+
 def _where_of(holder: GilHolder | None) -> dict[str, Any] | None:
     if holder is None:
         return None
-    where: dict[str, Any] = {"thread": holder.thread, "function": holder.c_function or holder.function}
+    user = user_frame(holder)
+    if user is not None:  # the user's frame, the library function beside it
+        function, file, line = user
+        where: dict[str, Any] = {"thread": holder.thread, "function": function, "file": file}
+        if line is not None:
+            where["line"] = line
+        where["library_function"] = library_function(holder)
+        return where
+    where = {"thread": holder.thread, "function": holder.c_function or holder.function}
     if not glmfb_file(holder.file):  # glmfb's runner is never the place to look
         where.update(file=holder.file, line=holder.line)
     return where
@@ -249,7 +317,15 @@ def _holder_where(f: GilFindings) -> dict[str, Any] | None:
 
 
 def _named(holder: GilHolder) -> str:
-    """``sorted (C builtin_sorted), called from Worker.loop`` or the Python function alone."""
+    """``sorted (C builtin_sorted), called from Worker.loop`` or the Python function alone; for
+    a site in a library, with the user's frame that called it."""
+    user = user_frame(holder)
+    if user is not None:
+        function, file, line = user
+        at = f"{file}:{line}" if line is not None else file
+        inside = f" (C {holder.c_symbol})" if holder.c_symbol and holder.c_symbol != holder.c_function else ""
+        return (f"{library_function(holder)}{inside} (in {holder.qualname}, {holder.file}:{holder.line}), called from "
+                f"{function} ({at}){_snapshots(holder)},")
     if holder.c_function is None:
         return holder.function
     symbol = f" (C {holder.c_symbol})" if holder.c_symbol and holder.c_symbol != holder.c_function else ""
@@ -278,6 +354,10 @@ def _thread(holder: GilHolder) -> str:
 
 
 def _fix_site(holder: GilHolder) -> str:
+    user = user_frame(holder)
+    if user is not None:
+        function, file, line = user
+        return f"{library_function(holder)}, called from {function} ({file}:{line})"
     if glmfb_file(holder.file):
         return holder.c_function or holder.function
     name = holder.c_function or holder.function
@@ -370,10 +450,14 @@ def _wait_share(f: GilFindings) -> Diagnosis | None:
     else:
         calm = "the heartbeat was not starved"
     held = f"{100 * holder.share_of_time:.0f}% of sample instants" if holder.share_of_time is not None else "often"
+    if f.holds_short:
+        how = f"many short holds that add up ({calm}, so no single hold is shown to starve a thread)"
+    else:  # one long hold: fewer than the LONG_HOLDS that starve, never called short
+        how = (f"holds that add up, one of them long: the heartbeat could not run for {f.holds_text()} ({calm}, "
+               "which counts wake-ups, not holds)")
     why = (f"{_sentence(describe(waiter.thread, 1))} waited for the GIL {_pct(waiter.of_runnable_share)}{ci} of the time it was not "
            f"waiting for a CPU ({_pct(waiter.waiting_share)} of wall time), while {_named(holder)} on "
-           f"{_thread(holder)} held the GIL in {held}: many short holds that add up ({calm}, so no single hold "
-           f"is shown to starve a thread).")
+           f"{_thread(holder)} held the GIL in {held}: {how}.")
     steps = (Step(f"move the work in {_fix_site(holder)} off the GIL (a native call that releases it, "
                   "a process pool), or hold it less often (batch the calls)"), *_trace_step(f))
     return Diagnosis(Status.FAIL, why, steps, _where_of(holder))
@@ -643,4 +727,17 @@ RULES: tuple[Rule[GilFindings], ...] = (
     Rule("signal-missing", KIND, _signal_missing, "not starved, a signal missing: warn"),
     Rule("idle-holder", KIND, _idle_holder, "not starved, a holder idle in a native call: warn"),
     Rule("pass", KIND, _pass, "no thread starved"),
+)
+
+
+# What each kind of sentence of a gil why needs of the findings (tests/test_gil_rules.py runs the
+# rules over generated findings against these).
+CLAIMS: tuple[Claim[GilFindings], ...] = (
+    Claim("short-holds", r"many short holds", lambda f: f.holds_short),
+    Claim("hold-lengths", r"could not run for [\d.]+ (to [\d.]+ )?ms at a time", lambda f: bool(f.long_holds)),
+    Claim("long-holds-starve", r"counts wake-ups, not holds, and stayed under",
+          lambda f: f.held_long and f.starved),
+    Claim("not-starved", r"^No thread was starved", lambda f: not f.starved),
+    Claim("hogs", r"hogs the interpreter", lambda f: f.starved and f.holder is not None),
+    Claim("p99-calm", r"p99 stayed at [\d.]+ ms <=", lambda f: f.p99_ms is not None and f.p99_ms <= f.threshold_ms),
 )

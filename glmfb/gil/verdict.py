@@ -5,6 +5,7 @@ the why and the next steps; this module only measures against the thresholds and
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -40,7 +41,14 @@ from glmfb.gil.groups import unnamed
 from glmfb.gil.heartbeat import Heartbeat, lateness_series
 from glmfb.gil.holders import holder_evidence, holder_site, released_fields
 from glmfb.gil.pyspy import CallSite, HolderProfile
-from glmfb.gil.rules import MIN_WAIT_WALL_SHARE_ATTACHED, RULES, WAIT_SHARE_FAIL, GilFindings
+from glmfb.gil.rules import (
+    LONG_HOLD_THRESHOLDS,
+    LONG_HOLDS,
+    MIN_WAIT_WALL_SHARE_ATTACHED,
+    RULES,
+    WAIT_SHARE_FAIL,
+    GilFindings,
+)
 
 MIN_HEARTBEAT_TICKS = 50
 MIN_COVERED_S = 0.5
@@ -151,6 +159,14 @@ class _Starvation:
     stall_s: float | None
     stall_share: float | None
     p99_interval_ms: tuple[float, float] | None = None  # the p99's 95% interval (block bootstrap)
+    hold_ms: tuple[float, ...] = ()  # each window the heartbeat woke late beyond the threshold: its lateness, ms
+    held_long: bool = False  # starved by LONG_HOLDS or more holds of LONG_HOLD_THRESHOLDS thresholds
+
+
+def _holds_ms(heartbeat: Heartbeat, threshold_ms: float) -> tuple[float, ...]:
+    """The holds the heartbeat saw: each window in which it woke more than the threshold late
+    (net of its CPU waits, so waiting for the GIL), as its longest lateness, longest first."""
+    return tuple(sorted((1e3 * w.max_lateness_s for w in heartbeat.windows(threshold_ms / 1e3)), reverse=True))
 
 
 def _starvation(observations: Observations) -> _Starvation:
@@ -171,7 +187,10 @@ def _starvation(observations: Observations) -> _Starvation:
         p99_ms = max(p99_ms or 0.0, _stall_p99_ms(stall_s, stall_share, observations.observed_s or stall_s,
                                                   heartbeat.period_s))
     interval = heartbeat.percentile_interval_ms(99) if beat_ok and heartbeat is not None and not stalled else None
-    return _Starvation(beat_ok, p99_ms, starved, stalled, stall_s, stall_share, interval)
+    holds = _holds_ms(heartbeat, threshold_ms) if beat_ok and heartbeat is not None else ()
+    held_long = sum(1 for hold in holds if hold >= LONG_HOLD_THRESHOLDS * threshold_ms) >= LONG_HOLDS
+    return _Starvation(beat_ok, p99_ms, starved or held_long, stalled, stall_s, stall_share, interval, holds,
+                       held_long and not starved)
 
 
 @dataclass(frozen=True)
@@ -320,6 +339,8 @@ def _starvation_evidence(observations: Observations, heartbeat: Heartbeat, starv
         holder_cpu_wait_ms=round(1e3 * observations.holder_cpu_wait_s, 1),
         startup_excluded_s=round(observations.startup_excluded_s, 3) if observations.startup_excluded_s else None,
         startup_settled=observations.startup_settled,
+        hold_median_ms=round(statistics.median(starvation.hold_ms), 1) if starvation.hold_ms else None,
+        held_long=starvation.held_long,
         lateness_series=tuple(lateness_series(heartbeat, start, start + observed))
         if start is not None and observed else (),
     )
@@ -344,6 +365,7 @@ def _findings(observations: Observations, starvation: _Starvation, holders: _Hol
         stalled=starvation.stalled, observed_s=observations.observed_s, waiter=holders.waiter,
         wait_holder=holders.wait_holder, own_p99_ms=observations.own_p99_ms,
         p99_interval_ms=starvation.p99_interval_ms, host_load=observations.host_load,
+        hold_ms=starvation.hold_ms, held_long=starvation.held_long,
         startup_settled=observations.startup_settled, startup=_startup_evidence(observations),
         rerun_longer=observations.rerun_longer,
         attached=observations.attached, waits_measured=observations.waits_measured,

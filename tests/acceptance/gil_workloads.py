@@ -224,3 +224,44 @@ def pool(work: str, size: int, jobs: int = 8, main: str = "decode") -> Callable[
             job.result()
 
     return run
+
+
+class FileExporter:
+    """A metrics exporter as services run one beside their request loop: a thread of its own
+    (``exporter``) that writes the service's state as JSON to a file once every ``interval_s``.
+    ``export`` serializes the whole state with ``json.dumps`` (the C encoder keeps the GIL for the
+    whole call) before it writes."""
+
+    def __init__(self, state: dict[str, object], path: str, interval_s: float = 1.0) -> None:
+        self.state = state
+        self.path = path
+        self.interval_s = interval_s
+        self.exports = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="exporter", daemon=True)
+        self.thread.start()
+
+    def export(self) -> None:
+        payload = json.dumps(self.state)
+        with open(self.path, "w", encoding="utf-8") as out:
+            out.write(payload)
+        self.exports += 1
+
+    def run(self) -> None:
+        while not self.stop.wait(self.interval_s):
+            self.export()
+
+
+def exporter(requests: int, interval_s: float = 1.0, main: str = "serve") -> Callable[[], None]:
+    """gil target: a :class:`FileExporter` of a state holding ``requests`` request records,
+    exporting once every ``interval_s`` to ``os.devnull``, beside the main thread's step (as
+    :func:`make`). A large state keeps the GIL for a long time once a second; a small one, the
+    clean twin, for well under a millisecond."""
+    import os
+
+    if main not in ("serve", "decode"):
+        raise ValueError(f"main {main!r}: use 'serve' or 'decode'")
+    state: dict[str, object] = {"requests": [{"id": i, "tokens": list(range(8)), "route": f"r{i % 7}"}
+                                             for i in range(requests)]}
+    FileExporter(state, os.devnull, interval_s)
+    return serve_step if main == "serve" else decode_steps()

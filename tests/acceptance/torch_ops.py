@@ -287,3 +287,44 @@ def silu_of_a_copy(shape: tuple[int, ...], seed: int = 0) -> Kernel:
     """``F.silu`` of ``x.clone()``: a defensive copy of an input that needed none."""
     x = _randn(_rows(shape), seed)
     return lambda: F.silu(x.clone())
+
+
+# ---- a defensive copy beside scalar casts: copy_ called from two operators -------------------
+
+
+class ActivationClamp:
+    """Activations clamped to a finite range, as fp16-safe model code writes it (T5's
+    ``clamp_value``): the bounds are kept as Python floats and made tensors of the input's dtype
+    on every call, through float64 (``torch.tensor(...).to(dtype)``: ``aten::to > aten::_to_copy
+    > aten::copy_`` on a scalar, twice a call). ``defensive_copy`` clones the input first so the
+    caller's tensor is never touched: one more ``aten::copy_`` a call, of the whole input, inside
+    ``aten::clone``."""
+
+    def __init__(self, limit: float = 6.0e4, defensive_copy: bool = False) -> None:
+        self.limit = limit
+        self.defensive_copy = defensive_copy
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.defensive_copy:
+            hidden = hidden.clone()  # never modify the caller's tensor
+        low = torch.tensor(-self.limit, dtype=torch.float64).to(hidden.dtype)
+        high = torch.tensor(self.limit, dtype=torch.float64).to(hidden.dtype)
+        return hidden.clamp(low.item(), high.item())
+
+
+def clamp_activations(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """``ActivationClamp`` on a rows x columns input."""
+    x, clamp = _randn(_rows(shape), seed), ActivationClamp()
+    return lambda: clamp(x)
+
+
+def clamp_activations_again(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """The same body as :func:`clamp_activations` (its clean twin)."""
+    x, clamp = _randn(_rows(shape), seed), ActivationClamp()
+    return lambda: clamp(x)
+
+
+def clamp_activations_defensive_copy(shape: tuple[int, ...], seed: int = 0) -> Kernel:
+    """``ActivationClamp(defensive_copy=True)``: a clone of the input on every call."""
+    x, clamp = _randn(_rows(shape), seed), ActivationClamp(defensive_copy=True)
+    return lambda: clamp(x)
