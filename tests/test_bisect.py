@@ -326,7 +326,7 @@ def test_k_must_select_exactly_one_definition(tmp_path: Path) -> None:
     from glmfb.contract.errors import HarnessError
     from glmfb.core.runs import latest_run
 
-    with pytest.raises(HarnessError, match=r"wrote no run\.json"):
+    with pytest.raises(HarnessError, match=r"has no run\.json: it is still running, or it stopped"):
         latest_run(tmp_path / "r")
 
 
