@@ -82,11 +82,24 @@ server.serve_forever()
 """
 
 LOAD = """
-import http.client, sys, threading, time
+import http.client, json, sys, threading, time
 
 PORT, SECONDS, CLIENTS = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 done = [0] * CLIENTS
 failed = []
+latencies_ms = []
+
+
+def report():  # as load generators do: its figures so far, a JSON object a line, twice a second
+    ordered = sorted(latencies_ms) or [0.0]
+    print(json.dumps({"requests": sum(done), "errors": len(failed),
+                      "p99_ms": round(ordered[int(0.99 * (len(ordered) - 1))], 1)}), flush=True)
+
+
+def reporter():
+    while True:
+        time.sleep(0.5)
+        report()
 
 
 def client(index):
@@ -94,9 +107,11 @@ def client(index):
     deadline = time.monotonic() + SECONDS
     while time.monotonic() < deadline:
         try:
+            sent = time.perf_counter()
             connection.request("GET", "/work")
             answer = connection.getresponse()
             answer.read()
+            latencies_ms.append((time.perf_counter() - sent) * 1000)
             done[index] += 1
             if answer.status != 200:
                 failed.append(answer.status)
@@ -106,12 +121,13 @@ def client(index):
         time.sleep(0.01)
 
 
+threading.Thread(target=reporter, daemon=True).start()
 threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
 for thread in threads:
     thread.start()
 for thread in threads:
     thread.join()
-print(f"requests: {sum(done)} failed: {len(failed)}", flush=True)
+report()
 sys.exit(1 if failed else 0)
 """
 
@@ -227,6 +243,11 @@ def test_launched_server_is_sampled_after_ready_under_the_load(tmp_path: Path) -
     load = _evidence(verdict, "load")
     assert load["stopped"] and not load["failed"] and load["started_s"] < 1.0, load  # ran until the window closed
     assert load["command"][0] == sys.executable
+    # the load's own figures, from the last JSON line it printed before it was stopped, in the why
+    reported = load["reported"]
+    assert set(reported) == {"requests", "errors", "p99_ms"} and reported["requests"] > 0, load
+    assert (f"Under this load, the load command reported requests {reported['requests']}, errors "
+            f"{reported['errors']}, p99_ms ") in verdict.why, verdict.why
     # the load reached the handlers: they waited for the GIL the serializer held
     assert verdict.status is Status.FAIL, verdict.why
     assert verdict.where["thread"] == "serializer", verdict.where

@@ -484,3 +484,15 @@ def test_long_holds_the_p99_does_not_count_starve_and_where_names_the_users_fram
     one = decide(_observations(_raw_export(), [0.2] * 2000 + [600.0] + [0.2] * 600, waiting=MAIN_WAITS))
     assert one.find(RuleFired).rule == "gil-wait-share", one.why  # type: ignore[union-attr]
     assert "short holds" not in one.why and "one of them long" in one.why
+
+
+def test_the_load_reports_the_fields_of_its_last_json_line() -> None:
+    from glmfb.gil.evidence import REPORTED_FIELDS, LoadRun, reported_fields
+
+    printed = '{"p99_ms": 12.0}\nwarming up\n{"p99_ms": 1352.37, "requests": 126, "ok": true, "by_path": {"/a": 3}}\nbye\n'
+    fields = reported_fields(printed)
+    assert fields == {"p99_ms": 1352.37, "requests": 126, "ok": True}  # the last object's scalars, in its order
+    load = LoadRun(command=("load",), window_s=3.0, failed=False, reported=fields)
+    assert load.figures() == "p99_ms 1352, requests 126, ok True"
+    assert reported_fields("no json here\n{not json}\n[1, 2]\n") is None
+    assert len(reported_fields("{" + ", ".join(f'"k{i}": {i}' for i in range(40)) + "}") or {}) == REPORTED_FIELDS

@@ -30,7 +30,7 @@ from glmfb.core.process import describe_returncode
 from glmfb.gil import heartbeat as hb
 from glmfb.gil import pyspy
 from glmfb.gil.config import HEARTBEAT_THREAD, PYTHON, GilConfig
-from glmfb.gil.evidence import LoadRun, Readiness
+from glmfb.gil.evidence import LoadRun, Readiness, reported_fields
 from glmfb.gil.groups import ThreadGroups, thread_groups, unnamed
 from glmfb.gil.process import Launched, wait_until
 from glmfb.gil.procwatch import GilWaitSampler, ThreadTime
@@ -448,6 +448,7 @@ class _Load:
             stdout_tail=_tail(_file_end(self.files.load_stdout)) or None,
             stderr_tail=_tail(_file_end(self.files.load_stderr)) or None,
             stdout=str(self.files.load_stdout), stderr=str(self.files.load_stderr),
+            reported=reported_fields(_file_end(self.files.load_stdout, 65536)),
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -332,6 +333,13 @@ class LoadRun(Evidence):
     stderr_tail: str | None = None
     stdout: str | None = None
     stderr: str | None = None
+    # the fields of the last JSON object the load printed on a line of its stdout (its own
+    # figures: a p99, a request count, errors), scalars only, at most REPORTED_FIELDS of them
+    reported: Mapping[str, Any] | None = None
+
+    def figures(self) -> str:
+        """The load's own figures as the why quotes them: ``p99_ms 1352, requests 126``."""
+        return ", ".join(f"{key} {_figure(value)}" for key, value in (self.reported or {}).items())
 
     def phrase(self) -> str:
         """``the load command (python load.py) exited with status 1: <last line>``."""
@@ -345,6 +353,36 @@ class LoadRun(Evidence):
         tail = f": {last[-1][:200]}" if last and self.failed else ""
         when = f" {self.ended_s:.1f} s into the {self.window_s:.1f} s window" if self.ended_s is not None else ""
         return f"{text} {how}{when}{tail}"
+
+
+REPORTED_FIELDS = 12  # of the load's JSON object, the fields kept (in its order)
+
+
+def reported_fields(stdout_end: str) -> dict[str, Any] | None:
+    """The scalar fields (numbers, booleans, strings up to 80 characters) of the last line of
+    ``stdout_end`` that is a JSON object, at most :data:`REPORTED_FIELDS`; None when no line is."""
+    import json
+
+    for line in reversed(stdout_end.splitlines()):
+        text = line.strip()
+        if not (text.startswith("{") and text.endswith("}")):
+            continue
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        fields = {str(key)[:40]: value[:80] if isinstance(value, str) else value for key, value in data.items()
+                  if isinstance(value, (bool, int, float, str)) and not (isinstance(value, float) and value != value)}
+        return dict(list(fields.items())[:REPORTED_FIELDS]) or None
+    return None
+
+
+def _figure(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
 
 
 EVIDENCE_TYPES: tuple[type[Evidence], ...] = (Starvation, GilHolder, GilStartup, GilSite, GilThreads, TraceOverlap,

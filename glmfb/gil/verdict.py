@@ -130,6 +130,8 @@ def decide(observations: Observations, rules: Sequence[Rule[Any]] | None = None)
         # a load that failed or ended early is said, whatever decided (the load-failed rule
         # says it itself)
         why = f"{why} Meanwhile {load.phrase()}" + ("." if not load.phrase().endswith(".") else "")
+    if load is not None and load.reported:
+        why = f"{why} Under this load, the load command reported {load.figures()} (its last JSON line)."
     return Verdict(
         probe="gil", name=config.name, status=diagnosis.status, layer=Layer.RUNTIME, why=why,
         where=dict(diagnosis.where or {}),
