@@ -11,6 +11,7 @@ from typing import Any
 from glmfb.contract.errors import TargetError
 from glmfb.contract.options import (
     BOOL,
+    DIR,
     FILE,
     GLOBS,
     NONNEGATIVE_INT,
@@ -122,6 +123,9 @@ class DiffConfig:
     candidate_args: Mapping[str, Any] = field(default_factory=dict)
     base_dir: Path | None = None
     requests: Path | None = option(None, FILE, "Requests, one JSON object per line (needed when a side is a target).")
+    tokenizer: Path | None = option(None, DIR, "A Hugging Face tokenizer folder for requests given as text (prompt); "
+                                    "default: the baseline target's own (a tokenizer attribute, or tokenize() in its "
+                                    "module).")
     rtol: float | None = option(None, TOLERANCE, "Relative tolerance for every tap (default: by dtype).")
     atol: float | None = option(None, TOLERANCE, "Absolute tolerance for every tap (default: by dtype).")
     per_tap: PerTap = option((), PER_TAP, "Per-tap tolerance (first match wins). Repeatable.",
@@ -196,6 +200,8 @@ class CaptureConfig:
     args: Mapping[str, Any] = field(default_factory=dict)
     base_dir: Path | None = None
     requests: Path | None = option(None, FILE, "Requests, one JSON object per line.")
+    tokenizer: Path | None = option(None, DIR, "A Hugging Face tokenizer folder for requests given as text (prompt); "
+                                    "default: the target's own (a tokenizer attribute, or tokenize() in its module).")
     taps: tuple[str, ...] = option((), GLOBS, "Only tap submodules whose name matches this glob. Repeatable.",
                                    flag="--tap")
     max_elements: int = option(DEFAULT_MAX_ELEMENTS, POSITIVE_INT,

@@ -128,6 +128,7 @@ from glmfb.diff.store import MANIFEST, CaptureReader, CaptureWriter, Manifest, w
 
 Progress = Callable[[str], None]
 EVIDENCE_ROWS = 200  # the per-module table in the verdict is cut here (the CSV has every row)
+TOKENIZED_REQUESTS = "requests-tokenized.jsonl"  # text requests as the token requests a tokenizer made of them
 
 
 # --------------------------------------------------------------------------------------------
@@ -162,6 +163,13 @@ def run_capture(config: CaptureConfig, progress: Progress | None = None) -> Mani
 
     if config.requests is None:
         raise UsageError("glmfb capture needs --requests FILE")
+    from glmfb.diff.prompts import (
+        folder_tokenizer,
+        needs_tokenizer,
+        side_tokenizer,
+        tokenize_requests,
+    )
+
     if config.nproc > 0:
         return capture_on_ranks(config.target, dict(config.args), config.base_dir, config.requests, config.out,
                                 config.taps, config.nproc, config.rank_timeout_s, progress, force=config.force)
@@ -169,6 +177,9 @@ def run_capture(config: CaptureConfig, progress: Progress | None = None) -> Mani
     target = Target(config.target, dict(config.args), config.base_dir)
     try:
         side = load_side(target)
+        if needs_tokenizer(requests):  # text requests: --tokenizer, else the target's own
+            requests = tokenize_requests(requests, folder_tokenizer(config.tokenizer) if config.tokenizer is not None
+                                         else side_tokenizer(side))
         return capture(side, requests, config.out, config.taps, progress, force=config.force)
     except TargetFailed as exc:
         raise HarnessError(str(exc), "fix the target, or run it alone with GLMFB_DEBUG=1") from exc
@@ -260,10 +271,11 @@ class _Run:
     requests: list[Request]
     made: list[Path]
     candidate_side: LoadedSide | None = None
+    prompts: str | None = None  # where the text requests' ids came from (a tokenizer), when there were any
 
 
 def capture_target(config: DiffConfig, ref: str, args: Mapping[str, Any], label: str, requests: Sequence[Request],
-                   out: Path, progress: Progress | None) -> LoadedSide | None:
+                   out: Path, progress: Progress | None, side: LoadedSide | None = None) -> LoadedSide | None:
     """Build a target side and capture it over the requests into ``out`` (replaced whole).
     Every capture of a target a diff makes goes through here (the two sides and the
     counterfactual reruns). A side on torch.distributed ranks (``*_nproc``) is captured there
@@ -275,8 +287,40 @@ def capture_target(config: DiffConfig, ref: str, args: Mapping[str, Any], label:
         capture_on_ranks(ref, dict(args), config.base_dir, config.requests, out, config.taps, nproc,
                          config.rank_timeout_s, progress, force=True)
         return None
-    side = load_side(Target(ref, dict(args), config.base_dir), label)
+    side = side or load_side(Target(ref, dict(args), config.base_dir), label)
     capture(side, requests, out, config.taps, progress, f"{label} ", force=True)
+    return side
+
+
+def _tokenized(run: _Run, ref: str, args: Mapping[str, Any], label: str) -> LoadedSide | None:
+    """Turn the run's text requests into token requests (:mod:`glmfb.diff.prompts`) before the
+    first target side captures: with ``--tokenizer``, else with this side's own tokenizer (the
+    side is built here, and returned to be captured). The token requests are written to the
+    artifact folder, which ranks read, and the run's config names that file."""
+    from glmfb.diff.prompts import (
+        folder_tokenizer,
+        needs_tokenizer,
+        side_tokenizer,
+        tokenize_requests,
+    )
+
+    config = run.config
+    if not needs_tokenizer(run.requests):
+        return None
+    side = None
+    if config.tokenizer is not None:
+        tokenizer = folder_tokenizer(config.tokenizer)
+    elif (config.baseline_nproc if label == "baseline" else config.candidate_nproc) > 0:
+        tokenizer = None  # a side on ranks is not built here: tokenize_requests says to give --tokenizer
+    else:
+        side = load_side(Target(ref, dict(args), config.base_dir), label)
+        tokenizer = side_tokenizer(side)
+    run.requests = tokenize_requests(run.requests, tokenizer)
+    assert tokenizer is not None
+    path = run.ctx.artifact_dir / TOKENIZED_REQUESTS
+    write_requests(path, run.requests)
+    run.config = replace(config, requests=path)
+    run.prompts = tokenizer.source
     return side
 
 
@@ -300,7 +344,9 @@ def _run_diff(config: DiffConfig, env: Mapping[str, Any], ctx: ProbeContext) -> 
             if dirs[index] is not None:
                 continue
             out = report_dir / "captures" / label
-            side = capture_target(config, ref, args, label, run.requests, out, progress)
+            built = _tokenized(run, ref, args, label)
+            config = run.config
+            side = capture_target(config, ref, args, label, run.requests, out, progress, built)
             run.made.append(out)
             dirs[index] = out
             if side is None:  # captured on ranks: compared capture against capture
@@ -321,7 +367,22 @@ def _run_diff(config: DiffConfig, env: Mapping[str, Any], ctx: ProbeContext) -> 
         failing = {r.id for r in results if r.failed}
         for folder in run.made:
             prune_capture(folder, failing)
+    if run.prompts is not None:
+        verdict = _with_prompts(verdict, run)
     return verdict
+
+
+def _with_prompts(verdict: Verdict, run: _Run) -> Verdict:
+    """The verdict with the text requests' tokenizer and ids (evidence ``prompts``) and the
+    token requests as an artifact."""
+    from glmfb.diff.evidence import PromptRow, Prompts
+
+    rows = tuple(PromptRow(request=r.id, prompt=str(r.raw.get("prompt", ""))[:200],
+                           input_ids=tuple((r.input_ids or ())[:512]), tokens=len(r.input_ids or ()))
+                 for r in run.requests if "prompt" in r.raw)
+    evidence = Prompts(tokenizer=run.prompts or "", requests=len(rows), rows=rows[:50])
+    artifacts = {**verdict.artifacts, "requests_tokenized": str(run.ctx.artifact_dir / TOKENIZED_REQUESTS)}
+    return replace(verdict, evidence=(*verdict.evidence, evidence), artifacts=artifacts)
 
 
 def prune_capture(directory: Path, keep: set[str]) -> None:

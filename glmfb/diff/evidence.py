@@ -772,7 +772,31 @@ class ServedBy(Evidence):
     command: tuple[str, ...] | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class PromptRow(Record):
+    request: str
+    prompt: str  # its first 200 characters
+    input_ids: tuple[int, ...]  # its first 512 ids
+    tokens: int  # how many ids it has
+
+
+@evidence_kind
+@dataclass(frozen=True, kw_only=True)
+class Prompts(Evidence):
+    """Requests given as text: the tokenizer that made their ids, and the ids used (the first
+    50 requests; all of them in the artifact ``requests_tokenized``)."""
+
+    kind: ClassVar[str] = "prompts"
+    tokenizer: str
+    requests: int
+    rows: tuple[PromptRow, ...]
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        return {"prompts": [row.to_dict() for row in self.rows]}
+
+
 EVIDENCE_TYPES: tuple[type[Evidence], ...] = (
+    Prompts,
     RankErrors,
     Requests, Modules, LocalErrors, ErrorByPosition, ErrorShape, PositionProfile, PrecisionSignatureEvidence,
     RoundingTest, Bias, TreeDifferences, ErrorEntry, DtypeTrace, FormatRange, Counterfactual, Tokens, MinimalReproducer, MinimizerNote,

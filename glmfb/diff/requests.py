@@ -1,6 +1,8 @@
 """Request sets: one JSON object per line (docs/design.md, Requests).
 
-Each request has a unique string ``id`` and one of ``input_ids`` (a list of ints), ``length``
+Each request has a unique string ``id`` and one of ``input_ids`` (a list of ints), ``prompt``
+(text, turned into ``input_ids`` by a tokenizer before the targets run:
+:func:`glmfb.diff.prompts.tokenize_requests`), ``length``
 (with optional ``seed`` and ``vocab``: token ids drawn deterministically) or ``tensors``
 (``{"name": {"shape": [...], "dtype": "float32", "seed": 0}}``; a spec may add ``"narrow":
 {"axis": 1, "length": 128}``, the tensor drawn at its shape and cut to its first 128 along axis
@@ -70,6 +72,13 @@ class Request:
     extra: Mapping[str, Any] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict)
     sequence_axes: Mapping[str, int] = field(default_factory=dict)  # tensor name -> its sequence axis
+    prompt: str | None = None  # a text request not yet tokenized (input_ids None until it is)
+
+    def tokenized(self, ids: Sequence[int]) -> Request:
+        """This text request as the token request a tokenizer made of it: its line keeps the
+        prompt and gains the ids, so it reads back (a reproducer) without the tokenizer."""
+        raw = {**self.raw, "input_ids": list(ids)}
+        return Request(id=self.id, input_ids=tuple(ids), extra=self.extra, raw=raw)
 
     @property
     def length(self) -> int | None:
@@ -254,13 +263,20 @@ def _parse_request(data: Any, label: str, max_elements: int) -> Request:
     except UnicodeEncodeError:
         raise InputError(f"{label}: id {rid!r} is not valid Unicode (a lone surrogate)", "use plain text ids") from None
     kinds = [k for k in ("input_ids", "length", "tensors") if k in data]
+    if not kinds and "prompt" in data:  # text; a prompt beside input_ids is the text they came from
+        prompt = data["prompt"]
+        if not isinstance(prompt, str) or not prompt:
+            raise InputError(f"{label}: request {rid!r}: prompt must be non-empty text")
+        _check_size(label, rid, len(prompt), max_elements)
+        extra = {k: v for k, v in data.items() if k not in ("id", "prompt")}
+        return Request(id=rid, extra=extra, raw=dict(data), prompt=prompt)
     if len(kinds) != 1:
         raise InputError(
-            f"{label}: request {rid!r} needs exactly one of input_ids, length, tensors",
+            f"{label}: request {rid!r} needs exactly one of input_ids, prompt, length, tensors",
             f"got {', '.join(kinds) or 'none'}",
         )
     extra = {k: v for k, v in data.items()
-             if k not in ("id", "input_ids", "length", "seed", "vocab", "tensors", "sequence_axis")}
+             if k not in ("id", "input_ids", "length", "seed", "vocab", "tensors", "sequence_axis", "prompt")}
     if "input_ids" in data:
         ids = data["input_ids"]
         if not isinstance(ids, list) or not ids or not all(_is_int(i) and i >= 0 for i in ids):
