@@ -14,6 +14,9 @@ Format history (never renumber; a change bumps the version and keeps a reader fo
 - still ``/2``, an optional ``shard`` object on a run (``glmfb run --shard K/N``): which
   shard of which suite it is, and the names it ran (and, optional in it, each verdict's origin
   for the history). A run without it reads as before.
+- still ``/2``, a step may say what it is for: an optional ``intent`` (``deeper``, ``confirm``,
+  ``after_fix``, ``reproduce``; ``other`` when left out, and only then). A step without it reads
+  as before, as ``other``.
 
 Reading a document validates it against :func:`json_schema` and names the first offending
 field (``verdicts[3].metric.value: expected number or null, got 'fast'``).
@@ -39,7 +42,7 @@ from glmfb.contract.record import (
     parse_evidence,
     to_json_value,
 )
-from glmfb.contract.step import STEP_SCHEMA, Step, as_step
+from glmfb.contract.step import STEP_SCHEMA, Intent, Step, as_step
 from glmfb.contract.text import utf8_text
 
 E = TypeVar("E", bound=Evidence)
@@ -422,7 +425,8 @@ def _metric_as_read(data: Mapping[str, Any]) -> Metric:
 def _step_as_read(data: Any) -> Step:
     if isinstance(data, str) or (data.get("command") is None and data.get("arguments")):
         return Step.from_json(data)  # an old document's plain string; or what __post_init__ refuses
-    return _as_read(Step, why=data["why"], command=data.get("command"), arguments=data.get("arguments") or {})
+    return _as_read(Step, why=data["why"], command=data.get("command"), arguments=data.get("arguments") or {},
+                    intent=Intent(data["intent"]) if "intent" in data else Intent.OTHER)
 
 
 @dataclass(frozen=True)

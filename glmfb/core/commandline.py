@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from glmfb.contract.step import Step
+from glmfb.contract.step import Intent, Step
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ def shell_line(step: Step) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def rerun_step(kind: str, config: Any, why: str, **overrides: Any) -> Step:
+def rerun_step(kind: str, config: Any, why: str, *, intent: Intent = Intent.OTHER, **overrides: Any) -> Step:
     """A step that runs probe ``kind`` as ``config`` (its config dataclass) describes it: the
     targets (as one types them here, with their keyword arguments), the command line, and
     every declared option whose value differs from its default, written as a user writes it
@@ -189,7 +189,8 @@ def rerun_step(kind: str, config: Any, why: str, **overrides: Any) -> Step:
     ``overrides`` are keyed as the arguments are: an option's key (``shapes``, ``budget``)
     takes any form the option parses (``["8x4096"]`` or ``((8, 4096),)``, ``"12s"`` or
     ``12.0``) and is written the same way; a fixed argument (``target``, ``args`` ...) is taken
-    as given; None leaves the argument out (``save=None``: a rerun must not overwrite a file)."""
+    as given; None leaves the argument out (``save=None``: a rerun must not overwrite a file).
+    ``intent``: what the step is for (:class:`~glmfb.contract.step.Intent`)."""
     from glmfb.contract.options import options_of
 
     specs = {spec.key: spec for spec in options_of(type(config))}
@@ -201,12 +202,13 @@ def rerun_step(kind: str, config: Any, why: str, **overrides: Any) -> Step:
             arguments[key] = specs[key].write(specs[key].parse(value))
         else:
             arguments[key] = value
-    return Step(why, command=kind, arguments=arguments)
+    return Step(why, command=kind, arguments=arguments, intent=intent)
 
 
-def run_step(names: Sequence[str], why: str = "run it again") -> Step:
-    """A step that runs the named probe definitions with ``glmfb run -k``."""
-    return Step(why, command="run", arguments={"select": list(names)})
+def run_step(names: Sequence[str], why: str = "run it again", intent: Intent = Intent.CONFIRM) -> Step:
+    """A step that runs the named probe definitions with ``glmfb run -k`` (by default to
+    confirm: the same question again)."""
+    return Step(why, command="run", arguments={"select": list(names)}, intent=intent)
 
 
 def _changed_options(config: Any) -> dict[str, Any]:
