@@ -3,9 +3,18 @@ where people read it (the gate's line, junit, the report)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
 from glmfb.contract.step import Intent, Step
-from glmfb.contract.verdict import Verdict
+from glmfb.contract.verdict import Status, Verdict, load_document
 from glmfb.core.commandline import rerun_step, run_step
+from glmfb.workflows.follow import FollowOptions, follow_verdict
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_step_says_what_it_is_for_and_an_old_step_reads_as_other() -> None:
@@ -28,3 +37,78 @@ def test_rerun_step_takes_the_intent() -> None:
     config = BenchConfig(name="b", baseline=Target("a.py:f"), candidate=Target("b.py:g"), shapes=((8, 4096),))
     assert rerun_step("bench", config, "again", intent=Intent.AFTER_FIX).intent is Intent.AFTER_FIX
     assert rerun_step("bench", config, "again").intent is Intent.OTHER
+
+
+# ---- the follow engine ------------------------------------------------------------------------
+
+
+def _toy_verdict(tmp_path: Path, **options: Any) -> Verdict:
+    """A toy run in its supervised child, as the probe command runs it."""
+    from glmfb.core.host import run_probe
+    from glmfb.core.probe import ProbeContext, ProbeSpec, get_probe
+
+    probe = get_probe("toy")
+    spec = ProbeSpec(kind="toy", name="t", label="glmfb toy", options=options)
+    config = probe.build(spec)
+    ctx = ProbeContext(run_id="r", artifact_dir=tmp_path / "t")
+    return run_probe(probe, config, ctx, isolate=True, timeout_s=60)
+
+
+@pytest.fixture
+def toy_child(toy: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The toy importable in a supervised child, run from ``tmp_path`` (the boundary's root)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(toy), str(ROOT)]))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_a_failing_verdict_follows_its_deeper_steps_to_the_line(toy_child: Path) -> None:
+    verdict = _toy_verdict(toy_child, outcome="fail", kernel="k", deeper="fail,fail")
+    followed = follow_verdict(verdict, FollowOptions(), root=toy_child, artifact_dir=toy_child / "t", run_id="r")
+    first = followed.chain[0]
+    assert first.step.intent is Intent.DEEPER and first.verdict is not None
+    assert first.verdict.status is Status.FAIL and first.verdict.where == {"kernel": "k.inner"}
+    assert followed.cause.where == {"kernel": "k.inner.inner"}  # two levels down, each a whole verdict
+    assert followed.cause.evidence  # with its own evidence
+    assert followed.stopped is None
+    assert Verdict.from_dict(followed.to_dict()) == followed
+
+
+def test_depth_is_respected_and_the_last_link_says_so(toy_child: Path) -> None:
+    verdict = _toy_verdict(toy_child, outcome="fail", deeper="fail,fail,fail")
+    followed = follow_verdict(verdict, FollowOptions(depth=1), root=toy_child, artifact_dir=toy_child / "t",
+                              run_id="r")
+    assert followed.chain[0].verdict is not None
+    assert "depth of 1 is reached" in (followed.stopped or "")
+
+
+def test_a_spent_budget_stops_the_chain_and_says_so(toy_child: Path) -> None:
+    verdict = _toy_verdict(toy_child, outcome="fail", deeper="fail")
+    followed = follow_verdict(verdict, FollowOptions(budget_s=0.5), root=toy_child, artifact_dir=toy_child / "t",
+                              run_id="r")
+    assert followed.chain[0].verdict is None and "budget of 0.5 s is spent" in followed.chain[0].stopped
+
+
+def test_a_step_that_needs_a_command_line_is_refused_by_the_boundary_and_said(toy_child: Path) -> None:
+    verdict = _toy_verdict(toy_child, outcome="fail", deeper="command")
+    followed = follow_verdict(verdict, FollowOptions(), root=toy_child, artifact_dir=toy_child / "t", run_id="r")
+    (link,) = followed.chain
+    assert link.verdict is None and link.step.command == "gil"
+    assert "the boundary refuses it" in link.stopped and "command lines" in link.stopped
+    assert followed.cause is followed and followed.stopped == link.stopped
+
+
+def test_a_passing_verdict_follows_nothing(toy_child: Path) -> None:
+    verdict = _toy_verdict(toy_child, outcome="pass", deeper="fail")
+    assert follow_verdict(verdict, FollowOptions(), root=toy_child, artifact_dir=toy_child / "t",
+                          run_id="r") is verdict
+    assert "chain" not in verdict.to_dict()
+
+
+def test_an_old_verdict_without_a_chain_still_reads() -> None:
+    old = {"schema": "glmfb.run/2", "id": "x", "started": "", "verdicts": [
+        {"schema": "glmfb.verdict/2", "probe": "bench", "name": "b", "status": "fail", "layer": "kernel",
+         "why": "slower", "next": [{"why": "again", "command": "bench", "arguments": {"baseline": "a.py:f"}}]}]}
+    (verdict,) = load_document(old).verdicts
+    assert verdict.chain == () and verdict.cause is verdict and verdict.stopped is None
+    assert verdict.next[0].intent is Intent.OTHER

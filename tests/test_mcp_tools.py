@@ -287,7 +287,8 @@ def test_only_the_mcp_command_imports_the_server_and_the_server_imports_no_cli()
                        if path.relative_to(glmfb).parts[:2] != ("workflows", "mcp")
                        and any(name == "glmfb.workflows.mcp" or name.startswith("glmfb.workflows.mcp.") or name == "mcp"
                                or name.startswith("mcp.") for name in _imports(path)))
-    assert importers == ["glmfb/cli/commands/mcp.py"]
+    # and --follow, which takes a step as the server takes its tool call (the tools, never the SDK)
+    assert importers == ["glmfb/cli/commands/mcp.py", "glmfb/workflows/follow.py"]
     forbidden = ("typer", "click", "glmfb.cli", "glmfb.cli.commands")
     for path in (glmfb / "workflows" / "mcp").rglob("*.py"):
         bad = [name for name in _imports(path) if any(name == f or name.startswith(f + ".") for f in forbidden)]

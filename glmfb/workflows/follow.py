@@ -1,0 +1,35 @@
+"""``--follow`` for the CLI and ``glmfb run``: the follow engine
+(:mod:`glmfb.workflows.mcp.follow`) under the boundary the agent server applies, rooted at the
+working folder (paths under it; no command line unless allowed).
+
+The one module outside the agent server that imports it: following a step is taking its tool
+call, checked as the server checks it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from glmfb.contract.verdict import Verdict
+from glmfb.workflows.mcp.follow import DEFAULT_BUDGET_S, DEFAULT_DEPTH, FollowOptions, follows
+
+
+def follow_verdict(verdict: Verdict, options: FollowOptions, *, root: Path, artifact_dir: Path, run_id: str,
+                   progress: Callable[[str], None] | None = None, cancel: threading.Event | None = None) -> Verdict:
+    """``verdict`` with its chain (:func:`glmfb.workflows.mcp.follow.follow_verdict`), its steps
+    checked under a boundary rooted at ``root``; ``verdict`` itself when nothing is followed
+    (and then no tool is built)."""
+    if not follows(verdict):
+        return verdict
+    from glmfb.workflows.mcp import follow
+    from glmfb.workflows.mcp.boundary import Boundary
+    from glmfb.workflows.mcp.tools import Toolbox
+
+    toolbox = Toolbox(Boundary(root, allow_commands=options.allow_commands, max_call_s=options.budget_s))
+    return follow.follow_verdict(verdict, options, toolbox, artifact_dir=artifact_dir, run_id=run_id,
+                                 progress=progress, cancel=cancel)
+
+
+__all__ = ["DEFAULT_BUDGET_S", "DEFAULT_DEPTH", "FollowOptions", "follow_verdict", "follows"]
