@@ -3,7 +3,10 @@ where people read it (the gate's line, junit, the report)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +14,8 @@ import pytest
 
 from glmfb.contract.step import Intent, Step
 from glmfb.contract.verdict import Status, Verdict, load_document
-from glmfb.core.commandline import rerun_step, run_step
-from glmfb.workflows.follow import FollowOptions, follow_verdict
+from glmfb.core.commandline import FollowOptions, rerun_step, run_step
+from glmfb.workflows.follow import follow_verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,7 +97,7 @@ def test_a_step_that_needs_a_command_line_is_refused_by_the_boundary_and_said(to
     followed = follow_verdict(verdict, FollowOptions(), root=toy_child, artifact_dir=toy_child / "t", run_id="r")
     (link,) = followed.chain
     assert link.verdict is None and link.step.command == "gil"
-    assert "the boundary refuses it" in link.stopped and "command lines" in link.stopped
+    assert "the boundary refuses it" in link.stopped and "does not run command lines" in link.stopped
     assert followed.cause is followed and followed.stopped == link.stopped
 
 
@@ -112,3 +115,43 @@ def test_an_old_verdict_without_a_chain_still_reads() -> None:
     (verdict,) = load_document(old).verdicts
     assert verdict.chain == () and verdict.cause is verdict and verdict.stopped is None
     assert verdict.next[0].intent is Intent.OTHER
+
+
+# ---- the command line, and where people read the chain ---------------------------------------
+
+
+def _cli(cwd: Path, toy: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(toy), str(ROOT)])}
+    return subprocess.run([sys.executable, "-m", "glmfb", *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=120)
+
+
+def test_follow_on_a_probe_command_writes_the_chain_and_the_gate_prints_the_deepest_cause(
+        tmp_path: Path, toy: Path) -> None:
+    ran = _cli(tmp_path, toy, "toy", "--outcome", "fail", "--kernel", "attn", "--deeper", "fail,command",
+               "--follow", "--json", "--out", "out", "--no-history")
+    assert ran.returncode == 1, ran.stderr
+    verdict = Verdict.from_dict(json.loads(ran.stdout))
+    assert verdict.cause.where == {"kernel": "attn.inner"} and "does not run command lines" in (verdict.stopped or "")
+    (run_file,) = (tmp_path / "out").glob("*/run.json")
+    assert load_document(json.loads(run_file.read_text())).verdicts[0] == verdict
+    gated = _cli(tmp_path, toy, "gate", str(run_file))
+    assert gated.returncode == 1
+    assert ("    deepest cause: toy toy-deeper at kernel=attn.inner: the toy read 0.5 and was told to say fail "
+            "(went no deeper: not followed: the boundary refuses it: argument 'command'") in gated.stdout
+    junit = (run_file.parent / "junit.xml").read_text()
+    assert "deepest cause: toy toy-deeper at kernel=attn.inner" in junit and "-&gt; stopped: not followed" in junit
+    assert 'class="chain"' in (run_file.parent / "report.html").read_text()
+
+
+def test_a_definitions_follow_key_and_a_passing_verdict_that_follows_nothing(tmp_path: Path, toy: Path) -> None:
+    (tmp_path / "probes").mkdir()
+    (tmp_path / "probes" / "toy.toml").write_text(
+        '[[probe]]\nname = "fails"\nprobe = "toy"\nfollow = { depth = 1 }\n'
+        'options = { outcome = "fail", deeper = "fail,fail" }\n'
+        '[[probe]]\nname = "passes"\nprobe = "toy"\nfollow = true\noptions = { outcome = "pass", deeper = "fail" }\n')
+    ran = _cli(tmp_path, toy, "run", "--json", "--out", "out", "--no-history")
+    assert ran.returncode == 1, ran.stderr
+    fails, passes = load_document(json.loads(ran.stdout)).verdicts
+    assert fails.chain[0].verdict is not None and "depth of 1 is reached" in (fails.stopped or "")
+    assert passes.chain == () and "chain" not in passes.to_dict()

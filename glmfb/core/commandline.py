@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from glmfb.contract.errors import InputError
 from glmfb.contract.step import Intent, Step
 
 
@@ -45,8 +46,10 @@ class Signature:
         return frozenset((*named, self.rest) if self.rest else named)
 
 
+FOLLOW_FLAGS = {"follow_depth": "--follow-depth", "follow_budget": "--follow-budget"}  # and the switch --follow
 RUN = Signature("run", positional=("paths",), flags={"select": "-k", "timeout": "--timeout", "shard": "--shard",
-                                                  "history": "--history"})
+                                                  "history": "--history", **FOLLOW_FLAGS},
+                switches={"follow": "--follow"})
 GATE = Signature("gate", positional=("source",), flags={"policy": "--policy", "history": "--history"})
 BISECT = Signature("bisect", positional=("good", "bad", "definition"),
                    flags={"select": "-k", "setup": "--setup", "max_evaluations": "--max-evaluations",
@@ -66,9 +69,9 @@ def probe_signature(probe: Any) -> Signature:
     """A probe command's signature, from the probe's form and declared options."""
     from glmfb.core.probe import ProbeForm
 
-    flags = {"name": "--name", "timeout": "--timeout", "rules": "--rules", "history": "--history"}
+    flags = {"name": "--name", "timeout": "--timeout", "rules": "--rules", "history": "--history", **FOLLOW_FLAGS}
     kwargs = {"args": "--arg"}
-    switches: dict[str, str] = {}
+    switches: dict[str, str] = {"follow": "--follow"}
     positional: tuple[str, ...] = ()
     rest = None
     if probe.form is ProbeForm.PAIR:
@@ -203,6 +206,39 @@ def rerun_step(kind: str, config: Any, why: str, *, intent: Intent = Intent.OTHE
         else:
             arguments[key] = value
     return Step(why, command=kind, arguments=arguments, intent=intent)
+
+
+# --------------------------------------------------------------------------------------------
+# Following steps (--follow): how far
+# --------------------------------------------------------------------------------------------
+
+
+DEFAULT_DEPTH = 3
+DEFAULT_BUDGET_S = 600.0
+
+
+@dataclass(frozen=True)
+class FollowOptions:
+    """How far to follow: ``depth`` levels of follow-ups, ``budget_s`` seconds for the whole
+    chain, and whether a step may run a command line (``allow_commands``, off as on the agent
+    server)."""
+
+    depth: int = DEFAULT_DEPTH
+    budget_s: float = DEFAULT_BUDGET_S
+    allow_commands: bool = False
+
+    @classmethod
+    def parse(cls, depth: Any, budget: Any, label: str, *, allow_commands: bool = False) -> FollowOptions:
+        """Options from a command line, a definition or a tool call (``budget`` as ``"5m"``,
+        ``"90s"`` or seconds); a bad value is a :class:`UsageError` naming ``label``."""
+        if depth is None:
+            depth = DEFAULT_DEPTH
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            raise InputError(f"{label}: the follow depth must be a whole number, 0 or more, got {depth!r}")
+        from glmfb.core.probe import parse_timeout
+
+        budget_s = DEFAULT_BUDGET_S if budget is None else parse_timeout(budget, f"{label}: the follow budget")
+        return cls(depth=depth, budget_s=budget_s, allow_commands=allow_commands)
 
 
 def run_step(names: Sequence[str], why: str = "run it again", intent: Intent = Intent.CONFIRM) -> Step:

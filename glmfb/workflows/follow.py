@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from glmfb.contract.verdict import Verdict
-from glmfb.workflows.mcp.follow import DEFAULT_BUDGET_S, DEFAULT_DEPTH, FollowOptions, follows
+from glmfb.core.commandline import DEFAULT_BUDGET_S, DEFAULT_DEPTH, FollowOptions
+from glmfb.workflows.mcp.follow import follows
 
 
 def follow_verdict(verdict: Verdict, options: FollowOptions, *, root: Path, artifact_dir: Path, run_id: str,
@@ -32,4 +33,16 @@ def follow_verdict(verdict: Verdict, options: FollowOptions, *, root: Path, arti
                                  progress=progress, cancel=cancel)
 
 
-__all__ = ["DEFAULT_BUDGET_S", "DEFAULT_DEPTH", "FollowOptions", "follow_verdict", "follows"]
+def follower(root: Path, run_id: str, progress: Callable[[str], None] | None = None,
+             cancel: threading.Event | None = None) -> Callable[[Verdict, FollowOptions, Path], Verdict]:
+    """The follow engine for a suite (:attr:`glmfb.workflows.suite.SuiteContext.follower`): a
+    verdict, how far, and its artifact folder in; the verdict with its chain out."""
+
+    def follow(verdict: Verdict, options: FollowOptions, artifact_dir: Path) -> Verdict:
+        return follow_verdict(verdict, options, root=root, artifact_dir=artifact_dir, run_id=run_id,
+                              progress=progress, cancel=cancel)
+
+    return follow
+
+
+__all__ = ["DEFAULT_BUDGET_S", "DEFAULT_DEPTH", "FollowOptions", "follow_verdict", "follower", "follows"]

@@ -32,39 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from glmfb.contract.errors import GlmfbError, UsageError
+from glmfb.contract.errors import GlmfbError
 from glmfb.contract.step import Intent, Step
 from glmfb.contract.verdict import Link, Status, Verdict
-from glmfb.core.probe import parse_timeout, safe_component
+from glmfb.core.commandline import FollowOptions
+from glmfb.core.probe import safe_component
 
 if TYPE_CHECKING:
     from glmfb.workflows.mcp.tools import Toolbox
 
-DEFAULT_DEPTH = 3
-DEFAULT_BUDGET_S = 600.0
 MIN_LINK_S = 1.0  # a follow-up with less time than this left is not started
-
-
-@dataclass(frozen=True)
-class FollowOptions:
-    """How far to follow: ``depth`` levels of follow-ups, ``budget_s`` seconds for the whole
-    chain, and whether a step may run a command line (``allow_commands``, off as on the agent
-    server)."""
-
-    depth: int = DEFAULT_DEPTH
-    budget_s: float = DEFAULT_BUDGET_S
-    allow_commands: bool = False
-
-    @classmethod
-    def parse(cls, depth: Any, budget: Any, label: str, *, allow_commands: bool = False) -> FollowOptions:
-        """Options from a command line, a definition or a tool call (``budget`` as ``"5m"``,
-        ``"90s"`` or seconds); a bad value is a :class:`UsageError` naming ``label``."""
-        if depth is None:
-            depth = DEFAULT_DEPTH
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
-            raise UsageError(f"{label}: the follow depth must be a whole number, 0 or more, got {depth!r}")
-        budget_s = DEFAULT_BUDGET_S if budget is None else parse_timeout(budget, f"{label}: the follow budget")
-        return cls(depth=depth, budget_s=budget_s, allow_commands=allow_commands)
 
 
 def follows(verdict: Verdict) -> bool:
@@ -122,9 +99,7 @@ class _Walker:
         try:
             call = tool.checked(step.arguments)
         except GlmfbError as exc:
-            return Link(step, stopped=f"not followed: the boundary refuses it: {exc.message}"
-                                      + ("" if self.options.allow_commands or "command" not in exc.message
-                                         else " (command lines run only where allowed)"))
+            return Link(step, stopped=f"not followed: the boundary refuses it: {exc.message}")
         return Link(step, verdict=self.run(tool, call, folder, level, remaining))
 
     def run(self, tool: Any, call: Any, folder: Path, level: int, remaining: float) -> Verdict:

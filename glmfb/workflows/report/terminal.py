@@ -9,6 +9,7 @@ from glmfb.contract.text import visible_text
 from glmfb.contract.verdict import Run, Status, Verdict
 from glmfb.core.commandline import shell_line
 from glmfb.workflows.report.text import (
+    cause_text,
     expectation_text,
     expected_label,
     format_metric,
@@ -149,6 +150,9 @@ def gate_lines(result: GateResult) -> list[tuple[str, str | None]]:
         if row.decision is not GateDecision.OK:
             suffix = f" (allowed: {row.reason})" if row.reason else ""
             lines.append((visible_text(f"  {row.decision.value}: {row.verdict.name}: {row.verdict.why}{suffix}"), None))
+            cause = cause_text(row.verdict)
+            if cause is not None:  # glmfb --follow: where the chain ends, in one line
+                lines.append((visible_text(f"    deepest cause: {cause}"), None))
     return lines
 
 

@@ -146,8 +146,8 @@ class ProbeTool:
 
     def _follow(self, arguments: dict[str, Any]) -> Any:
         """The call's ``follow`` argument (true, or an object with ``depth`` and ``budget``) as
-        :class:`~glmfb.workflows.mcp.follow.FollowOptions`, or None when it does not follow."""
-        from glmfb.workflows.mcp.follow import FollowOptions
+        :class:`~glmfb.core.commandline.FollowOptions`, or None when it does not follow."""
+        from glmfb.core.commandline import FollowOptions
 
         value = arguments.get("follow")
         if value is None or value is False:
