@@ -155,3 +155,24 @@ def test_a_definitions_follow_key_and_a_passing_verdict_that_follows_nothing(tmp
     fails, passes = load_document(json.loads(ran.stdout)).verdicts
     assert fails.chain[0].verdict is not None and "depth of 1 is reached" in (fails.stopped or "")
     assert passes.chain == () and "chain" not in passes.to_dict()
+
+
+def test_the_probe_tool_follows_and_the_agent_gets_the_line_in_one_call(toy_child: Path) -> None:
+    import threading
+    import time
+
+    from glmfb.workflows.mcp.boundary import Boundary
+    from glmfb.workflows.mcp.tools import CallContext, Toolbox
+
+    box = Toolbox(Boundary(toy_child))
+    prepared = box.prepare("toy", {"outcome": "fail", "kernel": "attn", "deeper": "fail", "follow": {"depth": 2}})
+    call = CallContext(run_id="r1", progress=lambda message: None, cancel=threading.Event(),
+                       deadline=time.monotonic() + 120, slot=threading.Lock())
+    answer = prepared.work(call)
+    verdict = Verdict.from_dict(answer.structured["verdict"])
+    assert verdict.cause.where == {"kernel": "attn.inner"}
+    assert "deepest cause: toy toy-deeper at kernel=attn.inner" in answer.text
+    unfollowed = box.prepare("toy", {"outcome": "fail", "deeper": "fail"}).work(
+        CallContext(run_id="r2", progress=lambda message: None, cancel=threading.Event(),
+                    deadline=time.monotonic() + 120, slot=threading.Lock()))
+    assert "chain" not in unfollowed.structured["verdict"]  # follow not asked: nothing followed
