@@ -42,6 +42,19 @@ def test_rerun_step_takes_the_intent() -> None:
     assert rerun_step("bench", config, "again").intent is Intent.OTHER
 
 
+def test_the_probes_declare_their_steps_intents() -> None:
+    from glmfb.diff.config import DiffConfig
+    from glmfb.diff.engine import reproducer_step
+    from glmfb.gil.config import GilConfig
+    from glmfb.gil.engine import longer_step, trace_step
+
+    gil = GilConfig(command=("python", "serve.py"))
+    assert trace_step(gil).intent is Intent.DEEPER  # type: ignore[union-attr]
+    assert longer_step(gil).intent is Intent.CONFIRM  # type: ignore[union-attr]
+    diff = DiffConfig(name="d", baseline="a.py:f", candidate="b.py:g")
+    assert reproducer_step(diff, Path("min.jsonl")).intent is Intent.REPRODUCE
+
+
 # ---- the follow engine ------------------------------------------------------------------------
 
 
@@ -135,13 +148,14 @@ def test_follow_on_a_probe_command_writes_the_chain_and_the_gate_prints_the_deep
     assert verdict.cause.where == {"kernel": "attn.inner"} and "does not run command lines" in (verdict.stopped or "")
     (run_file,) = (tmp_path / "out").glob("*/run.json")
     assert load_document(json.loads(run_file.read_text())).verdicts[0] == verdict
-    gated = _cli(tmp_path, toy, "gate", str(run_file))
+    gated = _cli(tmp_path, toy, "gate", str(run_file), "--summary", "summary.md")
     assert gated.returncode == 1
     assert ("    deepest cause: toy toy-deeper at kernel=attn.inner: the toy read 0.5 and was told to say fail "
             "(went no deeper: not followed: the boundary refuses it: argument 'command'") in gated.stdout
     junit = (run_file.parent / "junit.xml").read_text()
     assert "deepest cause: toy toy-deeper at kernel=attn.inner" in junit and "-&gt; stopped: not followed" in junit
     assert 'class="chain"' in (run_file.parent / "report.html").read_text()
+    assert "- deepest cause: toy toy-deeper at kernel=attn.inner" in (tmp_path / "summary.md").read_text()
 
 
 def test_a_definitions_follow_key_and_a_passing_verdict_that_follows_nothing(tmp_path: Path, toy: Path) -> None:
