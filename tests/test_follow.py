@@ -186,7 +186,17 @@ def test_the_probe_tool_follows_and_the_agent_gets_the_line_in_one_call(toy_chil
     verdict = Verdict.from_dict(answer.structured["verdict"])
     assert verdict.cause.where == {"kernel": "attn.inner"}
     assert "deepest cause: toy toy-deeper at kernel=attn.inner" in answer.text
+    assert [call["intent"] for call in answer.structured["next_calls"]] == ["other", "deeper"]
     unfollowed = box.prepare("toy", {"outcome": "fail", "deeper": "fail"}).work(
         CallContext(run_id="r2", progress=lambda message: None, cancel=threading.Event(),
                     deadline=time.monotonic() + 120, slot=threading.Lock()))
     assert "chain" not in unfollowed.structured["verdict"]  # follow not asked: nothing followed
+
+
+def test_follow_options_on_the_command_line_are_checked(tmp_path: Path, toy: Path) -> None:
+    bad = _cli(tmp_path, toy, "toy", "--outcome", "fail", "--follow-budget", "soon", "--out", "out", "--no-history")
+    assert bad.returncode == 2 and "--follow: the follow budget" in bad.stderr
+    deep = _cli(tmp_path, toy, "toy", "--outcome", "fail", "--deeper", "fail,fail", "--follow-depth", "1", "--json",
+                "--out", "out", "--no-history")  # a depth alone implies --follow
+    verdict = Verdict.from_dict(json.loads(deep.stdout))
+    assert verdict.chain[0].verdict is not None and "depth of 1 is reached" in (verdict.stopped or "")
