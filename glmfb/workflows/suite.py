@@ -369,8 +369,14 @@ def run_suite(
     else:
         verdicts, interrupted = _run_in_order(definitions, context, on_start, on_done)
     if not interrupted:
-        verdicts = [follow_definition(definition, verdict, context)
-                    for definition, verdict in zip(definitions, verdicts, strict=True)]
+        followed: list[Verdict] = []
+        try:
+            for definition, verdict in zip(definitions, verdicts, strict=True):
+                followed.append(follow_definition(definition, verdict, context))
+        except KeyboardInterrupt:  # Ctrl-C while following: the verdicts stay, those not followed without a chain
+            interrupted = True
+            followed += verdicts[len(followed):]
+        verdicts = followed
     return Run(id=context.run_id, started=started, finished=utc_now(), verdicts=tuple(verdicts),
                env=fingerprint(), interrupted=interrupted, shard=shard)
 

@@ -177,16 +177,19 @@ def register_probe(app: typer.Typer, probe: Probe) -> None:
                                progress=progress, rules_files=rules)
             try:
                 verdict = run_probe(probe, config, ctx, isolate=isolate, timeout_s=timeout_s)
-                if following is not None:
-                    from glmfb.workflows.follow import follow_verdict
-
-                    verdict = follow_verdict(verdict, following, root=Path.cwd(), artifact_dir=ctx.artifact_dir,
-                                             run_id=invocation.run_id, progress=progress)
             except KeyboardInterrupt as exc:
                 interrupted = True
                 verdict = Verdict.harness_error(
                     probe.kind, spec.name,
                     f"interrupted ({getattr(exc, 'signal_name', 'SIGINT')}) while running; its processes were stopped")
+            if following is not None and not interrupted:
+                from glmfb.workflows.follow import follow_verdict
+
+                try:
+                    verdict = follow_verdict(verdict, following, root=Path.cwd(), artifact_dir=ctx.artifact_dir,
+                                             run_id=invocation.run_id, progress=progress)
+                except KeyboardInterrupt:  # Ctrl-C while following: the verdict stays, without its chain
+                    interrupted = True
         finished = invocation.finish([verdict], interrupted=interrupted, history=store,
                                      origins=lambda: _history_origins(spec, probe),
                                      env=workers.recorded(fingerprint(), warm) if warm is not None else None)
