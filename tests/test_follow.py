@@ -110,7 +110,7 @@ def test_a_step_that_needs_a_command_line_is_refused_by_the_boundary_and_said(to
     followed = follow_verdict(verdict, FollowOptions(), root=toy_child, artifact_dir=toy_child / "t", run_id="r")
     (link,) = followed.chain
     assert link.verdict is None and link.step.command == "gil"
-    assert "the boundary refuses it" in link.stopped and "does not run command lines" in link.stopped
+    assert "the boundary refuses it" in link.stopped and "glmfb --follow does not run command lines" in link.stopped
     assert followed.cause is followed and followed.stopped == link.stopped
 
 
@@ -200,3 +200,11 @@ def test_follow_options_on_the_command_line_are_checked(tmp_path: Path, toy: Pat
                 "--out", "out", "--no-history")  # a depth alone implies --follow
     verdict = Verdict.from_dict(json.loads(deep.stdout))
     assert verdict.chain[0].verdict is not None and "depth of 1 is reached" in (verdict.stopped or "")
+
+
+def test_the_terminal_panel_shows_the_chain_and_the_cause(tmp_path: Path, toy: Path) -> None:
+    shown = _cli(tmp_path, toy, "toy", "--outcome", "fail", "--kernel", "attn", "--deeper", "fail", "--follow",
+                 "--out", "out", "--no-history")
+    assert shown.returncode == 1, shown.stderr
+    assert "-> fail: toy toy-deeper at kernel=attn.inner" in shown.stdout
+    assert "cause  toy toy-deeper at kernel=attn.inner" in shown.stdout

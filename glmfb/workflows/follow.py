@@ -28,7 +28,8 @@ def follow_verdict(verdict: Verdict, options: FollowOptions, *, root: Path, arti
     from glmfb.workflows.mcp.boundary import Boundary
     from glmfb.workflows.mcp.tools import Toolbox
 
-    toolbox = Toolbox(Boundary(root, allow_commands=options.allow_commands, max_call_s=options.budget_s))
+    toolbox = Toolbox(Boundary(root, allow_commands=options.allow_commands, max_call_s=options.budget_s,
+                               who="glmfb --follow"))
     return follow.follow_verdict(verdict, options, toolbox, artifact_dir=artifact_dir, run_id=run_id,
                                  progress=progress, cancel=cancel)
 
