@@ -187,6 +187,18 @@ def test_the_probe_tool_follows_and_the_agent_gets_the_line_in_one_call(toy_chil
     assert verdict.cause.where == {"kernel": "attn.inner"}
     assert "deepest cause: toy toy-deeper at kernel=attn.inner" in answer.text
     assert [call["intent"] for call in answer.structured["next_calls"]] == ["other", "deeper"]
+    import jsonschema
+
+    from glmfb.core.documents import json_schema
+
+    jsonschema.validate(answer.structured, box.tools["toy"].output_schema)  # the chain, as the tool declares it
+    jsonschema.validate(answer.structured["verdict"], json_schema())  # and as glmfb schema does, links and all
+    broken = json.loads(json.dumps(answer.structured["verdict"]))
+    broken["chain"][0]["verdict"]["status"] = "sideways"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, json_schema())
+    with pytest.raises(ValueError, match="sideways"):
+        Verdict.from_dict(broken)  # glmfb's own reader checks a link's verdict as a verdict
     unfollowed = box.prepare("toy", {"outcome": "fail", "deeper": "fail"}).work(
         CallContext(run_id="r2", progress=lambda message: None, cancel=threading.Event(),
                     deadline=time.monotonic() + 120, slot=threading.Lock()))
