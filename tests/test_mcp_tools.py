@@ -219,8 +219,8 @@ def test_next_steps_that_are_glmfb_commands_become_tool_calls_that_are_accepted(
     assert calls[3]["tool"] == "gap" and calls[3]["arguments"] == {
         "baseline": FUSED, "candidate": TILED, "repeats": 80, "budget": "80s"}
     assert calls[4]["arguments"] == {"target": FUSED, "args": {"shape": [8, 64]}, "duration": "15s"}
-    assert calls[5] == {"index": 5, "text": shell_line(steps[5]), "why": "run it again", "tool": "run",
-                        "arguments": {"select": ["tiled-vs-fused"]}}
+    assert calls[5] == {"index": 5, "text": shell_line(steps[5]), "why": "run it again", "intent": "confirm",
+                        "tool": "run", "arguments": {"select": ["tiled-vs-fused"]}}
     assert "argument 'policy'" in calls[6]["error"] and "arguments" not in calls[6]  # ci.toml does not exist
     assert "OLD.json" in calls[7]["error"] and "arguments" not in calls[7]
     assert "--allow-commands" in calls[8]["error"]
@@ -287,7 +287,8 @@ def test_only_the_mcp_command_imports_the_server_and_the_server_imports_no_cli()
                        if path.relative_to(glmfb).parts[:2] != ("workflows", "mcp")
                        and any(name == "glmfb.workflows.mcp" or name.startswith("glmfb.workflows.mcp.") or name == "mcp"
                                or name.startswith("mcp.") for name in _imports(path)))
-    assert importers == ["glmfb/cli/commands/mcp.py"]
+    # and --follow, which takes a step as the server takes its tool call (the tools, never the SDK)
+    assert importers == ["glmfb/cli/commands/mcp.py", "glmfb/workflows/follow.py"]
     forbidden = ("typer", "click", "glmfb.cli", "glmfb.cli.commands")
     for path in (glmfb / "workflows" / "mcp").rglob("*.py"):
         bad = [name for name in _imports(path) if any(name == f or name.startswith(f + ".") for f in forbidden)]

@@ -55,7 +55,7 @@ from glmfb.bench.footprint import Footprint, input_footprint, larger
 from glmfb.bench.rules import RULES, BenchFindings, HotFigure, ShapeOutcome, hot_differs
 from glmfb.contract.errors import InputError, UsageError
 from glmfb.contract.evidence import EnvDifferences, Evidence
-from glmfb.contract.step import Step
+from glmfb.contract.step import Intent, Step
 from glmfb.contract.units import format_shape
 from glmfb.contract.verdict import Layer, Metric, Status, Verdict
 from glmfb.core.commandline import rerun_step
@@ -466,9 +466,10 @@ def next_steps(config: BenchConfig, focus: str | None, budget_s: float) -> dict[
     comparison rerun on the ``focus`` shape, and on every shape with ``budget_s``; neither
     writes ``--save`` again."""
     return {
-        "reproduce": (rerun_step("bench", config, "reproduce on the worst shape", shapes=[focus], save=None)
+        "reproduce": (rerun_step("bench", config, "reproduce on the worst shape", shapes=[focus], save=None,
+                                  intent=Intent.REPRODUCE)
                       if focus is not None else None),
-        "more_evidence": rerun_step("bench", config, "more evidence: a budget that would decide it",
+        "more_evidence": rerun_step("bench", config, "more evidence: a budget that would decide it", intent=Intent.CONFIRM,
                                     budget=budget_s, save=None),
     }
 
@@ -661,7 +662,7 @@ def _measure_only(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[
         status, metric = Status.INCONCLUSIVE, None
         why += (f".{busy_note(host_load)} Alone, a kernel's time takes that load in, so this run is not its time: "
                 "no metric, and no point in its history")
-        next_steps = (rerun_step("bench", config, "measure it again on a quiet host"), *next_steps)
+        next_steps = (rerun_step("bench", config, "measure it again on a quiet host", intent=Intent.CONFIRM), *next_steps)
     return Verdict(
         probe="bench", name=config.name, status=status, layer=Layer.KERNEL,
         where={"kernel": name}, why=why, metric=metric,

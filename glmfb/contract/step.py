@@ -12,9 +12,17 @@ arguments ``baseline``, ``candidate``, ``target``, ``command`` (a list), ``args`
 A step is never parsed back from text: :func:`glmfb.core.commandline.shell_line` renders it for
 people, the agent server passes ``command`` and ``arguments`` on as a tool call.
 
-JSON: ``{"why": "...", "command": "bench", "arguments": {...}}``; a plain step is
-``{"why": "..."}``. Readers of ``glmfb.verdict/1`` (steps as strings) read a string as a
-plain step.
+A step says what it is for, as data (:class:`Intent`, declared where the probe builds it):
+``deeper`` (a narrower question one layer down: the module diff of the served folder, gil on
+the candidate; ``glmfb --follow`` runs these itself), ``confirm`` (the same question again, more
+evidence: a quieter machine, more rounds), ``after_fix`` (rerun once the cause is fixed),
+``reproduce`` (a minimal reproducer of what was found), ``other`` (the default: what a step
+that does not say is, and what an older document's steps read as).
+
+JSON: ``{"why": "...", "command": "bench", "arguments": {...}, "intent": "deeper"}``; a plain
+step is ``{"why": "..."}``. ``intent`` is written only when it is not ``other``, so a step
+without it reads as before. Readers of ``glmfb.verdict/1`` (steps as strings) read a string
+as a plain step.
 """
 
 from __future__ import annotations
@@ -23,9 +31,21 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from glmfb.contract.text import utf8_text
+
+
+class Intent(str, Enum):
+    """What a step is for (see the module docstring)."""
+
+    DEEPER = "deeper"
+    CONFIRM = "confirm"
+    AFTER_FIX = "after_fix"
+    REPRODUCE = "reproduce"
+    OTHER = "other"
+
 
 STEP_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -36,6 +56,9 @@ STEP_SCHEMA: dict[str, Any] = {
                     "description": "the glmfb command: a probe kind, run, gate, or a command a probe brings"},
         "arguments": {"type": "object",
                       "description": "the command's arguments, keyed as its agent tool and a probe definition"},
+        "intent": {"enum": [intent.value for intent in Intent],
+                   "description": "what the step is for: deeper (one layer down; what --follow runs), confirm, "
+                                  "after_fix, reproduce; other when left out"},
     },
     "additionalProperties": False,
 }
@@ -48,10 +71,12 @@ class Step:
     why: str
     command: str | None = None
     arguments: Mapping[str, Any] = field(default_factory=dict)
+    intent: Intent = Intent.OTHER
 
     def __post_init__(self) -> None:
         if self.command is None and self.arguments:
             raise ValueError("a step with arguments needs a command")
+        object.__setattr__(self, "intent", Intent(self.intent))
         object.__setattr__(self, "why", utf8_text(str(self.why)))
         object.__setattr__(self, "arguments", _plain(dict(self.arguments)))
 
@@ -65,6 +90,8 @@ class Step:
         if self.command is not None:
             data["command"] = self.command
             data["arguments"] = dict(self.arguments)
+        if self.intent is not Intent.OTHER:
+            data["intent"] = self.intent.value
         return data
 
     @classmethod
@@ -72,7 +99,8 @@ class Step:
         """A step from its JSON form, or from the string of a ``glmfb.verdict/1`` document."""
         if isinstance(data, str):
             return cls(why=data)
-        return cls(why=data["why"], command=data.get("command"), arguments=data.get("arguments") or {})
+        return cls(why=data["why"], command=data.get("command"), arguments=data.get("arguments") or {},
+                   intent=Intent(data.get("intent", Intent.OTHER.value)))
 
 
 def as_step(item: Step | str) -> Step:

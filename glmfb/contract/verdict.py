@@ -14,6 +14,15 @@ Format history (never renumber; a change bumps the version and keeps a reader fo
 - still ``/2``, an optional ``shard`` object on a run (``glmfb run --shard K/N``): which
   shard of which suite it is, and the names it ran (and, optional in it, each verdict's origin
   for the history). A run without it reads as before.
+- still ``/2``, a step may say what it is for: an optional ``intent`` (``deeper``, ``confirm``,
+  ``after_fix``, ``reproduce``; ``other`` when left out, and only then). A step without it reads
+  as before, as ``other``.
+- still ``/2``, an optional ``chain`` on a verdict (``glmfb --follow``): the follow-ups glmfb ran
+  itself after a failing verdict, its ``deeper`` steps, each link ``{"step", "verdict"}`` (a
+  whole verdict document, with its own ``chain``) or ``{"step", "stopped"}`` (why that step
+  was not taken: a command line the boundary refuses, the depth reached, the budget spent).
+  Written only when there is one; a verdict without it reads as before, with no chain. A
+  field, not an evidence kind: a link is a verdict of its own, read and validated as one.
 
 Reading a document validates it against :func:`json_schema` and names the first offending
 field (``verdicts[3].metric.value: expected number or null, got 'fast'``).
@@ -39,7 +48,7 @@ from glmfb.contract.record import (
     parse_evidence,
     to_json_value,
 )
-from glmfb.contract.step import STEP_SCHEMA, Step, as_step
+from glmfb.contract.step import STEP_SCHEMA, Intent, Step, as_step
 from glmfb.contract.text import utf8_text
 
 E = TypeVar("E", bound=Evidence)
@@ -232,8 +241,10 @@ class Verdict:
     duration_s: float = 0.0
     expect: Expectation | None = None
     expect_met: bool | None = None
+    chain: tuple[Link, ...] = ()  # the deeper steps glmfb --follow took after this verdict failed
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "chain", tuple(self.chain))
         if not isinstance(self.probe, str) or not self.probe:
             raise ValueError("a verdict needs a probe kind")
         object.__setattr__(self, "probe", str(self.probe))
@@ -281,6 +292,24 @@ class Verdict:
 
     def find_all(self, kind: type[E]) -> list[E]:
         return [item for item in self.evidence if isinstance(item, kind)]
+
+    @property
+    def cause(self) -> Verdict:
+        """The deepest failing verdict of the chain: from this one, the first link that failed,
+        then its first that failed, and so on; this verdict when no link failed."""
+        current = self
+        while True:
+            failed = next((link.verdict for link in current.chain
+                           if link.verdict is not None and link.verdict.status is Status.FAIL), None)
+            if failed is None:
+                return current
+            current = failed
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the chain could not go deeper below its deepest cause (the first stopped link
+        there), or None."""
+        return next((link.stopped for link in self.cause.chain if link.stopped), None)
 
     def with_expectation(self, expect: Expectation) -> Verdict:
         """This verdict judged against ``expect``. An error verdict never meets an expectation:
@@ -336,6 +365,8 @@ class Verdict:
         if self.expect is not None:
             data["expect"] = self.expect.to_dict()
             data["expect_met"] = self.expect_met
+        if self.chain:
+            data["chain"] = [link.to_dict() for link in self.chain]
         return data
 
     @classmethod
@@ -373,7 +404,39 @@ class Verdict:
             duration_s=float(data.get("duration_s", 0.0)),
             expect=Expectation.from_dict(expect) if expect is not None else None,
             expect_met=data.get("expect_met"),
+            chain=tuple(Link.from_dict(link, typed=typed) for link in data.get("chain") or ()),
         )
+
+
+@dataclass(frozen=True)
+class Link:
+    """One link of a verdict's chain: the step taken and the whole verdict it gave, or the
+    step and why it was not taken (``stopped``)."""
+
+    step: Step
+    verdict: Verdict | None = None
+    stopped: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.verdict is None) == (not self.stopped):
+            raise ValueError("a link holds a verdict or says why it stopped, one of the two")
+        object.__setattr__(self, "stopped", utf8_text(str(self.stopped)))
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"step": self.step.to_dict()}
+        if self.verdict is not None:
+            data["verdict"] = self.verdict.to_dict()
+        else:
+            data["stopped"] = self.stopped
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, typed: bool = True) -> Link:
+        """A link from its JSON (its verdict validated as a verdict document)."""
+        verdict = data.get("verdict")
+        return cls(step=Step.from_json(data["step"]),
+                   verdict=Verdict.from_dict(verdict, typed=typed) if verdict is not None else None,
+                   stopped=data.get("stopped", ""))
 
 
 T = TypeVar("T")
@@ -422,7 +485,8 @@ def _metric_as_read(data: Mapping[str, Any]) -> Metric:
 def _step_as_read(data: Any) -> Step:
     if isinstance(data, str) or (data.get("command") is None and data.get("arguments")):
         return Step.from_json(data)  # an old document's plain string; or what __post_init__ refuses
-    return _as_read(Step, why=data["why"], command=data.get("command"), arguments=data.get("arguments") or {})
+    return _as_read(Step, why=data["why"], command=data.get("command"), arguments=data.get("arguments") or {},
+                    intent=Intent(data["intent"]) if "intent" in data else Intent.OTHER)
 
 
 @dataclass(frozen=True)
@@ -652,6 +716,18 @@ _EXPECT_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
+_LINK_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["step"],
+    "description": "a step glmfb --follow took, and the whole verdict it gave or why it was not taken",
+    "properties": {
+        "step": STEP_SCHEMA,
+        "verdict": {"type": "object", "description": "a glmfb.verdict/2 document (read and validated as one)"},
+        "stopped": {"type": "string", "minLength": 1},
+    },
+    "additionalProperties": False,
+}
+
 VERDICT_JSON_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "https://glmfb.dev/schema/verdict-2.json",
@@ -681,6 +757,8 @@ VERDICT_JSON_SCHEMA: dict[str, Any] = {
         "duration_s": {"type": "number", "minimum": 0},
         "expect": _EXPECT_SCHEMA,
         "expect_met": {"type": ["boolean", "null"]},
+        "chain": {"type": "array", "items": _LINK_SCHEMA,
+                  "description": "glmfb --follow: the deeper steps taken after this verdict failed"},
     },
     "additionalProperties": False,
 }
@@ -763,6 +841,7 @@ def json_schema(probes: Sequence[str] | None = None,
             for name in evidence_defs if name.startswith("evidence.")
         ],
     }
+    verdict["properties"]["chain"]["items"]["properties"]["verdict"] = {"$ref": "#/$defs/verdict"}
     run = {k: v for k, v in RUN_JSON_SCHEMA.items() if not k.startswith("$")}
     run["properties"] = {
         **run["properties"],

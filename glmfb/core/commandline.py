@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from glmfb.contract.step import Step
+from glmfb.contract.errors import InputError
+from glmfb.contract.step import Intent, Step
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,10 @@ class Signature:
         return frozenset((*named, self.rest) if self.rest else named)
 
 
+FOLLOW_FLAGS = {"follow_depth": "--follow-depth", "follow_budget": "--follow-budget"}  # and the switch --follow
 RUN = Signature("run", positional=("paths",), flags={"select": "-k", "timeout": "--timeout", "shard": "--shard",
-                                                  "history": "--history"})
+                                                  "history": "--history", **FOLLOW_FLAGS},
+                switches={"follow": "--follow"})
 GATE = Signature("gate", positional=("source",), flags={"policy": "--policy", "history": "--history"})
 BISECT = Signature("bisect", positional=("good", "bad", "definition"),
                    flags={"select": "-k", "setup": "--setup", "max_evaluations": "--max-evaluations",
@@ -66,9 +69,9 @@ def probe_signature(probe: Any) -> Signature:
     """A probe command's signature, from the probe's form and declared options."""
     from glmfb.core.probe import ProbeForm
 
-    flags = {"name": "--name", "timeout": "--timeout", "rules": "--rules", "history": "--history"}
+    flags = {"name": "--name", "timeout": "--timeout", "rules": "--rules", "history": "--history", **FOLLOW_FLAGS}
     kwargs = {"args": "--arg"}
-    switches: dict[str, str] = {}
+    switches: dict[str, str] = {"follow": "--follow"}
     positional: tuple[str, ...] = ()
     rest = None
     if probe.form is ProbeForm.PAIR:
@@ -180,7 +183,7 @@ def shell_line(step: Step) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def rerun_step(kind: str, config: Any, why: str, **overrides: Any) -> Step:
+def rerun_step(kind: str, config: Any, why: str, *, intent: Intent = Intent.OTHER, **overrides: Any) -> Step:
     """A step that runs probe ``kind`` as ``config`` (its config dataclass) describes it: the
     targets (as one types them here, with their keyword arguments), the command line, and
     every declared option whose value differs from its default, written as a user writes it
@@ -189,7 +192,8 @@ def rerun_step(kind: str, config: Any, why: str, **overrides: Any) -> Step:
     ``overrides`` are keyed as the arguments are: an option's key (``shapes``, ``budget``)
     takes any form the option parses (``["8x4096"]`` or ``((8, 4096),)``, ``"12s"`` or
     ``12.0``) and is written the same way; a fixed argument (``target``, ``args`` ...) is taken
-    as given; None leaves the argument out (``save=None``: a rerun must not overwrite a file)."""
+    as given; None leaves the argument out (``save=None``: a rerun must not overwrite a file).
+    ``intent``: what the step is for (:class:`~glmfb.contract.step.Intent`)."""
     from glmfb.contract.options import options_of
 
     specs = {spec.key: spec for spec in options_of(type(config))}
@@ -201,12 +205,46 @@ def rerun_step(kind: str, config: Any, why: str, **overrides: Any) -> Step:
             arguments[key] = specs[key].write(specs[key].parse(value))
         else:
             arguments[key] = value
-    return Step(why, command=kind, arguments=arguments)
+    return Step(why, command=kind, arguments=arguments, intent=intent)
 
 
-def run_step(names: Sequence[str], why: str = "run it again") -> Step:
-    """A step that runs the named probe definitions with ``glmfb run -k``."""
-    return Step(why, command="run", arguments={"select": list(names)})
+# --------------------------------------------------------------------------------------------
+# Following steps (--follow): how far
+# --------------------------------------------------------------------------------------------
+
+
+DEFAULT_DEPTH = 3
+DEFAULT_BUDGET_S = 600.0
+
+
+@dataclass(frozen=True)
+class FollowOptions:
+    """How far to follow: ``depth`` levels of follow-ups, ``budget_s`` seconds for the whole
+    chain, and whether a step may run a command line (``allow_commands``, off as on the agent
+    server)."""
+
+    depth: int = DEFAULT_DEPTH
+    budget_s: float = DEFAULT_BUDGET_S
+    allow_commands: bool = False
+
+    @classmethod
+    def parse(cls, depth: Any, budget: Any, label: str, *, allow_commands: bool = False) -> FollowOptions:
+        """Options from a command line, a definition or a tool call (``budget`` as ``"5m"``,
+        ``"90s"`` or seconds); a bad value is a :class:`UsageError` naming ``label``."""
+        if depth is None:
+            depth = DEFAULT_DEPTH
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 0:
+            raise InputError(f"{label}: the follow depth must be a whole number, 0 or more, got {depth!r}")
+        from glmfb.core.probe import parse_timeout
+
+        budget_s = DEFAULT_BUDGET_S if budget is None else parse_timeout(budget, f"{label}: the follow budget")
+        return cls(depth=depth, budget_s=budget_s, allow_commands=allow_commands)
+
+
+def run_step(names: Sequence[str], why: str = "run it again", intent: Intent = Intent.CONFIRM) -> Step:
+    """A step that runs the named probe definitions with ``glmfb run -k`` (by default to
+    confirm: the same question again)."""
+    return Step(why, command="run", arguments={"select": list(names)}, intent=intent)
 
 
 def _changed_options(config: Any) -> dict[str, Any]:

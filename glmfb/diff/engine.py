@@ -17,7 +17,7 @@ from typing import Any
 
 from glmfb.contract.errors import UsageError
 from glmfb.contract.evidence import EnvDifferences, Evidence
-from glmfb.contract.step import Step
+from glmfb.contract.step import Intent, Step
 from glmfb.contract.verdict import Layer, Metric, Verdict
 from glmfb.core.commandline import command_line, rerun_step
 from glmfb.core.env import differences, fingerprint, git_revision
@@ -1397,7 +1397,8 @@ def _safe(text: str) -> str:
 def reproducer_step(config: DiffConfig, requests: Path) -> Step:
     """The step that reruns this diff on the minimal reproducer (``requests``), with the
     same options but the counterfactuals (already read)."""
-    return rerun_step("diff", config, "rerun the minimal reproducer", requests=str(requests), counterfactuals=None)
+    return rerun_step("diff", config, "rerun the minimal reproducer", requests=str(requests), counterfactuals=None,
+                      intent=Intent.REPRODUCE)
 
 
 __all__ = ["OUTPUT", "CaptureConfig", "DiffConfig", "GrowthFit", "reproducer_step", "run_capture", "run_diff"]

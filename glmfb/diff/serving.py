@@ -39,7 +39,7 @@ from typing import Any
 
 from glmfb.contract.errors import TargetFailed, UsageError
 from glmfb.contract.evidence import Evidence
-from glmfb.contract.step import Step
+from glmfb.contract.step import Intent, Step
 from glmfb.contract.verdict import Layer, Metric, Status, Verdict
 from glmfb.core.probe import ProbeContext
 from glmfb.core.rules import Diagnosis, Rule, diagnose
@@ -476,7 +476,7 @@ def next_steps(config: Any, ctx: ProbeContext, request: ServingRequest, position
            f"{position} where the outputs part), to find the module where the error starts")
     if formats:
         why += f": {formats}"
-    return (rerun_step("diff", module_diff, why, name=module_diff.name),)
+    return (rerun_step("diff", module_diff, why, name=module_diff.name, intent=Intent.DEEPER),)
 
 
 SERVING_RULES: tuple[Rule[ServingFindings], ...] = (

@@ -17,7 +17,7 @@ from typing import Any
 
 from glmfb.contract.errors import InputError
 from glmfb.contract.evidence import MissingSignal
-from glmfb.contract.step import Step
+from glmfb.contract.step import Intent, Step
 from glmfb.contract.verdict import Verdict
 from glmfb.core.commandline import rerun_step
 from glmfb.core.io import write_json_atomic
@@ -590,7 +590,8 @@ def gil_rerun_step(config: GapConfig, duration_s: float = 15.0) -> Step:
     from glmfb.gil import GilConfig
 
     gil_config = _gil_config(GilConfig, config, "candidate", duration_s=max(duration_s, config.gil_duration_s))
-    return rerun_step("gil", gil_config, "sample the candidate's GIL holder for longer")
+    return rerun_step("gil", gil_config, "sample the candidate's GIL holder for longer",
+                      intent=Intent.DEEPER)
 
 
 def _trace(config: GapConfig, ctx: ProbeContext, side: str) -> Verdict | str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from glmfb.contract.errors import TargetFailed
 from glmfb.contract.evidence import Evidence
-from glmfb.contract.step import Step
+from glmfb.contract.step import Intent, Step
 from glmfb.contract.verdict import Layer, Metric, Verdict
 from glmfb.core.commandline import rerun_step
 from glmfb.core.probe import ProbeContext
@@ -72,8 +72,8 @@ def next_steps(config: GapConfig, attributed: bool) -> dict[str, Step | None]:
     same gap after a fix, the gap with twice the repeats and budget, and (when the gil probe
     ran) the gil probe on the candidate, sampled longer."""
     return {
-        "rerun": rerun_step("gap", config, "after the fix"),
-        "more_evidence": rerun_step("gap", config, "more evidence, on a quieter machine",
+        "rerun": rerun_step("gap", config, "after the fix", intent=Intent.AFTER_FIX),
+        "more_evidence": rerun_step("gap", config, "more evidence, on a quieter machine", intent=Intent.CONFIRM,
                                     repeats=config.repeats * 2, budget=config.budget_s * 2),
         "gil_rerun": gil_rerun_step(config) if attributed else None,
     }

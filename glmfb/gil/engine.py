@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from glmfb.contract.errors import UsageError
 from glmfb.contract.evidence import ProcessExit
-from glmfb.contract.step import Step
+from glmfb.contract.step import Intent, Step
 from glmfb.contract.verdict import Layer, Status, Verdict
 from glmfb.core.commandline import rerun_step
 from glmfb.core.measure.hostload import HostLoad, HostLoadMeter
@@ -128,7 +128,8 @@ def trace_step(config: GilConfig) -> Step | None:
     slices); None when it attached to a pid (a rerun needs a program glmfb starts)."""
     if config.pid is not None:
         return None
-    return rerun_step("gil", config, "ranks what overlaps the starved slices", trace=True)
+    return rerun_step("gil", config, "ranks what overlaps the starved slices", trace=True,
+                      intent=Intent.DEEPER)
 
 
 def longer_step(config: GilConfig) -> Step | None:
@@ -137,7 +138,8 @@ def longer_step(config: GilConfig) -> Step | None:
     if config.pid is not None:
         return None
     seconds = max(30.0, 2 * config.duration_s)
-    return rerun_step("gil", config, "samples long enough to reach the program's steady state", duration=seconds)
+    return rerun_step("gil", config, "samples long enough to reach the program's steady state", duration=seconds,
+                      intent=Intent.CONFIRM)
 
 
 @dataclass(frozen=True)

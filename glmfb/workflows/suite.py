@@ -35,7 +35,7 @@ from glmfb.contract.clock import SYSTEM_CLOCK, Clock, utc_now
 from glmfb.contract.errors import InputError, UsageError
 from glmfb.contract.options import parse_table
 from glmfb.contract.verdict import Expectation, Layer, Run, Shard, Status, Verdict
-from glmfb.core.commandline import run_step
+from glmfb.core.commandline import FollowOptions, run_step
 from glmfb.core.io import read_toml
 from glmfb.core.probe import (
     TIMEOUT,
@@ -51,12 +51,14 @@ from glmfb.core.probe import (
 )
 from glmfb.core.shards import shard_record
 
+Follower = Callable[[Verdict, FollowOptions, Path], Verdict]  # a verdict, how far, its artifact folder -> with its chain
+
 if TYPE_CHECKING:
     from glmfb.core.targets import ImportFence
 
 DEFINITION_KEYS = frozenset(
     {"name", "probe", "description", "baseline", "candidate", "target", "command", "args",
-     "baseline_args", "candidate_args", "options", "expect", "rules", TIMEOUT.key}
+     "baseline_args", "candidate_args", "options", "expect", "rules", "follow", TIMEOUT.key}
 )
 EXPECT_KEYS = frozenset({"status", "layer", "where"})
 
@@ -72,6 +74,7 @@ class ProbeDefinition:
     expect: Expectation | None = None
     rules_files: tuple[Path, ...] = ()
     timeout_s: float | None = None  # the definition's own timeout (None: the run's)
+    follow: FollowOptions | None = None  # follow = true (or {depth, budget}): its deeper steps after a failure
 
     @property
     def name(self) -> str:
@@ -195,7 +198,21 @@ def load_table(path: Path, index: int, table: Mapping[str, Any]) -> ProbeDefinit
         spec=spec, config=config, source=path.resolve(),
         description=_string(table, "description", label) or "",
         expect=_expectation(table, label), rules_files=rules_files, timeout_s=_timeout(table, label),
+        follow=_follow(table, label),
     )
+
+
+def _follow(table: Mapping[str, Any], label: str) -> FollowOptions | None:
+    """``follow = true``, or ``follow = { depth = 2, budget = "5m" }``: follow the verdict's deeper
+    steps after a failure (:mod:`glmfb.workflows.follow`); false or absent: not."""
+    value = table.get("follow", False)
+    if value is False:
+        return None
+    if value is True:
+        return FollowOptions()
+    if not isinstance(value, dict) or set(value) - {"depth", "budget"}:
+        raise InputError(f"{label}: 'follow' must be true, false or a table {{ depth, budget }}")
+    return FollowOptions.parse(value.get("depth"), value.get("budget"), f"{label}: follow")
 
 
 def _timeout(table: Mapping[str, Any], label: str) -> float | None:
@@ -294,6 +311,9 @@ class SuiteContext:
     cancel: threading.Event | None = field(default=None, compare=False)  # set: stop the running probe
     workdir: Path | None = None  # the probe's child runs here (bisect: the worktree's folder)
     fence: ImportFence | None = None  # where its imports may not come from (bisect: the user's checkout)
+    follow: FollowOptions | None = None  # glmfb run --follow: every failing verdict's deeper steps (a definition's own
+    # follow options win)
+    follower: Follower | None = field(default=None, compare=False)  # the engine (glmfb.workflows.follow.follower)
 
     def probe_context(self, definition: ProbeDefinition) -> ProbeContext:
         return ProbeContext(
@@ -348,8 +368,28 @@ def run_suite(
         verdicts, interrupted = _run_scheduled(definitions, context, on_start, on_done, capacity)
     else:
         verdicts, interrupted = _run_in_order(definitions, context, on_start, on_done)
+    if not interrupted:
+        followed: list[Verdict] = []
+        try:
+            for definition, verdict in zip(definitions, verdicts, strict=True):
+                followed.append(follow_definition(definition, verdict, context))
+        except KeyboardInterrupt:  # Ctrl-C while following: the verdicts stay, those not followed without a chain
+            interrupted = True
+            followed += verdicts[len(followed):]
+        verdicts = followed
     return Run(id=context.run_id, started=started, finished=utc_now(), verdicts=tuple(verdicts),
                env=fingerprint(), interrupted=interrupted, shard=shard)
+
+
+def follow_definition(definition: ProbeDefinition, verdict: Verdict, context: SuiteContext) -> Verdict:
+    """``verdict`` with its chain when the definition or the run follows (after the suite, one
+    chain at a time, so a timing probe's follow-up has the machine to itself); else as it is."""
+    options = definition.follow or context.follow
+    if options is None or context.follower is None or verdict.status is not Status.FAIL:
+        return verdict
+    if context.cancel is not None and context.cancel.is_set():
+        return verdict
+    return context.follower(verdict, options, context.report_dir / safe_component(definition.name))
 
 
 POLL_S = 0.2  # how often the scheduler looks at the cancellation event while it waits

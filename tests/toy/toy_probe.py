@@ -9,7 +9,10 @@ calls. Its reading is scripted by its options, so it also serves as a stand-in p
 suite tests: ``sleep`` makes a run take that long, and its reading says when it started and
 finished (wall-clock seconds), so a test sees which runs overlapped. ``TOY_NUMERICS`` is the
 same probe as a numerics probe (``timing`` false, occupying its ``cores`` option), for the
-suite's scheduling tests, which install it under a kind of their own.
+suite's scheduling tests, which install it under a kind of their own. Its ``deeper`` option
+scripts a chain for ``--follow``: ``"fail,pass"`` makes a failing toy's deeper step another toy
+told to fail (whose deeper step is a toy told to pass); ``command`` there is a deeper step that
+runs a command line (gil on ``python -c pass``), which the boundary refuses.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from glmfb.evidence import Evidence, evidence_kind
 from glmfb.options import FRACTION, NONNEGATIVE_INT, SECONDS_OR_ZERO, STR, choice, option
 from glmfb.probe import BaseProbe, ProbeContext, ProbeForm, ReportSection
 from glmfb.rules import Diagnosis, Rule, diagnose
-from glmfb.step import Step
+from glmfb.step import Intent, Step
 from glmfb.targets import Target
 from glmfb.verdict import Layer, Metric, Status, Verdict
 
@@ -50,6 +53,7 @@ class ToyConfig:
     threshold: float = option(0.05, FRACTION, "A fraction option, to check units.")
     sleep_s: float = option(0.0, SECONDS_OR_ZERO, "How long the run takes (it sleeps).", key="sleep")
     cores: int = option(1, NONNEGATIVE_INT, "The cores a run occupies (the numerics toy's placement).")
+    deeper: str = option("", STR, "The outcomes of the deeper steps, comma-separated (a chain for --follow).")
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,8 @@ class ToyFindings:
     outcome: str
     value: float
     kernel: str = ""
+    deeper: str = ""
+    name: str = "toy"
 
     def saw(self) -> dict[str, Any]:
         return {"outcome": self.outcome, "value": self.value}
@@ -68,7 +74,19 @@ def _scripted(f: ToyFindings) -> Diagnosis | None:
         return Diagnosis(Status(f.outcome), why)
     again = Step("run the toy again, told to pass", command="toy",
                  arguments={"outcome": "pass", "name": "toy-again", **({"kernel": f.kernel} if f.kernel else {})})
-    return Diagnosis(Status.FAIL, why, (again,))
+    return Diagnosis(Status.FAIL, why, (again, *_deeper_steps(f)))
+
+
+def _deeper_steps(f: ToyFindings) -> tuple[Step, ...]:
+    if not f.deeper:
+        return ()
+    first, _, rest = f.deeper.partition(",")
+    if first == "command":
+        return (Step("look one layer down, in a program", command="gil",
+                     arguments={"command": ["python", "-c", "pass"]}, intent=Intent.DEEPER),)
+    arguments = {"outcome": first, "name": f"{f.name}-deeper", "kernel": f"{f.kernel or 'k'}.inner",
+                 **({"deeper": rest} if rest else {})}
+    return (Step(f"look one layer down (told to {first})", command="toy", arguments=arguments, intent=Intent.DEEPER),)
 
 
 class ToyProbe(BaseProbe):
@@ -94,7 +112,7 @@ class ToyProbe(BaseProbe):
             raise KeyboardInterrupt
         if config.outcome == "target-raises":
             raise TargetFailed("target", "on its first call", ValueError("bad input tensor"))
-        findings = ToyFindings(config.outcome, 0.5, config.kernel)
+        findings = ToyFindings(config.outcome, 0.5, config.kernel, config.deeper, config.name)
         outcome = diagnose(ctx.rules(self.kind, self.rules()), findings)
         where = {"kernel": config.kernel} if config.kernel else {}
         return Verdict(

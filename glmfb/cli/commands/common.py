@@ -171,6 +171,29 @@ HistoryOpt = Annotated[
 NoHistoryOpt = Annotated[
     bool, typer.Option("--no-history", help="Do not record the verdicts in the history store."),
 ]
+FollowOpt = Annotated[
+    bool, typer.Option("--follow/--no-follow", help="After a failing verdict, run its deeper steps (then theirs) and attach each "
+                       "follow-up verdict to it: a chain down to the line. Paths under the working folder; no step "
+                       "that runs a command line."),
+]
+FollowDepthOpt = Annotated[
+    int | None, typer.Option("--follow-depth", metavar="N", min=0,
+                             help="How many levels of follow-ups (implies --follow). [default: 3]"),
+]
+FollowBudgetOpt = Annotated[
+    str | None, typer.Option("--follow-budget", metavar="DURATION",
+                             help="Time for a whole chain, e.g. 5m (implies --follow). [default: 10min]"),
+]
+
+
+def follow_options(follow: bool, depth: int | None, budget: str | None) -> Any:
+    """``--follow``, ``--follow-depth``, ``--follow-budget`` as
+    :class:`~glmfb.core.commandline.FollowOptions`; None when none was given."""
+    if not follow and depth is None and budget is None:
+        return None
+    from glmfb.core.commandline import FollowOptions
+
+    return FollowOptions.parse(depth, budget, "--follow")
 
 
 def shards_home(sources: Any) -> Path:

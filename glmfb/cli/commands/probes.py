@@ -18,7 +18,11 @@ import typer
 
 from glmfb.cli.commands.common import (
     Command,
+    FollowBudgetOpt,
+    FollowDepthOpt,
+    FollowOpt,
     emit_verdict,
+    follow_options,
     history_url,
     parse_timeout,
     progress_messages,
@@ -103,6 +107,9 @@ def _common_parameters(probe: Probe) -> list[inspect.Parameter]:
         "[default: $GLMFB_HISTORY, else sqlite:///<out>/history.sqlite]")]))
     params.append(_param("no_history", Annotated[bool, typer.Option(
         "--no-history", help="Do not record the verdict in the history store.")], False))
+    params.append(_param("follow", FollowOpt, False))
+    params.append(_param("follow_depth", FollowDepthOpt))
+    params.append(_param("follow_budget", FollowBudgetOpt))
     params.append(_param("as_json", Annotated[bool, typer.Option(
         "--json", help="Print exactly one JSON document on stdout; human text goes to stderr.")], False))
     return params
@@ -161,6 +168,7 @@ def register_probe(app: typer.Typer, probe: Probe) -> None:
                 raise UsageError(f"--rules {file}: no such file", "give a .py file that defines RULES")
         spec = spec_from_command_line(probe, values)
         config = probe.build(spec)
+        following = follow_options(bool(values.get("follow")), values.get("follow_depth"), values.get("follow_budget"))
         interrupted = False
         isolate = os.environ.get("GLMFB_ISOLATE", "1") != "0"
         # cold unless GLMFB_WORKERS=on: a zygote would cost the same imports as the one child
@@ -174,6 +182,14 @@ def register_probe(app: typer.Typer, probe: Probe) -> None:
                 verdict = Verdict.harness_error(
                     probe.kind, spec.name,
                     f"interrupted ({getattr(exc, 'signal_name', 'SIGINT')}) while running; its processes were stopped")
+            if following is not None and not interrupted:
+                from glmfb.workflows.follow import follow_verdict
+
+                try:
+                    verdict = follow_verdict(verdict, following, root=Path.cwd(), artifact_dir=ctx.artifact_dir,
+                                             run_id=invocation.run_id, progress=progress)
+                except KeyboardInterrupt:  # Ctrl-C while following: the verdict stays, without its chain
+                    interrupted = True
         finished = invocation.finish([verdict], interrupted=interrupted, history=store,
                                      origins=lambda: _history_origins(spec, probe),
                                      env=workers.recorded(fingerprint(), warm) if warm is not None else None)

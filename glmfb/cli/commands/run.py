@@ -9,12 +9,16 @@ from typing import Annotated
 import typer
 
 from glmfb.cli.commands.common import (
+    FollowBudgetOpt,
+    FollowDepthOpt,
+    FollowOpt,
     HistoryOpt,
     JsonOpt,
     NoHistoryOpt,
     console,
     emit_run,
     folder_size,
+    follow_options,
     history_url,
     interactive,
     parse_timeout,
@@ -54,9 +58,13 @@ def run_command(
     ] = None,
     history: HistoryOpt = None,
     no_history: NoHistoryOpt = False,
+    follow: FollowOpt = False,
+    follow_depth: FollowDepthOpt = None,
+    follow_budget: FollowBudgetOpt = None,
 ) -> None:
     from glmfb.core import workers
     from glmfb.workflows import suite
+    from glmfb.workflows.follow import follower
     from glmfb.workflows.invocation import begin
 
     invocation = begin(out)  # the gate's pointer, before anything can fail (bad input included)
@@ -64,6 +72,7 @@ def run_command(
     with workers.pool("run") as warm:  # the zygote imports while the definitions load
         timeout_s = parse_timeout(timeout)
         store = history_url(history, out, no_history)
+        following = follow_options(follow, follow_depth, follow_budget)
         search = paths or ["probes"]
         definitions = suite.selected(suite.load_definitions(suite.discover(search)), select or [], search)
         notes = console(stderr=True)
@@ -90,6 +99,7 @@ def run_command(
             task = bar.add_task("probes", total=len(definitions))
             context = suite.SuiteContext(
                 run_id, report_dir, on_progress=lambda m: bar.update(task, description=m), timeout_s=timeout_s,
+                follow=following, follower=follower(Path.cwd(), run_id),
             )
             with bar:
                 run = suite.run_suite(
@@ -100,7 +110,8 @@ def run_command(
                     shard=part,
                 )
         else:
-            context = suite.SuiteContext(run_id, report_dir, timeout_s=timeout_s)
+            context = suite.SuiteContext(run_id, report_dir, timeout_s=timeout_s, follow=following,
+                                         follower=follower(Path.cwd(), run_id))
             run = suite.run_suite(
                 definitions,
                 context,

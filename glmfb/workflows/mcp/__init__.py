@@ -13,6 +13,8 @@ typed verdicts, the runs as resources.
   cancellation.
 
 A layer of its own: it may import glmfb's engine-level modules, the suite, the gate and the
-reports; nothing imports it but the command that starts it (:mod:`glmfb.cli.commands.mcp`).
+reports; nothing imports it but the command that starts it (:mod:`glmfb.cli.commands.mcp`)
+and ``--follow`` (:mod:`glmfb.workflows.follow`, which takes a verdict's deeper steps as this
+server takes their tool calls: :mod:`glmfb.workflows.mcp.follow`).
 The SDK (the ``mcp`` package) is imported only here.
 """

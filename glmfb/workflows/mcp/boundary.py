@@ -39,6 +39,7 @@ class Boundary:
     root: Path
     allow_commands: bool = False
     max_call_s: float = DEFAULT_MAX_CALL_S
+    who: str = "this server"  # what applies it, in a refusal ("glmfb --follow" for the CLI's follow-ups)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root).resolve())
@@ -182,7 +183,7 @@ class Boundary:
             if resolved is not None and resolved.is_file():
                 return
         raise InputError(
-            f"argument {argument!r}: module {location} is not under the root {self.root}, so this server will not "
+            f"argument {argument!r}: module {location} is not under the root {self.root}, so {self.who} will not "
             "import it",
             "give the target as a file under the root (path/to/file.py:factory), or start glmfb mcp with "
             "--allow-commands to run code from outside the root",
@@ -194,7 +195,7 @@ class Boundary:
             raise InputError(f"argument {argument!r}: expected a command line as a list of strings, "
                              'e.g. ["python", "serve.py"]')
         if not self.allow_commands:
-            raise InputError(f"argument {argument!r}: this server does not run command lines",
+            raise InputError(f"argument {argument!r}: {self.who} does not run command lines",
                              "start glmfb mcp with --allow-commands, or give a Python target under the root "
                              "with 'target'")
         return tuple(value)

@@ -33,6 +33,8 @@ from glmfb.core.probe import report_order, report_section
 from glmfb.core.runs import JUNIT_FILE, REPORT_FILE, RUN_FILE
 from glmfb.workflows.report.plots import Drawn, PlotJob, draw_plots
 from glmfb.workflows.report.text import (
+    cause_text,
+    chain_lines,
     expectation_text,
     expected_label,
     format_metric,
@@ -144,6 +146,10 @@ def _card(verdict: Verdict, data: Mapping[str, Any], links: _Links) -> str:
         rows.append(("metric", escape(format_metric(verdict.metric))))
     for step in verdict.next:
         rows.append(("next", f"<code>{escape(shell_line(step))}</code>"))
+    if verdict.chain:  # glmfb --follow: the follow-ups, down to the deepest cause
+        items = "".join(f"<li>{escape(line.strip())}</li>" for line in chain_lines(verdict))
+        rows.append(("chain", f'<span class="why">{escape(cause_text(verdict) or "")}</span>'
+                              f'<ul class="chain">{items}</ul>'))
     rows.append(("layer", escape(verdict.layer.value)))
     if verdict.expect is not None:
         rows.append(("expect", f"{escape(expected_label(verdict))}: {escape(expectation_text(verdict))}"))

@@ -7,7 +7,13 @@ import xml.etree.ElementTree as ET
 from glmfb.contract.verdict import Verdict
 from glmfb.core.commandline import shell_line
 from glmfb.workflows.gate import GateDecision, GateResult, failing_rows
-from glmfb.workflows.report.text import expectation_text, format_metric, printable
+from glmfb.workflows.report.text import (
+    cause_text,
+    chain_lines,
+    expectation_text,
+    format_metric,
+    printable,
+)
 
 
 def _properties(verdict: Verdict) -> ET.Element:
@@ -41,6 +47,10 @@ def _body(verdict: Verdict) -> str:
     if verdict.metric is not None:
         lines.append(format_metric(verdict.metric))
     lines.extend(f"next: {shell_line(step)}" for step in verdict.next)
+    if verdict.chain:  # glmfb --follow: the follow-ups, each link a verdict or why it was not taken
+        lines.append(f"deepest cause: {cause_text(verdict)}")
+        lines.append("chain:")
+        lines.extend(chain_lines(verdict))
     return "\n".join(lines)
 
 
@@ -77,7 +87,9 @@ def render_junit(result: GateResult) -> str:
         )
         case.append(_properties(verdict))
         if kind in ("error", "failure"):
-            element = ET.SubElement(case, kind, message=verdict.why, type=verdict.outcome.value)
+            cause = cause_text(verdict)
+            message = verdict.why if cause is None else f"{verdict.why} | deepest cause: {cause}"
+            element = ET.SubElement(case, kind, message=message, type=verdict.outcome.value)
             element.text = _body(verdict)
         elif kind == "skipped":
             label = "allowed" if row.decision is GateDecision.ALLOWED else "inconclusive, tolerated"

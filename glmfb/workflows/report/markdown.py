@@ -5,6 +5,8 @@ from __future__ import annotations
 from glmfb.core.commandline import shell_line
 from glmfb.workflows.gate import GateDecision, GateResult
 from glmfb.workflows.report.text import (
+    cause_text,
+    chain_lines,
     expectation_text,
     format_metric,
     format_where,
@@ -55,5 +57,8 @@ def render_markdown(result: GateResult) -> str:
             if row.reason:
                 lines.append(f"- allowed: {row.reason}")
             lines.extend(f"- next: `{shell_line(step)}`" for step in v.next)
+            if v.chain:  # glmfb --follow
+                lines.append(f"- deepest cause: {printable(cause_text(v) or '')}")
+                lines.extend(f"  {printable(line)}" for line in chain_lines(v))
             lines.append("")
     return "\n".join(lines).rstrip() + "\n"

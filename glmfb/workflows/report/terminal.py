@@ -9,6 +9,8 @@ from glmfb.contract.text import visible_text
 from glmfb.contract.verdict import Run, Status, Verdict
 from glmfb.core.commandline import shell_line
 from glmfb.workflows.report.text import (
+    cause_text,
+    chain_lines,
     expectation_text,
     expected_label,
     format_metric,
@@ -53,7 +55,8 @@ def _status_text(verdict: Verdict) -> RenderableType:
 
 
 def render_verdict(verdict: Verdict) -> RenderableType:
-    """A panel: status and layer, where, why, metric, expectation, next, artifacts."""
+    """A panel: status and layer, where, why, metric, expectation, next, the chain and its
+    deepest cause (``--follow``), artifacts."""
     from rich.console import Group
     from rich.panel import Panel
     from rich.table import Table
@@ -74,6 +77,10 @@ def render_verdict(verdict: Verdict) -> RenderableType:
         grid.add_row("expect", Text(expectation_text(verdict), style=style))
     for index, step in enumerate(verdict.next):
         grid.add_row("next" if index == 0 else "", Text(visible_text(shell_line(step)), style="verdict.next"))
+    if verdict.chain:  # glmfb --follow: the follow-ups, then where they end
+        for index, line in enumerate(chain_lines(verdict)):
+            grid.add_row("chain" if index == 0 else "", visible_text(line))
+        grid.add_row("cause", Text(visible_text(cause_text(verdict) or ""), style="verdict.unexpected"))
     for name, path in verdict.artifacts.items():
         grid.add_row(visible_text(name), visible_text(path))
     grid.add_row("took", f"{verdict.duration_s:.2f} s")
@@ -149,6 +156,9 @@ def gate_lines(result: GateResult) -> list[tuple[str, str | None]]:
         if row.decision is not GateDecision.OK:
             suffix = f" (allowed: {row.reason})" if row.reason else ""
             lines.append((visible_text(f"  {row.decision.value}: {row.verdict.name}: {row.verdict.why}{suffix}"), None))
+            cause = cause_text(row.verdict)
+            if cause is not None:  # glmfb --follow: where the chain ends, in one line
+                lines.append((visible_text(f"    deepest cause: {cause}"), None))
     return lines
 
 

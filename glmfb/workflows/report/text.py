@@ -87,3 +87,45 @@ def expected_label(verdict: Verdict) -> str:
     if expect.where:
         parts.append(format_where(expect.where))
     return ", ".join(parts)
+
+
+def first_line(text: str) -> str:
+    """The first line of a why (its headline)."""
+    return text.strip().split("\n", 1)[0]
+
+
+def cause_text(verdict: Verdict) -> str | None:
+    """The deepest cause of a verdict's chain (``glmfb --follow``) in one line: the verdict,
+    its ``where``, the first line of its why, and why the chain went no deeper where it says;
+    None without a chain."""
+    if not verdict.chain:
+        return None
+    cause = verdict.cause
+    where = format_where(cause.where)
+    text = f"{cause.probe} {cause.name}{f' at {where}' if where else ''}: {first_line(cause.why)}"
+    if cause is verdict:
+        text = f"no follow-up failed: {text}"
+    if verdict.stopped:
+        text += f" (went no deeper: {verdict.stopped})"
+    return text
+
+
+def chain_lines(verdict: Verdict, indent: str = "  ") -> list[str]:
+    """A verdict's chain as lines, one per link, indented by depth: each follow-up's status,
+    name, where and first line of why, or why its step was not taken."""
+    lines: list[str] = []
+
+    def walk(parent: Verdict, depth: int) -> None:
+        for link in parent.chain:
+            pad = indent * depth
+            if link.verdict is None:
+                lines.append(f"{pad}-> stopped: {link.stopped}")
+                continue
+            child = link.verdict
+            where = format_where(child.where)
+            lines.append(f"{pad}-> {child.status.value}: {child.probe} {child.name}"
+                         f"{f' at {where}' if where else ''}: {first_line(child.why)}")
+            walk(child, depth + 1)
+
+    walk(verdict, 0)
+    return lines

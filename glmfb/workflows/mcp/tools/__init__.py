@@ -114,14 +114,15 @@ class Toolbox:
         self.prepare(name, arguments)
 
     def next_calls(self, steps: Sequence[Step]) -> list[dict[str, Any]]:
-        """The steps that are glmfb commands, as tool calls: ``{"index", "text", "why", "tool",
-        "arguments"}``, or with ``error`` instead of ``arguments`` when the call would be refused
+        """The steps that are glmfb commands, as tool calls: ``{"index", "text", "why", "intent",
+        "tool", "arguments"}``, or with ``error`` instead of ``arguments`` when the call would be refused
         now (a path outside the root, no such tool). Plain steps stay text only."""
         calls: list[dict[str, Any]] = []
         for index, step in enumerate(steps):
             if step.command is None:
                 continue
-            entry: dict[str, Any] = {"index": index, "text": shell_line(step), "why": step.why, "tool": step.command}
+            entry: dict[str, Any] = {"index": index, "text": shell_line(step), "why": step.why,
+                                     "intent": step.intent.value, "tool": step.command}
             try:
                 self.check(step.command, step.arguments)
             except GlmfbError as exc:

@@ -63,6 +63,11 @@ def summarize(verdict: Verdict, calls: Sequence[Mapping[str, Any]], run_uri: str
         if call is not None and "arguments" in call:
             suffix = f"  [next_calls[{calls.index(call)}]: tool {call['tool']}]"
         lines.append(f"next {index + 1}: {shell_line(step)}{suffix}")
+    if verdict.chain:  # followed (follow argument): the line, in the same answer
+        from glmfb.workflows.report.text import cause_text, chain_lines
+
+        lines.append(f"deepest cause: {cause_text(verdict)}")
+        lines += ["chain:", *chain_lines(verdict)]
     lines += [f"note: {note}" for note in notes]
     if run_uri:
         lines.append(f"run: {run_uri}")

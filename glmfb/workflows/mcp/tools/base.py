@@ -120,6 +120,8 @@ NEXT_CALL: dict[str, Any] = {
         "index": {"type": "integer", "description": "the position of the step in the verdict's next"},
         "text": {"type": "string", "description": "the step as a command line, for people"},
         "why": {"type": "string", "description": "what the step is for"},
+        "intent": {"enum": ["deeper", "confirm", "after_fix", "reproduce", "other"],
+                   "description": "what kind of step: deeper (one layer down), confirm, after_fix, reproduce, other"},
         "tool": {"type": "string", "description": "the tool to call"},
         "arguments": {"type": "object", "description": "the arguments to call it with, as they are"},
         "error": {"type": "string", "description": "why this step cannot be called now (then no arguments)"},

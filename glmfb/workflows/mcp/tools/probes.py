@@ -6,7 +6,7 @@ the run it was written to and its next steps as tool calls."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -37,6 +37,17 @@ if TYPE_CHECKING:
     from glmfb.workflows.mcp.tools import Toolbox
 
 _SIDES = ("baseline", "candidate", "target", "command")
+
+
+@dataclass(frozen=True)
+class ProbeCall:
+    """A probe call checked and built: what runs, and the call's time budget."""
+
+    spec: ProbeSpec
+    config: Any
+    rules: tuple[Path, ...]
+    timeout_s: float
+    notes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -93,6 +104,13 @@ class ProbeTool:
         properties["rules"] = {"type": ["string", "array"], "items": {"type": "string"},
                                "description": "Python files defining RULES, tried before the built-in rules."}
         properties["timeout"] = duration_schema(self.box.boundary)
+        properties["follow"] = {
+            "type": ["boolean", "object"],
+            "properties": {"depth": {"type": "integer", "minimum": 0}, "budget": {"type": ["string", "number"]}},
+            "additionalProperties": False,
+            "description": "After a failing verdict, run its deeper steps (then theirs) under this server's boundary, "
+                           "to a depth (default 3) within a time budget for the whole chain (default 10 min, and "
+                           "within the call's timeout); each follow-up is a whole verdict in the verdict's chain."}
         for key, schema in options_schema(self.probe.config_type)["properties"].items():
             properties.setdefault(key, schema)
         input_schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
@@ -117,6 +135,36 @@ class ProbeTool:
     # ---- a call --------------------------------------------------------------------------
 
     def prepare(self, arguments: dict[str, Any]) -> Prepared:
+        call = self.checked(arguments)
+        follow = self._follow(arguments)
+
+        def work(ctx: CallContext) -> Answer:
+            return self._run(call.spec, call.config, call.rules, ctx, call.notes, follow)
+
+        return Prepared(self.probe.kind, call.timeout_s, work, runs_probes=True, notes=call.notes,
+                        label=f"{self.probe.kind} {call.spec.name!r}")
+
+    def _follow(self, arguments: dict[str, Any]) -> Any:
+        """The call's ``follow`` argument (true, or an object with ``depth`` and ``budget``) as
+        :class:`~glmfb.core.commandline.FollowOptions`, or None when it does not follow."""
+        from glmfb.core.commandline import FollowOptions
+
+        value = arguments.get("follow")
+        if value is None or value is False:
+            return None
+        if value is True:
+            return FollowOptions(allow_commands=self.box.boundary.allow_commands)
+        if not isinstance(value, dict):
+            raise InputError(f"{self.label}: argument 'follow': expected true or an object {{depth, budget}}")
+        return FollowOptions.parse(value.get("depth"), value.get("budget"), "argument 'follow'",
+                                   allow_commands=self.box.boundary.allow_commands)
+
+    def checked(self, arguments: Mapping[str, Any]) -> ProbeCall:
+        """A call's arguments checked against the boundary and built into the probe's config
+        (raises :class:`InputError` naming the argument); nothing runs. ``glmfb --follow``
+        takes a step through here too."""
+        arguments = dict(arguments)
+        arguments.pop("follow", None)
         probe, label, boundary = self.probe, self.label, self.box.boundary
         properties = self.definition.input_schema["properties"]
         refuse_unknown(label, arguments, properties)
@@ -141,13 +189,7 @@ class ProbeTool:
             raise InputError(f"{label}: argument 'name': expected a non-empty string")
         spec = dataclasses.replace(spec, name=name or probe.default_name(spec))
         config = self._build(spec)
-        notes = (note,) if note else ()
-
-        def work(ctx: CallContext) -> Answer:
-            return self._run(spec, config, rules, ctx, notes)
-
-        return Prepared(probe.kind, timeout_s, work, runs_probes=True, notes=notes,
-                        label=f"{probe.kind} {spec.name!r}")
+        return ProbeCall(spec, config, rules, timeout_s, (note,) if note else ())
 
     def _options(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """The declared options given, parsed; a path option confined under the root."""
@@ -212,7 +254,7 @@ class ProbeTool:
             raise InputError(message, hint) from None
 
     def _run(self, spec: ProbeSpec, config: Any, rules: tuple[Path, ...], ctx: CallContext,
-             notes: tuple[str, ...]) -> Answer:
+             notes: tuple[str, ...], follow: Any = None) -> Answer:
         """Run the probe in a supervised child (when the slot is free) and write its run."""
         from glmfb.core.host import run_probe
         from glmfb.core.probe import ProbeContext
@@ -230,6 +272,12 @@ class ProbeTool:
                                          progress=ctx.progress, rules_files=rules)
                 verdict = run_probe(probe, config, probe_ctx, isolate=True, timeout_s=max(ctx.remaining_s(), 0.1),
                                     cancel=ctx.cancel)
+                if follow is not None:
+                    from glmfb.workflows.mcp.follow import follow_verdict
+
+                    options = dataclasses.replace(follow, budget_s=min(follow.budget_s, max(ctx.remaining_s(), 0.0)))
+                    verdict = follow_verdict(verdict, options, self.box, artifact_dir=probe_ctx.artifact_dir,
+                                             run_id=ctx.run_id, progress=ctx.progress, cancel=ctx.cancel)
             finally:
                 ctx.slot.release()
         finished = invocation.finish([verdict], interrupted=ctx.cancel.is_set(), history=self.box.boundary.history,

@@ -124,7 +124,8 @@ class RunTool:
             if definition.timeout_s is not None:
                 limit = min(limit, definition.timeout_s)
             try:
-                return suite.run_definition(dataclasses.replace(definition, timeout_s=max(limit, 0.1)), context)
+                verdict = suite.run_definition(dataclasses.replace(definition, timeout_s=max(limit, 0.1)), context)
+                return suite.follow_definition(definition, verdict, context)  # a definition's follow = true
             finally:
                 ctx.slot.release()
         verdict = Verdict.harness_error(definition.probe, definition.name, f"not run: {refused}",
@@ -132,6 +133,18 @@ class RunTool:
         if definition.expect is not None:  # a probe that did not run never meets its expectation
             verdict = dataclasses.replace(verdict, expect=definition.expect, expect_met=False)
         return verdict
+
+    def _follower(self, ctx: CallContext) -> Any:
+        """The follow engine under this server's boundary, within the call's time budget."""
+        from glmfb.workflows.mcp.follow import follow_verdict
+
+        def follow(verdict: Verdict, options: Any, artifact_dir: Any) -> Verdict:
+            options = dataclasses.replace(options, budget_s=min(options.budget_s, max(ctx.remaining_s(), 0.0)),
+                                          allow_commands=self.box.boundary.allow_commands)
+            return follow_verdict(verdict, options, self.box, artifact_dir=artifact_dir, run_id=ctx.run_id,
+                                  progress=ctx.progress, cancel=ctx.cancel)
+
+        return follow
 
     def _run_suite(self, chosen: Sequence[Any], ctx: CallContext, notes: tuple[str, ...]) -> Answer:
         from glmfb.core.runs import REPORT_FILE
@@ -141,7 +154,7 @@ class RunTool:
 
         invocation = begin(self.box.boundary.reports, run_id=ctx.run_id)  # the gate's pointer, first
         context = suite.SuiteContext(ctx.run_id, invocation.report_dir, on_progress=ctx.progress, isolate=True,
-                                     cancel=ctx.cancel)
+                                     cancel=ctx.cancel, follower=self._follower(ctx))
         verdicts = [self._run_one(definition, context, ctx, f"{index + 1}/{len(chosen)} {definition.probe} "
                                                             f"{definition.name}")
                     for index, definition in enumerate(chosen)]
