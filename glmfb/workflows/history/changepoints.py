@@ -45,6 +45,10 @@ point: a segment holds at least ``min_segment`` runs, and first (``despike``) a 
 gives each burst shorter than that its neighbours' level, so that a preempted run, common on a
 shared machine, does not widen the segment it sits in and hide a step beside it. docs/history.md gives the measured precision and recall beside ruptures'
 defaults and a per-run threshold gate.
+
+A creep through noise makes no step the test can confirm; :func:`trend` gives the
+least-squares line of a window of runs, with the same variance floor, for ``--check``
+(:meth:`glmfb.workflows.history.series.Series.judge`).
 """
 
 from __future__ import annotations
