@@ -179,3 +179,13 @@ def test_the_mcp_history_tool_gives_the_same_exit_code(tmp_path: Path, monkeypat
     jsonschema.validate(answer.structured, schema)
     assert (answer.structured["regressed"], answer.structured["cannot_tell"], answer.structured["exit_code"]) == (0, 1, 4)
     assert "CANNOT TELL" in answer.text and "exit code 4" in answer.text
+
+
+def test_a_metric_where_lower_is_worse_creeps_the_other_way() -> None:
+    falling = [record.__class__(**{**record.__dict__, "worse": "lower"})
+               for record in runs("k", [1e-4 * (1.0 - 0.015 * c) for c in range(15)], scatter=0.01, interval=0.015)]
+    judged = one(falling).judge(0.05)
+    assert judged.status == REGRESSED and judged.creep is not None and judged.creep.worse > 0.05
+    rising = [record.__class__(**{**record.__dict__, "worse": "lower"})
+              for record in runs("k", creep(0.015), scatter=0.01, interval=0.015)]
+    assert one(rising).judge(0.05).status == PASS  # higher is better here
