@@ -1,5 +1,6 @@
 """``glmfb history [PATTERN...]``: the series of recorded verdicts and their change points
-(:mod:`glmfb.workflows.history`); ``--check`` exits 1 when a newest segment is worse."""
+(:mod:`glmfb.workflows.history`); ``--check`` exits 1 when a series regressed (a step or a creep), 4
+when none did but one's runs are too noisy or too few to rule a regression out, else 0."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import typer
 
 from glmfb.cli.commands.common import HistoryOpt, console, dump_json
 from glmfb.contract.errors import UsageError
-from glmfb.contract.verdict import ExitCode
 
 
 def history_command(
@@ -36,8 +36,9 @@ def history_command(
         Path | None, typer.Option("--csv", metavar="FILE", help="Also write every run of every series to FILE as CSV."),
     ] = None,
     check: Annotated[
-        bool, typer.Option("--check", help="Exit 1 when a series' newest segment is worse than the segment before "
-                           "it by more than --threshold, else 0."),
+        bool, typer.Option("--check", help="Exit 1 when a series regressed by more than --threshold (its newest "
+                           "segment against the one before, or a creep in its newest runs), 4 when none did but a "
+                           "series' runs are too noisy or too few to rule that out (cannot tell), else 0."),
     ] = False,
     threshold: Annotated[
         str, typer.Option("--threshold", metavar="FRACTION", help="For --check: how much worse counts, 5% or 0.05 "
@@ -80,7 +81,12 @@ def history_command(
 
         console().print(render_history(document))
     if check:
-        regressed = document["regressed"]
-        sys.stderr.write(f"glmfb history --check: {regressed} of {len(series)} series regressed by more than "
-                         f"{limit:.1%} in their newest segment\n")
-        raise typer.Exit(int(ExitCode.REGRESSION) if regressed else int(ExitCode.OK))
+        regressed, unknown = document["regressed"], document["cannot_tell"]
+        lines = [f"glmfb history --check: {regressed} of {len(series)} series regressed by more than {limit:.1%} "
+                 f"(a step in the newest segment, or a creep in its newest runs); {unknown} cannot tell"]
+        for item in document["series"]:
+            if item["check"]["status"] != "pass":
+                lines.append(f"  {item['definition']} {item['metric']} on {item['machine_label']}: "
+                             f"{item['check']['status'].replace('_', ' ')}: {item['check']['reason']}")
+        sys.stderr.write("\n".join(lines) + "\n")
+        raise typer.Exit(int(document["exit_code"]))

@@ -45,6 +45,10 @@ point: a segment holds at least ``min_segment`` runs, and first (``despike``) a 
 gives each burst shorter than that its neighbours' level, so that a preempted run, common on a
 shared machine, does not widen the segment it sits in and hide a step beside it. docs/history.md gives the measured precision and recall beside ruptures'
 defaults and a per-run threshold gate.
+
+A creep through noise makes no step the test can confirm; :func:`trend` gives the
+least-squares line of a window of runs, with the same variance floor, for ``--check``
+(:meth:`glmfb.workflows.history.series.Series.judge`).
 """
 
 from __future__ import annotations
@@ -373,3 +377,56 @@ def segments(observations: Sequence[Observation], points: Sequence[ChangePoint])
     """``[start, stop)`` of each segment the change points cut the series into."""
     bounds = [0, *(p.index for p in points), len(observations)]
     return [(start, stop) for start, stop in itertools.pairwise(bounds) if stop > start]
+
+
+# --------------------------------------------------------------------------------------------
+# A trend: the creep a step test does not see
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Trend:
+    """The least-squares line through a window of runs (index 0 .. runs - 1): its level at the
+    window's first run (``start``), its change over the window (``change``: slope x (runs - 1))
+    with the standard error of that change, and what the runs' noise was (``scatter``: the sd
+    of the residuals; ``own``: the root mean of the runs' own interval variances). The
+    change's variance is the random-effects one of :func:`segment_level`: the residuals'
+    variance floored by the runs' own, so runs that say they are uncertain are read so."""
+
+    runs: int
+    start: float
+    change: float
+    se: float
+    df: float
+    scatter: float
+    own: float
+
+    def bound(self, confidence: float, upper: bool) -> float:
+        """A one-sided bound on ``change`` at ``confidence``."""
+        half = t_quantile(confidence, self.df) * self.se
+        return self.change + half if upper else self.change - half
+
+
+def trend(observations: Sequence[Observation], *, interval_confidence: float = 0.95, despike: bool = True,
+          min_segment: int = 3) -> Trend | None:
+    """The :class:`Trend` of a window of runs (in time order), None with fewer than 4 (two
+    degrees of freedom). ``despike``: a burst shorter than ``min_segment`` runs takes its
+    neighbours' level first (:func:`_despiked`), as for the change points."""
+    runs = len(observations)
+    if runs < 4:
+        return None
+    if any(not math.isfinite(o.value) for o in observations):
+        raise ValueError("a value is NaN or infinite")
+    window = _despiked(observations, min_segment) if despike else list(observations)
+    xs = [float(i) for i in range(runs)]
+    x_mean = (runs - 1) / 2.0
+    ys = [o.value for o in window]
+    y_mean = math.fsum(ys) / runs
+    sxx = math.fsum((x - x_mean) ** 2 for x in xs)
+    slope = math.fsum((x - x_mean) * (y - y_mean) for x, y in zip(xs, ys, strict=True)) / sxx
+    start = y_mean - slope * x_mean
+    residual = math.fsum((y - start - slope * x) ** 2 for x, y in zip(xs, ys, strict=True)) / (runs - 2)
+    own = math.fsum(run_variance(o, interval_confidence) for o in window) / runs
+    se = math.sqrt(max(residual, own) / sxx) * (runs - 1)
+    return Trend(runs=runs, start=start, change=slope * (runs - 1), se=se, df=float(runs - 2),
+                 scatter=math.sqrt(residual), own=math.sqrt(own))

@@ -73,6 +73,7 @@ def change_point_line(point: Mapping[str, Any], unit: str, relative: bool) -> st
 
 def render_history(document: Mapping[str, Any]) -> RenderableType:
     """One row per series: runs, the newest value with its interval, each change point."""
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"history: {document['store']}", title_justify="left", show_lines=True)
@@ -84,9 +85,14 @@ def render_history(document: Mapping[str, Any]) -> RenderableType:
                        + f"\n{newest['status']}, {short_commit(newest)}")
         points = [change_point_line(p, unit, series["relative"]) for p in series["change_points"]]
         marks = "[bold red]REGRESSED[/] " if series.get("regressed") else ""
+        judged = series.get("check")
+        if judged is not None and judged["status"] == "cannot_tell":
+            marks = "[bold yellow]CANNOT TELL[/] "
+        text = marks + ("\n".join(points) if points else "none")
+        if judged is not None:  # the check's reason, whatever it answered
+            text += f"\n{escape(judged['reason'])}"
         table.add_row(series["definition"], f"{series['metric']} ({series['worse']} is worse)",
-                      series["machine_label"], str(series["runs"]), newest_text,
-                      marks + ("\n".join(points) if points else "none"))
+                      series["machine_label"], str(series["runs"]), newest_text, text)
     return table
 
 

@@ -10,6 +10,17 @@ of the step with its interval, and its confidence (1 - p).
 point) is worse than the segment before by more than a threshold, in the metric's own terms
 (:func:`glmfb.workflows.history.metrics.regression`); when the change points before it worsened too
 (a creep cut into several steps), against the segment before the first of them.
+
+A creep need not make a step: on a busy host a kernel growing 1.5% a commit shows no change
+point, and the step test alone gave it a clean bill. So ``--check`` also reads the trend of
+the newest segment's newest ``TREND_RUNS`` runs (a least-squares line, its variance floored by
+the runs' own intervals, as a segment's level is): a series ``regressed`` when a step passes
+the threshold, or when the trend is worse by more than the threshold and its one-sided 99.5%
+lower bound is above 0; it ``cannot_tell`` when the trend's one-sided 95% upper bound passes
+the threshold, or the half-width of that bound alone does (the runs scatter too much to rule
+out a creep of that size, even where their trend happens to read better), or when it has
+fewer than 4 runs and no change point; else it passes. ``cannot_tell`` is never a pass: it
+exits 4 (inconclusive), as the gate does.
 """
 
 from __future__ import annotations
@@ -88,12 +99,114 @@ class Series:
     def check(self, threshold: float) -> float | None:
         """How much worse the newest segment is than the segment before its worsening began
         (:meth:`worsening`: the one before, unless the steps before it also worsened), when
-        that exceeds ``threshold``; None otherwise (also with no change point)."""
+        that exceeds ``threshold``; None otherwise (also with no change point). The step test
+        only: :meth:`judge` adds the trend and "cannot tell"."""
         chain = self.worsening()
         if not chain:
             return None
         worse = chain[0].regression if len(chain) == 1 else regression(chain[0].before, chain[-1].after, self.kind)
         return worse if worse > threshold else None
+
+    def window(self) -> tuple[int, int]:
+        """``[start, stop)`` of the runs the trend test reads: the newest segment (the runs
+        after the last change point), at most its newest ``TREND_RUNS``."""
+        start = self.steps[-1].index if self.steps else 0
+        return max(start, len(self.records) - TREND_RUNS), len(self.records)
+
+    def judge(self, threshold: float) -> Judgement:
+        """``--check``'s answer for this series (module docstring)."""
+        from glmfb.workflows.history.changepoints import Observation, trend
+
+        stepped = self.check(threshold)
+        start, stop = self.window()
+        rows = self.records[start:stop]
+        found = trend([Observation(r.value if r.value is not None else 0.0, r.low, r.high) for r in rows])
+        creep = None if found is None else _creep(found, start, self.kind)
+        if stepped is not None:
+            chain = self.worsening()
+            return Judgement(REGRESSED, stepped, f"the newest segment is {_amount(stepped, self.kind)} worse than the "
+                             f"runs before run {chain[0].index + 1} (a step test: change points)", creep)
+        if found is None and self.steps:  # a newest segment of 3 runs after a change point: the step test judged it
+            return Judgement(PASS, None, "the newest change point is not a regression past the threshold "
+                             "(its segment is too short for a trend)", None)
+        if found is None:
+            return Judgement(CANNOT_TELL, None, f"{len(self.records)} run{'s' if len(self.records) != 1 else ''}: "
+                             "too few to rule out a regression (4 or more judge a trend)", None)
+        if creep is None:
+            return Judgement(CANNOT_TELL, None, "the newest runs' level is 0: no fraction of it to judge a trend by",
+                             None)
+        over = f"over runs {start + 1}-{stop}"
+        noise = (f"runs scatter {_amount(creep.scatter, self.kind, sign=False, pm=True)} about the trend"
+                 f" (their own intervals {_amount(creep.own, self.kind, sign=False, pm=True)})")
+        if creep.worse > threshold and creep.worse_low > 0.0:
+            return Judgement(REGRESSED, creep.worse, f"a creep: the runs {over} trend {_amount(creep.worse, self.kind)} "
+                             f"worse [{_amount(creep.worse_low, self.kind)}, {_amount(creep.worse_high, self.kind)}] "
+                             f"(a trend test; no step past the threshold)", creep)
+        if creep.worse_high > threshold or creep.resolution > threshold:
+            return Judgement(CANNOT_TELL, None, f"{noise}: a creep of {_amount(threshold, self.kind, sign=False)} "
+                             f"{over} cannot be ruled out (the trend reads {_amount(creep.worse, self.kind)}, "
+                             f"at most {_amount(creep.worse_high, self.kind)}; the runs' noise alone leaves "
+                             f"{_amount(creep.resolution, self.kind, sign=False, pm=True)} over them)", creep)
+        return Judgement(PASS, None, f"no step past the threshold, and a creep of "
+                         f"{_amount(threshold, self.kind, sign=False)} {over} is ruled out (the trend reads "
+                         f"{_amount(creep.worse, self.kind)}, at most {_amount(creep.worse_high, self.kind)})", creep)
+
+
+PASS, REGRESSED, CANNOT_TELL = "pass", "regressed", "cannot_tell"
+TREND_RUNS = 20  # the newest runs of a segment the trend test reads
+CREEP_CONFIDENCE = 0.995  # a creep's one-sided lower bound must be above 0 (alpha 1%, two-sided, as the steps')
+RULE_OUT_CONFIDENCE = 0.95  # a creep of the threshold is ruled out when the one-sided upper bound is under it
+
+
+@dataclass(frozen=True)
+class Creep:
+    """The trend of a series' newest runs (``start``..``stop``, indices of the series) in the
+    metric's terms: ``worse`` over the window (negative: better), its one-sided bounds
+    (``worse_low`` at ``CREEP_CONFIDENCE``, ``worse_high`` at ``RULE_OUT_CONFIDENCE``), and the
+    runs' noise: ``scatter`` about the line and ``own`` (their intervals' sd), in the same
+    terms (a fraction of the level, or points for a relative metric), and ``resolution``, the
+    one-sided ``RULE_OUT_CONFIDENCE`` half-width of ``worse``: a creep smaller than that is
+    hidden in the noise whatever the trend reads."""
+
+    start: int
+    stop: int
+    worse: float
+    worse_low: float
+    worse_high: float
+    scatter: float
+    own: float
+    resolution: float  # the one-sided half-width at RULE_OUT_CONFIDENCE: what the noise alone leaves open
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """``--check``'s answer for one series: ``status`` (``pass``, ``regressed`` or
+    ``cannot_tell``), how much worse when regressed, the reason in words, and the trend read."""
+
+    status: str
+    worse: float | None
+    reason: str
+    creep: Creep | None
+
+
+def _creep(found: Any, start: int, kind: MetricKind) -> Creep | None:
+    """A :class:`~glmfb.workflows.history.changepoints.Trend` in the metric's terms (None
+    when its level at the window's start is 0 for a quantity: no fraction of it)."""
+    level = float(found.start)
+    if not kind.relative and level == 0.0:
+        return None
+    scale = 1.0 if kind.relative else abs(level)
+    low = regression(level, level + found.bound(CREEP_CONFIDENCE, upper=kind.worse is not Worse.HIGHER), kind)
+    high = regression(level, level + found.bound(RULE_OUT_CONFIDENCE, upper=kind.worse is Worse.HIGHER), kind)
+    resolution = (found.bound(RULE_OUT_CONFIDENCE, upper=True) - found.change) / scale
+    return Creep(start, start + found.runs, regression(level, level + found.change, kind), low, high,
+                 found.scatter / scale, found.own / scale, resolution)
+
+
+def _amount(value: float, kind: MetricKind, *, sign: bool = True, pm: bool = False) -> str:
+    """A fraction as the check speaks of it: ``+5.0%`` (of the level), ``+5.0 pts`` (relative)."""
+    text = f"{value * 100:{'+' if sign else ''}.1f}" + (" pts" if kind.relative else "%")
+    return "\u00b1" + text if pm else text
 
 
 def matches(name: str, patterns: Sequence[str]) -> bool:
@@ -184,21 +297,48 @@ def series_document(series: Series, threshold: float | None = None) -> dict[str,
         } for step in series.steps],
     }
     if threshold is not None:
-        data["regressed"] = series.check(threshold) is not None
+        judged = series.judge(threshold)
+        data["regressed"] = judged.status == REGRESSED
+        data["check"] = {"status": judged.status, "reason": judged.reason, "worse": _number_or_none(judged.worse)}
+        if judged.creep is not None:
+            c = judged.creep
+            data["check"]["trend"] = {
+                "first_run": c.start, "last_run": c.stop - 1, "worse": _number(c.worse),
+                "worse_low": _number(c.worse_low), "worse_high": _number(c.worse_high),
+                "scatter": _number(c.scatter), "own": _number(c.own), "resolution": _number(c.resolution)}
     return data
+
+
+def _number_or_none(value: float | None) -> float | None:
+    return None if value is None else _number(value)
 
 
 def history_document(series: Sequence[Series], *, store: str, patterns: Sequence[str], all_machines: bool,
                      threshold: float | None = None) -> dict[str, Any]:
     """The ``glmfb.history/1`` document (``threshold``: the check's, when one was asked)."""
+    documents = [series_document(s, threshold) for s in series]
     data: dict[str, Any] = {
         "schema": HISTORY_SCHEMA, "store": store, "patterns": list(patterns), "all_machines": all_machines,
-        "series": [series_document(s, threshold) for s in series],
+        "series": documents,
     }
     if threshold is not None:
         data["threshold"] = threshold
-        data["regressed"] = sum(1 for s in series if s.check(threshold) is not None)
+        data["regressed"] = sum(1 for d in documents if d["check"]["status"] == REGRESSED)
+        data["cannot_tell"] = sum(1 for d in documents if d["check"]["status"] == CANNOT_TELL)
+        data["exit_code"] = check_exit_code(data)
     return data
+
+
+def check_exit_code(document: dict[str, Any]) -> int:
+    """What ``glmfb history --check`` exits with: 1 when a series regressed, else 4
+    (inconclusive, never a pass) when a series cannot tell, else 0."""
+    from glmfb.contract.errors import ExitCode
+
+    if document.get("regressed"):
+        return int(ExitCode.REGRESSION)
+    if document.get("cannot_tell"):
+        return int(ExitCode.INCONCLUSIVE)
+    return int(ExitCode.OK)
 
 
 _NUMBER_OR_NULL = {"type": ["number", "null"]}
@@ -252,6 +392,35 @@ _CHANGE_POINT: dict[str, Any] = {
     },
     "additionalProperties": False,
 }
+_CHECK: dict[str, Any] = {
+    "type": "object",
+    "description": "with the check: this series' answer: `regressed` (a step past the threshold, or a creep: "
+                   "the newest runs' trend significantly worse and past it), `cannot_tell` (the runs' noise, or "
+                   "their number, cannot rule out a regression of the threshold's size: never a pass) or `pass`",
+    "required": ["status", "reason", "worse"],
+    "properties": {
+        "status": {"enum": [PASS, REGRESSED, CANNOT_TELL]},
+        "reason": {"type": "string"},
+        "worse": {**_NUMBER_OR_NULL, "description": "how much worse, when regressed (as `regression`)"},
+        "trend": {
+            "type": "object",
+            "description": "the least-squares trend of the newest segment's newest runs (`first_run`..`last_run`, "
+                           "indices of `points`): how much worse over them, as `regression`, with a lower bound "
+                           "(one-sided 99.5%) and an upper bound (one-sided 95%: a creep past the threshold is "
+                           "ruled out when it is under it, and `resolution` is under it too: that bound's "
+                           "half-width, what the noise alone leaves open), and the runs' noise in the same terms: "
+                           "`scatter` (sd about the trend) and `own` (their own intervals' sd)",
+            "required": ["first_run", "last_run", "worse", "worse_low", "worse_high", "scatter", "own", "resolution"],
+            "properties": {
+                "first_run": {"type": "integer", "minimum": 0}, "last_run": {"type": "integer", "minimum": 0},
+                "worse": _NUMBER_OR_NULL, "worse_low": _NUMBER_OR_NULL, "worse_high": _NUMBER_OR_NULL,
+                "scatter": _NUMBER_OR_NULL, "own": _NUMBER_OR_NULL, "resolution": _NUMBER_OR_NULL,
+            },
+            "additionalProperties": False,
+        },
+    },
+    "additionalProperties": False,
+}
 HISTORY_JSON_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "https://glmfb.dev/schema/history-1.json",
@@ -265,7 +434,11 @@ HISTORY_JSON_SCHEMA: dict[str, Any] = {
         "all_machines": {"type": "boolean"},
         "threshold": {"type": "number", "minimum": 0},
         "regressed": {"type": "integer", "minimum": 0, "description": "series whose newest segment is worse "
-                      "than the one before by more than the threshold"},
+                      "than the one before by more than the threshold, or whose newest runs creep past it"},
+        "cannot_tell": {"type": "integer", "minimum": 0, "description": "with the check: series whose runs are too "
+                        "noisy (or too few) to rule out a regression of the threshold's size (never a pass)"},
+        "exit_code": {"type": "integer", "description": "with the check: what glmfb history --check exits with "
+                      "(0 pass, 1 some series regressed, 4 none did but some cannot tell)"},
         "series": {"type": "array", "items": {
             "type": "object",
             "required": ["definition", "metric", "unit", "worse", "relative", "machine", "machine_label", "runs",
@@ -279,6 +452,7 @@ HISTORY_JSON_SCHEMA: dict[str, Any] = {
                 "newest": _POINT, "points": {"type": "array", "items": _POINT},
                 "change_points": {"type": "array", "items": _CHANGE_POINT},
                 "regressed": {"type": "boolean"},
+                "check": _CHECK,
             },
             "additionalProperties": False,
         }},

@@ -55,8 +55,10 @@ class HistoryTool:
                 "history": {"$ref": "#/$defs/history"},
                 "regressed": {"type": "integer", "minimum": 0, "description": "with check: the series whose newest "
                               "segment is worse than the one before by more than the threshold"},
+                "cannot_tell": {"type": "integer", "minimum": 0, "description": "with check: the series whose runs "
+                                "are too noisy or too few to rule out a regression of the threshold's size"},
                 "exit_code": {"type": "integer", "description": "with check: what glmfb history --check exits with "
-                              "(0 none regressed, 1 some did)"},
+                              "(0 pass, 1 some series regressed, 4 none did but some cannot tell)"},
             },
         }, {"history": history_schema()})
         return ToolDef(
@@ -64,8 +66,8 @@ class HistoryTool:
             "The history of recorded verdicts (every glmfb run and probe command records its verdicts), like glmfb "
             "history --json: a series per definition, metric and machine, each run with its value, interval and "
             "commit, and the change points (the commit range, the size with its interval, the confidence). With "
-            "check, also whether a series' newest segment regressed past the threshold, and the exit code glmfb "
-            "history --check gives. Machines are never mixed unless all_machines.",
+            "check, also whether each series regressed past the threshold (a step, or a creep in its newest runs) "
+            "or cannot tell (its runs too noisy to rule that out), and the exit code glmfb history --check gives. Machines are never mixed unless all_machines.",
             {"type": "object", "additionalProperties": False, "properties": {
                 "patterns": {"type": ["string", "array"], "items": {"type": "string"},
                              "description": "Definition names to show (glob or substring); all when none."},
@@ -160,14 +162,17 @@ def _history(url: str, patterns: list[str], all_machines: bool, threshold: float
     lines = [f"glmfb history {describe(url)}: {len(series)} series"]
     if threshold is not None:
         structured["regressed"] = document["regressed"]
-        structured["exit_code"] = 1 if document["regressed"] else 0
-        lines[0] += (f"; {document['regressed']} regressed by more than {threshold:.1%} in their newest segment "
-                     f"(exit code {structured['exit_code']})")
+        structured["cannot_tell"] = document["cannot_tell"]
+        structured["exit_code"] = document["exit_code"]
+        lines[0] += (f"; {document['regressed']} regressed by more than {threshold:.1%} (a step in the newest "
+                     f"segment or a creep), {document['cannot_tell']} cannot tell (exit code {structured['exit_code']})")
     for item in document["series"]:
         newest, unit = item["newest"], item["unit"]
         points = [change_point_line(point, unit, item["relative"]) for point in item["change_points"]]
         lines.append(f"- {item['definition']} {item['metric']} on {item['machine_label']}: {item['runs']} runs, "
                      f"newest {show_value(newest['value'], unit)} ({short_commit(newest)})"
                      + (" REGRESSED" if item.get("regressed") else "")
+                     + (f" CANNOT TELL: {item['check']['reason']}" if item.get("check", {}).get("status") == "cannot_tell"
+                        else f" ({item['check']['reason']})" if item.get("regressed") else "")
                      + "".join(f"\n  change point {line}" for line in points))
     return Answer("\n".join(lines), structured)
