@@ -10,8 +10,9 @@ on the holes the live input sets of glmfb's allocations leave, on the thresholds
 side's larger temporaries raised. On the 2-core development VM (AMD EPYC, 4 KiB pages) a page
 fault costs about 0.8 µs, and a gated RMS norm on 64x4096 float32 (four temporaries of 1 MiB a
 call) took 0.64 ms with no fault and 1.4 ms with 992 a call: one allocation of a side faulted
-on every call and the next on none, and a candidate doing twice the work (128 rows) read
-+156% and up to +277% where a plain loop read +104% (docs/bench.md, "The size of a slowdown").
+on every call and the next on none; a candidate on 1.5x the rows read +153% [+89, +237] where
+a plain loop read +57% (docs/bench.md, "The size of a slowdown"; issue 53: twice the rows read
++277%).
 
 :func:`pin_heap` sets ``M_TRIM_THRESHOLD`` to -1 (never trim) and ``M_MMAP_THRESHOLD`` to its
 largest value, 32 MiB: after warm-up a temporary below 32 MiB reuses heap memory on both sides,
