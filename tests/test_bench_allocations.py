@@ -13,6 +13,7 @@ import torch
 
 from glmfb.bench.allocations import (
     Blocks,
+    calibrate_each,
     calls_per_sample,
     kernel_name,
     load_side,
@@ -41,6 +42,12 @@ def seeded_factory(shape: tuple[int, ...], seed: int = 0, scale: float = 1.0) ->
 
     kernel.flops_per_call = x.numel()  # type: ignore[attr-defined]
     return kernel
+
+
+def rows_factory(shape: tuple[int, ...], seed: int = 0, scale: float = 1.0) -> Any:
+    """The same ops on ``scale`` times the rows (issue 53's size of a slowdown)."""
+    x = torch.randn((round(shape[0] * scale), *shape[1:]), generator=torch.Generator().manual_seed(seed))
+    return lambda: (x * 2 + 1).sum()
 
 
 def raising_factory(shape: tuple[int, ...]) -> Any:
@@ -133,6 +140,53 @@ def test_pairs_run_in_abba_blocks_far_above_timer_resolution() -> None:
     assert set(blocks.allocations_of("candidate")) == set(range(setup.plan.ab_pairs))
 
 
+def test_each_side_gets_its_own_calls_per_sample_in_whole_rotations() -> None:
+    """A candidate doing 4x the work gets about a quarter of the baseline's calls per sample, so
+    both sides' samples last about as long: with equal calls its samples lasted 4x as long, and
+    host load covering both samples of its BB in an ABBA block inflated the change. Each sample
+    is whole rotations over the input sets."""
+    from glmfb.bench.heap import pin_heap
+
+    pin_heap()  # as the engine does: unpinned, the temporaries' page faults decide the calls
+    timer = CpuTimer()
+    base = load_side("baseline", Target(f"{HERE}:rows_factory"), (256, 1024), 2)
+    cand = load_side("candidate", Target(f"{HERE}:rows_factory", {"scale": 4.0}), (256, 1024), 2)
+    for side in (base, cand):
+        warm_up(side)
+    calls = calibrate_each(timer, [base, cand], 2e-3)
+    assert 2.0 <= calls["baseline"] / calls["candidate"] <= 8.0, calls
+    # whole rotations: the faster of two samples must not pick the luckier input set
+    assert calls["baseline"] % 2 == 0 and calls["candidate"] % 2 == 0, calls
+    setup = prepare_pairs(timer, Target(f"{HERE}:rows_factory"), Target(f"{HERE}:rows_factory", {"scale": 4.0}),
+                          (256, 1024), input_sets=2, sample_s=2e-3, budget_s=0.4, max_pairs=6)
+    assert setup.calls_per_sample > setup.candidate_calls_per_sample >= 1
+    assert setup.calls_per_sample % 2 == 0 and setup.candidate_calls_per_sample % 2 == 0
+    hot = prepare_pairs(timer, Target(f"{HERE}:rows_factory"), Target(f"{HERE}:rows_factory", {"scale": 4.0}),
+                        (256, 1024), input_sets=1, sample_s=2e-3, budget_s=0.4, max_pairs=2, min_pairs=2,
+                        with_aa=False)
+    assert hot.calls_per_sample > hot.candidate_calls_per_sample >= 1
+
+
+def test_pinned_heap_lets_temporaries_reuse_memory() -> None:
+    """glibc's malloc mmaps (or trims back) blocks of a kernel's temporaries, so some calls fault
+    their pages in again, depending on the heap's state; pinned, a warm kernel faults none."""
+    import resource
+
+    from glmfb.bench.heap import pin_heap
+
+    done = pin_heap()
+    if not done.startswith("glibc"):
+        pytest.skip(f"the heap is {done}")
+    assert pin_heap() == done  # once per process
+    x = torch.randn(512, 1024)  # 2 MiB; each call makes three temporaries of its size
+    for _ in range(5):
+        ((x * 2) + x).sum()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(50):
+        ((x * 2) + x).sum()
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 50  # not 3 x 512 pages a call
+
+
 def test_plan_pairs_by_budget_memory_and_setup() -> None:
     assert plan_pairs(10.0, 0.004).ab_pairs == 24  # small kernel: the maximum
     slow = plan_pairs(10.0, 0.2)  # 50 ms calls: the minimum, 6 pairs
@@ -153,7 +207,7 @@ class ScriptedTimer:
         self.clock = clock
         self.rng = random.Random(seed)
 
-    def prepare(self, kernels: Sequence[Kernel], calls: int) -> Loop:
+    def prepare(self, kernels: Sequence[Kernel], calls: int, *, warm: int = 0, settle: bool = False) -> Loop:
         order = [kernels[i % len(kernels)] for i in range(calls)]
 
         def run() -> Any:
@@ -280,3 +334,18 @@ def test_gpu_end_to_end_tiled_vs_fused_on_cuda() -> None:
         assert verdict.status is Status.FAIL, verdict.why
         harness = verdict.find(BenchHarness)
         assert harness is not None and harness.timer == "cuda-events" and harness.cuda_graph is cuda_graph
+
+
+def test_a_settled_sample_first_calls_every_set_once_untimed() -> None:
+    """Each sample of the main measurement starts after one untimed call of every input set of
+    its side, so it finds the cache as its own calls leave it, whichever side ran before it."""
+    calls: list[int] = []
+    kernels = [lambda i=i: calls.append(i) for i in range(4)]
+    timer = CpuTimer()
+    loop = timer.prepare(kernels, 4, settle=True)
+    timer.measure(loop)
+    assert calls == [1, 2, 3, 0, 0, 1, 2, 3]
+    calls.clear()
+    one = timer.prepare(kernels, 2)  # half a rotation: the next run goes on with set 2
+    timer.measure(one)
+    assert calls == [0, 1]

@@ -152,11 +152,42 @@ def per_call_s(run: Callable[[int], float], sample_s: float) -> float:
 
 def calibrate(timer: Timer, sides: list[Side], sample_s: float) -> int:
     """Calls per sample, the same for every side, chosen so that the *fastest* side's sample
-    lasts at least ``sample_s`` (far above timer resolution)."""
-    def run_of(side: Side) -> Callable[[int], float]:
-        return lambda calls: timed(timer, side, timer.prepare(side.kernels, calls), f"calibration ({calls} calls)")[0]
+    lasts at least ``sample_s`` (far above timer resolution). One target alone."""
+    return calls_per_sample(min(_per_call(timer, side, sample_s) for side in sides), sample_s)
 
-    return calls_per_sample(min(per_call_s(run_of(side), sample_s) for side in sides), sample_s)
+
+def calibrate_each(timer: Timer, sides: list[Side], sample_s: float) -> dict[str, int]:
+    """Calls per sample of each side: whole rotations over its input sets, as many as make its
+    sample last about as long as the other side's, and at least ``sample_s``.
+
+    A pair's sides get the same sample length, not the same calls: with equal calls a candidate
+    doing k times the work takes samples k times as long, so a burst of host load (on a shared
+    host, milliseconds long) covers both of its adjacent samples in an ABBA block (``BB``) far
+    more often than the baseline's, and the block's faster-of-two no longer removes it. And each
+    sample is whole rotations, so that it times every input set alike: a sample of one call
+    times one set, and the faster of two such samples picks the luckier set (where its buffers
+    landed), which flattered the side with fewer calls. Each block's effect is a ratio of
+    per-call times, so the calls may differ."""
+    per_call = {side.label: math.inf for side in sides}
+    for _ in range(2):  # the sides in turn, twice: the first pass after warm-up read 2-4x slow at times
+        for side in sides:
+            per_call[side.label] = min(per_call[side.label], _per_call(timer, side, sample_s, repeats=3))
+    sets = {side.label: max(1, len(side.kernels)) for side in sides}
+    lasts = max(sample_s, *(sets[label] * per_call[label] for label in per_call))
+    return {label: sets[label] * max(1, round(calls_per_sample(per_call[label], lasts) / sets[label]))
+            for label in per_call}
+
+
+def _per_call(timer: Timer, side: Side, sample_s: float, repeats: int = 1) -> float:
+    """Seconds per call of ``side`` (:func:`per_call_s`); with ``repeats``, the fastest of that
+    many runs of the calls it settled on (noise on a shared host only adds time, and one run
+    that a burst hit gave a side 4x the other's calls per sample)."""
+    def run(calls: int) -> float:
+        return timed(timer, side, timer.prepare(side.kernels, calls), f"calibration ({calls} calls)")[0]
+
+    first = per_call_s(run, sample_s)
+    calls = calls_per_sample(first, sample_s / 8)
+    return min([first, *(run(calls) / calls for _ in range(repeats - 1))])
 
 
 @dataclass
@@ -283,7 +314,7 @@ class PairSetup:
     """The pairs of one shape's comparison, ready to run, and how they were set up."""
 
     pairs: list[Pair]
-    calls_per_sample: int
+    calls_per_sample: int  # the baseline's (and the A/A pairs')
     baseline: Side  # the first allocation of each side: declared work, names
     candidate: Side
     plan: PairPlan
@@ -291,6 +322,7 @@ class PairSetup:
     setup_s: float  # loading and warming the allocations after the first pair
     bytes_per_allocation: int | None
     block_s: float  # one ABBA block, as calibrated
+    candidate_calls_per_sample: int = 0  # the candidate's: each side's sample lasts about sample_s
 
 
 def timed(timer: Timer, side: Side, loop: Loop, call: str) -> tuple[float, Any]:
@@ -340,15 +372,24 @@ def prepare_pairs(
     )
     for side in first.values():
         warm_up(side)
-    calls = calibrate(timer, list(first.values()), sample_s)
+    calls = calibrate_each(timer, list(first.values()), sample_s)
 
-    def prepare(kernels: list[Kernel]) -> Loop:
-        return timer.prepare(kernels, calls, warm=warm_calls) if warm_calls else timer.prepare(kernels, calls)
+    def prepare(label: str, kernels: list[Kernel]) -> Loop:
+        # Each sample starts after one untimed call of every set of its side (the hot check: its
+        # one set, warm_calls times), so that it finds the cache as its own calls leave it,
+        # whichever side ran before it: without, the second sample of the side whose samples
+        # came together in an ABBA block found its sets fresh and the other side's did not, and
+        # the candidate on 1.5x the rows of a matrix product read +55% and +57% for +49%.
+        if warm_calls:
+            return timer.prepare(kernels, calls[label], warm=warm_calls)
+        return timer.prepare(kernels, calls[label], settle=True)
 
-    loops = {label: prepare(side.kernels) for label, side in first.items()}
+    loops = {label: prepare(label, side.kernels) for label, side in first.items()}
     sample_times = {label: timed(timer, first[label], loop, "a timed call")[0] for label, loop in loops.items()}
-    block_s = 2.0 * sum(sample_times.values())
-    per_call_s = max(sample_times.values()) / calls
+    per_call_s = max(sample_times[label] / calls[label] for label in sample_times)
+    untimed = {label: (warm_calls if warm_calls else input_sets) * sample_times[label] / calls[label]
+               for label in sample_times}
+    block_s = 2.0 * sum(sample_times[label] + untimed[label] for label in sample_times)
     setup_per_pair = load_s + 4 * input_sets * per_call_s  # load, and two warm-up calls a set a side
     plan = plan_pairs(
         budget_s, block_s, setup_s_per_pair=setup_per_pair,
@@ -358,7 +399,7 @@ def prepare_pairs(
     )
     if progress is not None:
         progress(f"{plan.ab_pairs} allocation pairs and {plan.aa_pairs} A/A pairs ({plan.limited_by}), "
-                 f"{calls} calls per sample")
+                 f"{calls['baseline']} and {calls['candidate']} calls per sample (baseline, candidate)")
     started_setup = clock()
     targets = {"baseline": baseline, "candidate": candidate}
 
@@ -372,17 +413,17 @@ def prepare_pairs(
     for j in range(1, plan.ab_pairs):
         order = ("baseline", "candidate") if j % 2 == 0 else ("candidate", "baseline")
         sides = {label: allocate(label, j) for label in order}
-        pairs.append(Pair("ab", j, *(_arm(timer, sides[label], prepare(sides[label].kernels), j)
+        pairs.append(Pair("ab", j, *(_arm(timer, sides[label], prepare(label, sides[label].kernels), j)
                                      for label in ("baseline", "candidate"))))
     for m in range(plan.aa_pairs):
         slot = plan.ab_pairs + m
         a, b = allocate("baseline", slot), allocate("baseline", slot)
         allocation = plan.ab_pairs + 2 * m
         pairs.append(Pair("aa", plan.ab_pairs + m,
-                          _arm(timer, a, prepare(a.kernels), allocation),
-                          _arm(timer, b, prepare(b.kernels), allocation + 1)))
-    return PairSetup(pairs, calls, first["baseline"], first["candidate"], plan, input_sets,
-                     clock() - started_setup, bytes_per_allocation, block_s)
+                          _arm(timer, a, prepare("baseline", a.kernels), allocation),
+                          _arm(timer, b, prepare("baseline", b.kernels), allocation + 1)))
+    return PairSetup(pairs, calls["baseline"], first["baseline"], first["candidate"], plan, input_sets,
+                     clock() - started_setup, bytes_per_allocation, block_s, calls["candidate"])
 
 
 @dataclass

@@ -63,7 +63,8 @@ class ShapeChange(Evidence):
     fdr_significant: bool | None = None
     blocks: int | None = None
     looks: int | None = None
-    calls_per_sample: int | None = None
+    calls_per_sample: int | None = None  # the baseline's (and the A/A pairs')
+    candidate_calls_per_sample: int | None = None  # each side's sample lasts about --sample-ms
     baseline_median_s: float | None = None
     candidate_median_s: float | None = None
     ratio_of_medians_change: float | None = None
@@ -242,6 +243,7 @@ class BenchHarness(Evidence):
     device_name: str | None = None
     l2_flush_bytes: int | None = None
     cuda_graph: bool | None = None
+    heap: str | None = None  # the C heap during a CPU comparison (glmfb.bench.heap)
 
 
 @evidence_kind

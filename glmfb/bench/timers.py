@@ -34,9 +34,10 @@ class Loop:
 class Timer(Protocol):
     device: str
 
-    def prepare(self, kernels: Sequence[Kernel], calls: int, *, warm: int = 0) -> Loop:
+    def prepare(self, kernels: Sequence[Kernel], calls: int, *, warm: int = 0, settle: bool = False) -> Loop:
         """``calls`` calls rotating over ``kernels``; ``warm``: untimed calls before each
-        timed run (:attr:`Loop.warm`)."""
+        timed run (:attr:`Loop.warm`); ``settle``: one untimed call of every set before each
+        timed run instead (CPU only)."""
         ...
 
     def measure(self, loop: Loop) -> tuple[float, Any]:
@@ -75,6 +76,16 @@ class _Rotation:
             result = kernel()
         return result
 
+    def settler(self) -> Callable[[], Any]:
+        """One untimed call of every set, ending with the set the next run starts with."""
+
+        def settle() -> None:
+            n = len(self.kernels)
+            for i in range(1, n + 1):
+                self.kernels[(self.start + i) % n]()
+
+        return settle
+
     def warmer(self, calls: int) -> Callable[[], Any] | None:
         """``calls`` untimed calls of the set the next run starts with (None for none)."""
         if calls <= 0:
@@ -97,9 +108,9 @@ class CpuTimer:
 
     device = "cpu"
 
-    def prepare(self, kernels: Sequence[Kernel], calls: int, *, warm: int = 0) -> Loop:
+    def prepare(self, kernels: Sequence[Kernel], calls: int, *, warm: int = 0, settle: bool = False) -> Loop:
         rotation = _rotation(kernels, calls)
-        return Loop(calls, rotation, rotation.warmer(warm))
+        return Loop(calls, rotation, rotation.settler() if settle and not warm else rotation.warmer(warm))
 
     def measure(self, loop: Loop) -> tuple[float, Any]:
         run = loop.run
@@ -137,7 +148,8 @@ class CudaTimer:
         self._start = torch.cuda.Event(enable_timing=True)
         self._end = torch.cuda.Event(enable_timing=True)
 
-    def prepare(self, kernels: Sequence[Kernel], calls: int, *, warm: int = 0) -> Loop:
+    def prepare(self, kernels: Sequence[Kernel], calls: int, *, warm: int = 0, settle: bool = False) -> Loop:
+        """``settle`` is ignored: every sample starts after the L2 flush instead."""
         torch = self._torch
         run = _rotation(kernels, calls)
         if not self.use_graph:

@@ -328,3 +328,34 @@ def clamp_activations_defensive_copy(shape: tuple[int, ...], seed: int = 0) -> K
     """``ActivationClamp(defensive_copy=True)``: a clone of the input on every call."""
     x, clamp = _randn(_rows(shape), seed), ActivationClamp(defensive_copy=True)
     return lambda: clamp(x)
+
+
+# ---- the same ops on k times the rows: the size of a slowdown (issue 53) ---------------------
+
+
+def _scaled_rows(rows: int, scale: float) -> int:
+    scaled = round(rows * scale)
+    if scaled < 1 or abs(scaled - rows * scale) > 1e-9:
+        raise ValueError(f"scale {scale} of {rows} rows is not a whole number of rows")
+    return scaled
+
+
+def rmsnorm_rows(shape: tuple[int, ...], seed: int = 0, scale: float = 1.0) -> Kernel:
+    """A gated RMS norm (memory-bound: a few elementwise passes and a row mean) on ``scale``
+    times the rows of ``shape``: ``scale=2`` does exactly twice the work of ``scale=1``."""
+    rows, cols = _rows(shape)
+    rows = _scaled_rows(rows, scale)
+    x, g, w = _randn((rows, cols), seed), _randn((rows, cols), seed, 1), _randn((cols,), seed, 2)
+
+    def kernel() -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w * F.silu(g)
+
+    return kernel
+
+
+def matmul_rows(shape: tuple[int, ...], seed: int = 0, scale: float = 1.0) -> Kernel:
+    """``torch.matmul`` of an (n * scale) x k by a k x m matrix (compute-bound): ``scale=2``
+    does exactly twice the multiply-adds of ``scale=1``."""
+    n, k, m = _mnk(shape)
+    a, b = _randn((_scaled_rows(n, scale), k), seed), _randn((k, m), seed, 1)
+    return lambda: torch.matmul(a, b)
