@@ -165,15 +165,52 @@ def test_a_change_points_line_names_the_runs_its_start_may_be_at() -> None:
     assert "bootstrap" not in sharp
 
 
-def test_a_series_too_short_to_split_imports_neither_ruptures_nor_scipy() -> None:
-    """Most runs' reports read a history of a few runs: they must not pay ruptures' and
-    scipy's imports (0.5-1.7 s a run here) for a series with no split to make."""
+def test_a_series_imports_neither_ruptures_nor_scipy() -> None:
+    """A recording run's report reads its series' history: it must not pay ruptures' and
+    scipy's imports (1.5 s a run here), for a series too short to split or a long one."""
     import subprocess
     import sys
 
     code = ("import sys\nfrom glmfb.workflows.history.changepoints import Observation, change_points\n"
             "assert change_points([Observation(v) for v in (1.0, 1.1, 0.9, 1.0, 1.05)]) == []\n"
+            "assert change_points([Observation(1.0 + 0.01 * (i % 3) + (0.5 if i >= 30 else 0)) for i in range(60)])\n"
             "print(sorted(m for m in ('ruptures', 'scipy') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+
+
+def test_the_candidates_are_ruptures_binary_segmentation_split_for_split() -> None:
+    """glmfb's binary segmentation is ruptures' ``Binseg(model="l2", min_size, jump=1)``, on
+    steps, creeps, spikes, flat and tied series of 3 to 200 runs."""
+    import random
+
+    import numpy as np
+    import ruptures
+
+    from glmfb.workflows.history.changepoints import _candidates
+
+    rng = random.Random(5)
+    series: list[list[float]] = [[1.0] * 12, [1.0, 2.0] * 10, [0.5] * 3]
+    for length in (4, 7, 15, 24, 60, 200):
+        for _ in range(6):
+            level = rng.choice([0.0, 1.0, 100.0])
+            steps = {rng.randrange(length): rng.gauss(0, 1) for _ in range(rng.randrange(4))}
+            values, current = [], level
+            for index in range(length):
+                current += steps.get(index, 0.0) + rng.choice([0.0, 0.01]) * index / length
+                values.append(round(current + rng.gauss(0, rng.choice([0.0, 0.01, 0.3])), rng.choice([2, 6, 12])))
+            series.append(values)
+    for values in series:
+        for min_segment in (2, 3, 5):
+            most = len(values) // min_segment - 1
+            if most < 1:
+                assert _candidates(values, min_segment) == []
+                continue
+            try:
+                ends = ruptures.Binseg(model="l2", min_size=min_segment, jump=1).fit(
+                    np.asarray(values, dtype=np.float64)).predict(n_bkps=most)
+                expected = sorted(int(e) for e in ends if e < len(values))
+            except ruptures.exceptions.BadSegmentationParameters:
+                expected = []
+            assert _candidates(values, min_segment) == expected, (values, min_segment)

@@ -4,8 +4,8 @@ The method is E-divisive's shape as Otava runs it (binary segmentation proposes,
 minimum segment length disposes, the weakest point is merged away and its neighbours re-tested),
 with each run's own interval in the test and the test calibrated for the search:
 
-1. **Candidates.** ruptures' binary segmentation (``Binseg``, least-squares cost: a change in
-   mean) on the point values proposes every split it can make with segments of at least
+1. **Candidates.** A binary segmentation (ruptures' ``Binseg``, least-squares cost: a change in
+   mean, written here split for split so a run does not import ruptures and scipy) on the point values proposes every split it can make with segments of at least
    ``min_segment`` runs: more than any series holds for real.
 2. **The test.** A candidate is tested between its neighbours with Welch's t statistic. A
    segment's level is the mean of its runs; the variance of that mean is the one-way
@@ -235,21 +235,41 @@ def _despiked(observations: Sequence[Observation], min_segment: int) -> list[Obs
 
 
 def _candidates(values: Sequence[float], min_segment: int) -> list[int]:
-    """Every split ruptures' binary segmentation makes with segments of ``min_segment`` runs
-    or more (the first index of each new segment). A series too short to split imports
-    nothing: most runs' reports read a history of a few runs, and ruptures brings scipy."""
+    """Every split a binary segmentation with the l2 cost makes with segments of
+    ``min_segment`` runs or more (the first index of each new segment): ruptures'
+    ``Binseg(model="l2", min_size=min_segment, jump=1).predict(n_bkps=len // min_segment - 1)``,
+    split for split (``tests/test_history_changepoints.py`` checks it against ruptures). Written
+    here: importing ruptures brings scipy, 1.5 s of every recording run's report."""
     most = len(values) // min_segment - 1
     if most < 1:
         return []
-    import numpy as np
-    import ruptures
+    import functools
 
-    signal = np.asarray(values, dtype=np.float64)
-    try:
-        ends = ruptures.Binseg(model="l2", min_size=min_segment, jump=1).fit(signal).predict(n_bkps=most)
-    except ruptures.exceptions.BadSegmentationParameters:
-        return []
-    return sorted(int(e) for e in ends if e < len(values))
+    import numpy as np
+
+    signal = np.asarray(values, dtype=np.float64).reshape(-1, 1)
+
+    def cost(start: int, end: int) -> float:  # ruptures' CostL2.error
+        return float(signal[start:end].var(axis=0).sum() * (end - start))
+
+    @functools.cache
+    def best_split(start: int, end: int) -> tuple[int | None, float]:  # ruptures' Binseg.single_bkp
+        whole = cost(start, end)
+        gains = [(whole - cost(start, split) - cost(split, end), split) for split in range(start, end)
+                 if split - start >= min_segment and end - split >= min_segment]
+        if not gains:
+            return None, 0.0
+        gain, split = max(gains)
+        return split, gain
+
+    ends = [len(values)]
+    while len(ends) - 1 < most:
+        split, _ = max((best_split(start, end) for start, end in zip([0, *ends], ends, strict=False)),
+                       key=lambda found: found[1])
+        if split is None:
+            break
+        ends = sorted([*ends, split])
+    return [e for e in ends if e < len(values)]
 
 
 @dataclass(frozen=True)
