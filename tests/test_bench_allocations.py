@@ -207,7 +207,7 @@ class ScriptedTimer:
         self.clock = clock
         self.rng = random.Random(seed)
 
-    def prepare(self, kernels: Sequence[Kernel], calls: int, *, warm: int = 0, settle: bool = False) -> Loop:
+    def prepare(self, kernels: Sequence[Kernel], calls: int) -> Loop:
         order = [kernels[i % len(kernels)] for i in range(calls)]
 
         def run() -> Any:
@@ -334,18 +334,3 @@ def test_gpu_end_to_end_tiled_vs_fused_on_cuda() -> None:
         assert verdict.status is Status.FAIL, verdict.why
         harness = verdict.find(BenchHarness)
         assert harness is not None and harness.timer == "cuda-events" and harness.cuda_graph is cuda_graph
-
-
-def test_a_settled_sample_first_calls_every_set_once_untimed() -> None:
-    """Each sample of the main measurement starts after one untimed call of every input set of
-    its side, so it finds the cache as its own calls leave it, whichever side ran before it."""
-    calls: list[int] = []
-    kernels = [lambda i=i: calls.append(i) for i in range(4)]
-    timer = CpuTimer()
-    loop = timer.prepare(kernels, 4, settle=True)
-    timer.measure(loop)
-    assert calls == [1, 2, 3, 0, 0, 1, 2, 3]
-    calls.clear()
-    one = timer.prepare(kernels, 2)  # half a rotation: the next run goes on with set 2
-    timer.measure(one)
-    assert calls == [0, 1]

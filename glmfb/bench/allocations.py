@@ -375,21 +375,14 @@ def prepare_pairs(
     calls = calibrate_each(timer, list(first.values()), sample_s)
 
     def prepare(label: str, kernels: list[Kernel]) -> Loop:
-        # Each sample starts after one untimed call of every set of its side (the hot check: its
-        # one set, warm_calls times), so that it finds the cache as its own calls leave it,
-        # whichever side ran before it: without, the second sample of the side whose samples
-        # came together in an ABBA block found its sets fresh and the other side's did not, and
-        # the candidate on 1.5x the rows of a matrix product read +55% and +57% for +49%.
         if warm_calls:
             return timer.prepare(kernels, calls[label], warm=warm_calls)
-        return timer.prepare(kernels, calls[label], settle=True)
+        return timer.prepare(kernels, calls[label])
 
     loops = {label: prepare(label, side.kernels) for label, side in first.items()}
     sample_times = {label: timed(timer, first[label], loop, "a timed call")[0] for label, loop in loops.items()}
+    block_s = 2.0 * sum(sample_times.values())
     per_call_s = max(sample_times[label] / calls[label] for label in sample_times)
-    untimed = {label: (warm_calls if warm_calls else input_sets) * sample_times[label] / calls[label]
-               for label in sample_times}
-    block_s = 2.0 * sum(sample_times[label] + untimed[label] for label in sample_times)
     setup_per_pair = load_s + 4 * input_sets * per_call_s  # load, and two warm-up calls a set a side
     plan = plan_pairs(
         budget_s, block_s, setup_s_per_pair=setup_per_pair,

@@ -34,10 +34,9 @@ class Loop:
 class Timer(Protocol):
     device: str
 
-    def prepare(self, kernels: Sequence[Kernel], calls: int, *, warm: int = 0, settle: bool = False) -> Loop:
+    def prepare(self, kernels: Sequence[Kernel], calls: int, *, warm: int = 0) -> Loop:
         """``calls`` calls rotating over ``kernels``; ``warm``: untimed calls before each
-        timed run (:attr:`Loop.warm`); ``settle``: one untimed call of every set before each
-        timed run instead (CPU only)."""
+        timed run (:attr:`Loop.warm`)."""
         ...
 
     def measure(self, loop: Loop) -> tuple[float, Any]:
@@ -76,16 +75,6 @@ class _Rotation:
             result = kernel()
         return result
 
-    def settler(self) -> Callable[[], Any]:
-        """One untimed call of every set, ending with the set the next run starts with."""
-
-        def settle() -> None:
-            n = len(self.kernels)
-            for i in range(1, n + 1):
-                self.kernels[(self.start + i) % n]()
-
-        return settle
-
     def warmer(self, calls: int) -> Callable[[], Any] | None:
         """``calls`` untimed calls of the set the next run starts with (None for none)."""
         if calls <= 0:
@@ -108,9 +97,9 @@ class CpuTimer:
 
     device = "cpu"
 
-    def prepare(self, kernels: Sequence[Kernel], calls: int, *, warm: int = 0, settle: bool = False) -> Loop:
+    def prepare(self, kernels: Sequence[Kernel], calls: int, *, warm: int = 0) -> Loop:
         rotation = _rotation(kernels, calls)
-        return Loop(calls, rotation, rotation.settler() if settle and not warm else rotation.warmer(warm))
+        return Loop(calls, rotation, rotation.warmer(warm))
 
     def measure(self, loop: Loop) -> tuple[float, Any]:
         run = loop.run
@@ -148,8 +137,7 @@ class CudaTimer:
         self._start = torch.cuda.Event(enable_timing=True)
         self._end = torch.cuda.Event(enable_timing=True)
 
-    def prepare(self, kernels: Sequence[Kernel], calls: int, *, warm: int = 0, settle: bool = False) -> Loop:
-        """``settle`` is ignored: every sample starts after the L2 flush instead."""
+    def prepare(self, kernels: Sequence[Kernel], calls: int, *, warm: int = 0) -> Loop:
         torch = self._torch
         run = _rotation(kernels, calls)
         if not self.use_graph:
