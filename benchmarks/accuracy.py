@@ -467,11 +467,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="only cases whose name matches (glob or substring), repeatable")
     parser.add_argument("--corpus", type=Path, default=CORPUS, help="the corpus folder")
     parser.add_argument("--json", type=Path, default=None, help="also write the table as JSON")
-    parser.add_argument("--out", type=Path, default=Path("reports"), help="where artifacts go")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where artifacts go [default: reports, or a temporary folder with --smoke]")
     parser.add_argument("-v", "--verbose", action="store_true", help="each wrong part and the why")
     parser.add_argument("--smoke", action="store_true",
                         help=f"only {', '.join(SMOKE_CASES)} unless -k chooses (CI checks the script runs)")
     options = parser.parse_args(argv)
+    scratch = None
+    if options.out is None and options.smoke:  # CI's smoke leaves the checkout's reports/ alone
+        import tempfile
+
+        scratch = tempfile.TemporaryDirectory(prefix="glmfb-accuracy-")
+        options.out = Path(scratch.name)
+    elif options.out is None:
+        options.out = Path("reports")
     if options.smoke:
         options.patterns = options.patterns or list(SMOKE_CASES)
         print(SMOKE_NOTE.format(cases=", ".join(options.patterns)), flush=True)

@@ -328,8 +328,25 @@ class Outcome:
     reading: float | None = None  # the change glmfb read (in process)
 
 
-def _glmfb(args: list[str], cwd: Path = ROOT) -> tuple[dict[str, Any] | None, subprocess.CompletedProcess[str]]:
-    done = subprocess.run([sys.executable, "-m", "glmfb", *args, "--json"], capture_output=True, text=True, cwd=cwd)
+def _runs() -> Path:
+    """A scratch folder the glmfb commands run in, so their run folders land there and never in
+    the checkout's reports/ (removed at exit)."""
+    global _RUNS
+    if _RUNS is None:
+        import atexit
+        import shutil
+
+        _RUNS = Path(tempfile.mkdtemp(prefix="glmfb-detection-power-"))
+        atexit.register(shutil.rmtree, _RUNS, True)
+    return _RUNS
+
+
+_RUNS: Path | None = None
+
+
+def _glmfb(args: list[str]) -> tuple[dict[str, Any] | None, subprocess.CompletedProcess[str]]:
+    done = subprocess.run([sys.executable, "-m", "glmfb", *args, "--json"], capture_output=True, text=True,
+                          cwd=_runs(), env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         return json.loads(done.stdout), done
     except json.JSONDecodeError:
@@ -517,7 +534,8 @@ def check_units(directory: Path) -> list[str]:
 
 
 def _started(command: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=_runs(),
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 # --------------------------------------------------------------------------------------------

@@ -151,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--load", type=Path, help="read the noise pools from this JSON file (no measuring)")
     args = parser.parse_args(argv)
     count, runs = (5, 20) if args.smoke else (args.series, args.runs)
+    if args.smoke:
+        print("smoke run (--smoke): 5 series, noise pools of 20 runs; its figures are not the benchmark's")
     started = time.perf_counter()
     load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
     if args.load:

@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -102,10 +103,11 @@ async def bench_steps(call: Callable[[str, dict[str, Any]], Awaitable[dict[str, 
                          "shapes": ["8x4096"], "budget": budget, "name": "after-the-fix"})
 
 
-async def main(http: bool, budget: str, benches: bool = True, follow_bench: bool = True) -> None:
+async def main(http: bool, budget: str, out: Path, benches: bool = True, follow_bench: bool = True) -> None:
+    """The loop against a server rooted at the repository, its runs (and their history) in ``out``."""
     if not http:
-        params = StdioServerParameters(command=sys.executable, args=["-m", "glmfb", "mcp", "--root", str(ROOT)],
-                                       env=dict(os.environ))
+        params = StdioServerParameters(command=sys.executable, args=["-m", "glmfb", "mcp", "--root", str(ROOT),
+                                                                     "--out", str(out)], env=dict(os.environ))
         async with Client(params) as client:
             await loop(client, budget, benches, follow_bench)
         return
@@ -113,7 +115,7 @@ async def main(http: bool, budget: str, benches: bool = True, follow_bench: bool
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     token = secrets.token_urlsafe(32)
-    server = subprocess.Popen([sys.executable, "-m", "glmfb", "mcp", "--root", str(ROOT), "--http",
+    server = subprocess.Popen([sys.executable, "-m", "glmfb", "mcp", "--root", str(ROOT), "--out", str(out), "--http",
                                f"127.0.0.1:{port}", "--token", token])
     try:
         deadline = time.monotonic() + 60
@@ -140,11 +142,14 @@ if __name__ == "__main__":
     parser.add_argument("--http", action="store_true", help="serve over streamable HTTP instead of stdio")
     parser.add_argument("--smoke", action="store_true", help="0.5 s budgets, stdio then HTTP (CI checks the script runs)")
     options = parser.parse_args()
-    if not options.smoke:
-        anyio.run(main, options.http, "3s")
-    else:
-        print(SMOKE_NOTE, flush=True)
-        print("\n== over stdio ==", flush=True)
-        anyio.run(main, False, "0.5s", True, False)
-        print("\n== over streamable HTTP, with the token (bench steps left out) ==", flush=True)
-        anyio.run(main, True, "0.5s", False)
+    os.environ.pop("GLMFB_HISTORY", None)  # the runs' history goes beside them, in the scratch folder
+    with tempfile.TemporaryDirectory(prefix="glmfb-mcp-loop-") as scratch:
+        runs = Path(scratch) / "reports"  # not the checkout's reports/
+        if not options.smoke:
+            anyio.run(main, options.http, "3s", runs)
+        else:
+            print(SMOKE_NOTE, flush=True)
+            print("\n== over stdio ==", flush=True)
+            anyio.run(main, False, "0.5s", runs, True, False)
+            print("\n== over streamable HTTP, with the token (bench steps left out) ==", flush=True)
+            anyio.run(main, True, "0.5s", runs, False)

@@ -201,7 +201,10 @@ def section_suite(which: str, runs: int, scratch: Path) -> None:
 
 
 def agent_loop(warm: bool, budget: str, benches: bool) -> tuple[float, list[tuple[str, float]]]:
-    """One loop of benchmarks/mcp_agent_loop.py over stdio: its wall time and each call's."""
+    """One loop of benchmarks/mcp_agent_loop.py over stdio (its runs in a scratch folder): its wall
+    time and each call's."""
+    import tempfile
+
     import anyio
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -217,8 +220,8 @@ def agent_loop(warm: bool, budget: str, benches: bool) -> tuple[float, list[tupl
     transcript = io.StringIO()
     started = time.perf_counter()
     try:
-        with contextlib.redirect_stdout(transcript):
-            anyio.run(mcp_agent_loop.main, False, budget, benches, True)
+        with contextlib.redirect_stdout(transcript), tempfile.TemporaryDirectory(prefix="glmfb-agent-loop-") as runs:
+            anyio.run(mcp_agent_loop.main, False, budget, Path(runs) / "reports", benches, True)
     finally:
         if saved is None:
             os.environ.pop("GLMFB_WORKERS", None)

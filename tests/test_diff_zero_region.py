@@ -255,9 +255,12 @@ def test_a_split_k_matmul_names_no_boundary_and_its_clean_twin_passes(tmp_path: 
     assert code == 1 and found["diagnosis"]["rule"] == "rounding-size", verdict["why"]
     for phrase in BOUNDARY_TEXT:
         assert phrase not in verdict["why"], verdict["why"]
-    assert "comes by chance" in verdict["why"] and "names no position where the reordering starts" in verdict["why"]
     profile = found["position_profile"]
-    assert profile["zero_run"] >= 1 and profile["zero_run"] < profile["zero_run_needed"] and profile["boundary"] is False
+    assert profile["zero_run"] < profile["zero_run_needed"] and profile["boundary"] is False
+    # which leading positions come out exactly zero depends on the CPU's vector width (seed 28's
+    # first 5 on one host, none on another): the sentence is checked where the run is there
+    if profile["zero_run"] >= 1:
+        assert "comes by chance" in verdict["why"] and "names no position where the reordering starts" in verdict["why"]
     assert found["error_shape"]["shape"] != "step"
     # the clean twin: the same reduction on both sides
     code, clean = diff(tmp_path, KSPLIT, requests, "--atol", "0", "--rtol", "0")

@@ -352,7 +352,8 @@ def test_the_why_names_each_sides_regime_once_and_companions_that_ended_early() 
 @pytest.mark.parametrize("value", ["0", "-2", "2.5", "eight"])
 def test_a_bad_batch_is_a_one_line_usage_error(value: str, requests_file: Path, tmp_path: Path) -> None:
     result = runner.invoke(app, ["diff", "openai:http://127.0.0.1:9/v1", "openai:http://127.0.0.1:9/v1",
-                                 "--requests", str(requests_file), "--candidate-batch", value])
+                                 "--requests", str(requests_file), "--candidate-batch", value,
+                                 "--out", str(tmp_path / "reports")])
     assert result.exit_code == 2, result.output
     assert result.output.strip().count("\n") == 0 and "--candidate-batch" in result.output
     assert "Traceback" not in result.output

@@ -32,6 +32,9 @@ def mcp_command(
     max_call_s: Annotated[float, typer.Option(
         "--max-call-s", metavar="SECONDS", help="Longest time one tool call may take; a call's timeout "
         "argument is capped at it. [default: 900]", show_default=False)] = 900.0,
+    out: Annotated[Path | None, typer.Option(
+        "--out", metavar="DIR", help="Where runs go (and the default history store, DIR/history.sqlite). "
+        "[default: DIR/reports under the root]", show_default=False)] = None,
 ) -> None:
     try:
         from glmfb.workflows.mcp.server import ServerOptions, run
@@ -48,4 +51,5 @@ def mcp_command(
             console(stderr=True).print(
                 f"glmfb mcp: every request to http://{host}:{port}/mcp must carry the header "
                 f"'Authorization: Bearer {token}'", soft_wrap=True, highlight=False, markup=False)
-    run(ServerOptions(root=root, http=http, token=token, allow_commands=allow_commands, max_call_s=max_call_s))
+    run(ServerOptions(root=root, http=http, token=token, allow_commands=allow_commands, max_call_s=max_call_s,
+                      out=out))

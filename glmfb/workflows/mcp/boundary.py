@@ -40,14 +40,17 @@ class Boundary:
     allow_commands: bool = False
     max_call_s: float = DEFAULT_MAX_CALL_S
     who: str = "this server"  # what applies it, in a refusal ("glmfb --follow" for the CLI's follow-ups)
+    out: Path | None = None  # where runs go (glmfb mcp --out); None: <root>/reports
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root).resolve())
+        if self.out is not None:
+            object.__setattr__(self, "out", Path(self.out).resolve())
 
     @property
     def reports(self) -> Path:
-        """Where runs go: ``<root>/reports``, as with the CLI run in the root."""
-        return self.root / "reports"
+        """Where runs go: ``--out``, else ``<root>/reports``, as with the CLI run in the root."""
+        return self.out if self.out is not None else self.root / "reports"
 
     @property
     def history(self) -> str:

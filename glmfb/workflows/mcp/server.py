@@ -83,6 +83,7 @@ class ServerOptions:
     token: str | None = None  # over HTTP, the bearer token every request must carry
     allow_commands: bool = False
     max_call_s: float = DEFAULT_MAX_CALL_S
+    out: Path | None = None  # where runs go; None: <root>/reports
 
 
 class GlmfbServer:
@@ -386,8 +387,10 @@ def run(options: ServerOptions) -> None:
     if options.http is not None and not options.token:
         raise UsageError("glmfb mcp --http needs a bearer token", "give --token TOKEN, or leave it out to get a new one")
     listening = listen(*parse_http(options.http), options.http) if options.http is not None else None
+    out = options.out.resolve() if options.out is not None else None  # as the user wrote it, before the chdir
     os.chdir(root)
-    server = GlmfbServer(Boundary(root, allow_commands=options.allow_commands, max_call_s=options.max_call_s))
+    server = GlmfbServer(Boundary(root, allow_commands=options.allow_commands, max_call_s=options.max_call_s,
+                                  out=out))
     from glmfb.core import workers
 
     with workers.pool("mcp"):  # every call's probe forks from one warm zygote, started here
