@@ -239,7 +239,9 @@ class GapFindings:
         added; None without one, a positive gap or the baseline's median iteration."""
         only = tuple(change for change in self.grown
                      if change.baseline_s is None and not change.concurrent and (change.candidate_s or 0.0) > 0)
-        if not only or self.gap <= 0 or not self.baseline_median_s:
+        # the time the gap added must be a time: a gap of a subnormal fraction of an iteration
+        # multiplies out to 0 s (hypothesis found 5e-324), and nothing can be a share of it
+        if not only or not self.baseline_median_s or not self.gap * self.baseline_median_s > 0:
             return None
         return PhaseWeight(only, self.gap, max(self.high, self.gap), self.baseline_median_s)
 
