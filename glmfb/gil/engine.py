@@ -24,6 +24,7 @@ from glmfb.contract.evidence import ProcessExit
 from glmfb.contract.step import Intent, Step
 from glmfb.contract.verdict import Layer, Status, Verdict
 from glmfb.core.commandline import rerun_step
+from glmfb.core.io import last_lines, read_end
 from glmfb.core.measure.hostload import HostLoad, HostLoadMeter
 from glmfb.core.probe import ProbeContext
 from glmfb.core.process import describe_returncode
@@ -447,26 +448,11 @@ class _Load:
             stopped=stopped, returncode=code,
             description=describe_returncode(code) if code is not None else "still running when the window closed: "
             "stopped with its process tree",
-            stdout_tail=_tail(_file_end(self.files.load_stdout)) or None,
-            stderr_tail=_tail(_file_end(self.files.load_stderr)) or None,
+            stdout_tail=last_lines(self.files.load_stdout, 6, 600) or None,
+            stderr_tail=last_lines(self.files.load_stderr, 6, 600) or None,
             stdout=str(self.files.load_stdout), stderr=str(self.files.load_stderr),
-            reported=reported_fields(_file_end(self.files.load_stdout, 65536)),
+            reported=reported_fields(read_end(self.files.load_stdout, 65536)),
         )
-
-
-def _file_end(path: Path, limit: int = 4000) -> str:
-    """The last ``limit`` bytes of a file as text ("" when it cannot be read)."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(max(0, path.stat().st_size - limit))
-            return handle.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def _tail(text: str, lines: int = 6, limit: int = 600) -> str:
-    kept = [line for line in text.splitlines() if line.strip()]
-    return "\n".join(kept[-lines:])[-limit:]
 
 
 # ---- py-spy ------------------------------------------------------------------------------
