@@ -18,10 +18,10 @@ exactly as it reads a fresh one.
 
 from __future__ import annotations
 
-import html
 import json
 import re
 from collections.abc import Mapping, Sequence
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +43,6 @@ from glmfb.workflows.report.text import (
 )
 
 REPORT_NAME = REPORT_FILE
-
-
-def escape(text: str) -> str:
-    """``text`` for the page: HTML-escaped, a target's terminal control sequences removed and
-    its undecodable bytes as ``\\xNN`` (:func:`~glmfb.contract.text.visible_text`)."""
-    return html.escape(visible_text(text))
 
 _CSS = """
 :root{--fail:#b00020;--pass:#17702a;--warn:#9a6a00;--inc:#7a2ea0;--line:#d8d8d8;--soft:#f6f6f6}
