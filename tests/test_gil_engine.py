@@ -505,3 +505,35 @@ def test_short_holds_that_add_up_fail_on_the_waiting_threads_share(tmp_path: Pat
     starvation = _evidence(verdict, "starvation")
     waiting = {w["thread"]: w for w in starvation["waiting_for_gil"]}  # type: ignore[index, union-attr]
     assert max(w["of_runnable_share"] or 0 for w in waiting.values()) >= 0.2
+
+
+def test_a_program_that_ended_while_a_tracer_held_it_keeps_its_own_exit_status(tmp_path: Path) -> None:
+    """Under load py-spy or the native sampler can still hold the ended program under ptrace
+    when sampling stops, so its exit cannot be collected yet: stopping it then must not turn its
+    status 3 into "stopped by glmfb" (which read as a pass in CI)."""
+    from glmfb.gil.process import Launched, exited, wait_until
+
+    launched = Launched([sys.executable, "-c", "import time, sys; time.sleep(0.5); sys.exit(3)"], env=dict(os.environ),
+                        cwd=None, stdout_path=tmp_path / "out", stderr_path=tmp_path / "err")
+    tracer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import ctypes, sys, time
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+        ok = libc.ptrace(0x4206, {launched.pid}, None, None) == 0  # PTRACE_SEIZE, never waited on
+        print("seized" if ok else "refused", flush=True)
+        time.sleep(2.0)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert tracer.stdout is not None
+        if tracer.stdout.readline().strip() != "seized":
+            pytest.skip("ptrace is refused here")
+        assert wait_until(lambda: exited(launched.pid), 5.0)
+        assert launched.poll() is None  # ended, but held by the tracer: not collectable yet
+        launched.stop(grace_s=0.2)
+        assert not launched.stopped_by_glmfb
+        assert launched.poll() == 3
+    finally:
+        tracer.kill()
+        tracer.wait()
+        launched.stop(grace_s=0.2)
+        launched.close()

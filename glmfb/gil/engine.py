@@ -33,7 +33,7 @@ from glmfb.gil import pyspy
 from glmfb.gil.config import HEARTBEAT_THREAD, PYTHON, GilConfig
 from glmfb.gil.evidence import LoadRun, Readiness, reported_fields
 from glmfb.gil.groups import ThreadGroups, thread_groups, unnamed
-from glmfb.gil.process import Launched, wait_until
+from glmfb.gil.process import Launched, exited, wait_until
 from glmfb.gil.procwatch import GilWaitSampler, ThreadTime
 from glmfb.gil.rules import RULES
 from glmfb.gil.target_loop import READY_ENV
@@ -91,15 +91,6 @@ def _net_of_holder_cpu_waits(beat: hb.Heartbeat, sampler: GilWaitSampler, holder
         holder_wait = sampler.runqueue_between(holder_tid, wake - late, wake, members)
         widened.append(min(late, own + holder_wait))
     return replace(beat, cpu_wait_s=tuple(widened))
-
-
-def _exited(pid: int) -> bool:
-    """Whether process ``pid`` ended (gone, or a zombie not reaped yet), without reaping it."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            return handle.read().rpartition(")")[2].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 def python_command(config: GilConfig) -> list[str]:
@@ -315,13 +306,13 @@ def _sample_until_exit(launched: Launched, sampler: GilWaitSampler, remaining_s:
     stop the program, patiently under viztracer); the time sampling ended (monotonic)."""
     # Not Popen.wait while the sampler may hold a thread under ptrace: waitpid on the
     # program would take the stop meant for the sampler. Poll /proc instead.
-    wait_until(lambda: _exited(launched.pid), remaining_s, poll_s=0.02)
+    wait_until(lambda: exited(launched.pid), remaining_s, poll_s=0.02)
     sampling_ended = time.monotonic()
     sampler.stop()
     if window_closed is not None:
         window_closed()
     returncode = launched.poll()
-    if returncode is None and _exited(launched.pid):
+    if returncode is None and exited(launched.pid):
         # It ended, but the exit may not be collectable yet while the sampler's ptrace
         # stop is being undone: wait for the status rather than "stop" a dead program
         # (which would lose its exit code and read as a clean end).
@@ -756,7 +747,7 @@ class _Session:
             if ready.url_ok and (scanner is None or ready.log_line is not None):
                 ready.ready_s = time.monotonic() - (self.launched_s or time.monotonic())
                 return None
-            if _exited(launched.pid):
+            if exited(launched.pid):
                 return self._not_ready(launched, wanted, exited=True)
             if time.monotonic() >= deadline:
                 return self._not_ready(launched, wanted, exited=False)

@@ -58,8 +58,12 @@ class Launched:
 
     def stop(self, grace_s: float = 5.0, first_signal: int = signal.SIGTERM) -> None:
         """Signal the program, its group and every process seen below it, then SIGKILL
-        whatever is left (also after the leader exited); the leader is reaped."""
-        if self.process.poll() is None:
+        whatever is left (also after the leader exited); the leader is reaped.
+
+        A leader that already ended is not "stopped by glmfb", even while its exit cannot be
+        collected yet (a tracer such as py-spy still holds it): its own status is what the
+        wait below returns, so a crash is not mistaken for glmfb's stop."""
+        if self.process.poll() is None and not exited(self.pid):
             self.stopped_by_glmfb = True
         self.tree.stop(grace_s, first_signal)
         self.wait(5.0)
@@ -90,6 +94,15 @@ class Launched:
         from glmfb.core.io import last_lines
 
         return last_lines(self.stderr_path, 6, limit)
+
+
+def exited(pid: int) -> bool:
+    """Whether process ``pid`` ended (gone, or a zombie not reaped yet), without reaping it."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            return handle.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 def wait_until(predicate: object, timeout_s: float, poll_s: float = 0.01) -> bool:
