@@ -11,7 +11,8 @@ starts with the rest of its expectation in brackets::
     description = "[rule=precision-rounding; why=bf16|bfloat16; why-not=fp16] text"
 
 - ``rule``: the rule that must fire, named by the class of bug (the vocabulary is
-  :data:`RULES`);
+  :data:`RULES`); ``rule=a|b`` accepts either, for a case whose regime sits on the threshold
+  between two rules that name the same cause (its description says which figure decides);
 - ``why`` / ``why-not``: regular expressions (case-insensitive) the why must match / that
   neither the why nor any next step may match;
 - ``minimal-length``: the length the diff minimizer must shrink the failing request to.
@@ -92,6 +93,11 @@ class Case:
         return str(self.definition.name)
 
     @property
+    def rules(self) -> tuple[str, ...]:
+        """The rules a right verdict may fire (``rule=a|b``: either)."""
+        return tuple(self.rule.split("|"))
+
+    @property
     def kind(self) -> str:
         probe = self.definition.probe
         return str(getattr(probe, "value", probe))
@@ -143,9 +149,9 @@ def load_cases(corpus: Path = CORPUS, patterns: Sequence[str] = ()) -> list[Case
         label = definition.label
         fields = parse_tag(definition.description, label)
         kind = str(getattr(definition.probe, "value", definition.probe))
-        if fields["rule"] not in RULES[kind]:
-            raise CorpusError(f"{label}: rule {fields['rule']!r} is not a {kind} rule "
-                              f"({', '.join(RULES[kind])})")
+        for rule in fields["rule"].split("|"):
+            if rule not in RULES[kind]:
+                raise CorpusError(f"{label}: rule {rule!r} is not a {kind} rule ({', '.join(RULES[kind])})")
         if definition.expect is None or definition.expect.status is None or definition.expect.layer is None:
             raise CorpusError(f"{label}: expect needs status and layer")
         for key in ("why", "why-not"):
@@ -334,7 +340,7 @@ def score(case: Case, verdict: Any, seconds: float) -> Score:
     result.rule, result.rule_source = fired_rule(data)
     result.wrong.extend(case.definition.expect.mismatches(verdict))
     verdict = data
-    if result.rule != case.rule:
+    if result.rule not in case.rules:
         result.wrong.append(f"rule: expected {case.rule}, got {result.rule or '-'} ({result.rule_source})")
     if case.why is not None and not re.search(case.why, verdict["why"], re.IGNORECASE):
         result.wrong.append(f"why: does not match /{case.why}/")
@@ -453,7 +459,7 @@ def summary(scores: Sequence[Score]) -> str:
         f"{kind} {sum(s.right for s in scores if s.case.kind == kind)}/{sum(s.case.kind == kind for s in scores)}"
         for kind in kinds
     )
-    twins = [s for s in scores if s.case.rule in ("pass", "equivalent")]
+    twins = [s for s in scores if set(s.case.rules) & {"pass", "equivalent"}]
     busy = sum(1 for s in scores if not s.right and s.busy_host)
     return (f"right: {sum(s.right for s in scores)}/{len(scores)} ({per_kind}); clean twins "
             f"{sum(s.right for s in twins)}/{len(twins)}"

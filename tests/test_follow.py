@@ -220,3 +220,22 @@ def test_the_terminal_panel_shows_the_chain_and_the_cause(tmp_path: Path, toy: P
     assert shown.returncode == 1, shown.stderr
     assert "-> fail: toy toy-deeper at kernel=attn.inner" in shown.stdout
     assert "cause  toy toy-deeper at kernel=attn.inner" in shown.stdout
+
+
+def test_a_step_may_name_what_its_run_wrote_outside_the_root(tmp_path: Path) -> None:
+    """--out outside the working folder: a deeper step names a file its probe wrote in the run's
+    folder (a module diff's requests), which the follow-up may read; anything else outside the
+    root is refused, the refusal naming both places."""
+    from glmfb.contract.errors import InputError
+    from glmfb.workflows.mcp.boundary import Boundary
+
+    root, run = tmp_path / "project", tmp_path / "elsewhere" / "run-1"
+    root.mkdir()
+    run.mkdir(parents=True)
+    (run / "module-diff-requests.jsonl").write_text("{}\n")
+    boundary = Boundary(root, who="glmfb --follow", readable=(run,))
+    assert boundary.path(str(run / "module-diff-requests.jsonl"), "requests", must_exist=True).parent == run.resolve()
+    with pytest.raises(InputError) as refused:
+        boundary.path(str(tmp_path / "elsewhere" / "other.jsonl"), "requests")
+    assert f"outside the root {root.resolve()} and outside glmfb's own {run.resolve()}" in refused.value.message
+    assert Boundary(root).inside(run) is None  # the agent server's boundary reads no other run folder

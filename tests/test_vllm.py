@@ -68,8 +68,11 @@ SERVERS = {
     "f32": ("llama", "float32", ()),
     "f32-again": ("llama", "float32", ()),
     "bf16": ("llama", "bfloat16", ()),
-    # prefill in chunks of 16 tokens, no prefix cache: a scheduling configuration, same numerics
-    "chunked": ("llama", "float32", ("--max-num-batched-tokens", "16", "--no-enable-prefix-caching")),
+    # prefill in chunks of 16 tokens, no prefix cache: a scheduling configuration, same numerics;
+    # eager, as the f32 server it is compared with runs while it records (f32-again is the one
+    # compiled server, against the eager f32: compiling takes 35-40 s of a cold start here)
+    "chunked": ("llama", "float32", ("--max-num-batched-tokens", "16", "--no-enable-prefix-caching",
+                                     "--enforce-eager")),
     # layer 1's MLP down projection scaled by 1.01; a shutdown that lets its worker finish its capture
     "scaled": ("llama-scaled", "float32", ("--shutdown-timeout", "10")),
 }
@@ -272,6 +275,30 @@ def test_the_endpoint_to_module_step_followed_names_the_module(vllm: dict[str, S
     assert module["status"] == "fail" and module["where"]["module"] == "model.embed_tokens", module["why"]
     assert "bfloat16" in module["why"]
     print(f"the step: {step['why']}\nfollowed: {module['why']}")
+
+
+def test_followed_from_the_endpoint_to_the_module_whose_weight_changed(
+        vllm: dict[str, StartedServer], requests_file: Path, hf_models: dict[str, Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``glmfb diff ENDPOINT ENDPOINT --follow`` from the project's root (the model folders
+    under it), fp32 against the folder whose layer-1 MLP down projection is scaled by 1.01: one
+    command goes from the endpoints that part to the module diff of the two served folders,
+    which names that module; the chain's link is a whole verdict of its own."""
+    root = hf_models["llama"].parent
+    (root / "requests.jsonl").write_text(requests_file.read_text())
+    monkeypatch.chdir(root)
+    code, verdict = diff(vllm["f32"], vllm["scaled"], Path("requests.jsonl"), tmp_path, "--follow")
+    assert (code, verdict["status"]) == (1, "fail"), verdict["why"]
+    [link] = verdict["chain"]
+    assert link["step"]["intent"] == "deeper" and link["step"]["command"] == "diff", link["step"]
+    assert link["step"]["arguments"]["baseline_args"]["path"] == str(hf_models["llama"])
+    assert link["step"]["arguments"]["candidate_args"]["path"] == str(hf_models["llama-scaled"])
+    assert "verdict" in link, link
+    module = link["verdict"]
+    assert module["status"] == "fail", module["why"]
+    assert module["where"]["module"].startswith("model.layers.1.mlp.down_proj"), module["where"]
+    assert module["evidence"] and module["artifacts"], module  # a whole verdict: its own evidence and files
+    print(f"f32 vs scaled, followed: {verdict['why']}\n  -> {module['where']}: {module['why']}")
 
 
 def test_one_vllm_server_alone_against_among_seven_others(vllm: dict[str, StartedServer], requests_file: Path,

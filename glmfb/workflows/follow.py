@@ -18,10 +18,13 @@ from glmfb.workflows.mcp.follow import follows
 
 
 def follow_verdict(verdict: Verdict, options: FollowOptions, *, root: Path, artifact_dir: Path, run_id: str,
-                   progress: Callable[[str], None] | None = None, cancel: threading.Event | None = None) -> Verdict:
+                   progress: Callable[[str], None] | None = None, cancel: threading.Event | None = None,
+                   run_dir: Path | None = None) -> Verdict:
     """``verdict`` with its chain (:func:`glmfb.workflows.mcp.follow.follow_verdict`), its steps
-    checked under a boundary rooted at ``root``; ``verdict`` itself when nothing is followed
-    (and then no tool is built)."""
+    checked under a boundary rooted at ``root``, which also reads the run's own folder
+    ``run_dir`` (default: ``artifact_dir``'s parent) wherever ``--out`` put it: a step names
+    files its probe wrote there. ``verdict`` itself when nothing is followed (and then no tool
+    is built)."""
     if not follows(verdict):
         return verdict
     from glmfb.workflows.mcp import follow
@@ -29,7 +32,7 @@ def follow_verdict(verdict: Verdict, options: FollowOptions, *, root: Path, arti
     from glmfb.workflows.mcp.tools import Toolbox
 
     toolbox = Toolbox(Boundary(root, allow_commands=options.allow_commands, max_call_s=options.budget_s,
-                               who="glmfb --follow"))
+                               who="glmfb --follow", readable=(run_dir or artifact_dir.parent,)))
     return follow.follow_verdict(verdict, options, toolbox, artifact_dir=artifact_dir, run_id=run_id,
                                  progress=progress, cancel=cancel)
 

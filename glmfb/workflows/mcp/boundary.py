@@ -41,11 +41,15 @@ class Boundary:
     max_call_s: float = DEFAULT_MAX_CALL_S
     who: str = "this server"  # what applies it, in a refusal ("glmfb --follow" for the CLI's follow-ups)
     out: Path | None = None  # where runs go (glmfb mcp --out); None: <root>/reports
+    # folders outside the root whose files a call may name: the run glmfb itself is writing
+    # (--follow's steps name files their probe wrote there, such as a module diff's requests)
+    readable: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root).resolve())
         if self.out is not None:
             object.__setattr__(self, "out", Path(self.out).resolve())
+        object.__setattr__(self, "readable", tuple(Path(p).resolve() for p in self.readable))
 
     @property
     def reports(self) -> Path:
@@ -61,15 +65,20 @@ class Boundary:
         return chosen_url(None, self.reports, os.environ)
 
     def relative(self, path: Path) -> str:
-        """``path`` (under the root) as written relative to it."""
+        """``path`` as written relative to the root; absolute where it lies in a
+        :attr:`readable` folder or :attr:`out` outside it."""
+        if not (path == self.root or path.is_relative_to(self.root)):
+            return str(path)
         rel = path.relative_to(self.root)
         return str(rel) if str(rel) != "." else "."
 
     def inside(self, value: str | Path) -> Path | None:
-        """The resolved path if it lies under the root, else None."""
+        """The resolved path if it lies under the root, a :attr:`readable` folder or where runs
+        go (:attr:`out`, glmfb's own files), else None."""
         raw = Path(value)
         resolved = (raw if raw.is_absolute() else self.root / raw).resolve()
-        if resolved == self.root or resolved.is_relative_to(self.root):
+        tops = (self.root, *self.readable, *((self.out,) if self.out is not None else ()))
+        if any(resolved == top or resolved.is_relative_to(top) for top in tops):
             return resolved
         return None
 
@@ -78,7 +87,9 @@ class Boundary:
         text = _string(value, argument, "a path")
         resolved = self.inside(text)
         if resolved is None:
-            raise InputError(f"argument {argument!r}: {text} is outside the root {self.root}", ROOT_HINT)
+            others = [*self.readable, *((self.out,) if self.out is not None else ())]
+            beside = f" and outside glmfb's own {', '.join(map(str, others))}" if others else ""
+            raise InputError(f"argument {argument!r}: {text} is outside the root {self.root}{beside}", ROOT_HINT)
         if must_exist and not resolved.exists():
             raise InputError(f"argument {argument!r}: no such {what} under the root: {text}",
                              f"paths are relative to {self.root}")
