@@ -4,7 +4,7 @@ is the normalized series the quieter one, for a pure-Python kernel and for a tor
 quiet host and on a busy one?
 
     python benchmarks/reference_ratio.py [--runs 10] [--processes 8] [--budget 2] [--load]
-    python benchmarks/reference_ratio.py --smoke     # 2 runs of 2 processes: the path, not the figure
+    python benchmarks/reference_ratio.py --smoke     # torch_norm alone, 2 runs of 2 processes: the path, not the figure
 
 With ``--load`` every run is taken twice, once as it is and once beside a process of this script
 that keeps one CPU busy (a Python loop), alternating: does either series move under load, and by
@@ -109,17 +109,18 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--budget", type=float, default=2.0, help="each run's bench budget (s)")
     parser.add_argument("--load", action="store_true", help="each run also beside a process keeping one CPU busy")
-    parser.add_argument("--smoke", action="store_true", help="2 runs of 2 processes, 0.4 s: the path, not the figure")
+    parser.add_argument("--smoke", action="store_true", help="torch_norm alone, 2 runs of 2 processes, 0.4 s: the path, not the figure")
     args = parser.parse_args()
     if args.smoke:
         args.runs, args.processes, args.budget, args.load = 2, 2, 0.4, True
     folder = Path(tempfile.mkdtemp(prefix="glmfb-reference-ratio-"))
     started = time.monotonic()
-    runs: dict[str, list[dict[str, Any]]] = {kernel: [] for kernel in CASES}
+    kernels = ["torch_norm"] if args.smoke else list(CASES)  # a smoke run takes the path once, not the figure
+    runs: dict[str, list[dict[str, Any]]] = {kernel: [] for kernel in kernels}
     try:
         (folder / "kernels.py").write_text(KERNELS)
         for index in range(args.runs):
-            for kernel in CASES:
+            for kernel in kernels:
                 runs[kernel].append({**one_run(folder, kernel, args), "loaded": False})
                 if args.load:
                     spinning = hog()
