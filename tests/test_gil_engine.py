@@ -367,6 +367,9 @@ def test_trace_mode_writes_a_perfetto_trace_and_ranks_the_holder(tmp_path: Path)
     ranked = _evidence(verdict, "trace_overlap")["functions"]
     assert ranked[0]["thread"] == "moe-dispatch"  # type: ignore[index]
     assert "intranode_dispatch" in ranked[0]["function"]  # type: ignore[index]
+    # viztracer writing its trace on the way out (JSON, the GIL held) is the tracer's, not the holder
+    assert verdict.where["function"] == "intranode_dispatch", verdict.why
+    assert "viztracer" not in verdict.why and "json" not in verdict.why, verdict.why
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc")

@@ -563,6 +563,8 @@ class _Recordings:
             a group's threads under its id."""
             found = []
             for sample in recording.samples():
+                if pyspy.in_tracer_exit(sample):  # the tracer writing its trace: not the program's
+                    continue
                 if groups and groups.of(sample.thread_id) != sample.thread_id:
                     sample = replace(sample, thread_id=groups.of(sample.thread_id), thread_name=None)
                 if pyspy.in_startup(sample):

@@ -164,6 +164,19 @@ def in_startup(sample: Sample) -> bool:
     return any(frame.file.startswith(STARTUP_FILES) for frame in sample.python_frames)
 
 
+# Under --trace the program runs under viztracer, which writes its trace on the way out: a sample
+# inside its exit routine is the tracer's own work (the JSON of the whole trace, the GIL held for
+# seconds after the window closed), never the program's. Its other frames (the entry point that
+# runs the script) stay: the program's own stack hangs under them.
+TRACER_EXIT = (("/viztracer/", "exit_routine"),)
+
+
+def in_tracer_exit(sample: Sample) -> bool:
+    """Whether the sample is the tracer (viztracer) saving its trace as the program ends."""
+    return any(part in frame.file and frame.short_function == function
+               for frame in sample.python_frames for part, function in TRACER_EXIT)
+
+
 def _parse_frame(text: str) -> Frame:
     function, sep, rest = text.rpartition(" (")
     if not sep or not rest.endswith(")"):
