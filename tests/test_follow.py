@@ -111,7 +111,19 @@ def test_a_step_that_needs_a_command_line_is_refused_by_the_boundary_and_said(to
     (link,) = followed.chain
     assert link.verdict is None and link.step.command == "gil"
     assert "the boundary refuses it" in link.stopped and "glmfb --follow does not run command lines" in link.stopped
+    assert "--follow-commands lets a follow-up run it" in link.stopped  # the refusal says how, not the server's flag
     assert followed.cause is followed and followed.stopped == link.stopped
+
+
+def test_follow_commands_lets_a_follow_up_run_the_command_line(tmp_path: Path, toy: Path) -> None:
+    """``--follow-commands`` (implies --follow): the toy's deeper gil step on a command line is
+    taken, and its link is gil's whole verdict on that program."""
+    ran = _cli(tmp_path, toy, "toy", "--outcome", "fail", "--deeper", "command", "--follow-commands", "--json",
+               "--out", "out", "--no-history")
+    assert ran.returncode == 1, ran.stderr
+    (link,) = Verdict.from_dict(json.loads(ran.stdout)).chain
+    assert link.verdict is not None and link.verdict.probe == "gil", link.stopped
+    assert link.verdict.status is Status.INCONCLUSIVE and "exited (status 0) before" in link.verdict.why
 
 
 def test_a_passing_verdict_follows_nothing(toy_child: Path) -> None:
@@ -239,3 +251,36 @@ def test_a_step_may_name_what_its_run_wrote_outside_the_root(tmp_path: Path) -> 
         boundary.path(str(tmp_path / "elsewhere" / "other.jsonl"), "requests")
     assert f"outside the root {root.resolve()} and outside glmfb's own {run.resolve()}" in refused.value.message
     assert Boundary(root).inside(run) is None  # the agent server's boundary reads no other run folder
+
+
+def test_the_run_tool_follows_every_definition_when_asked(toy_child: Path) -> None:
+    """The MCP ``run`` tool's ``follow`` argument: each failing definition's chain, in one call;
+    without it a definition without its own follow key follows nothing."""
+    import threading
+    import time
+
+    import jsonschema
+
+    from glmfb.workflows.mcp.boundary import Boundary
+    from glmfb.workflows.mcp.tools import CallContext, Toolbox
+
+    (toy_child / "probes").mkdir()
+    (toy_child / "probes" / "toy.toml").write_text(
+        '[[probe]]\nname = "fails"\nprobe = "toy"\noptions = { outcome = "fail", kernel = "attn", deeper = "fail" }\n')
+    box = Toolbox(Boundary(toy_child, out=toy_child / "out"))
+
+    def call(arguments: dict[str, Any], run_id: str) -> dict[str, Any]:
+        answer = box.prepare("run", arguments).work(
+            CallContext(run_id=run_id, progress=lambda message: None, cancel=threading.Event(),
+                        deadline=time.monotonic() + 120, slot=threading.Lock()))
+        jsonschema.validate(answer.structured, box.tools["run"].output_schema)
+        return answer.structured
+
+    (followed,) = call({"follow": {"depth": 1}}, "r1")["run"]["verdicts"]
+    assert Verdict.from_dict(followed).cause.where == {"kernel": "attn.inner"}
+    (plain,) = call({}, "r2")["run"]["verdicts"]
+    assert "chain" not in plain
+    from glmfb.contract.errors import InputError
+
+    with pytest.raises(InputError, match="argument 'follow'"):
+        box.prepare("run", {"follow": "yes"})

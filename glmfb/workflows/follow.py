@@ -32,7 +32,9 @@ def follow_verdict(verdict: Verdict, options: FollowOptions, *, root: Path, arti
     from glmfb.workflows.mcp.tools import Toolbox
 
     toolbox = Toolbox(Boundary(root, allow_commands=options.allow_commands, max_call_s=options.budget_s,
-                               who="glmfb --follow", readable=(run_dir or artifact_dir.parent,)))
+                               who="glmfb --follow", readable=(run_dir or artifact_dir.parent,),
+                               commands_hint="--follow-commands lets a follow-up run it: a command line you gave, "
+                               "such as gil's trace of your program"))
     return follow.follow_verdict(verdict, options, toolbox, artifact_dir=artifact_dir, run_id=run_id,
                                  progress=progress, cancel=cancel)
 

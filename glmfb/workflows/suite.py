@@ -385,6 +385,8 @@ def follow_definition(definition: ProbeDefinition, verdict: Verdict, context: Su
     """``verdict`` with its chain when the definition or the run follows (after the suite, one
     chain at a time, so a timing probe's follow-up has the machine to itself); else as it is."""
     options = definition.follow or context.follow
+    if options is not None and context.follow is not None and context.follow.allow_commands:
+        options = replace(options, allow_commands=True)  # --follow-commands is the run's
     if options is None or context.follower is None or verdict.status is not Status.FAIL:
         return verdict
     if context.cancel is not None and context.cancel.is_set():

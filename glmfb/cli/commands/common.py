@@ -174,11 +174,15 @@ NoHistoryOpt = Annotated[
 FollowOpt = Annotated[
     bool, typer.Option("--follow/--no-follow", help="After a failing verdict, run its deeper steps (then theirs) and attach each "
                        "follow-up verdict to it: a chain down to the line. Paths under the working folder; no step "
-                       "that runs a command line."),
+                       "that runs a command line unless --follow-commands."),
 ]
 FollowDepthOpt = Annotated[
     int | None, typer.Option("--follow-depth", metavar="N", min=0,
                              help="How many levels of follow-ups (implies --follow). [default: 3]"),
+]
+FollowCommandsOpt = Annotated[
+    bool, typer.Option("--follow-commands", help="Let a follow-up run a command line (gil's trace of the command you "
+                       "gave; implies --follow). Off by default, as on the agent server."),
 ]
 FollowBudgetOpt = Annotated[
     str | None, typer.Option("--follow-budget", metavar="DURATION",
@@ -186,14 +190,14 @@ FollowBudgetOpt = Annotated[
 ]
 
 
-def follow_options(follow: bool, depth: int | None, budget: str | None) -> Any:
-    """``--follow``, ``--follow-depth``, ``--follow-budget`` as
+def follow_options(follow: bool, depth: int | None, budget: str | None, commands: bool = False) -> Any:
+    """``--follow``, ``--follow-depth``, ``--follow-budget``, ``--follow-commands`` as
     :class:`~glmfb.core.commandline.FollowOptions`; None when none was given."""
-    if not follow and depth is None and budget is None:
+    if not follow and depth is None and budget is None and not commands:
         return None
     from glmfb.core.commandline import FollowOptions
 
-    return FollowOptions.parse(depth, budget, "--follow")
+    return FollowOptions.parse(depth, budget, "--follow", allow_commands=commands)
 
 
 def shards_home(sources: Any) -> Path:

@@ -19,6 +19,7 @@ import typer
 from glmfb.cli.commands.common import (
     Command,
     FollowBudgetOpt,
+    FollowCommandsOpt,
     FollowDepthOpt,
     FollowOpt,
     emit_verdict,
@@ -110,6 +111,7 @@ def _common_parameters(probe: Probe) -> list[inspect.Parameter]:
     params.append(_param("follow", FollowOpt, False))
     params.append(_param("follow_depth", FollowDepthOpt))
     params.append(_param("follow_budget", FollowBudgetOpt))
+    params.append(_param("follow_commands", FollowCommandsOpt, False))
     params.append(_param("as_json", Annotated[bool, typer.Option(
         "--json", help="Print exactly one JSON document on stdout; human text goes to stderr.")], False))
     return params
@@ -168,7 +170,8 @@ def register_probe(app: typer.Typer, probe: Probe) -> None:
                 raise UsageError(f"--rules {file}: no such file", "give a .py file that defines RULES")
         spec = spec_from_command_line(probe, values)
         config = probe.build(spec)
-        following = follow_options(bool(values.get("follow")), values.get("follow_depth"), values.get("follow_budget"))
+        following = follow_options(bool(values.get("follow")), values.get("follow_depth"), values.get("follow_budget"),
+                                   bool(values.get("follow_commands")))
         interrupted = False
         isolate = os.environ.get("GLMFB_ISOLATE", "1") != "0"
         # cold unless GLMFB_WORKERS=on: a zygote would cost the same imports as the one child

@@ -10,6 +10,7 @@ import typer
 
 from glmfb.cli.commands.common import (
     FollowBudgetOpt,
+    FollowCommandsOpt,
     FollowDepthOpt,
     FollowOpt,
     HistoryOpt,
@@ -61,6 +62,7 @@ def run_command(
     follow: FollowOpt = False,
     follow_depth: FollowDepthOpt = None,
     follow_budget: FollowBudgetOpt = None,
+    follow_commands: FollowCommandsOpt = False,
 ) -> None:
     from glmfb.core import workers
     from glmfb.workflows import suite
@@ -72,7 +74,7 @@ def run_command(
     with workers.pool("run") as warm:  # the zygote imports while the definitions load
         timeout_s = parse_timeout(timeout)
         store = history_url(history, out, no_history)
-        following = follow_options(follow, follow_depth, follow_budget)
+        following = follow_options(follow, follow_depth, follow_budget, follow_commands)
         search = paths or ["probes"]
         definitions = suite.selected(suite.load_definitions(suite.discover(search)), select or [], search)
         notes = console(stderr=True)

@@ -44,6 +44,9 @@ class Boundary:
     # folders outside the root whose files a call may name: the run glmfb itself is writing
     # (--follow's steps name files their probe wrote there, such as a module diff's requests)
     readable: tuple[Path, ...] = ()
+    # how to allow command lines, in a refusal (the agent server's flag; --follow-commands for --follow)
+    commands_hint: str = ("start glmfb mcp with --allow-commands, or give a Python target under the root "
+                          "with 'target'")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root).resolve())
@@ -209,9 +212,7 @@ class Boundary:
             raise InputError(f"argument {argument!r}: expected a command line as a list of strings, "
                              'e.g. ["python", "serve.py"]')
         if not self.allow_commands:
-            raise InputError(f"argument {argument!r}: {self.who} does not run command lines",
-                             "start glmfb mcp with --allow-commands, or give a Python target under the root "
-                             "with 'target'")
+            raise InputError(f"argument {argument!r}: {self.who} does not run command lines", self.commands_hint)
         return tuple(value)
 
     def timeout(self, value: Any, argument: str = "timeout") -> tuple[float, str | None]:

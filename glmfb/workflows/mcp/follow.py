@@ -99,7 +99,8 @@ class _Walker:
         try:
             call = tool.checked(step.arguments)
         except GlmfbError as exc:
-            return Link(step, stopped=f"not followed: the boundary refuses it: {exc.message}")
+            hint = f" ({exc.hint})" if getattr(exc, "hint", None) else ""
+            return Link(step, stopped=f"not followed: the boundary refuses it: {exc.message}{hint}")
         return Link(step, verdict=self.run(tool, call, folder, level, remaining))
 
     def run(self, tool: Any, call: Any, folder: Path, level: int, remaining: float) -> Verdict:

@@ -151,9 +151,35 @@ def duration_schema(boundary: Boundary) -> dict[str, Any]:
                            f"{boundary.max_call_s:g} s (the default)."}
 
 
+FOLLOW_SCHEMA: dict[str, Any] = {
+    "type": ["boolean", "object"],
+    "properties": {"depth": {"type": "integer", "minimum": 0}, "budget": {"type": ["string", "number"]}},
+    "additionalProperties": False,
+    "description": "After a failing verdict, run its deeper steps (then theirs) under this server's boundary, "
+                   "to a depth (default 3) within a time budget for the whole chain (default 10 min, and "
+                   "within the call's timeout); each follow-up is a whole verdict in the verdict's chain."}
+
+
 # --------------------------------------------------------------------------------------------
 # Argument checks
 # --------------------------------------------------------------------------------------------
+
+
+def follow_argument(label: str, arguments: Mapping[str, Any], boundary: Boundary) -> Any:
+    """A call's ``follow`` argument (true, or an object with ``depth`` and ``budget``) as
+    :class:`~glmfb.core.commandline.FollowOptions` under ``boundary`` (command lines as it
+    allows them), or None when the call does not follow."""
+    from glmfb.core.commandline import FollowOptions
+
+    value = arguments.get("follow")
+    if value is None or value is False:
+        return None
+    if value is True:
+        return FollowOptions(allow_commands=boundary.allow_commands)
+    if not isinstance(value, dict):
+        raise InputError(f"{label}: argument 'follow': expected true or an object {{depth, budget}}")
+    return FollowOptions.parse(value.get("depth"), value.get("budget"), "argument 'follow'",
+                               allow_commands=boundary.allow_commands)
 
 
 def refuse_unknown(label: str, arguments: Mapping[str, Any], properties: Mapping[str, Any]) -> None:

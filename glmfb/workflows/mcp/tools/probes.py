@@ -18,6 +18,7 @@ from glmfb.contract.verdict import Verdict
 from glmfb.core.probe import Probe, ProbeForm, ProbeSpec, safe_component
 from glmfb.workflows.mcp.tools.answers import artifact_uris, finished_notes, run_ref, summarize
 from glmfb.workflows.mcp.tools.base import (
+    FOLLOW_SCHEMA,
     KWARGS,
     NEXT_CALL,
     NOTES,
@@ -27,6 +28,7 @@ from glmfb.workflows.mcp.tools.base import (
     Prepared,
     ToolDef,
     duration_schema,
+    follow_argument,
     kwargs_argument,
     refuse_unknown,
     with_defs,
@@ -104,13 +106,7 @@ class ProbeTool:
         properties["rules"] = {"type": ["string", "array"], "items": {"type": "string"},
                                "description": "Python files defining RULES, tried before the built-in rules."}
         properties["timeout"] = duration_schema(self.box.boundary)
-        properties["follow"] = {
-            "type": ["boolean", "object"],
-            "properties": {"depth": {"type": "integer", "minimum": 0}, "budget": {"type": ["string", "number"]}},
-            "additionalProperties": False,
-            "description": "After a failing verdict, run its deeper steps (then theirs) under this server's boundary, "
-                           "to a depth (default 3) within a time budget for the whole chain (default 10 min, and "
-                           "within the call's timeout); each follow-up is a whole verdict in the verdict's chain."}
+        properties["follow"] = FOLLOW_SCHEMA
         for key, schema in options_schema(self.probe.config_type)["properties"].items():
             properties.setdefault(key, schema)
         input_schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
@@ -145,19 +141,8 @@ class ProbeTool:
                         label=f"{self.probe.kind} {call.spec.name!r}")
 
     def _follow(self, arguments: dict[str, Any]) -> Any:
-        """The call's ``follow`` argument (true, or an object with ``depth`` and ``budget``) as
-        :class:`~glmfb.core.commandline.FollowOptions`, or None when it does not follow."""
-        from glmfb.core.commandline import FollowOptions
-
-        value = arguments.get("follow")
-        if value is None or value is False:
-            return None
-        if value is True:
-            return FollowOptions(allow_commands=self.box.boundary.allow_commands)
-        if not isinstance(value, dict):
-            raise InputError(f"{self.label}: argument 'follow': expected true or an object {{depth, budget}}")
-        return FollowOptions.parse(value.get("depth"), value.get("budget"), "argument 'follow'",
-                                   allow_commands=self.box.boundary.allow_commands)
+        """The call's ``follow`` argument (:func:`follow_argument`)."""
+        return follow_argument(self.label, arguments, self.box.boundary)
 
     def checked(self, arguments: Mapping[str, Any]) -> ProbeCall:
         """A call's arguments checked against the boundary and built into the probe's config

@@ -17,6 +17,7 @@ from glmfb.workflows.mcp.boundary import Boundary, strings
 from glmfb.workflows.mcp.tools.answers import finished_notes, run_ref, summarize_run
 from glmfb.workflows.mcp.tools.base import (
     ARTIFACT_URI,
+    FOLLOW_SCHEMA,
     NEXT_CALL,
     NOTES,
     RUN_REF,
@@ -25,6 +26,7 @@ from glmfb.workflows.mcp.tools.base import (
     Prepared,
     ToolDef,
     duration_schema,
+    follow_argument,
     refuse_unknown,
     with_defs,
 )
@@ -86,6 +88,8 @@ class RunTool:
                 "select": {"type": ["string", "array"], "items": {"type": "string"},
                            "description": "Run only definitions whose name matches (glob or substring)."},
                 "timeout": duration_schema(self.box.boundary),
+                "follow": {**FOLLOW_SCHEMA, "description": FOLLOW_SCHEMA["description"]
+                           + " Applies to every definition (a definition's own follow key still applies without it)."},
             }}, output)
 
     def prepare(self, arguments: dict[str, Any]) -> Prepared:
@@ -93,10 +97,11 @@ class RunTool:
         refuse_unknown(label, arguments, self.definition.input_schema["properties"])
         chosen = definitions(self.box.boundary, label, arguments)
         timeout_s, note = self.box.boundary.timeout(arguments.get("timeout"))
+        follow = follow_argument(label, arguments, self.box.boundary)
         notes = (note,) if note else ()
 
         def work(ctx: CallContext) -> Answer:
-            return self._run_suite(chosen, ctx, notes)
+            return self._run_suite(chosen, ctx, notes, follow)
 
         return Prepared("run", timeout_s, work, runs_probes=True, notes=notes,
                         label=f"run of {len(chosen)} definition(s)")
@@ -125,7 +130,7 @@ class RunTool:
                 limit = min(limit, definition.timeout_s)
             try:
                 verdict = suite.run_definition(dataclasses.replace(definition, timeout_s=max(limit, 0.1)), context)
-                return suite.follow_definition(definition, verdict, context)  # a definition's follow = true
+                return suite.follow_definition(definition, verdict, context)  # follow: the call's or the definition's
             finally:
                 ctx.slot.release()
         verdict = Verdict.harness_error(definition.probe, definition.name, f"not run: {refused}",
@@ -146,7 +151,8 @@ class RunTool:
 
         return follow
 
-    def _run_suite(self, chosen: Sequence[Any], ctx: CallContext, notes: tuple[str, ...]) -> Answer:
+    def _run_suite(self, chosen: Sequence[Any], ctx: CallContext, notes: tuple[str, ...],
+                   follow: Any = None) -> Answer:
         from glmfb.core.runs import REPORT_FILE
         from glmfb.workflows import suite
         from glmfb.workflows.history.record import suite_origins
@@ -154,7 +160,7 @@ class RunTool:
 
         invocation = begin(self.box.boundary.reports, run_id=ctx.run_id)  # the gate's pointer, first
         context = suite.SuiteContext(ctx.run_id, invocation.report_dir, on_progress=ctx.progress, isolate=True,
-                                     cancel=ctx.cancel, follower=self._follower(ctx))
+                                     cancel=ctx.cancel, follow=follow, follower=self._follower(ctx))
         verdicts = [self._run_one(definition, context, ctx, f"{index + 1}/{len(chosen)} {definition.probe} "
                                                             f"{definition.name}")
                     for index, definition in enumerate(chosen)]
