@@ -458,11 +458,19 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
         estimate = focus.change.estimate if len(results) == 1 or geomean is None else geomean
         metric = Metric("time_change" if len(results) == 1 else "geomean_time_change", estimate.value, "fraction",
                         config.threshold, estimate.ci)
-    where = dict(diagnosis.where) if diagnosis.where is not None else {
+    where: dict[str, Any] = dict(diagnosis.where) if diagnosis.where is not None else {
         "kernel": candidate_name, **({"shape": focus.shape} if focus is not None else {})}
+    why = diagnosis.why
+    lead = op_diff.lead_sites() if op_diff is not None and diagnosis.status is Status.FAIL else None
+    if lead is not None:  # the line in the user's code that calls the operator carrying most of the change
+        op, sites = lead
+        where.update(file=sites[0].file, line=sites[0].line, function=sites[0].function)
+        why += f" The candidate calls {op}, which carries most of the change, " + " and ".join(
+            f"from {s.function} at {s.file}:{s.line}" + (f" (as {s.via})" if s.via else "")
+            + f", {s.calls:.3g} a call" for s in sites[:2]) + "."
     return Verdict(
         probe="bench", name=config.name, status=diagnosis.status, layer=Layer.KERNEL, where=where,
-        why=diagnosis.why, metric=metric, evidence=tuple(evidence), next=diagnosis.next, artifacts=artifacts,
+        why=why, metric=metric, evidence=tuple(evidence), next=diagnosis.next, artifacts=artifacts,
         env=env,
     )
 
@@ -540,7 +548,7 @@ def _shape_evidence(result: ShapeResult, significant: bool | None, decision: Dec
 def _profile(config: BenchConfig, timer: Any, shape: tuple[int, ...], focus: ShapeResult, slower: bool) -> OpDiff:
     """The operator diff of the focus shape: both sides under torch.profiler with their input
     shapes recorded, in alternating rounds (see :mod:`glmfb.bench.opdiff`)."""
-    from glmfb.bench.opdiff import build_op_diff, profile_pair
+    from glmfb.bench.opdiff import build_op_diff, op_sites, profile_pair
 
     baseline, candidate = _load_pair(config, shape)
     slower_side_s = max(focus.baseline_median_s, focus.candidate_median_s)
@@ -548,8 +556,13 @@ def _profile(config: BenchConfig, timer: Any, shape: tuple[int, ...], focus: Sha
     for side in (baseline, candidate):
         warm_up(side, min_calls=1, min_s=0.0)
     base_ops, cand_ops = profile_pair(baseline.kernels, candidate.kernels, calls, timer.device)
-    return build_op_diff(base_ops, cand_ops, shape=focus.shape, profiled_calls=calls, slower=slower,
-                         device=timer.device)
+    op_diff = build_op_diff(base_ops, cand_ops, shape=focus.shape, profiled_calls=calls, slower=slower,
+                            device=timer.device)
+    # the lines that call the operators carrying most of the change, on each side that runs them
+    ops = list(dict.fromkeys([row.op for row in op_diff.ops[:3]] + list(op_diff.only_in_candidate[:2])))
+    sites = [*op_sites(candidate.kernels, cand_ops, [op for op in ops if op in cand_ops], "candidate"),
+             *op_sites(baseline.kernels, base_ops, [op for op in ops if op in base_ops], "baseline")]
+    return dataclasses.replace(op_diff, sites=tuple(sites))
 
 
 def _roofline(device: str, results: Sequence[ShapeResult]) -> Roofline | None:

@@ -117,6 +117,24 @@ class CallerRow(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class OpSite(Record):
+    """A line of the user's code that calls an operator of the diff, on one side: the innermost
+    frame outside torch, glmfb and the standard library while the operator was dispatched, in
+    one call of that side's kernel. ``via``: the operator the call was seen as, where the
+    diff's operator runs inside it (``aten::copy_`` inside ``aten::clone``: the line calls
+    ``clone``)."""
+
+    op: str
+    side: str  # "baseline" or "candidate"
+    file: str
+    line: int
+    function: str
+    code: str  # the line, stripped
+    calls: float  # the operator's calls from this line per kernel call
+    via: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class OpRow(Record):
     """One operator in the profile diff: calls and self time per kernel call, both sides, and
     what the profile recorded about its inputs (``record_shapes``)."""
@@ -186,10 +204,25 @@ class OpDiff(Evidence):
     only_in_baseline_share: float = 0.0  # negative when slower: the time the baseline's own operators took
     repeated_inputs: tuple[str, ...] = ()  # operators called >= 1.5x as often on the same inputs
     repeated_inputs_share: float = 0.0  # the share of the added time those repeats carry
+    # where the user's code calls the operators that carry most of the change (empty: not found,
+    # such as a kernel torch's dispatch cannot watch)
+    sites: tuple[OpSite, ...] = ()
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
-        return {"op_diff": [{"shape": self.shape, **row.to_dict()} for row in self.ops],
-                "op_diff_inputs": [{"shape": self.shape, **row.to_dict()} for row in self.inputs]}
+        tables = {"op_diff": [{"shape": self.shape, **row.to_dict()} for row in self.ops],
+                  "op_diff_inputs": [{"shape": self.shape, **row.to_dict()} for row in self.inputs]}
+        if self.sites:
+            tables["op_sites"] = [{"shape": self.shape, **row.to_dict()} for row in self.sites]
+        return tables
+
+    def lead_sites(self) -> tuple[str, tuple[OpSite, ...]] | None:
+        """The operator that carries most of the change (the first row) and the candidate's lines
+        that call it, most calls first; None when no line was found."""
+        if not self.ops:
+            return None
+        op = self.ops[0].op
+        found = tuple(s for s in self.sites if s.op == op and s.side == "candidate")
+        return (op, found) if found else None
 
     def summary_rows(self) -> list[tuple[str, str]]:
         rows = [("shape", self.shape), ("profiled calls", str(self.profiled_calls))]
@@ -202,6 +235,10 @@ class OpDiff(Evidence):
         for op in self.ops[:5]:
             rows.append((op.op, f"calls {op.baseline_calls:.3g} -> {op.candidate_calls:.3g}, "
                                 f"self {op.baseline_self_us:.3g} -> {op.candidate_self_us:.3g} µs ({op.share:+.0%})"))
+        for site in self.sites[:6]:
+            via = f" (as {site.via})" if site.via else ""
+            rows.append((f"{site.op}, {site.side}", f"{site.file}:{site.line} in {site.function}{via}, "
+                                                    f"{site.calls:.3g} a call: {site.code}"))
         return rows
 
 

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from glmfb.bench.evidence import CallerRow, InputRow, OpDiff, OpRow
+from glmfb.bench.evidence import CallerRow, InputRow, OpDiff, OpRow, OpSite
 from glmfb.bench.timers import Kernel
 
 # Operators that reduce along a dimension: repeating them is the signature of recomputation.
@@ -485,6 +485,67 @@ def profile_pair(
         for side, kernels in enumerate((baseline, candidate)):
             found[side].append(_profile_once(kernels, per_round, device))
     return _merge(found[0]), _merge(found[1])
+
+
+# --------------------------------------------------------------------------------------------
+# The lines that call an operator
+# --------------------------------------------------------------------------------------------
+
+SITES_PER_OP = 3  # lines kept per operator and side, most calls first
+MAX_HOPS = 8  # callers walked up from an operator torch's dispatch does not show
+
+
+def dispatched_sites(kernels: Sequence[Kernel]) -> dict[str, Counter[Any]] | None:
+    """One call of each kernel under a ``TorchDispatchMode``: per operator (``aten::mean``) the
+    user's lines that dispatched it (:func:`glmfb.core.sources.user_site`), with their calls.
+    The mode sees the operators a kernel's Python code dispatches, after torch decomposes its
+    composite ones, never those an operator calls inside (the profile's callers lead there).
+    None when the kernel cannot run under the mode (a compiled graph, a custom op refusing it)."""
+    import sys
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from glmfb.core.sources import user_site
+
+    boundary = sys._getframe()
+    seen: dict[str, Counter[Any]] = {}
+
+    class Sites(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            site = user_site(boundary)
+            if site is not None:
+                name = f"{getattr(func, 'namespace', 'aten')}::{func.overloadpacket.__name__}"
+                seen.setdefault(name, Counter())[site] += 1
+            return func(*args, **(kwargs or {}))
+
+    try:
+        with _quiet_stderr(), Sites():
+            for kernel in kernels:
+                kernel()
+    except Exception:  # the kernel is the user's: no lines, and the diff stands without them
+        return None
+    return seen
+
+
+def op_sites(kernels: Sequence[Kernel], stats: Mapping[str, OpStats], ops: Sequence[str], side: str) -> list[OpSite]:
+    """The lines of ``side``'s code that call each of ``ops``: the operator as dispatched, or
+    the nearest operator it runs inside (its profile's ``called_from``) that is."""
+    seen = dispatched_sites(kernels)
+    if not seen:
+        return []
+    rows: list[OpSite] = []
+    for op in ops:
+        name: str | None = op
+        for _ in range(MAX_HOPS):
+            if name is None or name in seen:
+                break
+            name = stats[name].called_from if name in stats else None
+        if name is None or name not in seen:
+            continue
+        for site, count in seen[name].most_common(SITES_PER_OP):
+            rows.append(OpSite(op=op, side=side, file=site.shown_file, line=site.line, function=site.function,
+                               code=site.code, calls=count / len(kernels), via=name if name != op else None))
+    return rows
 
 
 # --------------------------------------------------------------------------------------------

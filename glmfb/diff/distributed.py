@@ -556,7 +556,7 @@ def _innermost_frame(stack: str) -> str | None:
     the most recent frame of all if every frame is theirs. Frames are told apart by the folders
     those packages are installed in, never by a name in the path (a user's checkout may well sit
     in a folder called ``glmfb`` or ``torch``)."""
-    from glmfb.diff.optrace import is_users
+    from glmfb.core.sources import is_users
 
     first: str | None = None
     for line in stack.splitlines():
