@@ -90,7 +90,14 @@ def test_planted_two_fold_slowdown_fails_with_op_diff() -> None:
     verdict = run_bench(config(Target(f"{HERE}:doubled"), Target(f"{HERE}:doubled", {"times": 2})))
     assert verdict.status is Status.FAIL
     assert verdict.layer is Layer.KERNEL
-    assert verdict.where == {"kernel": "doubled", "shape": "64x1024"}
+    # the line of the test's own kernel that calls the operator carrying the change
+    line = next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if "torch.mul(x, 1.5, out=out)" in text)
+    assert verdict.where == {"kernel": "doubled", "shape": "64x1024", "file": "tests/test_bench_engine.py",
+                             "line": line, "function": "doubled.<locals>.kernel"}, verdict.where
+    assert "calls aten::mul, the operator with the largest share of the change (" in verdict.why
+    assert f"), from doubled.<locals>.kernel at " \
+           f"tests/test_bench_engine.py:{line}, 2 a call" in verdict.why, verdict.why
     assert verdict.metric is not None and verdict.metric.ci is not None
     # Twice the multiplies is not twice the time: a 64x1024 mul is microseconds, and the
     # per-call overhead is not doubled (CI read +49% [+36, +63]). The interval deciding a
@@ -127,6 +134,12 @@ def test_planted_regression_tiled_vs_fused_names_the_repeated_reductions() -> No
     assert op_diff is not None and "aten::mean" in op_diff.repeated_reductions
     mean = next(op for op in op_diff.ops if op.op == "aten::mean")
     assert mean.candidate_calls == pytest.approx(4 * mean.baseline_calls)
+    # the line each side's reduction is called from (the tiled one recomputes the row's mean)
+    means = {(s.side, s.line) for s in op_diff.sites if s.op == "aten::mean"}
+    source = Path(KERNELS).read_text().splitlines()
+    assert all(s.file == "scenarios/decode_norm/kernels.py" for s in op_diff.sites), op_diff.sites
+    assert any(side == "candidate" and "whole row, again" in source[line - 1] for side, line in means), means
+    assert any(side == "baseline" and "mean(-1" in source[line - 1] for side, line in means), means
     summary = verdict.evidence[0]
     assert isinstance(summary, BenchSummary) and summary.slower == 2
     roofline = verdict.find(Roofline)

@@ -123,7 +123,8 @@ def test_follow_commands_lets_a_follow_up_run_the_command_line(tmp_path: Path, t
     assert ran.returncode == 1, ran.stderr
     (link,) = Verdict.from_dict(json.loads(ran.stdout)).chain
     assert link.verdict is not None and link.verdict.probe == "gil", link.stopped
-    assert link.verdict.status is Status.INCONCLUSIVE and "exited (status 0) before" in link.verdict.why
+    # a program that ends at once: gil cannot decide (whether py-spy saw it start or not), never a pass
+    assert link.verdict.status is Status.INCONCLUSIVE, link.verdict.why
 
 
 def test_a_passing_verdict_follows_nothing(toy_child: Path) -> None:

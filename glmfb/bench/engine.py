@@ -463,9 +463,9 @@ def _compare(config: BenchConfig, ctx: ProbeContext, timer: Any, env: dict[str, 
     why = diagnosis.why
     lead = op_diff.lead_sites() if op_diff is not None and diagnosis.status is Status.FAIL else None
     if lead is not None:  # the line in the user's code that calls the operator carrying most of the change
-        op, sites = lead
+        op, sites, share = lead
         where.update(file=sites[0].file, line=sites[0].line, function=sites[0].function)
-        why += f" The candidate calls {op}, which carries most of the change, " + " and ".join(
+        why += f" The candidate calls {op}, the operator with the largest share of the change ({share:.0%}), " + " and ".join(
             f"from {s.function} at {s.file}:{s.line}" + (f" (as {s.via})" if s.via else "")
             + f", {s.calls:.3g} a call" for s in sites[:2]) + "."
     return Verdict(
@@ -559,7 +559,8 @@ def _profile(config: BenchConfig, timer: Any, shape: tuple[int, ...], focus: Sha
     op_diff = build_op_diff(base_ops, cand_ops, shape=focus.shape, profiled_calls=calls, slower=slower,
                             device=timer.device)
     # the lines that call the operators carrying most of the change, on each side that runs them
-    ops = list(dict.fromkeys([row.op for row in op_diff.ops[:3]] + list(op_diff.only_in_candidate[:2])))
+    ops = list(dict.fromkeys([row.op for row in op_diff.ops[:3]] + list(op_diff.only_in_candidate[:2])
+                             + list(op_diff.repeated_reductions[:2])))
     sites = [*op_sites(candidate.kernels, cand_ops, [op for op in ops if op in cand_ops], "candidate"),
              *op_sites(baseline.kernels, base_ops, [op for op in ops if op in base_ops], "baseline")]
     return dataclasses.replace(op_diff, sites=tuple(sites))

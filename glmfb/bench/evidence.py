@@ -215,14 +215,14 @@ class OpDiff(Evidence):
             tables["op_sites"] = [{"shape": self.shape, **row.to_dict()} for row in self.sites]
         return tables
 
-    def lead_sites(self) -> tuple[str, tuple[OpSite, ...]] | None:
-        """The operator that carries most of the change (the first row) and the candidate's lines
-        that call it, most calls first; None when no line was found."""
+    def lead_sites(self) -> tuple[str, tuple[OpSite, ...], float] | None:
+        """The operator with the largest share of the change (the first row), the candidate's
+        lines that call it (most calls first) and that share; None when no line was found."""
         if not self.ops:
             return None
         op = self.ops[0].op
         found = tuple(s for s in self.sites if s.op == op and s.side == "candidate")
-        return (op, found) if found else None
+        return (op, found, self.ops[0].share) if found else None
 
     def summary_rows(self) -> list[tuple[str, str]]:
         rows = [("shape", self.shape), ("profiled calls", str(self.profiled_calls))]

@@ -46,10 +46,11 @@ class Signature:
         return frozenset((*named, self.rest) if self.rest else named)
 
 
-FOLLOW_FLAGS = {"follow_depth": "--follow-depth", "follow_budget": "--follow-budget"}  # and the switch --follow
+FOLLOW_FLAGS = {"follow_depth": "--follow-depth", "follow_budget": "--follow-budget"}  # and the switches below
+FOLLOW_SWITCHES = {"follow": "--follow", "follow_commands": "--follow-commands"}
 RUN = Signature("run", positional=("paths",), flags={"select": "-k", "timeout": "--timeout", "shard": "--shard",
                                                   "history": "--history", **FOLLOW_FLAGS},
-                switches={"follow": "--follow"})
+                switches=dict(FOLLOW_SWITCHES))
 GATE = Signature("gate", positional=("source",), flags={"policy": "--policy", "history": "--history"})
 BISECT = Signature("bisect", positional=("good", "bad", "definition"),
                    flags={"select": "-k", "setup": "--setup", "max_evaluations": "--max-evaluations",
@@ -71,7 +72,7 @@ def probe_signature(probe: Any) -> Signature:
 
     flags = {"name": "--name", "timeout": "--timeout", "rules": "--rules", "history": "--history", **FOLLOW_FLAGS}
     kwargs = {"args": "--arg"}
-    switches: dict[str, str] = {"follow": "--follow"}
+    switches: dict[str, str] = dict(FOLLOW_SWITCHES)
     positional: tuple[str, ...] = ()
     rest = None
     if probe.form is ProbeForm.PAIR:

@@ -37,6 +37,7 @@ class SourceSite:
         return f"{self.function}, line {self.line} of {self.shown_file}"
 
 
+@cache
 def _library_roots() -> tuple[str, ...]:
     """The folders of glmfb, torch and the standard library in this interpreter (a rank runs the
     same one), found without importing torch, each ending in a separator."""

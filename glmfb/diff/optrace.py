@@ -22,7 +22,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 from glmfb.core.sources import SourceSite, user_site
@@ -122,7 +121,6 @@ def bits(dtype: str) -> int:
     return int(torch.finfo(value).bits)
 
 
-@cache
 def clone_tree(value: Any) -> Any:
     """Tensors inside tuples, lists and dicts cloned (detached); anything else, a named tuple
     included, kept as it is."""

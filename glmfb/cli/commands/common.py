@@ -181,7 +181,7 @@ FollowDepthOpt = Annotated[
                              help="How many levels of follow-ups (implies --follow). [default: 3]"),
 ]
 FollowCommandsOpt = Annotated[
-    bool, typer.Option("--follow-commands", help="Let a follow-up run a command line (gil's trace of the command you "
+    bool, typer.Option("--follow-commands/--no-follow-commands", help="Let a follow-up run a command line (gil's trace of the command you "
                        "gave; implies --follow). Off by default, as on the agent server."),
 ]
 FollowBudgetOpt = Annotated[
